@@ -1,0 +1,52 @@
+# colossus_library(NAME SOURCES... [DEPS ...]): one library per layer folder,
+# sharing one precompiled header and one set of warning flags.
+
+set(COLOSSUS_WARNINGS -Wall -Wextra)
+if(COLOSSUS_WERROR)
+  list(APPEND COLOSSUS_WARNINGS -Werror)
+endif()
+
+# The PCH host: every Colossus C++ target reuses its precompiled header, so all
+# of them must share these compile options.
+add_library(colossus_options INTERFACE)
+target_include_directories(colossus_options INTERFACE ${CMAKE_SOURCE_DIR})
+target_compile_options(colossus_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS}>)
+target_compile_definitions(colossus_options INTERFACE COLOSSUS_VERSION="${PROJECT_VERSION}")
+target_link_libraries(colossus_options INTERFACE torch_cpu c10 fmt::fmt nlohmann_json::nlohmann_json Threads::Threads)
+
+add_library(colossus_pch OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch_anchor.cpp)
+target_link_libraries(colossus_pch PUBLIC colossus_options)
+target_precompile_headers(colossus_pch PRIVATE ${CMAKE_SOURCE_DIR}/colossus/pch.h)
+
+function(colossus_use_pch target)
+  target_precompile_headers(${target} REUSE_FROM colossus_pch)
+endfunction()
+
+function(colossus_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_link_libraries(${name} PUBLIC colossus_options ${ARG_DEPS})
+  colossus_use_pch(${name})
+endfunction()
+
+# colossus_test(NAME SOURCES... DEPS ... [RANKS n...]): a GoogleTest binary;
+# with RANKS, CTest also runs it under mpirun once per rank count.
+function(colossus_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;RANKS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE colossus_options colossus_testing ${ARG_DEPS} GTest::gtest)
+  colossus_use_pch(${name})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  if(ARG_RANKS)
+    foreach(n IN LISTS ARG_RANKS)
+      add_test(NAME ${name}_np${n}
+               COMMAND ${CMAKE_SOURCE_DIR}/scripts/mpirun_test.sh ${n} $<TARGET_FILE:${name}>)
+      set_tests_properties(${name}_np${n} PROPERTIES TIMEOUT ${ARG_TIMEOUT} PROCESSORS 2 LABELS "${ARG_LABELS};mpi")
+    endforeach()
+  else()
+    add_test(NAME ${name} COMMAND ${name})
+    set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}")
+  endif()
+endfunction()

@@ -1,0 +1,63 @@
+# Finds LibTorch (from the pinned wheel in .venv), MPI and the Debian libraries,
+# and decides whether the CUDA parts are built.
+
+# Torch's CMake would otherwise try to run a GPU-detection program; we build for
+# Hopper (sm_90) unless the caller says otherwise.
+if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(ENV{TORCH_CUDA_ARCH_LIST} "9.0")
+endif()
+if(NOT Torch_DIR AND EXISTS ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+  execute_process(COMMAND ${CMAKE_SOURCE_DIR}/.venv/bin/python -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
+                  OUTPUT_VARIABLE torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE)
+  list(APPEND CMAKE_PREFIX_PATH ${torch_prefix})
+endif()
+find_package(Torch REQUIRED)
+get_filename_component(COLOSSUS_TORCH_ROOT "${TORCH_INSTALL_PREFIX}" ABSOLUTE)
+
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(nlohmann_json REQUIRED)
+find_package(fmt REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(tomlplusplus REQUIRED)
+find_package(GTest REQUIRED)
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+
+set(torch_has_cuda OFF)
+if(TARGET torch_cuda)
+  set(torch_has_cuda ON)
+endif()
+if(COLOSSUS_CUDA STREQUAL "AUTO")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(torch_has_cuda AND CMAKE_CUDA_COMPILER)
+    set(COLOSSUS_WITH_CUDA ON)
+  else()
+    set(COLOSSUS_WITH_CUDA OFF)
+  endif()
+elseif(COLOSSUS_CUDA)
+  if(NOT torch_has_cuda)
+    message(FATAL_ERROR "COLOSSUS_CUDA=ON but the torch at ${COLOSSUS_TORCH_ROOT} has no CUDA; install a CUDA wheel or use -DCOLOSSUS_CUDA=OFF")
+  endif()
+  set(COLOSSUS_WITH_CUDA ON)
+else()
+  set(COLOSSUS_WITH_CUDA OFF)
+endif()
+
+if(COLOSSUS_WITH_CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES 90)
+  set(CMAKE_CUDA_STANDARD 17)
+  enable_language(CUDA)
+  # nccl.h comes from the nvidia-nccl wheel that torch depends on.
+  find_path(NCCL_INCLUDE_DIR nccl.h
+            HINTS ${COLOSSUS_TORCH_ROOT}/../nvidia/nccl/include ${COLOSSUS_TORCH_ROOT}/../nvidia/cu13/include
+                  /usr/local/cuda/include)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+               HINTS ${COLOSSUS_TORCH_ROOT}/../nvidia/nccl/lib ${COLOSSUS_TORCH_ROOT}/../nvidia/cu13/lib
+                     /usr/local/cuda/lib64)
+  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+    message(FATAL_ERROR "CUDA build needs nccl.h and libnccl (from the nvidia-nccl wheel); found include='${NCCL_INCLUDE_DIR}' lib='${NCCL_LIBRARY}'")
+  endif()
+endif()
+message(STATUS "Colossus: torch ${Torch_VERSION} at ${COLOSSUS_TORCH_ROOT}, CUDA parts: ${COLOSSUS_WITH_CUDA}")

@@ -1,0 +1,1 @@
+// Host translation unit for the shared precompiled header.

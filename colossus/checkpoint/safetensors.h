@@ -1,0 +1,60 @@
+// safetensors reading (mmap, zero-copy) and writing (atomic: temp file, then
+// rename), plus Hugging Face's sharded layout (model.safetensors.index.json).
+// Interface agreed before implementation; see docs/architecture.md.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace colossus::checkpoint {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// One mapped .safetensors file. Tensors returned by get() are read-only CPU
+// views into the mapping and keep it alive. Every malformed input (truncated
+// file, bad header JSON, offsets out of range or overlapping, unknown dtype,
+// shape/size mismatch) throws CheckpointError naming the file and tensor.
+class SafetensorsFile {
+ public:
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const;
+  std::vector<std::string> keys() const;  // in file order
+  bool contains(const std::string& name) const;
+  at::Tensor get(const std::string& name) const;
+  c10::ScalarType dtype(const std::string& name) const;
+  std::vector<int64_t> shape(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const;
+
+  struct Impl;
+
+ private:
+  explicit SafetensorsFile(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<const Impl> impl_;
+};
+
+// Writes one file atomically. Tensors may live on any device and be
+// non-contiguous; names must be unique.
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+struct ShardOptions {
+  int64_t max_shard_bytes = int64_t{5} << 30;  // HF's default 5 GB
+  std::string prefix = "model";                // model.safetensors / model-00001-of-00002.safetensors
+};
+
+// Writes `dir/<prefix>.safetensors`, or numbered shards plus
+// `dir/<prefix>.safetensors.index.json` ({"metadata": {"total_size"}, "weight_map"}).
+// The index is written last, so a half-written checkpoint has no index.
+void save_sharded(const std::string& dir, const NamedTensors& tensors, const ShardOptions& options = {});
+
+// Loads a single file, or a directory with an index or a single model file.
+// Throws CheckpointError on a missing shard named by the index.
+std::map<std::string, at::Tensor> load_state_dict(const std::string& path, const std::string& prefix = "model");
+
+}  // namespace colossus::checkpoint

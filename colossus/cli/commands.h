@@ -1,0 +1,20 @@
+// Each subcommand of the `colossus` binary registers itself on the CLI11 app
+// and returns a function that runs it (returning the process exit code).
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace colossus::cli {
+
+struct Command {
+  CLI::App* app;            // the subcommand, as registered on the parent
+  std::function<int()> run; // runs it after parsing; returns the exit code
+};
+
+Command add_run_command(CLI::App& app);       // colossus run
+Command add_rank_command(CLI::App& app);      // colossus _rank (internal: per-rank wrapper under mpirun)
+Command add_check_command(CLI::App& app);     // colossus check
+Command add_selftest_command(CLI::App& app);  // colossus _selftest (internal: what check runs on each rank)
+
+}  // namespace colossus::cli

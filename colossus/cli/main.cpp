@@ -1,0 +1,38 @@
+// The `colossus` binary: one subcommand per user task. Errors from the library
+// become one readable line and a non-zero exit code.
+#include "colossus/cli/commands.h"
+#include "colossus/core/errors.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <vector>
+
+int main(int argc, char** argv) {
+  CLI::App app{"Colossus: parallel training and inference of transformer models, in C++ on LibTorch"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("colossus ") + COLOSSUS_VERSION);
+  std::vector<colossus::cli::Command> commands{
+      colossus::cli::add_run_command(app), colossus::cli::add_rank_command(app),
+      colossus::cli::add_check_command(app), colossus::cli::add_selftest_command(app)};
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& command : commands) {
+      if (command.app->parsed()) return command.run();
+    }
+    return 2;
+  } catch (const colossus::Error& e) {
+    std::fprintf(stderr, "colossus: error: %s\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "colossus: error: %s\n", e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "colossus: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,22 @@
+// Helpers shared by the tests: the MPI world for multi-rank tests (started by
+// CTest through mpirun), and a gtest main that fails fast on any rank so a
+// failed assertion never leaves the other ranks hanging in a collective.
+#pragma once
+#include "colossus/cluster/launch.h"
+#include "colossus/cluster/process_group.h"
+
+#include <ATen/core/Tensor.h>
+
+namespace colossus::testing {
+
+// The job's world group over MPI (launch_from_env with backend "mpi").
+cluster::ProcessGroupPtr world();
+
+// Runs all tests; on the first failure on any rank prints it with the rank and
+// aborts the whole job (non-zero exit), instead of hanging the others.
+int run_all_tests(int argc, char** argv);
+
+// max |a-b| / max(|b|, tiny): the relative error used by equivalence tests.
+double max_rel_diff(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace colossus::testing
