@@ -10,9 +10,12 @@ endif()
 # of them must share these compile options.
 add_library(colossus_options INTERFACE)
 target_include_directories(colossus_options INTERFACE ${CMAKE_SOURCE_DIR})
-target_compile_options(colossus_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS}>)
+target_compile_options(colossus_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS} -fPIC>)
 target_compile_definitions(colossus_options INTERFACE COLOSSUS_VERSION="${PROJECT_VERSION}")
-target_link_libraries(colossus_options INTERFACE torch_cpu c10 fmt::fmt nlohmann_json::nlohmann_json Threads::Threads)
+# torch ships its own fmt (v12) headers ahead of Debian's on the include path, so
+# fmt is used header-only from there rather than linked from Debian.
+target_compile_definitions(colossus_options INTERFACE FMT_HEADER_ONLY OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
+target_link_libraries(colossus_options INTERFACE torch_cpu c10 nlohmann_json::nlohmann_json Threads::Threads)
 
 add_library(colossus_pch OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch_anchor.cpp)
 target_link_libraries(colossus_pch PUBLIC colossus_options)

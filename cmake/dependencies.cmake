@@ -16,7 +16,6 @@ get_filename_component(COLOSSUS_TORCH_ROOT "${TORCH_INSTALL_PREFIX}" ABSOLUTE)
 
 find_package(MPI REQUIRED COMPONENTS C)
 find_package(nlohmann_json REQUIRED)
-find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(tomlplusplus REQUIRED)
 find_package(GTest REQUIRED)

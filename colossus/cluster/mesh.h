@@ -4,6 +4,7 @@
 #pragma once
 #include "colossus/cluster/process_group.h"
 
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <utility>
@@ -31,6 +32,11 @@ class ProcessGroupMesh {
   // a new combination of axes is created on first use: a collective call that
   // every rank must make in the same order.
   ProcessGroupPtr group(const std::vector<std::string>& axes) const;
+  // Without this, group({"tp", "pp"}) would pick std::string's iterator-pair
+  // constructor.
+  ProcessGroupPtr group(std::initializer_list<std::string> axes) const {
+    return group(std::vector<std::string>(axes));
+  }
   const ProcessGroupPtr& world() const { return world_; }
 
   // Validates sizes without creating groups (for configs checked before launch).

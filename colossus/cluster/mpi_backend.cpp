@@ -130,6 +130,7 @@ void check_tensor(const at::Tensor& t, const char* what) {
   if (!t.is_contiguous()) {
     throw DistError(fmt::format("{}: tensor must be contiguous (call .contiguous() first)", what));
   }
+  (void)mpi_type(t.scalar_type());  // refuse unsupported dtypes here, not later on the worker
 }
 
 void check_single(const std::vector<at::Tensor>& tensors, const char* what) {
@@ -207,7 +208,7 @@ struct MpiRuntime {
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
       if (provided < MPI_THREAD_MULTIPLE) {
         throw DistError(fmt::format("this MPI provides thread level {}, Colossus needs MPI_THREAD_MULTIPLE ({})",
-                                    provided, MPI_THREAD_MULTIPLE));
+                                    provided, static_cast<int>(MPI_THREAD_MULTIPLE)));
       }
       owns = true;
     }
