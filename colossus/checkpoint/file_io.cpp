@@ -1,0 +1,172 @@
+#include "colossus/checkpoint/file_io.h"
+
+#include "colossus/core/errors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace colossus::checkpoint::io {
+
+namespace {
+
+[[noreturn]] void fail(std::string_view what, const std::string& path, int err) {
+  throw CheckpointError(fmt::format("{} '{}': {}", what, path, std::strerror(err)));
+}
+
+// Closes on scope exit; used where an fd never escapes the function.
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void write_fully(int fd, const std::byte* data, std::size_t bytes, const std::string& path) {
+  // write() may write less than asked (signals, >2 GB requests); loop until done.
+  constexpr std::size_t kMaxChunk = std::size_t{1} << 30;
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, data, std::min(bytes, kMaxChunk));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write", path, errno);
+    }
+    data += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+std::function<void(std::string_view)>& fault_hook() {
+  static std::function<void(std::string_view)> hook;
+  return hook;
+}
+
+}  // namespace
+
+std::shared_ptr<const MappedFile> MappedFile::map(const std::string& path) {
+  FdGuard file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) fail("cannot open checkpoint file", path, errno);
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) fail("cannot stat checkpoint file", path, errno);
+  if (!S_ISREG(st.st_mode)) throw CheckpointError(fmt::format("checkpoint file '{}' is not a regular file", path));
+  auto size = static_cast<std::size_t>(st.st_size);
+  if (size == 0) return std::make_shared<const MappedFile>(Key{}, nullptr, 0, false);
+  // MAP_NORESERVE: a private writable mapping would otherwise be charged in
+  // full against the commit limit although its pages are only read.
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, file.fd, 0);
+  bool writable = true;
+  if (addr == MAP_FAILED && errno == ENOMEM) {
+    addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd, 0);
+    writable = false;
+  }
+  if (addr == MAP_FAILED) fail("cannot map checkpoint file", path, errno);
+  return std::make_shared<const MappedFile>(Key{}, static_cast<std::byte*>(addr), size, writable);
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+std::string temp_path_for(const std::string& path) { return fmt::format("{}.tmp.{}", path, ::getpid()); }
+
+TempFile::TempFile(std::string final_path, std::string temp_path)
+    : final_path_(std::move(final_path)), temp_path_(std::move(temp_path)) {
+  fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("cannot create", temp_path_, errno);
+}
+
+TempFile::~TempFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!done_) ::unlink(temp_path_.c_str());
+}
+
+void TempFile::write(const void* data, std::size_t bytes) {
+  if (fd_ < 0) throw CheckpointError(fmt::format("internal: write to closed file '{}'", temp_path_));
+  write_fully(fd_, static_cast<const std::byte*>(data), bytes, temp_path_);
+}
+
+void TempFile::flush_and_close() {
+  if (fd_ < 0) return;
+  // fsync before rename: otherwise a crash can leave the new name pointing at
+  // a file whose data never reached the disk.
+  if (::fsync(fd_) != 0) fail("cannot fsync", temp_path_, errno);
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("cannot close", temp_path_, errno);
+}
+
+void TempFile::finish() {
+  flush_and_close();
+  done_ = true;
+}
+
+void TempFile::publish() {
+  flush_and_close();
+  rename_file(temp_path_, final_path_);
+  done_ = true;
+  fsync_dir(parent_dir(final_path_));
+}
+
+void rename_file(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    int err = errno;
+    throw CheckpointError(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(err)));
+  }
+}
+
+void link_or_copy(const std::string& from, const std::string& to) {
+  std::string staging = fmt::format("{}.link.{}", to, ::getpid());
+  ::unlink(staging.c_str());
+  if (::link(from.c_str(), staging.c_str()) == 0) {
+    rename_file(staging, to);
+    return;
+  }
+  // No hard links here (some network and FUSE filesystems): copy instead.
+  FdGuard in{::open(from.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0) fail("cannot open", from, errno);
+  TempFile out(to, staging);
+  std::vector<std::byte> buffer(std::size_t{8} << 20);
+  while (true) {
+    ssize_t n = ::read(in.fd, buffer.data(), buffer.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot read", from, errno);
+    }
+    if (n == 0) break;
+    out.write(buffer.data(), static_cast<std::size_t>(n));
+  }
+  out.publish();
+}
+
+void remove_file(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) fail("cannot remove", path, errno);
+}
+
+void fsync_dir(const std::string& dir) {
+  FdGuard d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd < 0) fail("cannot open directory", dir, errno);
+  // Some filesystems cannot fsync a directory (EINVAL); their renames are as
+  // durable as they get, so that is not an error.
+  if (::fsync(d.fd) != 0 && errno != EINVAL && errno != ENOTSUP) fail("cannot fsync directory", dir, errno);
+}
+
+std::string parent_dir(const std::string& path) {
+  auto parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+void set_fault_hook(std::function<void(std::string_view step)> hook) { fault_hook() = std::move(hook); }
+
+void fault_point(std::string_view step) {
+  if (fault_hook()) fault_hook()(step);
+}
+
+}  // namespace colossus::checkpoint::io

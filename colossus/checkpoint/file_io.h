@@ -1,0 +1,86 @@
+// POSIX file plumbing for checkpoints: a whole-file private mapping, a file
+// written under a temporary name and published by rename, and the small
+// filesystem operations (rename, link, remove, fsync of a directory) that the
+// atomic save protocols are built from. Every failure throws CheckpointError
+// naming the path and the OS error.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace colossus::checkpoint::io {
+
+// The whole file, mapped MAP_PRIVATE: writes through a pointer into it land in
+// private copy-on-write pages and never reach the file. Where the kernel
+// refuses a writable mapping (strict overcommit), the mapping is read-only.
+class MappedFile {
+ public:
+  static std::shared_ptr<const MappedFile> map(const std::string& path);
+
+  // Only map() can name Key, so only it constructs (through make_shared).
+  class Key {
+    friend class MappedFile;
+    Key() = default;
+  };
+  MappedFile(Key, std::byte* data, std::size_t size, bool writable) : data_(data), size_(size), writable_(writable) {}
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }  // bytes
+  bool writable() const { return writable_; }
+
+ private:
+  std::byte* data_;
+  std::size_t size_;
+  bool writable_;
+};
+
+// `path + ".tmp.<pid>"`: where a file is written before it is renamed onto path.
+std::string temp_path_for(const std::string& path);
+
+// A file open for writing at temp_path. publish() flushes it to disk and
+// renames it onto final_path; finish() only flushes and closes, leaving it at
+// temp_path for the caller to move. If neither ran (an exception unwound past
+// it), the destructor removes the temp file, so failed saves leave no debris.
+class TempFile {
+ public:
+  TempFile(std::string final_path, std::string temp_path);
+  ~TempFile();
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write(const void* data, std::size_t bytes);
+  void finish();   // fsync + close; the file stays at temp_path()
+  void publish();  // finish + rename onto final_path() + fsync of its directory
+
+  const std::string& temp_path() const { return temp_path_; }
+  const std::string& final_path() const { return final_path_; }
+
+ private:
+  void flush_and_close();
+  std::string final_path_;
+  std::string temp_path_;
+  int fd_ = -1;
+  bool done_ = false;
+};
+
+void rename_file(const std::string& from, const std::string& to);
+// A second name for `from` at `to` (replaced atomically if it exists): a hard
+// link where the filesystem has them, else a flushed copy.
+void link_or_copy(const std::string& from, const std::string& to);
+void remove_file(const std::string& path);  // a missing file is not an error
+// Makes renames and removals inside `dir` durable.
+void fsync_dir(const std::string& dir);
+std::string parent_dir(const std::string& path);  // "." for a bare file name
+
+// Crash-test hook: the save protocols call fault_point("step") between their
+// steps; a test installs a hook that ends the process at a chosen step.
+// Not thread-safe; for tests only.
+void set_fault_hook(std::function<void(std::string_view step)> hook);
+void fault_point(std::string_view step);
+
+}  // namespace colossus::checkpoint::io
