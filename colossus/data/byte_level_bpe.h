@@ -1,0 +1,73 @@
+// Byte-level BPE tokenizer (GPT-2, LLaMA-3, Qwen style): added tokens cut out
+// first, then the pre-tokenizer regex, then BPE merges over GPT-2's byte
+// alphabet. Built from a ByteLevelBpeConfig, which hf_bpe_files.h reads.
+#pragma once
+#include "colossus/data/added_tokens.h"
+#include "colossus/data/bpe_model.h"
+#include "colossus/data/pre_tokenize.h"
+#include "colossus/data/tokenizer.h"
+
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace colossus::data {
+
+struct ByteLevelBpeConfig {
+  Vocab vocab;                                              // byte-level token string -> id
+  std::vector<std::pair<std::string, std::string>> merges;  // rank order
+  std::optional<std::string> unk_token;
+  bool ignore_merges = false;
+  std::vector<AddedToken> added_tokens;
+  SplitPattern pattern = SplitPattern::kGpt2;
+  bool add_prefix_space = false;  // prepend ' ' to each text segment lacking one
+  // What add_special_tokens puts before and after a sequence (post processor).
+  std::vector<int32_t> prefix_ids;
+  std::vector<int32_t> suffix_ids;
+  std::optional<std::string> bos_token;
+  std::optional<std::string> eos_token;
+  std::optional<std::string> pad_token;
+  std::string source;  // the file(s) it came from, for messages
+};
+
+class ByteLevelBpeTokenizer final : public Tokenizer {
+ public:
+  // Throws ConfigError when the config is inconsistent (a named special token
+  // that is not in the vocabulary, merges over missing tokens).
+  explicit ByteLevelBpeTokenizer(ByteLevelBpeConfig config);
+
+  int32_t vocab_size() const override { return vocab_size_; }
+  std::optional<int32_t> bos_id() const override { return bos_id_; }
+  std::optional<int32_t> eos_id() const override { return eos_id_; }
+  std::optional<int32_t> pad_id() const override { return pad_id_; }
+  std::optional<int32_t> token_to_id(std::string_view token) const override;
+  std::optional<std::string> id_to_token(int32_t id) const override;
+
+ protected:
+  std::vector<int32_t> do_encode(std::string_view text, bool add_special_tokens) const override;
+  std::string do_decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const override;
+
+ private:
+  std::optional<int32_t> named_token_id(const std::optional<std::string>& name, const char* role) const;
+  void encode_plain(std::string_view text, std::vector<int32_t>& ids) const;
+
+  std::string source_;
+  BpeModel model_;
+  SplitPattern pattern_;
+  bool add_prefix_space_;
+  std::vector<int32_t> prefix_ids_;
+  std::vector<int32_t> suffix_ids_;
+  // Matched on the raw text, then (normalized tokens) on what is left.
+  AddedTokenMatcher raw_matcher_;
+  AddedTokenMatcher normalized_matcher_;
+  std::unordered_map<int32_t, AddedToken> added_by_id_;
+  Vocab added_by_content_;
+  int32_t vocab_size_ = 0;
+  std::optional<int32_t> bos_id_;
+  std::optional<int32_t> eos_id_;
+  std::optional<int32_t> pad_id_;
+};
+
+}  // namespace colossus::data

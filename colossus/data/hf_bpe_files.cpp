@@ -1,0 +1,322 @@
+#include "colossus/data/hf_bpe_files.h"
+
+#include "colossus/core/errors.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace colossus::data {
+
+namespace {
+
+using nlohmann::json;
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(fmt::format("tokenizer file '{}' cannot be opened (missing or unreadable)", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// node[key], or null when node is no object or lacks the key (the const
+// operator[] of nlohmann::json must not be used on a missing key).
+const json& field(const json& node, const char* key) {
+  static const json null_json;
+  if (!node.is_object()) return null_json;
+  auto it = node.find(key);
+  return it == node.end() ? null_json : *it;
+}
+
+std::string type_of(const json& node) {
+  if (!node.is_object() || !node.contains("type") || !node["type"].is_string()) return "";
+  return node["type"].get<std::string>();
+}
+
+bool flag(const json& node, const char* key, bool fallback) {
+  if (!node.contains(key) || node[key].is_null()) return fallback;
+  return node[key].get<bool>();
+}
+
+bool mentions_byte_level(const json& node) {
+  if (type_of(node) == "ByteLevel") return true;
+  for (const char* list : {"pretokenizers", "decoders", "processors"}) {
+    if (node.is_object() && node.contains(list) && node[list].is_array()) {
+      for (const auto& child : node[list]) {
+        if (mentions_byte_level(child)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<std::pair<std::string, std::string>> read_merges(const json& merges, const std::string& path) {
+  if (!merges.is_array()) throw ConfigError(fmt::format("{}: model.merges must be an array", path));
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(merges.size());
+  for (const auto& merge : merges) {
+    if (merge.is_string()) {
+      // Legacy form "left right": byte-level tokens never hold a plain space.
+      const auto text = merge.get<std::string>();
+      const auto space = text.find(' ');
+      if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
+        throw ConfigError(fmt::format("{}: merge '{}' must be two tokens separated by one space", path, text));
+      }
+      out.emplace_back(text.substr(0, space), text.substr(space + 1));
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+      out.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+    } else {
+      throw ConfigError(fmt::format("{}: merge {} must be \"a b\" or [\"a\", \"b\"]", path, merge.dump()));
+    }
+  }
+  return out;
+}
+
+Vocab read_vocab(const json& vocab, const std::string& path) {
+  if (!vocab.is_object()) throw ConfigError(fmt::format("{}: the vocabulary must be an object of token -> id", path));
+  Vocab out;
+  out.reserve(vocab.size());
+  for (const auto& [token, id] : vocab.items()) {
+    if (!id.is_number_integer()) throw ConfigError(fmt::format("{}: id of token '{}' is not an integer", path, token));
+    out.emplace(token, id.get<int32_t>());
+  }
+  return out;
+}
+
+void read_model(const json& model, const std::string& path, ByteLevelBpeConfig& config) {
+  const std::string type = type_of(model);
+  if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
+    throw ConfigError(fmt::format("{}: model.type '{}' is not supported; expected a byte-level 'BPE' model "
+                                  "(or a SentencePiece tokenizer.model)",
+                                  path, type.empty() ? "<none>" : type));
+  }
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
+    throw ConfigError(fmt::format("{}: BPE dropout {} is not supported; expected null", path, model["dropout"].dump()));
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty()) {
+      throw ConfigError(fmt::format("{}: model.{} {} is not supported by byte-level BPE; expected null", path, key,
+                                    model[key].dump()));
+    }
+  }
+  if (flag(model, "byte_fallback", false)) {
+    throw ConfigError(fmt::format("{}: byte_fallback BPE (SentencePiece-style tokenizer.json) is not supported; "
+                                  "load the directory's tokenizer.model instead",
+                                  path));
+  }
+  if (!model.contains("vocab") || !model.contains("merges")) {
+    throw ConfigError(fmt::format("{}: the BPE model needs 'vocab' and 'merges'", path));
+  }
+  config.vocab = read_vocab(model["vocab"], path);
+  config.merges = read_merges(model["merges"], path);
+  config.ignore_merges = flag(model, "ignore_merges", false);
+  if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+    config.unk_token = model["unk_token"].get<std::string>();
+    if (flag(model, "fuse_unk", false)) {
+      throw ConfigError(fmt::format("{}: fuse_unk is not supported; expected false", path));
+    }
+  }
+}
+
+void read_byte_level_pre_tokenizer(const json& node, bool split_before, const std::string& path,
+                                   ByteLevelBpeConfig& config) {
+  const bool use_regex = flag(node, "use_regex", true);
+  config.add_prefix_space = flag(node, "add_prefix_space", false);
+  if (split_before == use_regex) {
+    throw ConfigError(fmt::format("{}: ByteLevel pre_tokenizer with use_regex={} {} a Split is not supported", path,
+                                  use_regex, split_before ? "after" : "without"));
+  }
+  if (split_before && config.add_prefix_space) {
+    throw ConfigError(fmt::format("{}: ByteLevel add_prefix_space after a Split is not supported; expected false", path));
+  }
+}
+
+void read_pre_tokenizer(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
+  const std::string type = type_of(node);
+  if (type == "ByteLevel") return read_byte_level_pre_tokenizer(node, false, path, config);
+  const bool is_split_sequence = type == "Sequence" && field(node, "pretokenizers").is_array() &&
+                                 field(node, "pretokenizers").size() == 2 && type_of(field(node, "pretokenizers")[0]) == "Split" &&
+                                 type_of(field(node, "pretokenizers")[1]) == "ByteLevel";
+  if (!is_split_sequence) {
+    throw ConfigError(fmt::format("{}: pre_tokenizer {} is not supported; expected ByteLevel, or a Sequence of a "
+                                  "Split (GPT-2/LLaMA-3/Qwen2 regex) and ByteLevel",
+                                  path, node.dump().substr(0, 200)));
+  }
+  const json& split = field(node, "pretokenizers")[0];
+  const json& pattern = field(split, "pattern");
+  if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
+    throw ConfigError(fmt::format("{}: Split pattern {} is not supported; expected {{\"Regex\": ...}}", path,
+                                  pattern.dump()));
+  }
+  auto known = split_pattern_from_regex(pattern["Regex"].get<std::string>());
+  if (!known) {
+    throw ConfigError(fmt::format("{}: Split regex {} is not one of the known pre-tokenizer regexes (GPT-2, LLaMA-3, "
+                                  "Qwen2)",
+                                  path, pattern["Regex"].dump()));
+  }
+  if (split.value("behavior", "") != "Isolated" || flag(split, "invert", false)) {
+    throw ConfigError(fmt::format("{}: Split must have behavior 'Isolated' and invert false; got {}", path,
+                                  split.dump().substr(0, 200)));
+  }
+  config.pattern = *known;
+  read_byte_level_pre_tokenizer(field(node, "pretokenizers")[1], true, path, config);
+}
+
+// The ids of a special token named in a post processor: its own id if the
+// processor gives one, else from the vocabulary or added tokens.
+int32_t post_processor_token_id(const json& entry, const std::string& path) {
+  // Roberta/Bert form: ["</s>", 2]
+  if (entry.is_array() && entry.size() == 2 && entry[1].is_number_integer()) return entry[1].get<int32_t>();
+  throw ConfigError(fmt::format("{}: post processor token {} must be [\"token\", id]", path, entry.dump()));
+}
+
+void read_template(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
+  const json& single = field(node, "single");
+  const json& specials = field(node, "special_tokens");
+  if (!single.is_array()) throw ConfigError(fmt::format("{}: TemplateProcessing needs a 'single' template", path));
+  bool after_sequence = false;
+  for (const auto& item : single) {
+    if (item.contains("Sequence")) {
+      after_sequence = true;
+      continue;
+    }
+    if (!item.contains("SpecialToken")) {
+      throw ConfigError(fmt::format("{}: template item {} is not supported", path, item.dump()));
+    }
+    const std::string name = field(field(item, "SpecialToken"), "id").get<std::string>();
+    if (!field(field(specials, name.c_str()), "ids").is_array()) {
+      throw ConfigError(fmt::format("{}: template token '{}' has no entry in special_tokens", path, name));
+    }
+    auto& target = after_sequence ? config.suffix_ids : config.prefix_ids;
+    for (const auto& id : field(field(specials, name.c_str()), "ids")) target.push_back(id.get<int32_t>());
+  }
+}
+
+void read_post_processor(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
+  if (node.is_null()) return;
+  const std::string type = type_of(node);
+  if (type == "ByteLevel") return;  // adds no ids; only adjusts offsets
+  if (type == "TemplateProcessing") return read_template(node, path, config);
+  if (type == "RobertaProcessing" || type == "BertProcessing") {
+    config.prefix_ids.push_back(post_processor_token_id(field(node, "cls"), path));
+    config.suffix_ids.push_back(post_processor_token_id(field(node, "sep"), path));
+    return;
+  }
+  if (type == "Sequence" && field(node, "processors").is_array()) {
+    for (const auto& child : field(node, "processors")) read_post_processor(child, path, config);
+    return;
+  }
+  throw ConfigError(fmt::format("{}: post_processor type '{}' is not supported; expected ByteLevel, "
+                                "TemplateProcessing, RobertaProcessing, BertProcessing or a Sequence of them",
+                                path, type));
+}
+
+void check_decoder(const json& node, const std::string& path) {
+  const std::string type = type_of(node);
+  if (type == "ByteLevel") return;
+  if (type == "Sequence" && field(node, "decoders").is_array() && field(node, "decoders").size() == 1) {
+    return check_decoder(field(node, "decoders")[0], path);
+  }
+  throw ConfigError(fmt::format("{}: decoder {} is not supported; expected ByteLevel", path,
+                                node.dump().substr(0, 200)));
+}
+
+void check_normalizer(const json& node, const std::string& path) {
+  if (node.is_null()) return;
+  if (type_of(node) == "Sequence" && field(node, "normalizers").is_array() && field(node, "normalizers").empty()) return;
+  throw ConfigError(fmt::format("{}: normalizer {} is not supported; expected null", path, node.dump().substr(0, 200)));
+}
+
+std::optional<std::string> token_name(const json& node) {
+  if (node.is_string()) return node.get<std::string>();
+  if (node.is_object() && node.contains("content") && node["content"].is_string()) {
+    return node["content"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+json read_json_file(const std::string& path) {
+  const std::string text = read_text_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(fmt::format("tokenizer file '{}' is not valid JSON: {}", path, e.what()));
+  }
+}
+
+bool is_byte_level_tokenizer_json(const json& json) {
+  return json.is_object() && ((json.contains("pre_tokenizer") && mentions_byte_level(field(json, "pre_tokenizer"))) ||
+                              (json.contains("decoder") && mentions_byte_level(field(json, "decoder"))));
+}
+
+ByteLevelBpeConfig read_hf_tokenizer_json(const json& json, const std::string& path) {
+  if (!json.is_object() || !json.contains("model")) {
+    throw ConfigError(fmt::format("{}: not a tokenizer.json (no 'model' object)", path));
+  }
+  ByteLevelBpeConfig config;
+  config.source = path;
+  try {
+    read_model(field(json, "model"), path, config);
+    check_normalizer(json.value("normalizer", json::object()), path);
+    if (field(json, "pre_tokenizer").is_null()) {
+      throw ConfigError(fmt::format("{}: a byte-level BPE needs a ByteLevel pre_tokenizer; found none", path));
+    }
+    read_pre_tokenizer(field(json, "pre_tokenizer"), path, config);
+    if (json.contains("decoder")) check_decoder(field(json, "decoder"), path);
+    if (json.contains("post_processor")) read_post_processor(field(json, "post_processor"), path, config);
+    for (const auto& entry : json.value("added_tokens", json::array())) {
+      config.added_tokens.push_back({.content = entry.at("content").get<std::string>(),
+                                     .id = entry.at("id").get<int32_t>(),
+                                     .special = entry.value("special", false),
+                                     .single_word = entry.value("single_word", false),
+                                     .lstrip = entry.value("lstrip", false),
+                                     .rstrip = entry.value("rstrip", false),
+                                     .normalized = entry.value("normalized", false)});
+    }
+  } catch (const json::exception& e) {
+    // Wrong JSON types deep inside (a string where an id belongs, ...).
+    throw ConfigError(fmt::format("{}: unexpected tokenizer.json structure: {}", path, e.what()));
+  }
+  return config;
+}
+
+ByteLevelBpeConfig read_gpt2_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
+  ByteLevelBpeConfig config;
+  config.source = vocab_path + " + " + merges_path;
+  config.vocab = read_vocab(read_json_file(vocab_path), vocab_path);
+  std::istringstream lines(read_text_file(merges_path));
+  std::string line;
+  std::size_t line_number = 0;
+  while (std::getline(lines, line)) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_number == 1 && line.rfind("#version", 0) == 0)) continue;
+    const auto space = line.find(' ');
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+      throw ConfigError(fmt::format("{}:{}: '{}' is not a merge; expected two tokens separated by one space",
+                                    merges_path, line_number, line));
+    }
+    config.merges.emplace_back(line.substr(0, space), line.substr(space + 1));
+  }
+  if (auto it = config.vocab.find("<|endoftext|>"); it != config.vocab.end()) {
+    config.added_tokens.push_back({.content = it->first, .id = it->second, .special = true});
+    config.bos_token = config.eos_token = it->first;
+  }
+  return config;
+}
+
+SpecialTokenNames read_tokenizer_config(const std::string& path) {
+  const json config = read_json_file(path);
+  SpecialTokenNames names;
+  if (!config.is_object()) return names;
+  if (config.contains("bos_token")) names.bos = token_name(config["bos_token"]);
+  if (config.contains("eos_token")) names.eos = token_name(config["eos_token"]);
+  if (config.contains("pad_token")) names.pad = token_name(config["pad_token"]);
+  return names;
+}
+
+}  // namespace colossus::data
