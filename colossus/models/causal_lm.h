@@ -1,0 +1,114 @@
+// The interface every decoder-only model implements: embedding -> block list ->
+// final norm -> head, each step reachable on its own, so a pipeline stage runs
+// a contiguous range of blocks and ZeRO-3 gathers/releases parameters around
+// one block's forward by wrapping it (TransformerBlock::forward is virtual).
+#pragma once
+#include "colossus/models/config.h"
+#include "colossus/models/layers.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace colossus::models {
+
+// What a block needs besides its hidden state, computed once per forward by
+// CausalLM::block_context and shared by all blocks (and pipeline stages).
+struct BlockContext {
+  at::Tensor rope_cos;  // (T, head_dim) in the hidden dtype; undefined for models without RoPE
+  at::Tensor rope_sin;  // (T, head_dim)
+};
+
+class TransformerBlock : public LayerHost {
+ public:
+  using LayerHost::LayerHost;
+  // hidden: (B, T, C) -> (B, T, C)
+  virtual at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) = 0;
+};
+
+// HF's base model ("transformer" in GPT-2, "model" in LLaMA): the embedding(s),
+// the block list and the final norm live under it, as in HF's parameter names.
+class Backbone : public LayerHost {
+ public:
+  using LayerHost::LayerHost;
+  using LayerHost::add_layer;
+};
+
+// Throws ConfigError unless input_ids is (B, T) int64 with T >= 1. Token
+// values are not checked here (that would sync the GPU); the embedding does.
+void check_input_ids(const at::Tensor& input_ids);
+
+// HF's causal-LM loss: labels (B, T) are shifted inside (position t predicts
+// token t+1), -100 is ignored, computed in fp32. logits: (B, T, V). Mean over
+// the counted tokens, or, with num_items (gradient accumulation / pipeline
+// micro-batches), their sum divided by num_items, as HF's num_items_in_batch.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, std::optional<int64_t> num_items = std::nullopt);
+
+class CausalLM : public LayerHost {
+ public:
+  CausalLM(std::string name, ModelConfig config) : LayerHost(std::move(name)), config_(std::move(config)) {}
+
+  const ModelConfig& config() const { return config_; }
+
+  // input_ids: (B, T) int64 -> logits (B, T, V). The default runs
+  // head(final_norm(blocks(embed(ids)))) in order.
+  virtual at::Tensor forward(const at::Tensor& input_ids);
+
+  // input_ids: (B, T) int64 -> hidden (B, T, C), positions included where the model adds them.
+  virtual at::Tensor embed(const at::Tensor& input_ids) = 0;
+  // hidden: (B, T, C); the context depends only on T, dtype and device.
+  virtual BlockContext block_context(const at::Tensor& hidden) const = 0;
+  // hidden: (B, T, C) -> (B, T, C)
+  virtual at::Tensor final_norm(const at::Tensor& hidden) = 0;
+  // hidden: (B, T, C) -> logits (B, T, V); uses the embedding weight when tied.
+  virtual at::Tensor head(const at::Tensor& hidden) = 0;
+
+  // Runs blocks [begin, end): what one pipeline stage owns. hidden: (B, T, C).
+  at::Tensor forward_blocks(at::Tensor hidden, const BlockContext& context, size_t begin, size_t end);
+
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels, std::optional<int64_t> num_items = std::nullopt) const {
+    return causal_lm_loss(logits, labels, num_items);
+  }
+
+  const std::vector<std::shared_ptr<TransformerBlock>>& blocks() const { return blocks_; }
+  // Puts `block` (e.g. a wrapper that gathers ZeRO-3 shards) at index i, under
+  // the same module name, so parameter names keep their HF form.
+  void replace_block(size_t index, std::shared_ptr<TransformerBlock> block);
+
+  virtual Embedding& embedding() const = 0;
+  virtual Layer& norm() const = 0;
+  bool tied_embeddings() const;
+  // The output projection, (V, C) weight; nullptr when tied to the embedding.
+  virtual Layer* lm_head() const = 0;
+  // Module path prefix of the blocks in named_parameters(): "transformer.h" or "model.layers".
+  virtual std::string blocks_path() const = 0;
+
+  // HF's initialisation, seeded per parameter from (seed, parameter name), so
+  // the values do not depend on construction order: a pipeline stage that
+  // builds only its blocks, or a sharder that materialises one parameter at a
+  // time, gets the same numbers.
+  void init_weights(uint64_t seed);
+
+ protected:
+  enum class Init { Normal, Zeros, Ones };
+  struct InitRule {
+    Init kind = Init::Normal;
+    double std = 0.0;
+  };
+  // The rule for one parameter, by HF name.
+  virtual InitRule init_rule(const std::string& name) const = 0;
+  // Model-specific touches after the rules ran (LLaMA's zero padding row).
+  virtual void after_init() {}
+
+  void set_blocks(std::shared_ptr<torch::nn::Module> container, std::vector<std::shared_ptr<TransformerBlock>> blocks);
+
+ private:
+  ModelConfig config_;
+  std::shared_ptr<torch::nn::Module> block_container_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
+};
+
+}  // namespace colossus::models

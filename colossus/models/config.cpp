@@ -1,0 +1,404 @@
+#include "colossus/models/config.h"
+
+#include "colossus/core/errors.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace colossus::models {
+
+namespace {
+
+using nlohmann::json;
+
+template <class T>
+const char* json_type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "a boolean";
+  else if constexpr (std::is_integral_v<T>) return "an integer";
+  else if constexpr (std::is_floating_point_v<T>) return "a number";
+  else return "a string";
+}
+
+// Some writers emit integers as floats (2048.0).
+bool is_whole_number(const json& value) {
+  if (!value.is_number_float()) return false;
+  double x = value.get<double>();
+  return std::isfinite(x) && x == std::trunc(x);
+}
+
+// Reads j[key] into out when present and not null; a value of the wrong JSON
+// type is an error naming the key rather than a silent default.
+template <class T>
+void read(const json& j, const char* key, T& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  bool ok = false;
+  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
+  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer() || is_whole_number(*it);
+  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
+  else ok = it->is_string();
+  if (!ok) throw ConfigError(fmt::format("config.json: \"{}\" is {} but must be {}", key, it->dump(), json_type_name<T>()));
+  out = it->get<T>();
+}
+
+template <class T>
+void read(const json& j, const char* key, std::optional<T>& out) {
+  auto it = j.find(key);
+  if (it == j.end()) return;
+  if (it->is_null()) {
+    out.reset();
+    return;
+  }
+  T value{};
+  read(j, key, value);
+  out = value;
+}
+
+// Everything not in `known` goes to extra, as JSON text.
+ExtraJson collect_extra(const json& j, const std::set<std::string>& known) {
+  ExtraJson extra;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (!known.contains(it.key())) extra[it.key()] = it.value().dump();
+  }
+  return extra;
+}
+
+void write_extra(json& j, const ExtraJson& extra) {
+  for (const auto& [key, text] : extra) {
+    if (!j.contains(key)) j[key] = json::parse(text);
+  }
+}
+
+void check_positive(const char* what, int64_t value) {
+  if (value <= 0) throw ConfigError(fmt::format("{} is {} but must be a positive integer", what, value));
+}
+
+void check_probability(const char* what, double value) {
+  if (!(value >= 0.0 && value < 1.0)) throw ConfigError(fmt::format("{} is {} but must be in [0, 1)", what, value));
+}
+
+GPT2Config gpt2_from_json(const json& j) {
+  GPT2Config c;
+  read(j, "vocab_size", c.vocab_size);
+  read(j, "n_positions", c.n_positions);
+  read(j, "n_embd", c.n_embd);
+  read(j, "n_layer", c.n_layer);
+  read(j, "n_head", c.n_head);
+  read(j, "n_inner", c.n_inner);
+  read(j, "activation_function", c.activation_function);
+  read(j, "resid_pdrop", c.resid_pdrop);
+  read(j, "embd_pdrop", c.embd_pdrop);
+  read(j, "attn_pdrop", c.attn_pdrop);
+  read(j, "layer_norm_epsilon", c.layer_norm_epsilon);
+  read(j, "initializer_range", c.initializer_range);
+  read(j, "scale_attn_weights", c.scale_attn_weights);
+  read(j, "scale_attn_by_inverse_layer_idx", c.scale_attn_by_inverse_layer_idx);
+  read(j, "tie_word_embeddings", c.tie_word_embeddings);
+  bool cross_attention = false;
+  read(j, "add_cross_attention", cross_attention);
+  if (cross_attention) throw ConfigError("config.json: \"add_cross_attention\" is true; only decoder-only GPT-2 (false) is supported");
+  c.extra = collect_extra(j, {"model_type", "architectures", "vocab_size", "n_positions", "n_embd", "n_layer", "n_head",
+                              "n_inner", "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                              "layer_norm_epsilon", "initializer_range", "scale_attn_weights",
+                              "scale_attn_by_inverse_layer_idx", "tie_word_embeddings", "add_cross_attention"});
+  return c;
+}
+
+json gpt2_to_json(const GPT2Config& c) {
+  json j = {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"vocab_size", c.vocab_size},
+            {"n_positions", c.n_positions},
+            {"n_embd", c.n_embd},
+            {"n_layer", c.n_layer},
+            {"n_head", c.n_head},
+            {"n_inner", c.n_inner ? json(*c.n_inner) : json(nullptr)},
+            {"activation_function", c.activation_function},
+            {"resid_pdrop", c.resid_pdrop},
+            {"embd_pdrop", c.embd_pdrop},
+            {"attn_pdrop", c.attn_pdrop},
+            {"layer_norm_epsilon", c.layer_norm_epsilon},
+            {"initializer_range", c.initializer_range},
+            {"scale_attn_weights", c.scale_attn_weights},
+            {"scale_attn_by_inverse_layer_idx", c.scale_attn_by_inverse_layer_idx},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"add_cross_attention", false}};
+  write_extra(j, c.extra);
+  return j;
+}
+
+RopeScaling rope_from_json(const json& r, const char* key) {
+  if (!r.is_object()) throw ConfigError(fmt::format("config.json: \"{}\" is {} but must be an object or null", key, r.dump()));
+  RopeScaling s;
+  // transformers before 4.45 called the field "type".
+  read(r, "type", s.rope_type);
+  read(r, "rope_type", s.rope_type);
+  read(r, "factor", s.factor);
+  read(r, "low_freq_factor", s.low_freq_factor);
+  read(r, "high_freq_factor", s.high_freq_factor);
+  read(r, "original_max_position_embeddings", s.original_max_position_embeddings);
+  return s;
+}
+
+LlamaConfig llama_from_json(const json& j) {
+  LlamaConfig c;
+  read(j, "vocab_size", c.vocab_size);
+  read(j, "hidden_size", c.hidden_size);
+  read(j, "intermediate_size", c.intermediate_size);
+  read(j, "num_hidden_layers", c.num_hidden_layers);
+  read(j, "num_attention_heads", c.num_attention_heads);
+  read(j, "num_key_value_heads", c.num_key_value_heads);
+  read(j, "head_dim", c.head_dim);
+  read(j, "hidden_act", c.hidden_act);
+  read(j, "max_position_embeddings", c.max_position_embeddings);
+  read(j, "initializer_range", c.initializer_range);
+  read(j, "rms_norm_eps", c.rms_norm_eps);
+  read(j, "rope_theta", c.rope_theta);
+  read(j, "attention_bias", c.attention_bias);
+  read(j, "mlp_bias", c.mlp_bias);
+  read(j, "attention_dropout", c.attention_dropout);
+  read(j, "tie_word_embeddings", c.tie_word_embeddings);
+  read(j, "pad_token_id", c.pad_token_id);
+  // v4 writes rope_theta + rope_scaling, v5 writes rope_parameters (theta inside).
+  // Like transformers v5, rope_scaling wins when both are present.
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    c.rope_scaling = rope_from_json(*it, "rope_parameters");
+    read(*it, "rope_theta", c.rope_theta);
+  }
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    c.rope_scaling = rope_from_json(*it, "rope_scaling");
+    read(*it, "rope_theta", c.rope_theta);
+  }
+  c.extra = collect_extra(j, {"model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
+                              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                              "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+                              "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias",
+                              "attention_dropout", "tie_word_embeddings", "pad_token_id"});
+  return c;
+}
+
+json rope_to_json(const LlamaConfig& c, bool with_theta) {
+  const RopeScaling& s = c.rope_scaling;
+  json r = {{"rope_type", s.rope_type}};
+  if (with_theta) r["rope_theta"] = c.rope_theta;
+  if (s.rope_type != "default") r["factor"] = s.factor;
+  if (s.rope_type == "llama3") {
+    r["low_freq_factor"] = s.low_freq_factor;
+    r["high_freq_factor"] = s.high_freq_factor;
+    r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
+  }
+  return r;
+}
+
+json llama_to_json(const LlamaConfig& c) {
+  json j = {{"model_type", "llama"},
+            {"architectures", {"LlamaForCausalLM"}},
+            {"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.kv_heads()},
+            {"head_dim", c.resolved_head_dim()},
+            {"hidden_act", c.hidden_act},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"initializer_range", c.initializer_range},
+            {"rms_norm_eps", c.rms_norm_eps},
+            {"attention_bias", c.attention_bias},
+            {"mlp_bias", c.mlp_bias},
+            {"attention_dropout", c.attention_dropout},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            // Both spellings, so transformers v4 (rope_theta/rope_scaling) and
+            // v5 (rope_parameters) read the same RoPE.
+            {"rope_theta", c.rope_theta},
+            {"rope_scaling", c.rope_scaling.rope_type == "default" ? json(nullptr) : rope_to_json(c, false)},
+            {"rope_parameters", rope_to_json(c, true)}};
+  if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
+  write_extra(j, c.extra);
+  return j;
+}
+
+}  // namespace
+
+void GPT2Config::validate() const {
+  check_positive("GPT2Config.vocab_size", vocab_size);
+  check_positive("GPT2Config.n_positions", n_positions);
+  check_positive("GPT2Config.n_embd", n_embd);
+  check_positive("GPT2Config.n_layer", n_layer);
+  check_positive("GPT2Config.n_head", n_head);
+  check_positive("GPT2Config.n_inner", ffn_size());
+  if (n_embd % n_head != 0) {
+    throw ConfigError(fmt::format("GPT2Config.n_embd ({}) must be divisible by n_head ({})", n_embd, n_head));
+  }
+  static const std::set<std::string> activations = {"gelu_new", "gelu_pytorch_tanh", "gelu", "relu", "silu"};
+  if (!activations.contains(activation_function)) {
+    throw ConfigError(fmt::format("GPT2Config.activation_function is \"{}\"; supported: {}", activation_function,
+                                  fmt::join(activations, ", ")));
+  }
+  check_probability("GPT2Config.resid_pdrop", resid_pdrop);
+  check_probability("GPT2Config.embd_pdrop", embd_pdrop);
+  check_probability("GPT2Config.attn_pdrop", attn_pdrop);
+  if (!(layer_norm_epsilon > 0)) throw ConfigError(fmt::format("GPT2Config.layer_norm_epsilon is {} but must be > 0", layer_norm_epsilon));
+  if (!(initializer_range >= 0)) throw ConfigError(fmt::format("GPT2Config.initializer_range is {} but must be >= 0", initializer_range));
+}
+
+void LlamaConfig::validate() const {
+  check_positive("LlamaConfig.vocab_size", vocab_size);
+  check_positive("LlamaConfig.hidden_size", hidden_size);
+  check_positive("LlamaConfig.intermediate_size", intermediate_size);
+  check_positive("LlamaConfig.num_hidden_layers", num_hidden_layers);
+  check_positive("LlamaConfig.num_attention_heads", num_attention_heads);
+  check_positive("LlamaConfig.num_key_value_heads", kv_heads());
+  check_positive("LlamaConfig.max_position_embeddings", max_position_embeddings);
+  if (num_attention_heads % kv_heads() != 0) {
+    throw ConfigError(fmt::format("LlamaConfig.num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                                  num_attention_heads, kv_heads()));
+  }
+  if (!head_dim && hidden_size % num_attention_heads != 0) {
+    throw ConfigError(fmt::format("LlamaConfig.hidden_size ({}) must be divisible by num_attention_heads ({}) when head_dim is unset",
+                                  hidden_size, num_attention_heads));
+  }
+  if (resolved_head_dim() <= 0 || resolved_head_dim() % 2 != 0) {
+    throw ConfigError(fmt::format("LlamaConfig.head_dim is {} but RoPE needs a positive even head_dim", resolved_head_dim()));
+  }
+  if (hidden_act != "silu") throw ConfigError(fmt::format("LlamaConfig.hidden_act is \"{}\"; supported: silu", hidden_act));
+  if (!(rms_norm_eps > 0)) throw ConfigError(fmt::format("LlamaConfig.rms_norm_eps is {} but must be > 0", rms_norm_eps));
+  if (!(rope_theta > 0)) throw ConfigError(fmt::format("LlamaConfig.rope_theta is {} but must be > 0", rope_theta));
+  if (!(initializer_range >= 0)) throw ConfigError(fmt::format("LlamaConfig.initializer_range is {} but must be >= 0", initializer_range));
+  check_probability("LlamaConfig.attention_dropout", attention_dropout);
+  static const std::set<std::string> rope_types = {"default", "linear", "dynamic", "llama3"};
+  const auto& s = rope_scaling;
+  if (!rope_types.contains(s.rope_type)) {
+    throw ConfigError(fmt::format("LlamaConfig.rope_scaling.rope_type is \"{}\"; supported: {}", s.rope_type,
+                                  fmt::join(rope_types, ", ")));
+  }
+  if (s.rope_type != "default" && !(s.factor > 0)) {
+    throw ConfigError(fmt::format("LlamaConfig.rope_scaling.factor is {} but must be > 0", s.factor));
+  }
+  if (s.rope_type == "llama3") {
+    if (!(s.low_freq_factor > 0) || !(s.high_freq_factor > s.low_freq_factor)) {
+      throw ConfigError(fmt::format("LlamaConfig.rope_scaling needs 0 < low_freq_factor < high_freq_factor for llama3; got {} and {}",
+                                    s.low_freq_factor, s.high_freq_factor));
+    }
+    if (s.original_max_position_embeddings) check_positive("LlamaConfig.rope_scaling.original_max_position_embeddings", *s.original_max_position_embeddings);
+  }
+  if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
+    throw ConfigError(fmt::format("LlamaConfig.pad_token_id is {} but must be in [0, vocab_size={})", *pad_token_id, vocab_size));
+  }
+}
+
+std::string model_type(const ModelConfig& config) {
+  return std::holds_alternative<GPT2Config>(config) ? "gpt2" : "llama";
+}
+
+int64_t vocab_size(const ModelConfig& config) {
+  return std::visit([](const auto& c) { return c.vocab_size; }, config);
+}
+
+int64_t hidden_size(const ModelConfig& config) {
+  if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_embd;
+  return std::get<LlamaConfig>(config).hidden_size;
+}
+
+int64_t num_layers(const ModelConfig& config) {
+  if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_layer;
+  return std::get<LlamaConfig>(config).num_hidden_layers;
+}
+
+void validate(const ModelConfig& config) {
+  std::visit([](const auto& c) { c.validate(); }, config);
+}
+
+ModelConfig config_from_json(const std::string& json_text) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw ConfigError(fmt::format("config.json is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) throw ConfigError("config.json must hold a JSON object");
+  std::string type;
+  read(j, "model_type", type);
+  ModelConfig config;
+  if (type == "gpt2") {
+    config = gpt2_from_json(j);
+  } else if (type == "llama") {
+    config = llama_from_json(j);
+  } else {
+    throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: gpt2, llama", type));
+  }
+  validate(config);
+  return config;
+}
+
+std::string config_to_json(const ModelConfig& config) {
+  json j = std::visit(
+      [](const auto& c) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(c)>, GPT2Config>) return gpt2_to_json(c);
+        else return llama_to_json(c);
+      },
+      config);
+  return j.dump(2) + "\n";
+}
+
+ModelConfig read_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("cannot open model config {}", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return config_from_json(text.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
+void write_config(const ModelConfig& config, const std::string& path) {
+  std::ofstream out(path, std::ios::trunc);
+  out << config_to_json(config);
+  out.close();
+  if (!out) throw ConfigError(fmt::format("cannot write model config {}", path));
+}
+
+ModelConfig preset(std::string_view name) {
+  auto no_dropout = [](GPT2Config c) {
+    c.resid_pdrop = c.embd_pdrop = c.attn_pdrop = 0.0;
+    return c;
+  };
+  if (name == "gpt2-124m") return no_dropout(GPT2Config{});
+  if (name == "gpt2-350m") return no_dropout(GPT2Config{.n_embd = 1024, .n_layer = 24, .n_head = 16});
+  if (name == "gpt2-tiny") {
+    return no_dropout(GPT2Config{.vocab_size = 128, .n_positions = 64, .n_embd = 64, .n_layer = 2, .n_head = 4});
+  }
+  if (name == "llama-1b-like") {
+    return LlamaConfig{.vocab_size = 32000,
+                       .hidden_size = 2048,
+                       .intermediate_size = 5632,
+                       .num_hidden_layers = 16,
+                       .num_attention_heads = 16,
+                       .num_key_value_heads = 8,
+                       .max_position_embeddings = 2048};
+  }
+  if (name == "llama-tiny") {
+    return LlamaConfig{.vocab_size = 128,
+                       .hidden_size = 64,
+                       .intermediate_size = 160,
+                       .num_hidden_layers = 2,
+                       .num_attention_heads = 4,
+                       .num_key_value_heads = 2,
+                       .max_position_embeddings = 128};
+  }
+  throw ConfigError(fmt::format("unknown model preset \"{}\"; known: {}", name, fmt::join(preset_names(), ", ")));
+}
+
+std::vector<std::string> preset_names() {
+  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "llama-1b-like", "llama-tiny"};
+}
+
+}  // namespace colossus::models

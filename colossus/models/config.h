@@ -1,0 +1,107 @@
+// Model configurations that mirror Hugging Face's config.json for GPT-2 and
+// LLaMA: read from and written back to that file, named presets, and one
+// validate() per config that names the bad field and a valid alternative.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace colossus::models {
+
+// Keys of config.json that Colossus does not interpret (bos/eos ids, dtype,
+// task params...), each value kept as its JSON text so that a loaded config
+// is written back without losing them.
+using ExtraJson = std::map<std::string, std::string>;
+
+struct GPT2Config {
+  int64_t vocab_size = 50257;
+  int64_t n_positions = 1024;
+  int64_t n_embd = 768;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  std::optional<int64_t> n_inner{};  // FFN width; unset means 4 * n_embd, as in HF
+  std::string activation_function = "gelu_new";
+  double resid_pdrop = 0.1;
+  double embd_pdrop = 0.1;
+  double attn_pdrop = 0.1;
+  double layer_norm_epsilon = 1e-5;
+  double initializer_range = 0.02;
+  bool scale_attn_weights = true;
+  bool scale_attn_by_inverse_layer_idx = false;
+  bool tie_word_embeddings = true;
+  ExtraJson extra{};
+
+  int64_t ffn_size() const { return n_inner.value_or(4 * n_embd); }
+  int64_t head_dim() const { return n_embd / n_head; }
+  void validate() const;
+};
+
+// HF's rope_scaling / rope_parameters. "default" leaves the frequencies alone;
+// "linear" divides them by factor; "dynamic" (NTK) raises the base once the
+// sequence is longer than max_position_embeddings; "llama3" rescales by
+// wavelength band (low_freq_factor, high_freq_factor, original_max_position_embeddings).
+struct RopeScaling {
+  std::string rope_type = "default";
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  std::optional<int64_t> original_max_position_embeddings{};  // llama3; unset means max_position_embeddings
+};
+
+struct LlamaConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t num_hidden_layers = 32;
+  int64_t num_attention_heads = 32;
+  std::optional<int64_t> num_key_value_heads{};  // unset means num_attention_heads (no GQA)
+  std::optional<int64_t> head_dim{};           // unset means hidden_size / num_attention_heads
+  std::string hidden_act = "silu";
+  int64_t max_position_embeddings = 2048;
+  double initializer_range = 0.02;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling{};
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  double attention_dropout = 0.0;
+  bool tie_word_embeddings = false;
+  std::optional<int64_t> pad_token_id{};  // its embedding row starts at zero and gets no gradient, as in HF
+  ExtraJson extra{};
+
+  int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
+  int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
+  void validate() const;
+};
+
+using ModelConfig = std::variant<GPT2Config, LlamaConfig>;
+
+// HF's "model_type": "gpt2" or "llama".
+std::string model_type(const ModelConfig& config);
+int64_t vocab_size(const ModelConfig& config);
+int64_t hidden_size(const ModelConfig& config);
+int64_t num_layers(const ModelConfig& config);
+void validate(const ModelConfig& config);
+
+// Parses config.json text (transformers v4 "rope_theta"/"rope_scaling" or v5
+// "rope_parameters"); the model kind comes from "model_type". Throws
+// ConfigError naming the key on a missing model_type, a wrong JSON type or an
+// unsupported setting, and validates the result.
+ModelConfig config_from_json(const std::string& json_text);
+// The config.json text transformers' from_pretrained reads (v4 and v5).
+std::string config_to_json(const ModelConfig& config);
+
+ModelConfig read_config(const std::string& path);
+void write_config(const ModelConfig& config, const std::string& path);
+
+// gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny.
+// Presets use dropout 0 (training recipes set it; 0 keeps every parallel
+// layout bit-comparable). Throws ConfigError listing the names on a typo.
+ModelConfig preset(std::string_view name);
+std::vector<std::string> preset_names();
+
+}  // namespace colossus::models

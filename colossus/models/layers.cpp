@@ -1,0 +1,115 @@
+#include "colossus/models/layers.h"
+
+#include "colossus/core/errors.h"
+
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/layer_norm.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
+#include <fmt/format.h>
+
+namespace colossus::models {
+
+// Parameters start uninitialised: create_model initialises them by seed and
+// load_pretrained overwrites every one of them, so filling here would be work
+// thrown away (and impossible on the meta device).
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const at::TensorOptions& options)
+    : Layer("Linear") {
+  weight = register_parameter("weight", at::empty({out_features, in_features}, options));
+  if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
+Conv1D::Conv1D(int64_t in_features, int64_t out_features, const at::TensorOptions& options) : Layer("Conv1D") {
+  weight = register_parameter("weight", at::empty({in_features, out_features}, options));
+  bias = register_parameter("bias", at::empty({out_features}, options));
+}
+
+// The transposed view costs nothing; at::linear picks the same GEMM as x @ W.
+at::Tensor Conv1D::forward(const at::Tensor& x) { return at::linear(x, weight.t(), bias); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx_,
+                     const at::TensorOptions& options)
+    : Layer("Embedding"), padding_idx(padding_idx_) {
+  weight = register_parameter("weight", at::empty({num_embeddings, embedding_dim}, options));
+}
+
+at::Tensor Embedding::forward(const at::Tensor& ids) { return at::embedding(weight, ids, padding_idx.value_or(-1)); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_, const at::TensorOptions& options) : Layer("LayerNorm"), eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options));
+  bias = register_parameter("bias", at::empty({dim}, options));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) { return at::layer_norm(x, {weight.size(0)}, weight, bias, eps); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps_, const at::TensorOptions& options) : Layer("RMSNorm"), eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) {
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "gelu_new" || name == "gelu_pytorch_tanh") return Activation::GeluTanh;
+  if (name == "gelu") return Activation::Gelu;
+  if (name == "relu") return Activation::Relu;
+  if (name == "silu") return Activation::Silu;
+  throw ConfigError(fmt::format("activation \"{}\" is not supported; use gelu_new, gelu_pytorch_tanh, gelu, relu or silu", name));
+}
+
+at::Tensor apply_activation(Activation activation, const at::Tensor& x) {
+  switch (activation) {
+    case Activation::GeluTanh: return at::gelu(x, "tanh");
+    case Activation::Gelu: return at::gelu(x);
+    case Activation::Relu: return at::relu(x);
+    case Activation::Silu: return at::silu(x);
+  }
+  TORCH_CHECK(false, "unknown activation");
+}
+
+void LayerHost::replace_layer(const std::string& name, std::shared_ptr<Layer> layer) {
+  if (!has_layer(name)) {
+    std::string known;
+    for (const auto& [key, _] : layers_) known += (known.empty() ? "" : ", ") + key;
+    throw ConfigError(fmt::format("{} has no layer \"{}\"; its layers are: {}", this->name(), name, known));
+  }
+  if (!layer) throw ConfigError(fmt::format("replacement for layer \"{}\" of {} is null", name, this->name()));
+  replace_module(name, layer);
+  layers_[name] = std::move(layer);
+}
+
+Layer& LayerHost::layer(const std::string& name) const {
+  auto it = layers_.find(name);
+  TORCH_CHECK(it != layers_.end(), this->name(), " has no layer ", name);
+  return *it->second;
+}
+
+void replace_layer(torch::nn::Module& root, const std::string& path, std::shared_ptr<Layer> layer) {
+  auto dot = path.rfind('.');
+  std::string parent_path = dot == std::string::npos ? "" : path.substr(0, dot);
+  std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+  torch::nn::Module* parent = &root;
+  if (!parent_path.empty()) {
+    auto modules = root.named_modules("", /*include_self=*/false);
+    auto* found = modules.find(parent_path);
+    if (found == nullptr) throw ConfigError(fmt::format("replace_layer: no module at \"{}\" (from path \"{}\")", parent_path, path));
+    parent = found->get();
+  }
+  auto* host = dynamic_cast<LayerHost*>(parent);
+  if (host == nullptr) {
+    throw ConfigError(fmt::format("replace_layer: \"{}\" is not a layer host, so \"{}\" cannot be replaced", parent_path, path));
+  }
+  host->replace_layer(leaf, std::move(layer));
+}
+
+}  // namespace colossus::models

@@ -1,0 +1,118 @@
+#include "colossus/models/llama.h"
+
+#include "colossus/core/errors.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <ATen/ops/silu.h>
+
+namespace colossus::models {
+
+LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options)
+    : LayerHost("LlamaAttention"), head_dim_(config.resolved_head_dim()), attention_dropout_(config.attention_dropout) {
+  const int64_t c = config.hidden_size, d = head_dim_;
+  const bool bias = config.attention_bias;
+  add_layer("q_proj", std::make_shared<Linear>(c, config.num_attention_heads * d, bias, options));
+  add_layer("k_proj", std::make_shared<Linear>(c, config.kv_heads() * d, bias, options));
+  add_layer("v_proj", std::make_shared<Linear>(c, config.kv_heads() * d, bias, options));
+  add_layer("o_proj", std::make_shared<Linear>(config.num_attention_heads * d, c, bias, options));
+}
+
+at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& context) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  auto heads = [&](const char* name) {
+    at::Tensor projected = layer(name).forward(x);
+    TORCH_CHECK(projected.size(-1) % head_dim_ == 0, name, " output width ", projected.size(-1),
+                " is not a multiple of head_dim ", head_dim_);
+    return projected.view({batch, seq, -1, head_dim_}).transpose(1, 2);  // (B, H_local, T, D)
+  };
+  at::Tensor q = apply_rope(heads("q_proj"), context.rope_cos, context.rope_sin);
+  at::Tensor k = apply_rope(heads("k_proj"), context.rope_cos, context.rope_sin);
+  at::Tensor v = heads("v_proj");
+  const int64_t local_heads = q.size(1), local_kv_heads = k.size(1);
+  TORCH_CHECK(local_heads % local_kv_heads == 0, "local query heads ", local_heads,
+              " is not a multiple of local kv heads ", local_kv_heads);
+  at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? attention_dropout_ : 0.0,
+                                                  /*is_causal=*/true, std::nullopt,
+                                                  /*enable_gqa=*/local_heads != local_kv_heads);
+  return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
+}
+
+LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options) : LayerHost("LlamaMLP") {
+  const int64_t c = config.hidden_size, f = config.intermediate_size;
+  add_layer("gate_proj", std::make_shared<Linear>(c, f, config.mlp_bias, options));
+  add_layer("up_proj", std::make_shared<Linear>(c, f, config.mlp_bias, options));
+  add_layer("down_proj", std::make_shared<Linear>(f, c, config.mlp_bias, options));
+}
+
+at::Tensor LlamaMLP::forward(const at::Tensor& x) {
+  return layer("down_proj").forward(at::silu(layer("gate_proj").forward(x)) * layer("up_proj").forward(x));
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options)
+    : TransformerBlock("LlamaDecoderLayer") {
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options));
+  mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, options));
+  add_layer("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
+  add_layer("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
+}
+
+at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockContext& context) {
+  TORCH_CHECK(context.rope_cos.defined(), "LlamaDecoderLayer needs RoPE cos/sin in its BlockContext");
+  at::Tensor h = hidden + self_attn_->forward(layer("input_layernorm").forward(hidden), context);
+  return h + mlp_->forward(layer("post_attention_layernorm").forward(h));
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options)
+    : CausalLM("LlamaForCausalLM", config), rope_(rope_spec(config)) {
+  config.validate();
+  model_ = register_module("model", std::make_shared<Backbone>("LlamaModel"));
+  model_->add_layer("embed_tokens",
+                    std::make_shared<Embedding>(config.vocab_size, config.hidden_size, config.pad_token_id, options));
+  auto layers = model_->register_module("layers", std::make_shared<torch::nn::Module>("BlockList"));
+  std::vector<std::shared_ptr<TransformerBlock>> blocks;
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) blocks.push_back(std::make_shared<LlamaDecoderLayer>(config, options));
+  set_blocks(layers, std::move(blocks));
+  model_->add_layer("norm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
+  if (!config.tie_word_embeddings) {
+    add_layer("lm_head", std::make_shared<Linear>(config.hidden_size, config.vocab_size, false, options));
+  }
+}
+
+at::Tensor LlamaForCausalLM::embed(const at::Tensor& input_ids) {
+  check_input_ids(input_ids);
+  return embedding().forward(input_ids);
+}
+
+BlockContext LlamaForCausalLM::block_context(const at::Tensor& hidden) const {
+  auto [cos, sin] = rope_cos_sin(rope_, hidden.size(1), hidden.options());
+  return BlockContext{.rope_cos = cos, .rope_sin = sin};
+}
+
+at::Tensor LlamaForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }
+
+at::Tensor LlamaForCausalLM::head(const at::Tensor& hidden) {
+  if (Layer* projection = lm_head()) return projection->forward(hidden);
+  return at::linear(hidden, embedding().weight);
+}
+
+Embedding& LlamaForCausalLM::embedding() const { return model_->layer_as<Embedding>("embed_tokens"); }
+Layer& LlamaForCausalLM::norm() const { return model_->layer("norm"); }
+Layer* LlamaForCausalLM::lm_head() const { return has_layer("lm_head") ? &layer("lm_head") : nullptr; }
+
+CausalLM::InitRule LlamaForCausalLM::init_rule(const std::string& name) const {
+  if (name.ends_with("norm.weight")) return {Init::Ones};
+  if (name.ends_with(".bias")) return {Init::Zeros};
+  return {Init::Normal, llama_config().initializer_range};
+}
+
+void LlamaForCausalLM::after_init() {
+  // HF zeroes the padding row of the embedding at init.
+  if (auto pad = llama_config().pad_token_id) {
+    at::NoGradGuard no_grad;
+    embedding().weight[*pad].zero_();
+  }
+}
+
+}  // namespace colossus::models

@@ -1,0 +1,80 @@
+// LLaMA with Hugging Face's LlamaForCausalLM parameter names and shapes:
+// model.{embed_tokens,layers.N.{input_layernorm,self_attn.{q,k,v,o}_proj,
+// post_attention_layernorm,mlp.{gate,up,down}_proj},norm}, lm_head (untied
+// unless tie_word_embeddings). RMSNorm, RoPE (rope_scaling linear/dynamic/llama3),
+// grouped-query attention, SwiGLU. Local query/kv head counts and FFN width
+// come from the projections' output widths at forward time (TP-agnostic).
+#pragma once
+#include "colossus/models/causal_lm.h"
+#include "colossus/models/config.h"
+#include "colossus/models/layers.h"
+#include "colossus/models/rope.h"
+
+#include <ATen/core/Tensor.h>
+
+namespace colossus::models {
+
+class LlamaAttention : public LayerHost {
+ public:
+  LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options);
+  // x: (B, T, C) -> (B, T, C). q_proj gives (B, T, local_heads * head_dim),
+  // k_proj/v_proj (B, T, local_kv_heads * head_dim); local_heads must be a
+  // multiple of local_kv_heads. context: RoPE cos/sin (T, head_dim).
+  at::Tensor forward(const at::Tensor& x, const BlockContext& context);
+
+ private:
+  int64_t head_dim_;
+  double attention_dropout_;
+};
+
+class LlamaMLP : public LayerHost {
+ public:
+  LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options);
+  // x: (B, T, C) -> (B, T, C): down(silu(gate(x)) * up(x)).
+  at::Tensor forward(const at::Tensor& x);
+};
+
+class LlamaDecoderLayer : public TransformerBlock {
+ public:
+  LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options);
+  // hidden: (B, T, C) -> (B, T, C); pre-norm residual blocks.
+  at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
+
+  LlamaAttention& self_attn() const { return *self_attn_; }
+  LlamaMLP& mlp() const { return *mlp_; }
+
+ private:
+  std::shared_ptr<LlamaAttention> self_attn_;
+  std::shared_ptr<LlamaMLP> mlp_;
+};
+
+class LlamaForCausalLM : public CausalLM {
+ public:
+  // Parameters are allocated with `options` and left uninitialised; use
+  // create_model() for an initialised model.
+  LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options);
+
+  const LlamaConfig& llama_config() const { return std::get<LlamaConfig>(config()); }
+
+  // input_ids: (B, T) int64 -> (B, T, C)
+  at::Tensor embed(const at::Tensor& input_ids) override;
+  // RoPE cos/sin for positions 0..T-1 in hidden's dtype and device.
+  BlockContext block_context(const at::Tensor& hidden) const override;
+  at::Tensor final_norm(const at::Tensor& hidden) override;
+  at::Tensor head(const at::Tensor& hidden) override;
+
+  Embedding& embedding() const override;
+  Layer& norm() const override;
+  Layer* lm_head() const override;
+  std::string blocks_path() const override { return "model.layers"; }
+
+ protected:
+  InitRule init_rule(const std::string& name) const override;
+  void after_init() override;
+
+ private:
+  RopeSpec rope_;
+  std::shared_ptr<Backbone> model_;
+};
+
+}  // namespace colossus::models

@@ -1,0 +1,135 @@
+#include "colossus/models/pretrained.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/models/gpt2.h"
+#include "colossus/models/llama.h"
+
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <set>
+#include <vector>
+
+namespace colossus::models {
+
+namespace fs = std::filesystem;
+
+std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOptions& options) {
+  validate(config);
+  at::TensorOptions tensor_options = at::TensorOptions().dtype(options.dtype).device(options.device);
+  std::shared_ptr<CausalLM> model;
+  if (const auto* gpt2 = std::get_if<GPT2Config>(&config)) {
+    model = std::make_shared<GPT2LMHeadModel>(*gpt2, tensor_options);
+  } else {
+    model = std::make_shared<LlamaForCausalLM>(std::get<LlamaConfig>(config), tensor_options);
+  }
+  if (options.init) model->init_weights(options.seed);
+  return model;
+}
+
+namespace {
+
+std::string join_limited(const std::vector<std::string>& items) {
+  constexpr size_t shown = 8;
+  std::string out;
+  for (size_t i = 0; i < items.size() && i < shown; ++i) out += (i ? ", " : "") + items[i];
+  if (items.size() > shown) out += fmt::format(" and {} more", items.size() - shown);
+  return out;
+}
+
+// Keys HF itself skips when loading into the model.
+bool ignorable(const CausalLM& model, const std::string& key) {
+  if (model.tied_embeddings() && key == "lm_head.weight") return true;
+  if (model_type(model.config()) == "gpt2") {
+    return key.ends_with(".attn.bias") || key.ends_with(".attn.masked_bias");
+  }
+  return false;
+}
+
+std::string dtype_name(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kFloat: return "float32";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kHalf: return "float16";
+    case c10::kDouble: return "float64";
+    default: throw CheckpointError(fmt::format("save_pretrained: parameters of dtype {} have no HF torch_dtype; use float32, bfloat16, float16 or float64",
+                                               c10::toString(dtype)));
+  }
+}
+
+}  // namespace
+
+void load_state_dict(CausalLM& model, const std::map<std::string, at::Tensor>& state, const std::string& source) {
+  auto params = model.named_parameters(/*recurse=*/true);
+  const std::string base_prefix = model.blocks_path().substr(0, model.blocks_path().find('.')) + ".";
+  std::vector<std::string> unexpected, mismatched;
+  std::map<std::string, const at::Tensor*> assigned;
+  std::set<std::string> present;  // model names the file has, matching shape or not
+  for (const auto& [key, tensor] : state) {
+    std::string name = key;
+    if (!params.contains(name) && params.contains(base_prefix + key)) name = base_prefix + key;
+    if (!params.contains(name) || present.contains(name)) {
+      if (!ignorable(model, key)) unexpected.push_back(key);
+      continue;
+    }
+    present.insert(name);
+    const at::Tensor& param = params[name];
+    if (tensor.sizes() != param.sizes()) {
+      mismatched.push_back(fmt::format("{} (file {} vs model {})", key, c10::str(tensor.sizes()), c10::str(param.sizes())));
+      continue;
+    }
+    assigned[name] = &tensor;
+  }
+  std::vector<std::string> missing;
+  for (const auto& item : params) {
+    if (!present.contains(item.key())) missing.push_back(item.key());
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::string message = fmt::format("checkpoint {} does not match {}:", source, model.name());
+    if (!missing.empty()) message += fmt::format(" missing {} tensor(s): {};", missing.size(), join_limited(missing));
+    if (!unexpected.empty()) message += fmt::format(" unexpected {} tensor(s): {};", unexpected.size(), join_limited(unexpected));
+    if (!mismatched.empty()) message += fmt::format(" shape mismatch: {};", join_limited(mismatched));
+    message.pop_back();
+    throw CheckpointError(message);
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [name, tensor] : assigned) params[name].copy_(*tensor);
+}
+
+std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options) {
+  const fs::path config_path = fs::path(dir) / "config.json";
+  if (!fs::exists(config_path)) throw CheckpointError(fmt::format("{} has no config.json", dir));
+  ModelConfig config = read_config(config_path.string());
+  auto model = create_model(config, {.dtype = options.dtype, .device = options.device, .init = false});
+  load_state_dict(*model, checkpoint::load_state_dict(dir), dir);
+  return model;
+}
+
+checkpoint::NamedTensors state_dict(const CausalLM& model) {
+  checkpoint::NamedTensors tensors;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) tensors.emplace_back(item.key(), item.value().detach());
+  return tensors;
+}
+
+void save_pretrained(const CausalLM& model, const std::string& dir, const SaveOptions& options) {
+  checkpoint::NamedTensors tensors = state_dict(model);
+  if (tensors.empty()) throw CheckpointError("save_pretrained: the model has no parameters");
+  const c10::ScalarType dtype = tensors.front().second.scalar_type();
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string file = entry.path().filename().string();
+    if (file.starts_with("model") && file.find(".safetensors") != std::string::npos) fs::remove(entry.path());
+  }
+  ModelConfig config = model.config();
+  std::visit(
+      [&](auto& c) {
+        c.extra.erase("dtype");
+        c.extra["torch_dtype"] = fmt::format("\"{}\"", dtype_name(dtype));
+      },
+      config);
+  write_config(config, (fs::path(dir) / "config.json").string());
+  checkpoint::save_sharded(dir, tensors, {.max_shard_bytes = options.max_shard_bytes});
+}
+
+}  // namespace colossus::models

@@ -1,0 +1,77 @@
+#include "colossus/models/rope.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/where.h>
+
+#include <cmath>
+#include <numbers>
+
+namespace colossus::models {
+
+RopeSpec rope_spec(const LlamaConfig& config) {
+  return RopeSpec{.head_dim = config.resolved_head_dim(),
+                  .theta = config.rope_theta,
+                  .scaling = config.rope_scaling,
+                  .max_position_embeddings = config.max_position_embeddings};
+}
+
+namespace {
+
+// 1 / base^(2i / dim) for i < dim/2, in fp32 like HF.
+at::Tensor default_inv_freq(const at::Tensor& base, int64_t dim) {
+  at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+  return at::pow(base, exponents).reciprocal();
+}
+
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeSpec& spec) {
+  const RopeScaling& s = spec.scaling;
+  const double old_context = static_cast<double>(s.original_max_position_embeddings.value_or(spec.max_position_embeddings));
+  const double low_freq_wavelen = old_context / s.low_freq_factor;
+  const double high_freq_wavelen = old_context / s.high_freq_factor;
+  at::Tensor wavelen = 2 * std::numbers::pi / inv_freq;
+  // Long wavelengths (low frequencies) are slowed by factor, short ones kept,
+  // the band between interpolated.
+  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  at::Tensor smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  at::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  at::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return at::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
+at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len) {
+  const int64_t dim = spec.head_dim;
+  const RopeScaling& s = spec.scaling;
+  at::Tensor base = at::scalar_tensor(spec.theta, at::kFloat);
+  if (s.rope_type == "dynamic" && seq_len > spec.max_position_embeddings) {
+    // NTK-aware: grow the base with the length, in fp32 tensors as HF does.
+    at::Tensor length = at::scalar_tensor(seq_len, at::kLong);
+    at::Tensor ratio = s.factor * length / static_cast<double>(spec.max_position_embeddings) - (s.factor - 1);
+    base = spec.theta * ratio.pow(static_cast<double>(dim) / static_cast<double>(dim - 2));
+  }
+  at::Tensor inv_freq = default_inv_freq(base, dim);
+  if (s.rope_type == "linear") return inv_freq / s.factor;
+  if (s.rope_type == "llama3") return llama3_inv_freq(inv_freq, spec);
+  return inv_freq;
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq_len, const at::TensorOptions& options) {
+  at::Tensor inv_freq = rope_inv_freq(spec, seq_len).to(options.device());
+  at::Tensor positions = at::arange(seq_len, options.dtype(at::kLong)).to(at::kFloat);
+  at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, D/2)
+  at::Tensor angles = at::cat({freqs, freqs}, -1);                   // (T, D)
+  return {angles.cos().to(options.dtype()), angles.sin().to(options.dtype())};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace colossus::models
