@@ -10,7 +10,8 @@ endif()
 # of them must share these compile options.
 add_library(colossus_options INTERFACE)
 target_include_directories(colossus_options INTERFACE ${CMAKE_SOURCE_DIR})
-target_compile_options(colossus_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS} -fPIC>)
+target_include_directories(colossus_options SYSTEM INTERFACE ${TOMLPP_INCLUDE_DIR})
+target_compile_options(colossus_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS} -fPIC -fopenmp-simd>)
 target_compile_definitions(colossus_options INTERFACE COLOSSUS_VERSION="${PROJECT_VERSION}")
 # torch ships its own fmt (v12) headers ahead of Debian's on the include path, so
 # fmt is used header-only from there rather than linked from Debian.

@@ -1,0 +1,36 @@
+# Two entry points for a fresh Debian machine (as root or with sudo):
+#   make demo   installs what is needed, builds, runs the main demo
+#   make test   installs what is needed, builds, runs every test
+# Both are idempotent; a second run only rebuilds what changed.
+SHELL := /bin/bash
+BUILD ?= build
+JOBS ?= $(shell nproc)
+# CUDA parts: AUTO where a GPU is visible, else a CPU build (the CUDA sources
+# are still compile-checked by `make cuda-compile`).
+CUDA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo AUTO || echo OFF)
+
+.PHONY: setup configure build test demo cuda-compile clean
+
+setup:
+	@bash scripts/setup.sh
+
+configure: setup
+	@cmake -S . -B $(BUILD) -G Ninja -DCOLOSSUS_CUDA=$(CUDA) > $(BUILD).configure.log 2>&1 || { cat $(BUILD).configure.log; exit 1; }
+
+build: configure
+	@ninja -C $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)
+
+# Compiles the CUDA library (kernels, NCCL backend) and the CLI against it;
+# nothing runs, so this works on machines with the CUDA toolkit but no GPU.
+cuda-compile: setup
+	@cmake -S . -B build-cuda -G Ninja -DCOLOSSUS_CUDA=ON -DCOLOSSUS_TESTS=OFF > build-cuda.configure.log 2>&1 || { cat build-cuda.configure.log; exit 1; }
+	@ninja -C build-cuda -j $(JOBS) colossus_cli
+
+clean:
+	rm -rf $(BUILD) build-cuda $(BUILD).configure.log build-cuda.configure.log

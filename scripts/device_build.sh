@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds Colossus on the GPU device machine against the image's torch
+# (2.11.0+cu130), then runs `colossus check` and the CUDA tests, printing a
+# summary last. Header-only dependencies the image lacks (toml++) travel in
+# .devdeps/ (made by scripts/pack_device_deps.sh on the CPU machine).
+# Usage (device): bash scripts/device_build.sh [extra ninja targets...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCH_CUDA_ARCH_LIST=9.0
+out=${OUT:-/tmp/colossus-out}
+mkdir -p "$out"
+torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+start=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=${COLOSSUS_TESTS:-ON} > "$out/configure.log" 2>&1 \
+  || { tail -40 "$out/configure.log"; exit 1; }
+ninja -C build-gpu -j "$(nproc)" colossus_cli collectives_demo "$@" 2>&1 | tail -5
+echo "build: $(( $(date +%s) - start )) s"
+build-gpu/bin/colossus check | tee "$out/check.txt"
+build-gpu/bin/colossus check --json > "$out/check.json" || true
