@@ -1,0 +1,55 @@
+// The optimizer interface every plugin steps through. Optimizers update any
+// tensors they are given (model parameters, or ZeRO's flat fp32 shards) from
+// those tensors' .grad(); per-group hyper-parameters live in ParamGroup.
+// Interface agreed before implementation; see docs/architecture.md.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace colossus::optim {
+
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  // Optimizer-specific extras by name (betas, eps, momentum, ...), so a
+  // checkpoint can store every group's settings uniformly.
+  std::map<std::string, double> options;
+};
+
+// Serialisable optimizer state: per-parameter tensors named
+// "state.<param index>.<slot>" (index counts params across groups in order),
+// and scalars (step counts, hyper-parameters) as JSON text.
+struct OptimizerState {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::string json;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update from the current gradients; parameters without a gradient are skipped.
+  virtual void step() = 0;
+  virtual std::string name() const = 0;
+  virtual OptimizerState state_dict() const = 0;
+  // Throws CheckpointError when the state does not fit the parameters (count, shapes).
+  virtual void load_state_dict(const OptimizerState& state) = 0;
+
+  void zero_grad(bool set_to_none = true);
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // Sets lr on every group (schedulers call this).
+  void set_lr(double lr);
+
+ protected:
+  explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
+  std::vector<ParamGroup> groups_;
+};
+
+}  // namespace colossus::optim
