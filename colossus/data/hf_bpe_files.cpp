@@ -229,12 +229,14 @@ void check_normalizer(const json& node, const std::string& path) {
   throw ConfigError(fmt::format("{}: normalizer {} is not supported; expected null", path, node.dump().substr(0, 200)));
 }
 
-std::optional<std::string> token_name(const json& node) {
-  if (node.is_string()) return node.get<std::string>();
-  if (node.is_object() && node.contains("content") && node["content"].is_string()) {
-    return node["content"].get<std::string>();
-  }
-  return std::nullopt;
+ConfiguredToken configured_token(const json& config, const char* key, const std::string& path) {
+  if (!config.contains(key)) return {};
+  const json& node = field(config, key);
+  if (node.is_null()) return {.given = true, .name = std::nullopt};
+  if (node.is_string()) return {.given = true, .name = node.get<std::string>()};
+  if (field(node, "content").is_string()) return {.given = true, .name = field(node, "content").get<std::string>()};
+  throw ConfigError(fmt::format("{}: {} must be a token string, {{\"content\": ...}} or null; got {}", path, key,
+                                node.dump()));
 }
 
 }  // namespace
@@ -311,12 +313,10 @@ ByteLevelBpeConfig read_gpt2_vocab_merges(const std::string& vocab_path, const s
 
 SpecialTokenNames read_tokenizer_config(const std::string& path) {
   const json config = read_json_file(path);
-  SpecialTokenNames names;
-  if (!config.is_object()) return names;
-  if (config.contains("bos_token")) names.bos = token_name(config["bos_token"]);
-  if (config.contains("eos_token")) names.eos = token_name(config["eos_token"]);
-  if (config.contains("pad_token")) names.pad = token_name(config["pad_token"]);
-  return names;
+  if (!config.is_object()) throw ConfigError(fmt::format("{}: expected a JSON object", path));
+  return {.bos = configured_token(config, "bos_token", path),
+          .eos = configured_token(config, "eos_token", path),
+          .pad = configured_token(config, "pad_token", path)};
 }
 
 }  // namespace colossus::data

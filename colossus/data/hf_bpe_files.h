@@ -25,14 +25,21 @@ ByteLevelBpeConfig read_hf_tokenizer_json(const nlohmann::json& json, const std:
 // token, as in transformers' GPT2Tokenizer.
 ByteLevelBpeConfig read_gpt2_vocab_merges(const std::string& vocab_path, const std::string& merges_path);
 
-struct SpecialTokenNames {
-  std::optional<std::string> bos;
-  std::optional<std::string> eos;
-  std::optional<std::string> pad;
+// One special-token entry of tokenizer_config.json: `given` when the key is
+// there; `name` is nullopt when it is there as null (no such token).
+struct ConfiguredToken {
+  bool given = false;
+  std::optional<std::string> name;
 };
 
-// bos_token/eos_token/pad_token of a tokenizer_config.json (string or
-// {"content": ...}); unset fields stay nullopt.
+struct SpecialTokenNames {
+  ConfiguredToken bos;
+  ConfiguredToken eos;
+  ConfiguredToken pad;
+};
+
+// bos_token/eos_token/pad_token of a tokenizer_config.json (a string,
+// {"content": ...} or null).
 SpecialTokenNames read_tokenizer_config(const std::string& path);
 
 }  // namespace colossus::data

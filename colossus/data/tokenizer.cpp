@@ -41,9 +41,9 @@ void name_special_tokens(ByteLevelBpeConfig& config, const fs::path& dir) {
   const fs::path config_path = dir / "tokenizer_config.json";
   if (!fs::is_regular_file(config_path)) return;
   const SpecialTokenNames names = read_tokenizer_config(config_path.string());
-  if (names.bos) config.bos_token = names.bos;
-  if (names.eos) config.eos_token = names.eos;
-  if (names.pad) config.pad_token = names.pad;
+  if (names.bos.given) config.bos_token = names.bos.name;
+  if (names.eos.given) config.eos_token = names.eos.name;
+  if (names.pad.given) config.pad_token = names.pad.name;
 }
 
 std::unique_ptr<Tokenizer> from_tokenizer_json(const fs::path& file) {

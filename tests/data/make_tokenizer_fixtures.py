@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Builds the tokenizer fixtures for tests/data/tokenizer_test.cpp in OUT_DIR.
+
+Trains small tokenizers on generated text with the Python `tokenizers` and
+`sentencepiece` packages, saves them in the layouts load_tokenizer reads, and
+writes OUT_DIR/expected.json with the ids and decoded text that Python's
+implementations give for a varied set of texts (the C++ side must match
+exactly). Usage: make_tokenizer_fixtures.py OUT_DIR
+"""
+import copy
+import json
+import os
+import random
+import sys
+
+import sentencepiece as spm
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GPT2Tokenizer
+
+GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+
+SNIPPETS = [
+    "The quick brown fox jumps over the lazy dog.", "don't", "I'LL", "we've", "they're", "she'd", "it's", "I'm",
+    "café", "naïve", "résumé", "Ångström", "Straße", "über", "niño", "Ελληνικά", "русский язык",
+    "東京は日本の首都です。", "中文分词测试", "한국어 텍스트", "مرحبا بالعالم", "שלום עולם", "हिन्दी पाठ",
+    "😀🎉👍🏽", "👨‍👩‍👧‍👦", "🇩🇪", "x = f(y) + 3.14159;", "def foo(bar):\n\treturn bar * 2\n",
+    "https://example.com/path?q=1&r=2", "user@example.org", "$1,234.56", "100%", "2024-01-15", "½ ⅓ ² ³ ٣ ৩",
+    "supercalifragilisticexpialidocious", "antidisestablishmentarianism", "  leading", "trailing   ", "\u00a0nbsp",
+    "\u3000ideographic space", "line1\r\nline2", "tab\tseparated\tvalues",
+]
+WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
+         "government company number group problem fact be have do say get make go know take see come think look "
+         "want give use find tell ask seem feel try leave call good new first last long great little own other "
+         "old right big high different small large next early young important few public bad same able").split()
+
+
+def corpus_text(rng, n_lines):
+    lines = []
+    for _ in range(n_lines):
+        parts = []
+        for _ in range(rng.randint(3, 14)):
+            r = rng.random()
+            if r < 0.6:
+                w = rng.choice(WORDS)
+                parts.append(w.capitalize() if rng.random() < 0.1 else w)
+            elif r < 0.75:
+                parts.append(rng.choice(SNIPPETS))
+            elif r < 0.85:
+                parts.append(str(rng.randint(0, 10 ** rng.randint(1, 7))))
+            else:
+                parts.append(rng.choice([",", ".", "!", "?", ";", ":", "-", "(", ")", '"', "'"]))
+        lines.append(" ".join(parts))
+    return lines
+
+
+def sample_texts(rng):
+    texts = [
+        "Hello, world!", "don't stop believing; I'LL say it's fine. We've, they're, I'd", "'s 't 're 've 'm 'll 'd",
+        "café naïve résumé Ångström", "東京は日本の首都です。中文测试", "مرحبا بالعالم", "😀🎉👍🏽 👨‍👩‍👧‍👦 🇩🇪",
+        "   multiple   spaces   ", "tabs\t\tand\tnewlines\n\n\nend", "line1\r\nline2\r\n\r\n", "\n", " ", "",
+        "a", "12345678901234567890", "3.14159 2,718 1e-9", "x" * 300, "supercalifragilisticexpialidocious" * 3,
+        "before<|endoftext|>after", "<|endoftext|>", "a <|endoftext|> b<|endoftext|><|endoftext|>c",
+        "<|endoftext|> leading and trailing <|endoftext|>", "text with <|pad|> inside", "<|endoftext",
+        "def foo(bar):\n\treturn bar * 2\n", "  \n  \t x", "\u00a0\u3000\u2028 odd spaces", "½ ⅓ ² ³ ٣ ৩ Ⅻ",
+        "MiXeD CaSe 'S 'T 'Re", "éé 東東 😀😀", "ſ 's 'S", "a\u0301 combining", "trailing newline\n",
+        "<tool> call <tool>x<tool> magic magically [END]  after", "<|begin_of_text|>hi<|end_of_text|>",
+    ]
+    for _ in range(25):
+        texts.append(" ".join(corpus_text(rng, 1)) + rng.choice(["", "\n", "  ", "<|endoftext|>", "\t"]))
+    texts.append("\n".join(corpus_text(rng, 40)))
+    return texts
+
+
+def train_byte_level(lines, pre_tokenizer, special_tokens):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=special_tokens, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(lines, trainer)
+    return tok
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def save(tok, path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tok.save(path)
+
+
+def hf_entry(name, path, tok, texts, roundtrip, bos, eos, pad):
+    vocab = tok.get_vocab()
+    entry = {"name": name, "path": path, "roundtrip": roundtrip, "vocab_size": tok.get_vocab_size(),
+             "bos": vocab.get(bos) if bos else None, "eos": vocab.get(eos) if eos else None,
+             "pad": vocab.get(pad) if pad else None, "cases": [],
+             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37]}
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        ids_special = tok.encode(text, add_special_tokens=True).ids
+        entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special,
+                               "decoded": tok.decode(ids, skip_special_tokens=False),
+                               "decoded_special_skip": tok.decode(ids_special, skip_special_tokens=True)})
+    return entry
+
+
+def transformers_entry(name, path, tk, texts):
+    vocab = tk.get_vocab()
+    entry = {"name": name, "path": path, "roundtrip": True, "vocab_size": len(tk), "bos": tk.bos_token_id,
+             "eos": tk.eos_token_id, "pad": tk.pad_token_id, "cases": [],
+             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37]}
+    for text in texts:
+        ids = tk(text, add_special_tokens=False)["input_ids"]
+        ids_special = tk(text, add_special_tokens=True)["input_ids"]
+        entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special,
+                               "decoded": tk.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
+                               "decoded_special_skip": tk.decode(ids_special, skip_special_tokens=True,
+                                                                 clean_up_tokenization_spaces=False)})
+    return entry
+
+
+def sentencepiece_entry(name, path, sp, texts):
+    def opt(i):
+        return i if i >= 0 else None
+    entry = {"name": name, "path": path, "roundtrip": False, "vocab_size": sp.get_piece_size(),
+             "bos": opt(sp.bos_id()), "eos": opt(sp.eos_id()), "pad": opt(sp.pad_id()), "cases": [],
+             "vocab_sample": [[sp.id_to_piece(i), i] for i in range(0, sp.get_piece_size(), 37)
+                              if not sp.is_unknown(i)]}
+    for text in texts:
+        ids = sp.encode(text)
+        ids_special = sp.encode(text, add_bos=True)
+        entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special, "decoded": sp.decode(ids),
+                               "decoded_special_skip": sp.decode(ids_special)})
+    return entry
+
+
+def main():
+    out = sys.argv[1]
+    rng = random.Random(1234)
+    lines = corpus_text(rng, 3000) + SNIPPETS * 5
+    texts = sample_texts(rng)
+    entries = []
+
+    # GPT-2 style: ByteLevel pre-tokenizer with the GPT-2 regex.
+    gpt2 = train_byte_level(lines, pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"])
+    gpt2.post_processor = processors.ByteLevel(trim_offsets=False)
+    gpt2.add_special_tokens(["<|pad|>"])
+    save(gpt2, os.path.join(out, "gpt2_json", "tokenizer.json"))
+    entries.append(hf_entry("gpt2_json", "gpt2_json", gpt2, texts, True, "<|endoftext|>", "<|endoftext|>", None))
+
+    # The same tokenizer with merges in the legacy "a b" form, loaded as a file.
+    legacy = json.loads(gpt2.to_str())
+    legacy["model"]["merges"] = [" ".join(m) for m in legacy["model"]["merges"]]
+    write(os.path.join(out, "legacy", "gpt2_legacy.json"), json.dumps(legacy, ensure_ascii=False))
+    legacy_tok = Tokenizer.from_str(json.dumps(legacy))
+    entries.append(hf_entry("gpt2_legacy_merges", "legacy/gpt2_legacy.json", legacy_tok, texts, True,
+                            "<|endoftext|>", "<|endoftext|>", None))
+
+    # GPT-2's original layout: vocab.json + merges.txt, checked by transformers.
+    os.makedirs(os.path.join(out, "gpt2_files"), exist_ok=True)
+    gpt2.model.save(os.path.join(out, "gpt2_files"))
+    tk = GPT2Tokenizer.from_pretrained(os.path.join(out, "gpt2_files"))
+    entries.append(transformers_entry("gpt2_files", "gpt2_files", tk, texts))
+
+    # Added-token options, add_prefix_space, and a tokenizer_config naming pad.
+    added = Tokenizer.from_str(gpt2.to_str())
+    added.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    added.add_tokens([AddedToken("<tool>", lstrip=True), AddedToken("magic", single_word=True)])
+    added.add_special_tokens([AddedToken("[END]", rstrip=True)])
+    save(added, os.path.join(out, "gpt2_added", "tokenizer.json"))
+    write(os.path.join(out, "gpt2_added", "tokenizer_config.json"),
+          json.dumps({"bos_token": None, "eos_token": {"content": "[END]"}, "pad_token": "<|pad|>"}))
+    entries.append(hf_entry("gpt2_added", "gpt2_added", added, texts, False, None, "[END]", "<|pad|>"))
+
+    # LLaMA-3 style: Split with its regex, ByteLevel without regex, a BOS
+    # template, ignore_merges.
+    llama_pre = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    llama = train_byte_level(lines, llama_pre, ["<|begin_of_text|>", "<|end_of_text|>"])
+    llama.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", llama.token_to_id("<|begin_of_text|>"))])
+    llama_json = json.loads(llama.to_str())
+    llama_json["model"]["ignore_merges"] = True
+    llama = Tokenizer.from_str(json.dumps(llama_json))
+    save(llama, os.path.join(out, "llama3_json", "tokenizer.json"))
+    write(os.path.join(out, "llama3_json", "tokenizer_config.json"),
+          json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                      "pad_token": "<|end_of_text|>"}))
+    entries.append(hf_entry("llama3_json", "llama3_json", llama, texts, True, "<|begin_of_text|>",
+                            "<|end_of_text|>", "<|end_of_text|>"))
+
+    # Qwen2's regex (single digits), same vocabulary.
+    qwen_json = copy.deepcopy(llama_json)
+    qwen_json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = QWEN2_REGEX
+    qwen_json["model"]["ignore_merges"] = False
+    qwen = Tokenizer.from_str(json.dumps(qwen_json))
+    save(qwen, os.path.join(out, "qwen2_json", "tokenizer.json"))
+    entries.append(hf_entry("qwen2_json", "qwen2_json", qwen, texts, True, "<|begin_of_text|>", None, None))
+
+    # SentencePiece: LLaMA-2 style BPE with byte fallback, and unigram.
+    corpus = os.path.join(out, "corpus.txt")
+    write(corpus, "\n".join(lines))
+    os.makedirs(os.path.join(out, "sp_bpe"), exist_ok=True)
+    for model_type, prefix, extra in [("bpe", os.path.join(out, "sp_bpe", "tokenizer"), {"byte_fallback": True}),
+                                      ("unigram", os.path.join(out, "unigram"), {})]:
+        spm.SentencePieceTrainer.train(input=corpus, model_prefix=prefix, vocab_size=1000, model_type=model_type,
+                                       character_coverage=0.9995, minloglevel=2, num_threads=2, **extra)
+    sp_bpe = spm.SentencePieceProcessor(model_file=os.path.join(out, "sp_bpe", "tokenizer.model"))
+    entries.append(sentencepiece_entry("sp_bpe", "sp_bpe", sp_bpe, texts))
+    sp_uni = spm.SentencePieceProcessor(model_file=os.path.join(out, "unigram.model"))
+    entries.append(sentencepiece_entry("sp_unigram", "unigram.model", sp_uni, texts))
+
+    # Error cases.
+    write(os.path.join(out, "bad", "malformed", "tokenizer.json"), '{"model": {"type": "BPE", "vocab": {')
+    wordpiece = {"version": "1.0", "added_tokens": [], "normalizer": None, "pre_tokenizer": None,
+                 "post_processor": None, "decoder": None,
+                 "model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "a": 1}}}
+    write(os.path.join(out, "bad", "wordpiece", "tokenizer.json"), json.dumps(wordpiece))
+    os.makedirs(os.path.join(out, "bad", "empty_dir"), exist_ok=True)
+
+    # The pre-tokenizer regexes alone, as Oniguruma (inside `tokenizers`) splits.
+    splits = {}
+    for name, regex in [("gpt2", GPT2_REGEX), ("llama3", LLAMA3_REGEX), ("qwen2", QWEN2_REGEX)]:
+        split = pre_tokenizers.Split(Regex(regex), behavior="isolated")
+        splits[name] = [[piece for piece, _ in split.pre_tokenize_str(text)] for text in texts]
+
+    write(os.path.join(out, "expected.json"),
+          json.dumps({"texts": texts, "splits": splits, "tokenizers": entries}, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

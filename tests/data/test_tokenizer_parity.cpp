@@ -1,0 +1,111 @@
+// Parity with Python: every fixture tokenizer must give exactly the ids,
+// decoded text, vocabulary and special ids that tokenizers / transformers /
+// sentencepiece give, on texts covering scripts, emoji, whitespace runs,
+// numbers, contractions and special tokens inside the text.
+#include "colossus/data/pre_tokenize.h"
+#include "colossus/data/tokenizer.h"
+#include "tests/data/tokenizer_fixtures.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace colossus::data {
+namespace {
+
+using testing::fixtures;
+
+std::optional<int32_t> optional_id(const nlohmann::json& value) {
+  if (value.is_null()) return std::nullopt;
+  return value.get<int32_t>();
+}
+
+class TokenizerParity : public ::testing::TestWithParam<std::string> {
+ protected:
+  const nlohmann::json& entry() const { return fixtures().tokenizer(GetParam()); }
+  std::unique_ptr<Tokenizer> load() const { return load_tokenizer(fixtures().path(entry()["path"])); }
+};
+
+TEST_P(TokenizerParity, EncodeAndDecodeMatchPython) {
+  auto tokenizer = load();
+  const bool roundtrip = entry()["roundtrip"].get<bool>();
+  for (const auto& c : entry()["cases"]) {
+    const auto text = c["text"].get<std::string>();
+    SCOPED_TRACE("text: " + text.substr(0, 80));
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    const auto ids_special = c["ids_special"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tokenizer->encode(text), ids);
+    EXPECT_EQ(tokenizer->encode(text, /*add_special_tokens=*/true), ids_special);
+    EXPECT_EQ(tokenizer->decode(ids), c["decoded"].get<std::string>());
+    EXPECT_EQ(tokenizer->decode(ids_special, /*skip_special_tokens=*/true), c["decoded_special_skip"].get<std::string>());
+    if (roundtrip) {
+      EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
+    }
+  }
+}
+
+TEST_P(TokenizerParity, VocabularyAndSpecialIdsMatchPython) {
+  auto tokenizer = load();
+  EXPECT_EQ(tokenizer->vocab_size(), entry()["vocab_size"].get<int32_t>());
+  EXPECT_EQ(tokenizer->bos_id(), optional_id(entry()["bos"]));
+  EXPECT_EQ(tokenizer->eos_id(), optional_id(entry()["eos"]));
+  EXPECT_EQ(tokenizer->pad_id(), optional_id(entry()["pad"]));
+  const auto& sample = entry()["vocab_sample"];
+  ASSERT_GT(sample.size(), 20u);
+  for (const auto& pair : sample) {
+    const auto token = pair[0].get<std::string>();
+    const auto id = pair[1].get<int32_t>();
+    EXPECT_EQ(tokenizer->token_to_id(token), id) << token;
+    EXPECT_EQ(tokenizer->id_to_token(id), token) << id;
+  }
+  EXPECT_EQ(tokenizer->token_to_id("no such token \x01\x02"), std::nullopt);
+  EXPECT_EQ(tokenizer->id_to_token(tokenizer->vocab_size()), std::nullopt);
+  EXPECT_EQ(tokenizer->id_to_token(-1), std::nullopt);
+}
+
+// One tokenizer shared by threads gives the same ids (the word cache is shared).
+TEST_P(TokenizerParity, ConcurrentEncodeIsConsistent) {
+  auto tokenizer = load();
+  const auto& cases = entry()["cases"];
+  std::vector<std::vector<std::vector<int32_t>>> results(4);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < results.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        for (const auto& c : cases) results[t].push_back(tokenizer->encode(c["text"].get<std::string>()));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& result : results) {
+    ASSERT_EQ(result.size(), 3 * cases.size());
+    for (std::size_t i = 0; i < result.size(); ++i) {
+      EXPECT_EQ(result[i], cases[i % cases.size()]["ids"].get<std::vector<int32_t>>());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
+                         ::testing::Values("gpt2_json", "gpt2_legacy_merges", "gpt2_files", "gpt2_added",
+                                           "llama3_json", "qwen2_json", "sp_bpe", "sp_unigram"));
+
+// The hand-written regexes split exactly as Oniguruma does.
+TEST(PreTokenize, SplitsMatchOniguruma) {
+  const auto& expected = fixtures().expected;
+  const auto& texts = expected["texts"];
+  for (const auto& [name, pattern] : {std::pair{"gpt2", SplitPattern::kGpt2}, std::pair{"llama3", SplitPattern::kLlama3},
+                                      std::pair{"qwen2", SplitPattern::kQwen2}}) {
+    const auto& splits = expected["splits"][name];
+    ASSERT_EQ(splits.size(), texts.size());
+    for (std::size_t i = 0; i < texts.size(); ++i) {
+      const auto text = texts[i].get<std::string>();
+      std::vector<std::string_view> pieces;
+      pre_tokenize(text, pattern, pieces);
+      EXPECT_EQ(std::vector<std::string>(pieces.begin(), pieces.end()), splits[i].get<std::vector<std::string>>())
+          << name << " on: " << text.substr(0, 80);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace colossus::data
