@@ -117,10 +117,6 @@ void save_pretrained(const CausalLM& model, const std::string& dir, const SaveOp
   if (tensors.empty()) throw CheckpointError("save_pretrained: the model has no parameters");
   const c10::ScalarType dtype = tensors.front().second.scalar_type();
   fs::create_directories(dir);
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string file = entry.path().filename().string();
-    if (file.starts_with("model") && file.find(".safetensors") != std::string::npos) fs::remove(entry.path());
-  }
   ModelConfig config = model.config();
   std::visit(
       [&](auto& c) {

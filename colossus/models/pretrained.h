@@ -53,8 +53,8 @@ struct SaveOptions {
 };
 
 // Writes dir/config.json (with torch_dtype) and the weights through
-// checkpoint::save_sharded, after removing model*.safetensors* left by an
-// earlier save, so that a stale index can never shadow the new weights.
+// checkpoint::save_sharded (model.safetensors, or shards + index past
+// max_shard_bytes; it also removes the shards of an earlier save).
 void save_pretrained(const CausalLM& model, const std::string& dir, const SaveOptions& options = {});
 
 }  // namespace colossus::models

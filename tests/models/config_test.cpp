@@ -1,0 +1,126 @@
+// ModelConfig: config.json in both transformers spellings, round trips,
+// presets (sizes checked by counting parameters on the meta device), errors.
+#include "colossus/core/errors.h"
+#include "colossus/models/config.h"
+#include "colossus/models/pretrained.h"
+
+#include <gtest/gtest.h>
+
+namespace colossus::models {
+namespace {
+
+template <class F>
+std::string config_error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+TEST(ModelConfig, EveryPresetSurvivesAJsonRoundTrip) {
+  for (const auto& name : preset_names()) {
+    ModelConfig config = preset(name);
+    EXPECT_NO_THROW(validate(config)) << name;
+    std::string json = config_to_json(config);
+    EXPECT_EQ(config_to_json(config_from_json(json)), json) << name;
+  }
+}
+
+int64_t parameter_count(const ModelConfig& config) {
+  // The meta device allocates nothing, so even the 1B preset costs no memory.
+  auto model = create_model(config, {.device = c10::kMeta, .init = false});
+  int64_t total = 0;
+  for (const auto& p : model->parameters()) total += p.numel();
+  return total;
+}
+
+TEST(ModelConfig, PresetsHaveTheirNamedSizes) {
+  // HF's gpt2 (124M) and gpt2-medium (355M) parameter counts.
+  EXPECT_EQ(parameter_count(preset("gpt2-124m")), 124439808);
+  EXPECT_EQ(parameter_count(preset("gpt2-350m")), 354823168);
+  const auto llama = std::get<LlamaConfig>(preset("llama-1b-like"));
+  EXPECT_EQ(llama.hidden_size, 2048);
+  EXPECT_EQ(llama.num_hidden_layers, 16);
+  EXPECT_EQ(llama.num_attention_heads, 16);
+  EXPECT_EQ(llama.kv_heads(), 8);
+  EXPECT_EQ(llama.intermediate_size, 5632);
+  EXPECT_EQ(llama.vocab_size, 32000);
+  const int64_t c = 2048, kv = 8 * 128, f = 5632, v = 32000;
+  const int64_t per_layer = c * c + 2 * c * kv + c * c + 3 * c * f + 2 * c;
+  EXPECT_EQ(parameter_count(llama), 2 * v * c + 16 * per_layer + c);
+  EXPECT_NE(config_error_of([] { preset("llama-7b"); }).find("llama-tiny"), std::string::npos);
+}
+
+TEST(ModelConfig, ReadsTransformersV4RopeScaling) {
+  auto config = config_from_json(R"({
+    "model_type": "llama", "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "intermediate_size": 512, "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 4096.0,
+    "rope_theta": 500000.0,
+    "rope_scaling": {"type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "eos_token_id": [128001, 128009], "torch_dtype": "bfloat16"})");
+  const auto& c = std::get<LlamaConfig>(config);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(c.kv_heads(), 2);
+  EXPECT_EQ(c.resolved_head_dim(), 32);
+  // Keys we do not interpret come back unchanged.
+  std::string json = config_to_json(config);
+  EXPECT_NE(json.find("128009"), std::string::npos);
+  EXPECT_NE(json.find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+}
+
+TEST(ModelConfig, ReadsTransformersV5RopeParametersAndWritesBothSpellings) {
+  auto config = config_from_json(R"({
+    "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+    "num_hidden_layers": 1, "vocab_size": 100,
+    "rope_parameters": {"rope_type": "linear", "rope_theta": 20000.0, "factor": 4.0}})");
+  const auto& c = std::get<LlamaConfig>(config);
+  EXPECT_EQ(c.rope_theta, 20000.0);
+  EXPECT_EQ(c.rope_scaling.rope_type, "linear");
+  EXPECT_EQ(c.rope_scaling.factor, 4.0);
+  std::string json = config_to_json(config);
+  EXPECT_NE(json.find("\"rope_scaling\""), std::string::npos);
+  EXPECT_NE(json.find("\"rope_parameters\""), std::string::npos);
+  EXPECT_NE(json.find("\"rope_theta\": 20000.0"), std::string::npos);
+}
+
+TEST(ModelConfig, ReadsGpt2Config) {
+  auto config = config_from_json(R"({"model_type": "gpt2", "n_embd": 48, "n_head": 6, "n_layer": 3,
+    "n_positions": 128, "vocab_size": 300, "n_inner": null, "activation_function": "gelu_new",
+    "task_specific_params": {"text-generation": {"do_sample": true}}})");
+  const auto& c = std::get<GPT2Config>(config);
+  EXPECT_EQ(c.n_embd, 48);
+  EXPECT_EQ(c.ffn_size(), 192);
+  EXPECT_EQ(c.head_dim(), 8);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(model_type(config), "gpt2");
+  EXPECT_EQ(num_layers(config), 3);
+  EXPECT_NE(config_to_json(config).find("do_sample"), std::string::npos);
+}
+
+TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {
+  auto message = [](const char* json) { return config_error_of([&] { config_from_json(json); }); };
+  EXPECT_NE(message(R"({"model_type": "bert"})").find("bert"), std::string::npos);
+  EXPECT_NE(message(R"({"n_layer": 2})").find("model_type"), std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "gpt2", "n_layer": "two"})").find("n_layer"), std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "gpt2", "n_embd": 50, "n_head": 4})").find("n_head"), std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "gpt2", "add_cross_attention": true})").find("add_cross_attention"), std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 5})").find("num_key_value_heads"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})").find("yarn"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "llama", "hidden_act": "gelu"})").find("hidden_act"), std::string::npos);
+  EXPECT_NE(message("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(config_error_of([] { read_config("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace colossus::models

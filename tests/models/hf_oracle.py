@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Hugging Face transformers as the test oracle for colossus/models (tests only).
+
+  hf_oracle.py make OUT_DIR
+      For each case below: a randomly initialised tiny HF model, saved with
+      save_pretrained(safe_serialization=True) into OUT_DIR/<case>/, plus
+      OUT_DIR/<case>/reference.safetensors with input_ids, labels, logits,
+      loss and the gradient of the loss for every parameter ("grad.<name>").
+
+  hf_oracle.py check DIR...
+      Each DIR was written by Colossus' save_pretrained and holds
+      cpp_logits.safetensors (input_ids, logits). Loads DIR with
+      from_pretrained, requires a clean load (no missing, unexpected or
+      mismatched tensors) and logits within TOLERANCE of Colossus'. Exit 1 if not.
+"""
+import argparse
+import pathlib
+import sys
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+
+TOLERANCE = 1e-4
+BATCH, SEQ = 2, 16
+
+
+def gpt2():
+    return transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, initializer_range=0.2)
+
+
+def llama(**overrides):
+    settings = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                    initializer_range=0.2, rms_norm_eps=1e-5)
+    settings.update(overrides)
+    return transformers.LlamaConfig(**settings)
+
+
+CASES = {
+    "gpt2": gpt2,
+    # Grouped-query attention (2 kv heads for 4 query heads), attention bias,
+    # and a padding token whose embedding row gets no gradient.
+    "llama_gqa": lambda: llama(num_key_value_heads=2, attention_bias=True, pad_token_id=0),
+    # llama3 scaling with head_dim 16: the 8 frequencies span all three bands
+    # (kept, interpolated, divided by factor) for original length 1024.
+    "llama_rope_llama3": lambda: llama(rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                        "original_max_position_embeddings": 1024}),
+    # Linear scaling with multi-query attention (1 kv head).
+    "llama_rope_linear": lambda: llama(num_key_value_heads=1,
+                                       rope_parameters={"rope_type": "linear", "rope_theta": 50000.0, "factor": 2.0}),
+    # Dynamic NTK only changes anything past max_position_embeddings (8 < SEQ).
+    "llama_rope_dynamic": lambda: llama(max_position_embeddings=8,
+                                        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+}
+
+
+def make(out_dir: pathlib.Path) -> None:
+    for case, build_config in CASES.items():
+        torch.manual_seed(20240601)
+        config = build_config()
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        # HF's init leaves biases at 0 and norm weights at 1; perturb every
+        # tensor so that loading biases and norm weights is tested too.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        model.eval()
+        case_dir = out_dir / case
+        model.save_pretrained(case_dir, safe_serialization=True)
+
+        input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
+        input_ids[1, 3] = 0  # the padding id of llama_gqa appears in the batch
+        labels = input_ids.clone()
+        labels[0, :3] = -100
+        labels[1, -2:] = -100
+        out = model(input_ids=input_ids, labels=labels)
+        out.loss.backward()
+        tensors = {"input_ids": input_ids, "labels": labels, "logits": out.logits.detach().contiguous(),
+                   "loss": out.loss.detach().reshape(1)}
+        for name, p in model.named_parameters():
+            tensors["grad." + name] = p.grad.contiguous()
+        save_file(tensors, str(case_dir / "reference.safetensors"))
+
+
+def check(dirs) -> int:
+    failures = 0
+    for d in map(pathlib.Path, dirs):
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(d, output_loading_info=True,
+                                                                        dtype=torch.float32)
+        problems = {k: v for k, v in info.items() if v}
+        ref = load_file(str(d / "cpp_logits.safetensors"))
+        model.eval()
+        with torch.no_grad():
+            logits = model(input_ids=ref["input_ids"]).logits
+        diff = (logits - ref["logits"]).abs().max().item() if logits.shape == ref["logits"].shape else float("inf")
+        ok = not problems and diff <= TOLERANCE
+        print(f"{d.name}: {type(model).__name__} max|logits diff| = {diff:.3g}"
+              f"{'' if not problems else f' loading problems: {problems}'} -> {'ok' if ok else 'FAIL'}")
+        failures += not ok
+    return 1 if failures else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("make").add_argument("out_dir", type=pathlib.Path)
+    sub.add_parser("check").add_argument("dirs", nargs="+")
+    args = parser.parse_args()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    if args.command == "make":
+        make(args.out_dir)
+        return 0
+    return check(args.dirs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
