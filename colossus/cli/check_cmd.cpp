@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -87,9 +88,12 @@ Command add_check_command(CLI::App& app) {
               bool available = cluster::backend_available(backend);
               report["backends"][backend] = available ? "available" : "built in, no device";
               if (!available) continue;
-              results.push_back(timed(fmt::format("collectives/{} on {} local ranks", backend, *ranks), [&] {
-                auto [code, out] = run_capture(fmt::format("'{}' run --nproc_per_node {} --backend {} '{}' _selftest",
-                                                           self, *ranks, backend, self));
+              // NCCL needs one GPU per rank.
+              int nranks = *ranks;
+              if (backend == "nccl" && accel) nranks = std::min<int>(nranks, static_cast<int>(accel->devices.size()));
+              results.push_back(timed(fmt::format("collectives/{} on {} local ranks", backend, nranks), [&] {
+                auto [code, out] = run_capture(fmt::format("'{}' run --nproc_per_node {} --backend {} '{}' _selftest --backend {}",
+                                                           self, nranks, backend, self, backend));
                 bool ok = code == 0 && out.find("selftest passed") != std::string::npos;
                 return std::make_pair(ok, ok ? std::string() : fmt::format("exit {}: {}", code, last_lines(out, 6)));
               }));
