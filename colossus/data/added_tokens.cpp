@@ -8,13 +8,6 @@ namespace colossus::data {
 
 namespace {
 
-bool is_word_char(char32_t cp) {
-  if (cp == '_') return true;
-  if (cp == kInvalidCodepoint) return false;
-  const CharClass c = char_class(cp);
-  return c == CharClass::kLetter || c == CharClass::kNumber;
-}
-
 // The code point that ends text[0, end), scanning back over continuation bytes.
 Utf8Char last_char(std::string_view text, std::size_t end) {
   std::size_t start = end - 1;

@@ -51,6 +51,14 @@ CharClass char_class(char32_t cp) {
   return cp <= it->last ? it->cls : CharClass::kOther;
 }
 
+bool is_word_char(char32_t cp) {
+  const auto* begin = unicode_detail::kWordRanges;
+  const auto* end = begin + unicode_detail::kWordRangeCount;
+  const auto* it =
+      std::upper_bound(begin, end, cp, [](char32_t c, const unicode_detail::WordRange& r) { return c < r.first; });
+  return it != begin && cp <= (it - 1)->last;
+}
+
 Utf8Char decode_utf8(std::string_view text, std::size_t pos) {
   const auto b0 = static_cast<uint8_t>(text[pos]);
   if (b0 < 0x80) return {b0, 1};

@@ -1,6 +1,6 @@
 // The Unicode pieces the tokenizers need without ICU: UTF-8 decoding that
 // tolerates invalid bytes, the character classes of the pre-tokenizer regexes
-// (\p{L}, \p{N}, \s) from a generated range table, and lossy UTF-8 repair.
+// (\p{L}, \p{N}, \s) and \w from generated range tables, lossy UTF-8 repair.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +14,11 @@ enum class CharClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 
 // The class of one code point: kLetter for \p{L}, kNumber for \p{N}, kSpace
 // for \s (U+0009..U+000D, U+0085, Zs/Zl/Zp), kOther for everything else.
 CharClass char_class(char32_t cp);
+
+// Whether cp is in \w as Rust's regex crate has it (Alphabetic, marks,
+// decimal digits, connector punctuation, joiners): the word test that
+// Hugging Face applies to single_word added tokens. U+00BD is not; U+0301 is.
+bool is_word_char(char32_t cp);
 
 // One decoded code point and how many bytes of the input it took.
 struct Utf8Char {
@@ -41,8 +46,14 @@ struct CodepointRange {
   char32_t last;
   CharClass cls;
 };
+struct WordRange {
+  char32_t first;
+  char32_t last;
+};
 extern const CodepointRange kClassRanges[];
 extern const std::size_t kClassRangeCount;
+extern const WordRange kWordRanges[];
+extern const std::size_t kWordRangeCount;
 }  // namespace unicode_detail
 
 }  // namespace colossus::data

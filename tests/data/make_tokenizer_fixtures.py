@@ -71,6 +71,11 @@ def sample_texts(rng):
     for _ in range(25):
         texts.append(" ".join(corpus_text(rng, 1)) + rng.choice(["", "\n", "  ", "<|endoftext|>", "\t"]))
     texts.append("\n".join(corpus_text(rng, 40)))
+    # Short random strings over the characters where the regexes branch.
+    pool = list(" \t\n\r\u00a0\u3000'sStTdDlLrevm_aZé中😀1٣½,.!-\u0301") + ["<|endoftext|>", "<|pad|>", "<tool>",
+                                                                           "magic", "[END]", "'ll", "'RE"]
+    for _ in range(300):
+        texts.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 24))))
     return texts
 
 
@@ -86,7 +91,7 @@ def train_byte_level(lines, pre_tokenizer, special_tokens):
 
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(text)
 
 
@@ -95,12 +100,13 @@ def save(tok, path):
     tok.save(path)
 
 
-def hf_entry(name, path, tok, texts, roundtrip, bos, eos, pad):
+def hf_entry(name, path, tok, texts, corpus, roundtrip, bos, eos, pad):
     vocab = tok.get_vocab()
     entry = {"name": name, "path": path, "roundtrip": roundtrip, "vocab_size": tok.get_vocab_size(),
              "bos": vocab.get(bos) if bos else None, "eos": vocab.get(eos) if eos else None,
              "pad": vocab.get(pad) if pad else None, "cases": [],
-             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37]}
+             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37],
+             "corpus_ids": tok.encode(corpus, add_special_tokens=False).ids}
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids
         ids_special = tok.encode(text, add_special_tokens=True).ids
@@ -110,11 +116,12 @@ def hf_entry(name, path, tok, texts, roundtrip, bos, eos, pad):
     return entry
 
 
-def transformers_entry(name, path, tk, texts):
+def transformers_entry(name, path, tk, texts, corpus):
     vocab = tk.get_vocab()
     entry = {"name": name, "path": path, "roundtrip": True, "vocab_size": len(tk), "bos": tk.bos_token_id,
              "eos": tk.eos_token_id, "pad": tk.pad_token_id, "cases": [],
-             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37]}
+             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37],
+             "corpus_ids": tk(corpus, add_special_tokens=False)["input_ids"]}
     for text in texts:
         ids = tk(text, add_special_tokens=False)["input_ids"]
         ids_special = tk(text, add_special_tokens=True)["input_ids"]
@@ -125,13 +132,14 @@ def transformers_entry(name, path, tk, texts):
     return entry
 
 
-def sentencepiece_entry(name, path, sp, texts):
+def sentencepiece_entry(name, path, sp, texts, corpus):
     def opt(i):
         return i if i >= 0 else None
     entry = {"name": name, "path": path, "roundtrip": False, "vocab_size": sp.get_piece_size(),
              "bos": opt(sp.bos_id()), "eos": opt(sp.eos_id()), "pad": opt(sp.pad_id()), "cases": [],
              "vocab_sample": [[sp.id_to_piece(i), i] for i in range(0, sp.get_piece_size(), 37)
-                              if not sp.is_unknown(i)]}
+                              if not sp.is_unknown(i)],
+             "corpus_ids": sp.encode(corpus)}
     for text in texts:
         ids = sp.encode(text)
         ids_special = sp.encode(text, add_bos=True)
@@ -146,27 +154,31 @@ def main():
     lines = corpus_text(rng, 3000) + SNIPPETS * 5
     texts = sample_texts(rng)
     entries = []
+    # The training text; also encoded whole as one long input.
+    corpus = "\n".join(lines)
+    write(os.path.join(out, "corpus.txt"), corpus)
 
     # GPT-2 style: ByteLevel pre-tokenizer with the GPT-2 regex.
     gpt2 = train_byte_level(lines, pre_tokenizers.ByteLevel(add_prefix_space=False), ["<|endoftext|>"])
     gpt2.post_processor = processors.ByteLevel(trim_offsets=False)
     gpt2.add_special_tokens(["<|pad|>"])
     save(gpt2, os.path.join(out, "gpt2_json", "tokenizer.json"))
-    entries.append(hf_entry("gpt2_json", "gpt2_json", gpt2, texts, True, "<|endoftext|>", "<|endoftext|>", None))
+    entries.append(hf_entry("gpt2_json", "gpt2_json", gpt2, texts, corpus, True, "<|endoftext|>", "<|endoftext|>",
+                            None))
 
     # The same tokenizer with merges in the legacy "a b" form, loaded as a file.
     legacy = json.loads(gpt2.to_str())
     legacy["model"]["merges"] = [" ".join(m) for m in legacy["model"]["merges"]]
     write(os.path.join(out, "legacy", "gpt2_legacy.json"), json.dumps(legacy, ensure_ascii=False))
     legacy_tok = Tokenizer.from_str(json.dumps(legacy))
-    entries.append(hf_entry("gpt2_legacy_merges", "legacy/gpt2_legacy.json", legacy_tok, texts, True,
+    entries.append(hf_entry("gpt2_legacy_merges", "legacy/gpt2_legacy.json", legacy_tok, texts, corpus, True,
                             "<|endoftext|>", "<|endoftext|>", None))
 
     # GPT-2's original layout: vocab.json + merges.txt, checked by transformers.
     os.makedirs(os.path.join(out, "gpt2_files"), exist_ok=True)
     gpt2.model.save(os.path.join(out, "gpt2_files"))
     tk = GPT2Tokenizer.from_pretrained(os.path.join(out, "gpt2_files"))
-    entries.append(transformers_entry("gpt2_files", "gpt2_files", tk, texts))
+    entries.append(transformers_entry("gpt2_files", "gpt2_files", tk, texts, corpus))
 
     # Added-token options, add_prefix_space, and a tokenizer_config naming pad.
     added = Tokenizer.from_str(gpt2.to_str())
@@ -176,7 +188,7 @@ def main():
     save(added, os.path.join(out, "gpt2_added", "tokenizer.json"))
     write(os.path.join(out, "gpt2_added", "tokenizer_config.json"),
           json.dumps({"bos_token": None, "eos_token": {"content": "[END]"}, "pad_token": "<|pad|>"}))
-    entries.append(hf_entry("gpt2_added", "gpt2_added", added, texts, False, None, "[END]", "<|pad|>"))
+    entries.append(hf_entry("gpt2_added", "gpt2_added", added, texts, corpus, False, None, "[END]", "<|pad|>"))
 
     # LLaMA-3 style: Split with its regex, ByteLevel without regex, a BOS
     # template, ignore_merges.
@@ -192,7 +204,7 @@ def main():
     write(os.path.join(out, "llama3_json", "tokenizer_config.json"),
           json.dumps({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
                       "pad_token": "<|end_of_text|>"}))
-    entries.append(hf_entry("llama3_json", "llama3_json", llama, texts, True, "<|begin_of_text|>",
+    entries.append(hf_entry("llama3_json", "llama3_json", llama, texts, corpus, True, "<|begin_of_text|>",
                             "<|end_of_text|>", "<|end_of_text|>"))
 
     # Qwen2's regex (single digits), same vocabulary.
@@ -201,20 +213,18 @@ def main():
     qwen_json["model"]["ignore_merges"] = False
     qwen = Tokenizer.from_str(json.dumps(qwen_json))
     save(qwen, os.path.join(out, "qwen2_json", "tokenizer.json"))
-    entries.append(hf_entry("qwen2_json", "qwen2_json", qwen, texts, True, "<|begin_of_text|>", None, None))
+    entries.append(hf_entry("qwen2_json", "qwen2_json", qwen, texts, corpus, True, "<|begin_of_text|>", None, None))
 
     # SentencePiece: LLaMA-2 style BPE with byte fallback, and unigram.
-    corpus = os.path.join(out, "corpus.txt")
-    write(corpus, "\n".join(lines))
     os.makedirs(os.path.join(out, "sp_bpe"), exist_ok=True)
     for model_type, prefix, extra in [("bpe", os.path.join(out, "sp_bpe", "tokenizer"), {"byte_fallback": True}),
                                       ("unigram", os.path.join(out, "unigram"), {})]:
-        spm.SentencePieceTrainer.train(input=corpus, model_prefix=prefix, vocab_size=1000, model_type=model_type,
-                                       character_coverage=0.9995, minloglevel=2, num_threads=2, **extra)
+        spm.SentencePieceTrainer.train(input=os.path.join(out, "corpus.txt"), model_prefix=prefix, vocab_size=1000, model_type=model_type,
+                                       character_coverage=0.9995, minloglevel=2, num_threads=1, **extra)
     sp_bpe = spm.SentencePieceProcessor(model_file=os.path.join(out, "sp_bpe", "tokenizer.model"))
-    entries.append(sentencepiece_entry("sp_bpe", "sp_bpe", sp_bpe, texts))
+    entries.append(sentencepiece_entry("sp_bpe", "sp_bpe", sp_bpe, texts, corpus))
     sp_uni = spm.SentencePieceProcessor(model_file=os.path.join(out, "unigram.model"))
-    entries.append(sentencepiece_entry("sp_unigram", "unigram.model", sp_uni, texts))
+    entries.append(sentencepiece_entry("sp_unigram", "unigram.model", sp_uni, texts, corpus))
 
     # Error cases.
     write(os.path.join(out, "bad", "malformed", "tokenizer.json"), '{"model": {"type": "BPE", "vocab": {')

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 namespace colossus::data {
@@ -61,6 +63,17 @@ TEST_P(TokenizerParity, VocabularyAndSpecialIdsMatchPython) {
   EXPECT_EQ(tokenizer->token_to_id("no such token \x01\x02"), std::nullopt);
   EXPECT_EQ(tokenizer->id_to_token(tokenizer->vocab_size()), std::nullopt);
   EXPECT_EQ(tokenizer->id_to_token(-1), std::nullopt);
+}
+
+// The whole training corpus as one input (~170 KB, long lines, all scripts).
+TEST_P(TokenizerParity, LongInputMatchesPython) {
+  auto tokenizer = load();
+  std::ifstream in(fixtures().path("corpus.txt"), std::ios::binary);
+  std::stringstream corpus;
+  corpus << in.rdbuf();
+  const auto expected = entry()["corpus_ids"].get<std::vector<int32_t>>();
+  ASSERT_GT(expected.size(), 10000u);
+  EXPECT_EQ(tokenizer->encode(corpus.str()), expected);
 }
 
 // One tokenizer shared by threads gives the same ids (the word cache is shared).

@@ -52,6 +52,16 @@ TEST(Unicode, ClassesOfRepresentativeCodepoints) {
   EXPECT_EQ(char_class(0x10FFFF), CharClass::kOther);
 }
 
+TEST(Unicode, WordCharactersFollowRustRegexBackslashW) {
+  for (char32_t word : {U'a', U'Z', U'_', U'7', U'é', U'中', U'٣', U'Ⅻ', U'\u0301', U'Ⓐ', U'\u200d'}) {
+    EXPECT_TRUE(is_word_char(word)) << static_cast<uint32_t>(word);
+  }
+  for (char32_t other : {U' ', U'!', U'\'', U'½', U'²', U'😀', U'\u3000', U'-'}) {
+    EXPECT_FALSE(is_word_char(other)) << static_cast<uint32_t>(other);
+  }
+  EXPECT_FALSE(is_word_char(kInvalidCodepoint));
+}
+
 TEST(Unicode, DecodeAndLossyRepair) {
   const std::string text = "a\u00e9\u4e2d\U0001F600";
   std::vector<char32_t> cps;
