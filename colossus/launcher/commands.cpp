@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <tuple>
 
 namespace colossus::cli {
 
@@ -80,8 +81,15 @@ Command add_run_command(CLI::App& app) {
   run->add_option("--master_port", flags->master_port, "port on node 0 (default: a free port)")->type_name("PORT");
   run->add_option("--hostfile", flags->hostfile, "nodes to run on: lines 'host [slots=N]' or 'host:N'")
       ->type_name("FILE");
-  run->add_option("--include", flags->include, "only these hostfile hosts (comma-separated)")->type_name("HOSTS");
-  run->add_option("--exclude", flags->exclude, "skip these hostfile hosts (comma-separated)")->type_name("HOSTS");
+  // One value per use (repeatable), so a following PROGRAM is not taken as a host.
+  for (auto [flag, names, help] : {std::tuple{"--include", &flags->include, "only these hostfile hosts (comma-separated)"},
+                                   std::tuple{"--exclude", &flags->exclude, "skip these hostfile hosts (comma-separated)"}}) {
+    run->add_option(flag, *names, help)
+        ->type_name("HOSTS")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->allow_extra_args(false);
+  }
   run->add_option("--backend", flags->backend, "auto (nccl with a GPU, else mpi), nccl or mpi")->type_name("NAME");
   run->add_option("--exit_timeout", flags->exit_timeout,
                   "once a rank exited 0, kill ranks still running after this many seconds (default 300, 0: never)")

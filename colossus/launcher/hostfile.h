@@ -9,8 +9,8 @@
 namespace colossus::launcher {
 
 struct Host {
-  std::string name;
-  std::optional<int> slots;  // ranks the host can take; unset: no limit given
+  std::string name{};
+  std::optional<int> slots{};  // ranks the host can take; unset: no limit given
   int line = 0;              // where it came from, for messages
 };
 

@@ -12,16 +12,16 @@
 namespace colossus::launcher {
 
 struct LocalUnit {
-  std::string id;             // names it in messages: "2" for rank 2, "1 (host-b)" for node 1
-  std::string output_prefix;  // "[r2] " for a rank; "" for a node launcher, whose lines carry rank prefixes
-  SpawnSpec spawn;
+  std::string id{};             // names it in messages: "2" for rank 2, "1 (host-b)" for node 1
+  std::string output_prefix{};  // "[r2] " for a rank; "" for a node launcher, whose lines carry rank prefixes
+  SpawnSpec spawn{};
   // Node launchers are stopped by closing their stdin: that also reaches a
   // launcher on another host through ssh, where our signals cannot.
   bool stop_by_closing_stdin = false;
 };
 
 struct SupervisorOptions {
-  MonitorOptions monitor;
+  MonitorOptions monitor{};
   bool watch_stdin = false;  // stop quietly when our stdin closes (we are a node launcher)
 };
 
