@@ -10,10 +10,10 @@
 namespace colossus::checkpoint {
 
 struct DtypeInfo {
-  std::string_view name;     // as written in the header: "F32"
+  std::string_view name;  // as written in the header: "F32"
   c10::ScalarType scalar_type;
-  int64_t itemsize;          // bytes per element
-  int layout_rank;           // the safetensors package writes higher ranks first
+  int64_t itemsize;  // bytes per element
+  int layout_rank;   // the safetensors package writes higher ranks first
 };
 
 // nullopt for a name safetensors or torch does not know (the caller reports it).

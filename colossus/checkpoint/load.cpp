@@ -17,6 +17,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Without an error_code, fs::exists throws filesystem_error (e.g. for EACCES);
+// treating "cannot tell" as absent gives a CheckpointError later instead.
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(path, ec);
+}
+
 struct Source {
   bool is_index = false;
   std::string path;  // a .safetensors file or an index
@@ -30,9 +37,9 @@ Source resolve(const std::string& path, const std::string& prefix) {
     // The single file first, as transformers' from_pretrained does: the save
     // protocol relies on both agreeing which of the two is live.
     std::string single = (fs::path(path) / hf::single_file_name(prefix)).string();
-    if (fs::exists(single)) return {false, single};
+    if (exists(single)) return {false, single};
     std::string index = (fs::path(path) / hf::index_file_name(prefix)).string();
-    if (fs::exists(index)) return {true, index};
+    if (exists(index)) return {true, index};
     throw CheckpointError(fmt::format("no checkpoint in directory '{}': looked for '{}' and '{}'", path,
                                       hf::single_file_name(prefix), hf::index_file_name(prefix)));
   }
@@ -70,10 +77,11 @@ std::map<std::string, at::Tensor> load(const Source& source, const std::vector<s
     fs::path dir = fs::path(source.path).parent_path();
     for (const auto& [shard, shard_names] : by_shard) {
       std::string shard_path = (dir / shard).string();
-      if (!fs::exists(shard_path)) {
-        throw CheckpointError(fmt::format("shard '{}' named by index '{}' is missing (it should hold {} tensors, "
-                                          "e.g. '{}')",
-                                          shard_path, source.path, shard_names.size(), shard_names.front()));
+      if (!exists(shard_path)) {
+        throw CheckpointError(
+            fmt::format("shard '{}' named by index '{}' is missing (it should hold {} tensors, "
+                        "e.g. '{}')",
+                        shard_path, source.path, shard_names.size(), shard_names.front()));
       }
       auto file = SafetensorsFile::open(shard_path);
       for (const auto& name : shard_names) {
@@ -139,7 +147,8 @@ void check_state_dict(const std::map<std::string, at::Tensor>& loaded, const Nam
     if (!expected_names.contains(name)) unexpected.push_back(name);
   }
   std::vector<std::string> problems;
-  if (strict && !missing.empty()) problems.push_back(fmt::format("missing {}: {}", missing.size(), first_items(missing)));
+  if (strict && !missing.empty())
+    problems.push_back(fmt::format("missing {}: {}", missing.size(), first_items(missing)));
   if (strict && !unexpected.empty()) {
     problems.push_back(fmt::format("unexpected {}: {}", unexpected.size(), first_items(unexpected)));
   }
@@ -147,8 +156,8 @@ void check_state_dict(const std::map<std::string, at::Tensor>& loaded, const Nam
     problems.push_back(fmt::format("mismatched {}: {}", mismatched.size(), first_items(mismatched)));
   }
   if (!problems.empty()) {
-    throw CheckpointError(fmt::format("state dict does not match the model ({}): {}",
-                                      strict ? "strict" : "non-strict", fmt::join(problems, "; ")));
+    throw CheckpointError(fmt::format("state dict does not match the model ({}): {}", strict ? "strict" : "non-strict",
+                                      fmt::join(problems, "; ")));
   }
 }
 

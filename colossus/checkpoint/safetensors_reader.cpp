@@ -85,7 +85,8 @@ uint64_t unsigned_field(const std::string& path, const std::string& name, const 
 
 TensorEntry parse_entry(const std::string& path, const std::string& name, const Json& value, uint64_t data_bytes) {
   // Fields other than these three are ignored, as the reference reader does.
-  if (!value.is_object()) bad_tensor(path, name, fmt::format("entry is a JSON {}, expected an object", value.type_name()));
+  if (!value.is_object())
+    bad_tensor(path, name, fmt::format("entry is a JSON {}, expected an object", value.type_name()));
   TensorEntry entry;
   entry.name = name;
 
@@ -125,16 +126,17 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
     bad_tensor(path, name, fmt::format("data_offsets [{}, {}] has begin after end", entry.begin, entry.end));
   }
   if (entry.end > data_bytes) {
-    bad_tensor(path, name, fmt::format("data_offsets [{}, {}] run past the data region of {} bytes", entry.begin,
-                                       entry.end, data_bytes));
+    bad_tensor(
+        path, name,
+        fmt::format("data_offsets [{}, {}] run past the data region of {} bytes", entry.begin, entry.end, data_bytes));
   }
   uint64_t bytes = 0;
   if (__builtin_mul_overflow(numel, static_cast<uint64_t>(entry.dtype.itemsize), &bytes) ||
       bytes != entry.end - entry.begin) {
-    bad_tensor(path, name,
-               fmt::format("{} {} needs {} elements x {} bytes, but data_offsets [{}, {}] span {} bytes",
-                           entry.dtype.name, shape->dump(), numel, entry.dtype.itemsize, entry.begin, entry.end,
-                           entry.end - entry.begin));
+    bad_tensor(
+        path, name,
+        fmt::format("{} {} needs {} elements x {} bytes, but data_offsets [{}, {}] span {} bytes", entry.dtype.name,
+                    shape->dump(), numel, entry.dtype.itemsize, entry.begin, entry.end, entry.end - entry.begin));
   }
   entry.numel = static_cast<int64_t>(numel);
   return entry;
@@ -189,8 +191,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       if (!value.is_object()) bad_file(path, "__metadata__ must be a JSON object of strings");
       for (const auto& [key, item] : value.items()) {
         if (!item.is_string()) {
-          bad_file(path, fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", key,
-                                     item.type_name()));
+          bad_file(path,
+                   fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", key, item.type_name()));
         }
         impl->metadata.emplace(key, item.get<std::string>());
       }
@@ -243,9 +245,7 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
   return at::from_blob(const_cast<std::byte*>(data), entry.shape, keep_mapping_alive, options);
 }
 
-c10::ScalarType SafetensorsFile::dtype(const std::string& name) const {
-  return impl_->entry(name).dtype.scalar_type;
-}
+c10::ScalarType SafetensorsFile::dtype(const std::string& name) const { return impl_->entry(name).dtype.scalar_type; }
 
 std::vector<int64_t> SafetensorsFile::shape(const std::string& name) const { return impl_->entry(name).shape; }
 

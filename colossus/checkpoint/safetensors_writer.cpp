@@ -38,8 +38,9 @@ DtypeInfo checked_dtype(const std::string& path, const std::string& name, const 
   if (tensor.is_meta()) bad_tensor(path, name, "tensor is on the meta device and has no data");
   auto info = dtype_from_scalar_type(tensor.scalar_type());
   if (!info) {
-    bad_tensor(path, name, fmt::format("dtype {} has no safetensors equivalent; supported: {}",
-                                       c10::toString(tensor.scalar_type()), supported_dtype_names()));
+    bad_tensor(path, name,
+               fmt::format("dtype {} has no safetensors equivalent; supported: {}", c10::toString(tensor.scalar_type()),
+                           supported_dtype_names()));
   }
   return *info;
 }
@@ -82,9 +83,8 @@ std::string encode_header(const std::string& path, const std::vector<Planned>& p
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(
-        fmt::format("saving safetensors file '{}': a tensor name or metadata entry is not valid UTF-8 ({})", path,
-                    e.what()));
+    throw CheckpointError(fmt::format(
+        "saving safetensors file '{}': a tensor name or metadata entry is not valid UTF-8 ({})", path, e.what()));
   }
   // Spaces, as the reference writer pads: JSON ignores them and the data
   // region then starts 8-byte aligned.

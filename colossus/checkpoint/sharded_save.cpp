@@ -32,14 +32,19 @@ namespace fs = std::filesystem;
 
 std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
 
+bool exists(const std::string& path) {
+  std::error_code ec;  // "cannot tell" counts as absent rather than throwing filesystem_error
+  return fs::exists(path, ec);
+}
+
 void validate(const std::string& dir, const ShardOptions& options) {
   if (options.prefix.empty() || options.prefix.find('/') != std::string::npos) {
     throw CheckpointError(fmt::format("save_sharded('{}'): prefix '{}' must be a non-empty file name, like \"model\"",
                                       dir, options.prefix));
   }
   if (options.max_shard_bytes <= 0) {
-    throw CheckpointError(fmt::format("save_sharded('{}'): max_shard_bytes is {}, must be positive (e.g. 5 << 30)",
-                                      dir, options.max_shard_bytes));
+    throw CheckpointError(fmt::format("save_sharded('{}'): max_shard_bytes is {}, must be positive (e.g. 5 << 30)", dir,
+                                      options.max_shard_bytes));
   }
 }
 
@@ -71,9 +76,9 @@ std::vector<std::vector<std::size_t>> assign_shards(const std::string& dir, cons
 // The files the checkpoint that would load right now depends on (a single
 // file shadows any index; a corrupt index protects nothing: it loads nothing).
 std::set<std::string> live_index_files(const std::string& dir, const std::string& prefix) {
-  if (fs::exists(join(dir, hf::single_file_name(prefix)))) return {};
+  if (exists(join(dir, hf::single_file_name(prefix)))) return {};
   std::string index_path = join(dir, hf::index_file_name(prefix));
-  if (!fs::exists(index_path)) return {};
+  if (!exists(index_path)) return {};
   std::set<std::string> files;
   try {
     for (const auto& [name, file] : hf::read_index(index_path).weight_map) files.insert(file);

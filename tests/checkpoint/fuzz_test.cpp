@@ -95,8 +95,9 @@ TEST(HeaderFuzz, RandomMutationsOfAValidFile) {
   std::mt19937_64 rng(20240601);
   auto uniform = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
   const std::string json_chars = "{}[]\",:0123456789-+.eE tfnul\\ ";
-  const std::vector<std::string> tokens = {"\"F32\"", "\"BF16\"", "\"BOOL\"", "\"X\"", "18446744073709551615",
-                                           "-1", "1e30", "0", "[]", "{}", "null", "\"__metadata__\"", "[0,0]"};
+  const std::vector<std::string> tokens = {
+      "\"F32\"", "\"BF16\"", "\"BOOL\"", "\"X\"", "18446744073709551615", "-1",   "1e30",
+      "0",       "[]",       "{}",       "null",  "\"__metadata__\"",     "[0,0]"};
   Outcome outcome;
   std::string path = dir.file("mutant.safetensors");
   for (int iteration = 0; iteration < 4000; ++iteration) {
@@ -154,15 +155,22 @@ TEST(HeaderFuzz, GeneratedNearValidHeaders) {
   TempDir dir(/*in_memory=*/true);
   std::mt19937_64 rng(7);
   auto uniform = [&](uint64_t n) { return std::uniform_int_distribution<uint64_t>(0, n - 1)(rng); };
-  const std::vector<std::string> dtypes = {"F32", "F16", "BF16", "F64", "I64", "U8", "BOOL", "F8_E4M3", "C64", "f32", ""};
+  const std::vector<std::string> dtypes = {"F32",  "F16",     "BF16", "F64", "I64", "U8",
+                                           "BOOL", "F8_E4M3", "C64",  "f32", ""};
   auto number = [&]() -> nlohmann::json {
     switch (uniform(8)) {
-      case 0: return -static_cast<int64_t>(uniform(5)) - 1;
-      case 1: return 1.5;
-      case 2: return ~uint64_t{0} - uniform(4);
-      case 3: return uint64_t{1} << uniform(64);
-      case 4: return "8";
-      default: return uniform(40);
+      case 0:
+        return -static_cast<int64_t>(uniform(5)) - 1;
+      case 1:
+        return 1.5;
+      case 2:
+        return ~uint64_t{0} - uniform(4);
+      case 3:
+        return uint64_t{1} << uniform(64);
+      case 4:
+        return "8";
+      default:
+        return uniform(40);
     }
   };
   Outcome outcome;
@@ -186,13 +194,14 @@ TEST(HeaderFuzz, GeneratedNearValidHeaders) {
       uint64_t bytes = numel * (info ? info->itemsize : 1);
       uint64_t begin = uniform(4) == 0 ? uniform(64) : offset;  // mostly consecutive, sometimes anywhere
       int64_t skew = uniform(6) == 0 ? static_cast<int64_t>(uniform(5)) - 2 : 0;  // a few bytes short or long
-      uint64_t end = begin + bytes < 2 ? begin + bytes : static_cast<uint64_t>(static_cast<int64_t>(begin + bytes) + skew);
+      uint64_t end =
+          begin + bytes < 2 ? begin + bytes : static_cast<uint64_t>(static_cast<int64_t>(begin + bytes) + skew);
       offset = end;
       if (uniform(20) != 0) entry["dtype"] = dtype;
       if (uniform(20) != 0) entry["shape"] = uniform(15) == 0 ? nlohmann::json::array({number()}) : shape;
       if (uniform(20) != 0) {
-        entry["data_offsets"] = uniform(15) == 0 ? nlohmann::json::array({number(), number()})
-                                                 : nlohmann::json::array({begin, end});
+        entry["data_offsets"] =
+            uniform(15) == 0 ? nlohmann::json::array({number(), number()}) : nlohmann::json::array({begin, end});
       }
       header[fmt::format("t{}", uniform(6))] = uniform(30) == 0 ? nlohmann::json(number()) : entry;
     }

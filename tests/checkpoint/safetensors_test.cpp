@@ -143,17 +143,29 @@ TEST(SafetensorsWriter, RefusesBadTensorsAndLeavesNoTempFile) {
   TempDir dir;
   std::string path = dir.file("bad.safetensors");
   at::Tensor t = at::ones({2});
-  EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(path, {{"w", t}, {"v", t}, {"w", t}}); },
-                                      {path, "'w'", "twice"}));
+  EXPECT_TRUE(throws_checkpoint_error(
+      [&] {
+        save_safetensors(path, {{"w", t}, {"v", t}, {"w", t}});
+      },
+      {path, "'w'", "twice"}));
   EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(path, {{"__metadata__", t}}); }, {"reserved"}));
-  EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(path, {{"c", at::ones({2}, at::kComplexDouble)}}); },
-                                      {"'c'", "ComplexDouble", "no safetensors equivalent"}));
+  EXPECT_TRUE(throws_checkpoint_error(
+      [&] {
+        save_safetensors(path, {{"c", at::ones({2}, at::kComplexDouble)}});
+      },
+      {"'c'", "ComplexDouble", "no safetensors equivalent"}));
   EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(path, {{"u", at::Tensor()}}); }, {"'u'", "undefined"}));
-  EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(path, {{"m", at::ones({2}, at::TensorOptions().device(at::kMeta))}}); },
-                                      {"'m'", "meta"}));
+  EXPECT_TRUE(throws_checkpoint_error(
+      [&] {
+        save_safetensors(path, {{"m", at::ones({2}, at::TensorOptions().device(at::kMeta))}});
+      },
+      {"'m'", "meta"}));
   EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(path, {{"bad\xff", t}}); }, {path, "UTF-8"}));
-  EXPECT_TRUE(throws_checkpoint_error([&] { save_safetensors(dir.file("no/such/dir/x.safetensors"), {{"w", t}}); },
-                                      {"no/such/dir/x.safetensors.tmp.", "No such file or directory"}));
+  EXPECT_TRUE(throws_checkpoint_error(
+      [&] {
+        save_safetensors(dir.file("no/such/dir/x.safetensors"), {{"w", t}});
+      },
+      {"no/such/dir/x.safetensors.tmp.", "No such file or directory"}));
   EXPECT_TRUE(testing::list_dir(dir.path()).empty()) << "a failed save must leave nothing behind";
 }
 
@@ -218,7 +230,8 @@ TEST_F(MalformedFile, BadJson) {
   EXPECT_TRUE(rejected({"not valid JSON"}));
   write_header("[1, 2]");
   EXPECT_TRUE(rejected({"header is a JSON array, expected an object"}));
-  write_header(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})");
+  write_header(
+      R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})");
   EXPECT_TRUE(rejected({"key 'w' twice"}));
   write_header(R"({"w": 3})");
   EXPECT_TRUE(rejected({"'w'", "entry is a JSON number"}));

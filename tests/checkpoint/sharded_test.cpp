@@ -83,8 +83,11 @@ TEST(SaveSharded, ShardsAndIndexInHuggingFaceLayout) {
   auto subset = load_tensors(dir.path(), {"layers.0.weight", "big"});
   EXPECT_EQ(subset.size(), 2u);
   EXPECT_TRUE(testing::same_tensor(subset.at("big"), at::ones({1000})));
-  EXPECT_TRUE(throws_checkpoint_error([&] { load_tensors(dir.path(), {"big", "nope", "nada"}); },
-                                      {"lacks 2 requested tensors: nope, nada"}));
+  EXPECT_TRUE(throws_checkpoint_error(
+      [&] {
+        load_tensors(dir.path(), {"big", "nope", "nada"});
+      },
+      {"lacks 2 requested tensors: nope, nada"}));
 }
 
 TEST(SaveSharded, CustomPrefixLeavesOtherPrefixesAlone) {
@@ -97,12 +100,14 @@ TEST(SaveSharded, CustomPrefixLeavesOtherPrefixesAlone) {
   EXPECT_EQ(testing::list_dir(dir.path()),
             (std::vector<std::string>{"ema.safetensors", "model-00001-of-00002.safetensors",
                                       "model-00002-of-00002.safetensors", "model.safetensors.index.json"}));
-  EXPECT_TRUE(throws_checkpoint_error([&] { save_sharded(dir.path(), model(1, 0), {.prefix = "a/b"}); },
-                                      {"prefix 'a/b'"}));
+  EXPECT_TRUE(
+      throws_checkpoint_error([&] { save_sharded(dir.path(), model(1, 0), {.prefix = "a/b"}); }, {"prefix 'a/b'"}));
   EXPECT_TRUE(throws_checkpoint_error([&] { save_sharded(dir.path(), model(1, 0), {.max_shard_bytes = 0}); },
                                       {"max_shard_bytes is 0"}));
   EXPECT_TRUE(throws_checkpoint_error(
-      [&] { save_sharded(dir.path(), {{"x", at::ones({1})}, {"x", at::ones({1})}}, {.max_shard_bytes = 1}); },
+      [&] {
+        save_sharded(dir.path(), {{"x", at::ones({1})}, {"x", at::ones({1})}}, {.max_shard_bytes = 1});
+      },
       {"'x' appears twice"}));
 }
 
@@ -134,14 +139,10 @@ TEST(LoadStateDict, ErrorsNameWhatIsMissing) {
 }
 
 TEST(CheckStateDict, ListsMissingUnexpectedAndMismatched) {
-  std::map<std::string, at::Tensor> loaded{{"a", at::ones({2, 3})},
-                                           {"b", at::ones({4}, at::kHalf)},
-                                           {"c", at::ones({5})},
-                                           {"extra", at::ones({1})}};
-  NamedTensors expected{{"a", at::zeros({2, 3})},
-                        {"b", at::zeros({4}, at::kFloat)},
-                        {"c", at::zeros({6})},
-                        {"gone", at::zeros({1})}};
+  std::map<std::string, at::Tensor> loaded{
+      {"a", at::ones({2, 3})}, {"b", at::ones({4}, at::kHalf)}, {"c", at::ones({5})}, {"extra", at::ones({1})}};
+  NamedTensors expected{
+      {"a", at::zeros({2, 3})}, {"b", at::zeros({4}, at::kFloat)}, {"c", at::zeros({6})}, {"gone", at::zeros({1})}};
   EXPECT_TRUE(throws_checkpoint_error([&] { check_state_dict(loaded, expected, /*strict=*/true); },
                                       {"missing 1: gone", "unexpected 1: extra", "mismatched 2",
                                        "'b' expected F32 [4], got F16 [4]", "'c' expected F32 [6], got F32 [5]"}));
@@ -153,13 +154,15 @@ TEST(CheckStateDict, ListsMissingUnexpectedAndMismatched) {
     EXPECT_EQ(std::string(e.what()).find("gone"), std::string::npos);
   }
   EXPECT_NO_THROW(check_state_dict(loaded, {{"a", at::zeros({2, 3})}}, false));
-  EXPECT_TRUE(throws_checkpoint_error([&] { check_state_dict(loaded, {{"a", at::zeros({2, 3})}}, true); },
-                                      {"unexpected 3: b, c, extra"}));
-  EXPECT_NO_THROW(check_state_dict(loaded, {{"a", at::zeros({2, 3})},
-                                            {"b", at::zeros({4}, at::kHalf)},
-                                            {"c", at::zeros({5})},
-                                            {"extra", at::zeros({1})}},
-                                   true));
+  EXPECT_TRUE(throws_checkpoint_error(
+      [&] {
+        check_state_dict(loaded, {{"a", at::zeros({2, 3})}}, true);
+      },
+      {"unexpected 3: b, c, extra"}));
+  EXPECT_NO_THROW(check_state_dict(
+      loaded,
+      {{"a", at::zeros({2, 3})}, {"b", at::zeros({4}, at::kHalf)}, {"c", at::zeros({5})}, {"extra", at::zeros({1})}},
+      true));
 }
 
 TEST(Atomicity, StaleTempFilesDoNotBreakLoadingOrSaving) {

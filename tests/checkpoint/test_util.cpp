@@ -89,7 +89,8 @@ std::string raw_safetensors(const std::string& header, const std::string& data) 
   if (got.scalar_type() != want.scalar_type()) {
     return ::testing::AssertionFailure() << "dtype " << got.scalar_type() << " != " << want.scalar_type();
   }
-  if (got.sizes() != want.sizes()) return ::testing::AssertionFailure() << "shape " << got.sizes() << " != " << want.sizes();
+  if (got.sizes() != want.sizes())
+    return ::testing::AssertionFailure() << "shape " << got.sizes() << " != " << want.sizes();
   at::Tensor a = got.contiguous();
   at::Tensor b = want.contiguous().resolve_conj().resolve_neg();
   if (std::memcmp(a.const_data_ptr(), b.const_data_ptr(), a.nbytes()) != 0) {
