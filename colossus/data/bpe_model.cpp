@@ -61,8 +61,8 @@ std::optional<uint8_t> unicode_to_byte(char32_t cp) {
   return static_cast<uint8_t>(alphabet().cp_to_byte[cp]);
 }
 
-BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges,
-                   BpeModelOptions options, const std::string& source)
+BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges, BpeModelOptions options,
+                   const std::string& source)
     : vocab_(std::move(vocab)), options_(options) {
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab_) {
@@ -90,8 +90,8 @@ BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::st
     auto r = vocab_.find(right);
     auto merged = vocab_.find(left + right);
     if (l == vocab_.end() || r == vocab_.end() || merged == vocab_.end()) {
-      throw ConfigError(fmt::format("{}: merge {} '{} {}' uses a token missing from the vocabulary", source, rank,
-                                    left, right));
+      throw ConfigError(
+          fmt::format("{}: merge {} '{} {}' uses a token missing from the vocabulary", source, rank, left, right));
     }
     // A repeated pair keeps its first (lowest) rank.
     merges_.try_emplace(pair_key(l->second, r->second), Merge{static_cast<int32_t>(rank), merged->second});

@@ -63,14 +63,16 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeConfig config)
       normalized_matcher_(select_added(config.added_tokens, true)) {
   vocab_size_ = model_.id_end();
   for (const auto& token : config.added_tokens) {
-    if (token.id < 0) throw ConfigError(fmt::format("{}: added token '{}' has id {}", source_, token.content, token.id));
+    if (token.id < 0)
+      throw ConfigError(fmt::format("{}: added token '{}' has id {}", source_, token.content, token.id));
     added_by_id_[token.id] = token;
     added_by_content_[token.content] = token.id;
     vocab_size_ = std::max(vocab_size_, token.id + 1);
   }
   for (const auto* ids : {&prefix_ids_, &suffix_ids_}) {
     for (int32_t id : *ids) {
-      if (!id_to_token(id)) throw ConfigError(fmt::format("{}: post processor adds id {}, which has no token", source_, id));
+      if (!id_to_token(id))
+        throw ConfigError(fmt::format("{}: post processor adds id {}, which has no token", source_, id));
     }
   }
   bos_id_ = named_token_id(config.bos_token, "bos_token");
@@ -147,8 +149,8 @@ std::string ByteLevelBpeTokenizer::do_decode(const std::vector<int32_t>& ids, bo
     } else if (const std::string* token = model_.token(id)) {
       append_token_bytes(*token, bytes);
     } else {
-      throw ConfigError(fmt::format("{}: cannot decode id {}: it is not a token (vocab_size {})", source_, id,
-                                    vocab_size_));
+      throw ConfigError(
+          fmt::format("{}: cannot decode id {}: it is not a token (vocab_size {})", source_, id, vocab_size_));
     }
   }
   return utf8_lossy(bytes);

@@ -88,9 +88,10 @@ Vocab read_vocab(const json& vocab, const std::string& path) {
 void read_model(const json& model, const std::string& path, ByteLevelBpeConfig& config) {
   const std::string type = type_of(model);
   if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
-    throw ConfigError(fmt::format("{}: model.type '{}' is not supported; expected a byte-level 'BPE' model "
-                                  "(or a SentencePiece tokenizer.model)",
-                                  path, type.empty() ? "<none>" : type));
+    throw ConfigError(
+        fmt::format("{}: model.type '{}' is not supported; expected a byte-level 'BPE' model "
+                    "(or a SentencePiece tokenizer.model)",
+                    path, type.empty() ? "<none>" : type));
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
     throw ConfigError(fmt::format("{}: BPE dropout {} is not supported; expected null", path, model["dropout"].dump()));
@@ -102,9 +103,10 @@ void read_model(const json& model, const std::string& path, ByteLevelBpeConfig& 
     }
   }
   if (flag(model, "byte_fallback", false)) {
-    throw ConfigError(fmt::format("{}: byte_fallback BPE (SentencePiece-style tokenizer.json) is not supported; "
-                                  "load the directory's tokenizer.model instead",
-                                  path));
+    throw ConfigError(
+        fmt::format("{}: byte_fallback BPE (SentencePiece-style tokenizer.json) is not supported; "
+                    "load the directory's tokenizer.model instead",
+                    path));
   }
   if (!model.contains("vocab") || !model.contains("merges")) {
     throw ConfigError(fmt::format("{}: the BPE model needs 'vocab' and 'merges'", path));
@@ -129,31 +131,33 @@ void read_byte_level_pre_tokenizer(const json& node, bool split_before, const st
                                   use_regex, split_before ? "after" : "without"));
   }
   if (split_before && config.add_prefix_space) {
-    throw ConfigError(fmt::format("{}: ByteLevel add_prefix_space after a Split is not supported; expected false", path));
+    throw ConfigError(
+        fmt::format("{}: ByteLevel add_prefix_space after a Split is not supported; expected false", path));
   }
 }
 
 void read_pre_tokenizer(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
   const std::string type = type_of(node);
   if (type == "ByteLevel") return read_byte_level_pre_tokenizer(node, false, path, config);
-  const bool is_split_sequence = type == "Sequence" && field(node, "pretokenizers").is_array() &&
-                                 field(node, "pretokenizers").size() == 2 && type_of(field(node, "pretokenizers")[0]) == "Split" &&
-                                 type_of(field(node, "pretokenizers")[1]) == "ByteLevel";
+  const json& parts = field(node, "pretokenizers");
+  const bool is_split_sequence = type == "Sequence" && parts.is_array() && parts.size() == 2 &&
+                                 type_of(parts[0]) == "Split" && type_of(parts[1]) == "ByteLevel";
   if (!is_split_sequence) {
-    throw ConfigError(fmt::format("{}: pre_tokenizer {} is not supported; expected ByteLevel, or a Sequence of a "
-                                  "Split (GPT-2/LLaMA-3/Qwen2 regex) and ByteLevel",
-                                  path, node.dump().substr(0, 200)));
+    throw ConfigError(
+        fmt::format("{}: pre_tokenizer {} is not supported; expected ByteLevel, or a Sequence of a "
+                    "Split (GPT-2/LLaMA-3/Qwen2 regex) and ByteLevel",
+                    path, node.dump().substr(0, 200)));
   }
-  const json& split = field(node, "pretokenizers")[0];
+  const json& split = parts[0];
   const json& pattern = field(split, "pattern");
   if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
-    throw ConfigError(fmt::format("{}: Split pattern {} is not supported; expected {{\"Regex\": ...}}", path,
-                                  pattern.dump()));
+    throw ConfigError(
+        fmt::format("{}: Split pattern {} is not supported; expected {{\"Regex\": ...}}", path, pattern.dump()));
   }
   auto known = split_pattern_from_regex(pattern["Regex"].get<std::string>());
   if (!known) {
-    throw ConfigError(fmt::format("{}: Split regex {} is not one of the known pre-tokenizer regexes (GPT-2, LLaMA-3, "
-                                  "Qwen2)",
+    throw ConfigError(fmt::format("{}: Split regex {} is not one of the known pre-tokenizer regexes "
+                                  "(GPT-2, LLaMA-3, Qwen2)",
                                   path, pattern["Regex"].dump()));
   }
   if (split.value("behavior", "") != "Isolated" || flag(split, "invert", false)) {
@@ -161,7 +165,7 @@ void read_pre_tokenizer(const json& node, const std::string& path, ByteLevelBpeC
                                   split.dump().substr(0, 200)));
   }
   config.pattern = *known;
-  read_byte_level_pre_tokenizer(field(node, "pretokenizers")[1], true, path, config);
+  read_byte_level_pre_tokenizer(parts[1], true, path, config);
 }
 
 // The ids of a special token named in a post processor: its own id if the
@@ -208,9 +212,10 @@ void read_post_processor(const json& node, const std::string& path, ByteLevelBpe
     for (const auto& child : field(node, "processors")) read_post_processor(child, path, config);
     return;
   }
-  throw ConfigError(fmt::format("{}: post_processor type '{}' is not supported; expected ByteLevel, "
-                                "TemplateProcessing, RobertaProcessing, BertProcessing or a Sequence of them",
-                                path, type));
+  throw ConfigError(
+      fmt::format("{}: post_processor type '{}' is not supported; expected ByteLevel, "
+                  "TemplateProcessing, RobertaProcessing, BertProcessing or a Sequence of them",
+                  path, type));
 }
 
 void check_decoder(const json& node, const std::string& path) {
@@ -219,13 +224,14 @@ void check_decoder(const json& node, const std::string& path) {
   if (type == "Sequence" && field(node, "decoders").is_array() && field(node, "decoders").size() == 1) {
     return check_decoder(field(node, "decoders")[0], path);
   }
-  throw ConfigError(fmt::format("{}: decoder {} is not supported; expected ByteLevel", path,
-                                node.dump().substr(0, 200)));
+  throw ConfigError(
+      fmt::format("{}: decoder {} is not supported; expected ByteLevel", path, node.dump().substr(0, 200)));
 }
 
 void check_normalizer(const json& node, const std::string& path) {
   if (node.is_null()) return;
-  if (type_of(node) == "Sequence" && field(node, "normalizers").is_array() && field(node, "normalizers").empty()) return;
+  if (type_of(node) == "Sequence" && field(node, "normalizers").is_array() && field(node, "normalizers").empty())
+    return;
   throw ConfigError(fmt::format("{}: normalizer {} is not supported; expected null", path, node.dump().substr(0, 200)));
 }
 
@@ -235,8 +241,8 @@ ConfiguredToken configured_token(const json& config, const char* key, const std:
   if (node.is_null()) return {.given = true, .name = std::nullopt};
   if (node.is_string()) return {.given = true, .name = node.get<std::string>()};
   if (field(node, "content").is_string()) return {.given = true, .name = field(node, "content").get<std::string>()};
-  throw ConfigError(fmt::format("{}: {} must be a token string, {{\"content\": ...}} or null; got {}", path, key,
-                                node.dump()));
+  throw ConfigError(
+      fmt::format("{}: {} must be a token string, {{\"content\": ...}} or null; got {}", path, key, node.dump()));
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ void name_special_tokens(ByteLevelBpeConfig& config, const fs::path& dir) {
   const bool has_endoftext = config.vocab.contains("<|endoftext|>") ||
                              std::any_of(config.added_tokens.begin(), config.added_tokens.end(),
                                          [](const AddedToken& t) { return t.content == "<|endoftext|>"; });
-  if (!config.bos_token && !config.prefix_ids.empty()) config.bos_token = token_of_id(config, config.prefix_ids.front());
+  if (!config.bos_token && !config.prefix_ids.empty())
+    config.bos_token = token_of_id(config, config.prefix_ids.front());
   if (!config.eos_token && !config.suffix_ids.empty()) config.eos_token = token_of_id(config, config.suffix_ids.back());
   if (has_endoftext) {
     if (!config.bos_token) config.bos_token = "<|endoftext|>";
@@ -63,7 +64,8 @@ std::unique_ptr<Tokenizer> from_vocab_merges(const fs::path& vocab, const fs::pa
     auto it = config.vocab.find(**name);
     const bool added = std::any_of(config.added_tokens.begin(), config.added_tokens.end(),
                                    [&](const AddedToken& t) { return t.content == **name; });
-    if (it != config.vocab.end() && !added) config.added_tokens.push_back({.content = it->first, .id = it->second, .special = true});
+    if (it != config.vocab.end() && !added)
+      config.added_tokens.push_back({.content = it->first, .id = it->second, .special = true});
   }
   return std::make_unique<ByteLevelBpeTokenizer>(std::move(config));
 }
@@ -83,9 +85,10 @@ std::unique_ptr<Tokenizer> from_directory(const fs::path& dir) {
   }
   if (fs::is_regular_file(vocab) && fs::is_regular_file(merges)) return from_vocab_merges(vocab, merges);
   if (fs::is_regular_file(model)) return std::make_unique<SentencePieceTokenizer>(model.string());
-  throw ConfigError(fmt::format("tokenizer directory '{}' has none of tokenizer.json, vocab.json + merges.txt, "
-                                "tokenizer.model",
-                                dir.string()));
+  throw ConfigError(
+      fmt::format("tokenizer directory '{}' has none of tokenizer.json, vocab.json + merges.txt, "
+                  "tokenizer.model",
+                  dir.string()));
 }
 
 }  // namespace
@@ -94,9 +97,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   const fs::path p(path);
   std::error_code error;
   if (!fs::exists(p, error)) {
-    throw ConfigError(fmt::format("tokenizer path '{}' does not exist; expected a directory with tokenizer.json, "
-                                  "vocab.json + merges.txt or tokenizer.model, or one of those files",
-                                  path));
+    throw ConfigError(
+        fmt::format("tokenizer path '{}' does not exist; expected a directory with tokenizer.json, "
+                    "vocab.json + merges.txt or tokenizer.model, or one of those files",
+                    path));
   }
   if (fs::is_directory(p)) return from_directory(p);
   const std::string name = p.filename().string();
@@ -111,9 +115,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
     return from_vocab_merges(vocab, merges);
   }
   if (ext == ".json") return from_tokenizer_json(p);
-  throw ConfigError(fmt::format("tokenizer file '{}' has an unknown kind; expected tokenizer.json (or another .json "
-                                "in that format), vocab.json, merges.txt or a SentencePiece .model",
-                                path));
+  throw ConfigError(
+      fmt::format("tokenizer file '{}' has an unknown kind; expected tokenizer.json (or another .json "
+                  "in that format), vocab.json, merges.txt or a SentencePiece .model",
+                  path));
 }
 
 }  // namespace colossus::data

@@ -39,7 +39,8 @@ TEST_P(TokenizerParity, EncodeAndDecodeMatchPython) {
     EXPECT_EQ(tokenizer->encode(text), ids);
     EXPECT_EQ(tokenizer->encode(text, /*add_special_tokens=*/true), ids_special);
     EXPECT_EQ(tokenizer->decode(ids), c["decoded"].get<std::string>());
-    EXPECT_EQ(tokenizer->decode(ids_special, /*skip_special_tokens=*/true), c["decoded_special_skip"].get<std::string>());
+    EXPECT_EQ(tokenizer->decode(ids_special, /*skip_special_tokens=*/true),
+              c["decoded_special_skip"].get<std::string>());
     if (roundtrip) {
       EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
     }
@@ -99,15 +100,16 @@ TEST_P(TokenizerParity, ConcurrentEncodeIsConsistent) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
-                         ::testing::Values("gpt2_json", "gpt2_legacy_merges", "gpt2_files", "gpt2_added",
-                                           "llama3_json", "qwen2_json", "sp_bpe", "sp_unigram"));
+                         ::testing::Values("gpt2_json", "gpt2_legacy_merges", "gpt2_files", "gpt2_added", "llama3_json",
+                                           "qwen2_json", "sp_bpe", "sp_unigram"));
 
 // The hand-written regexes split exactly as Oniguruma does.
 TEST(PreTokenize, SplitsMatchOniguruma) {
   const auto& expected = fixtures().expected;
   const auto& texts = expected["texts"];
-  for (const auto& [name, pattern] : {std::pair{"gpt2", SplitPattern::kGpt2}, std::pair{"llama3", SplitPattern::kLlama3},
-                                      std::pair{"qwen2", SplitPattern::kQwen2}}) {
+  for (const auto& [name, pattern] :
+       {std::pair{"gpt2", SplitPattern::kGpt2}, std::pair{"llama3", SplitPattern::kLlama3},
+        std::pair{"qwen2", SplitPattern::kQwen2}}) {
     const auto& splits = expected["splits"][name];
     ASSERT_EQ(splits.size(), texts.size());
     for (std::size_t i = 0; i < texts.size(); ++i) {

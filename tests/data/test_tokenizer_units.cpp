@@ -76,15 +76,19 @@ TEST(Unicode, DecodeAndLossyRepair) {
   EXPECT_EQ(encoded, text);
   EXPECT_EQ(utf8_lossy(text), text);
   // One U+FFFD per maximal invalid subpart, as Python's errors="replace" does.
-  EXPECT_EQ(utf8_lossy("a\xff" "b"), "a\uFFFDb");
-  EXPECT_EQ(utf8_lossy("\xe4\xb8"), "\uFFFD");                  // truncated 3-byte sequence
-  EXPECT_EQ(utf8_lossy("a\xed\xa0\x80" "b"), "a\uFFFD\uFFFD\uFFFDb");  // surrogate
-  EXPECT_EQ(utf8_lossy("\xc0\xaf"), "\uFFFD\uFFFD");             // overlong
+  EXPECT_EQ(utf8_lossy("a\xff"
+                       "b"),
+            "a\uFFFDb");
+  EXPECT_EQ(utf8_lossy("\xe4\xb8"), "\uFFFD");  // truncated 3-byte sequence
+  EXPECT_EQ(utf8_lossy("a\xed\xa0\x80"
+                       "b"),
+            "a\uFFFD\uFFFD\uFFFDb");                                      // surrogate
+  EXPECT_EQ(utf8_lossy("\xc0\xaf"), "\uFFFD\uFFFD");                      // overlong
   EXPECT_EQ(utf8_lossy("\xf4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");  // above U+10FFFF
 }
 
 TEST(ByteAlphabet, IsABijectionOverAllBytes) {
-  EXPECT_EQ(byte_to_unicode(' '), "\u0120");  // 'Ġ'
+  EXPECT_EQ(byte_to_unicode(' '), "\u0120");   // 'Ġ'
   EXPECT_EQ(byte_to_unicode('\n'), "\u010a");  // 'Ċ'
   EXPECT_EQ(byte_to_unicode('A'), "A");
   for (int b = 0; b < 256; ++b) {
@@ -135,14 +139,19 @@ TEST(BpeModel, RejectsMergesOverMissingTokens) {
 
 TEST(ByteLevelBpe, InvalidUtf8IsEncodedByteByByteAndRepairedOnDecode) {
   auto tokenizer = load_tokenizer(fixtures().path("gpt2_json"));
-  const auto ids = tokenizer->encode("ok\xff\xfe" "ok");
+  const auto ids = tokenizer->encode(
+      "ok\xff\xfe"
+      "ok");
   EXPECT_EQ(tokenizer->decode(ids), "ok\uFFFD\uFFFDok");
 }
 
 TEST(ByteLevelBpe, DecodeRejectsIdsOutsideTheVocabulary) {
   auto tokenizer = load_tokenizer(fixtures().path("gpt2_json"));
-  expect_config_error([&] { tokenizer->decode({1, tokenizer->vocab_size()}); },
-                      {"id " + std::to_string(tokenizer->vocab_size())});
+  expect_config_error(
+      [&] {
+        tokenizer->decode({1, tokenizer->vocab_size()});
+      },
+      {"id " + std::to_string(tokenizer->vocab_size())});
   expect_config_error([&] { tokenizer->decode({-3}); }, {"id -3"});
   auto sp = load_tokenizer(fixtures().path("sp_bpe"));
   expect_config_error([&] { sp->decode({sp->vocab_size()}); }, {"id " + std::to_string(sp->vocab_size())});
@@ -192,7 +201,11 @@ TEST(LoadTokenizer, RefusesUnsupportedTokenizerJsonParts) {
         {"\\\\w+", "GPT-2"});
   check("wordpiece_decoder", [](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }, {"decoder", "ByteLevel"});
   check("merge_type", [](auto& j) { j["model"]["merges"][0] = 7; }, {"merge 7"});
-  check("missing_merge", [](auto& j) { j["model"]["merges"][0] = {"Ġ", "\u4e2d\u4e2d"}; }, {"missing from the vocabulary"});
+  check("missing_merge",
+        [](auto& j) {
+          j["model"]["merges"][0] = {"Ġ", "\u4e2d\u4e2d"};
+        },
+        {"missing from the vocabulary"});
   check("id_type", [](auto& j) { j["added_tokens"][0]["id"] = "zero"; }, {"unexpected tokenizer.json structure"});
   write_file(f.path("bad/config_names_missing/tokenizer.json"), good.dump());
   write_file(f.path("bad/config_names_missing/tokenizer_config.json"), R"({"pad_token": "<nope>"})");

@@ -9,8 +9,8 @@
 namespace colossus::data::testing {
 
 struct TokenizerFixtures {
-  std::string dir;            // the temporary directory
-  nlohmann::json expected;    // expected.json
+  std::string dir;          // the temporary directory
+  nlohmann::json expected;  // expected.json
   std::string path(const std::string& relative) const { return dir + "/" + relative; }
   // The entry of expected["tokenizers"] with this name; fails the test if absent.
   const nlohmann::json& tokenizer(const std::string& name) const;
