@@ -19,8 +19,8 @@ struct SpawnSpec {
   std::string path{};               // absolute path of the executable
   std::vector<std::string> argv{};  // argv[0] is the name the program sees
   std::vector<std::string> env{};   // the whole environment, "NAME=value"
-  bool stdin_pipe = false;        // false: stdin is /dev/null
-  int death_signal = SIGKILL;     // what the child gets when the launcher dies
+  bool stdin_pipe = false;          // false: stdin is /dev/null
+  int death_signal = SIGKILL;       // what the child gets when the launcher dies
 };
 
 struct Child {

@@ -40,8 +40,8 @@ constexpr int kUsageExitCode = 2;
 
 launcher::RunOptions to_options(const RunFlags& flags) {
   launcher::RunOptions options;
-  options.nproc_per_node = launcher::parse_int_flag("--nproc_per_node", flags.nproc_per_node,
-                                                    "the number of ranks per node (at least 1)");
+  options.nproc_per_node =
+      launcher::parse_int_flag("--nproc_per_node", flags.nproc_per_node, "the number of ranks per node (at least 1)");
   options.nnodes = launcher::parse_int_flag("--nnodes", flags.nnodes, "the number of nodes (at least 1)");
   options.node_rank = launcher::parse_int_flag("--node_rank", flags.node_rank, "this node's index, 0..nnodes-1");
   options.master_addr = flags.master_addr;
@@ -82,8 +82,9 @@ Command add_run_command(CLI::App& app) {
   run->add_option("--hostfile", flags->hostfile, "nodes to run on: lines 'host [slots=N]' or 'host:N'")
       ->type_name("FILE");
   // One value per use (repeatable), so a following PROGRAM is not taken as a host.
-  for (auto [flag, names, help] : {std::tuple{"--include", &flags->include, "only these hostfile hosts (comma-separated)"},
-                                   std::tuple{"--exclude", &flags->exclude, "skip these hostfile hosts (comma-separated)"}}) {
+  for (auto [flag, names, help] :
+       {std::tuple{"--include", &flags->include, "only these hostfile hosts (comma-separated)"},
+        std::tuple{"--exclude", &flags->exclude, "skip these hostfile hosts (comma-separated)"}}) {
     run->add_option(flag, *names, help)
         ->type_name("HOSTS")
         ->expected(1)

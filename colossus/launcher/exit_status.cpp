@@ -18,27 +18,36 @@ ExitStatus ExitStatus::from_wait(int wait_status) {
 
 int ExitStatus::shell_code() const {
   switch (kind) {
-    case Kind::Code: return value;
-    case Kind::Signal: return 128 + value;
-    case Kind::Lost: return 1;
+    case Kind::Code:
+      return value;
+    case Kind::Signal:
+      return 128 + value;
+    case Kind::Lost:
+      return 1;
   }
   return 1;
 }
 
 std::string ExitStatus::describe() const {
   switch (kind) {
-    case Kind::Code: return fmt::format("exited with code {}", value);
-    case Kind::Signal: return fmt::format("was killed by signal {} ({})", value, signal_name(value));
-    case Kind::Lost: return "ended without reporting its exit status";
+    case Kind::Code:
+      return fmt::format("exited with code {}", value);
+    case Kind::Signal:
+      return fmt::format("was killed by signal {} ({})", value, signal_name(value));
+    case Kind::Lost:
+      return "ended without reporting its exit status";
   }
   return "ended";
 }
 
 std::string ExitStatus::encode() const {
   switch (kind) {
-    case Kind::Code: return fmt::format("code {}", value);
-    case Kind::Signal: return fmt::format("signal {}", value);
-    case Kind::Lost: return "lost";
+    case Kind::Code:
+      return fmt::format("code {}", value);
+    case Kind::Signal:
+      return fmt::format("signal {}", value);
+    case Kind::Lost:
+      return "lost";
   }
   return "lost";
 }

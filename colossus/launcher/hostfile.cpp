@@ -37,7 +37,8 @@ int parse_slots(const std::string& text, const std::string& host, const std::str
   for (char c : text) digits = digits && std::isdigit(static_cast<unsigned char>(c));
   int slots = digits ? std::stoi(text) : 0;
   if (slots < 1) {
-    throw ConfigError(fmt::format("{}: bad slot count '{}' for host '{}'; expected a positive integer", where, text, host));
+    throw ConfigError(
+        fmt::format("{}: bad slot count '{}' for host '{}'; expected a positive integer", where, text, host));
   }
   return slots;
 }
@@ -88,13 +89,13 @@ std::vector<Host> parse_hostfile_text(const std::string& text, const std::string
       if (well_formed) host.slots = parse_slots(tokens[1].substr(6), host.name, where);
     }
     if (!well_formed) {
-      throw ConfigError(fmt::format("{}: cannot parse '{}'; expected 'hostname', 'hostname slots=N' or 'hostname:N'",
-                                    where, line));
+      throw ConfigError(
+          fmt::format("{}: cannot parse '{}'; expected 'hostname', 'hostname slots=N' or 'hostname:N'", where, line));
     }
     auto [previous, inserted] = first_line.emplace(host.name, line_number);
     if (!inserted) {
-      throw ConfigError(fmt::format("{}: host '{}' is listed twice (first on line {})", where, host.name,
-                                    previous->second));
+      throw ConfigError(
+          fmt::format("{}: host '{}' is listed twice (first on line {})", where, host.name, previous->second));
     }
     hosts.push_back(host);
   }
@@ -141,8 +142,8 @@ std::vector<Host> select_hosts(const std::vector<Host>& hosts, const std::vector
     selected.push_back(host);
   }
   if (selected.empty()) {
-    throw ConfigError(fmt::format("no hosts left after --include/--exclude (hostfile '{}' lists: {})", source,
-                                  host_names(hosts)));
+    throw ConfigError(
+        fmt::format("no hosts left after --include/--exclude (hostfile '{}' lists: {})", source, host_names(hosts)));
   }
   return selected;
 }
@@ -150,9 +151,10 @@ std::vector<Host> select_hosts(const std::vector<Host>& hosts, const std::vector
 void check_slots(const std::vector<Host>& hosts, int nproc_per_node, const std::string& source) {
   for (const auto& host : hosts) {
     if (host.slots && *host.slots < nproc_per_node) {
-      throw ConfigError(fmt::format("host '{}' has slots={} ({}:{}) but --nproc_per_node is {}; lower "
-                                    "--nproc_per_node or raise the slots",
-                                    host.name, *host.slots, source, host.line, nproc_per_node));
+      throw ConfigError(
+          fmt::format("host '{}' has slots={} ({}:{}) but --nproc_per_node is {}; lower "
+                      "--nproc_per_node or raise the slots",
+                      host.name, *host.slots, source, host.line, nproc_per_node));
     }
   }
 }

@@ -11,7 +11,7 @@ namespace colossus::launcher {
 struct Host {
   std::string name{};
   std::optional<int> slots{};  // ranks the host can take; unset: no limit given
-  int line = 0;              // where it came from, for messages
+  int line = 0;                // where it came from, for messages
 };
 
 // Throws ConfigError naming the file and line: unreadable file, malformed

@@ -99,11 +99,16 @@ std::optional<JobMonitor::Clock::time_point> JobMonitor::next_deadline() const {
 
 int JobMonitor::exit_code() const {
   switch (reason_) {
-    case Reason::None: return 0;
-    case Reason::Failure: return statuses_[failed_unit_]->shell_code();
-    case Reason::Hang: return kHangExitCode;
-    case Reason::Signal: return 128 + signal_number_;
-    case Reason::ParentGone: return 128 + SIGTERM;
+    case Reason::None:
+      return 0;
+    case Reason::Failure:
+      return statuses_[failed_unit_]->shell_code();
+    case Reason::Hang:
+      return kHangExitCode;
+    case Reason::Signal:
+      return 128 + signal_number_;
+    case Reason::ParentGone:
+      return 128 + SIGTERM;
   }
   return 1;
 }
@@ -118,10 +123,11 @@ std::string JobMonitor::final_message() const {
   }
   switch (reason_) {
     case Reason::None:
-    case Reason::ParentGone: return "";
+    case Reason::ParentGone:
+      return "";
     case Reason::Failure: {
-      std::string line = fmt::format("colossus run: {} {} {}", options_.noun, ids_[failed_unit_],
-                                     statuses_[failed_unit_]->describe());
+      std::string line =
+          fmt::format("colossus run: {} {} {}", options_.noun, ids_[failed_unit_], statuses_[failed_unit_]->describe());
       if (running_at_stop_ == 1) line += fmt::format("; stopped the other {}", options_.noun);
       if (running_at_stop_ > 1) line += fmt::format("; stopped the other {} {}", running_at_stop_, plural);
       return line + killed;
@@ -130,8 +136,8 @@ std::string JobMonitor::final_message() const {
       std::vector<std::string> straggler_ids;
       for (size_t unit : stragglers_) straggler_ids.push_back(ids_[unit]);
       return fmt::format("colossus run: {} did not exit within {} after {} {} exited successfully; killed {}{}",
-                         describe_units(options_.noun, straggler_ids), seconds_text(options_.exit_timeout), options_.noun,
-                         ids_[*first_success_], stragglers_.size() == 1 ? "it" : "them", killed);
+                         describe_units(options_.noun, straggler_ids), seconds_text(options_.exit_timeout),
+                         options_.noun, ids_[*first_success_], stragglers_.size() == 1 ? "it" : "them", killed);
     }
     case Reason::Signal: {
       std::string line = fmt::format("colossus run: got {}", signal_name(signal_number_));

@@ -15,9 +15,9 @@
 namespace colossus::launcher {
 
 struct MonitorOptions {
-  std::string noun = "rank";                         // what a unit is called in messages
-  std::chrono::milliseconds exit_timeout{300'000};   // after the first clean exit; 0 disables
-  std::chrono::milliseconds stop_grace{5'000};       // between asking to stop and SIGKILL
+  std::string noun = "rank";                        // what a unit is called in messages
+  std::chrono::milliseconds exit_timeout{300'000};  // after the first clean exit; 0 disables
+  std::chrono::milliseconds stop_grace{5'000};      // between asking to stop and SIGKILL
 };
 
 // "rank 3" or "ranks 1, 3, 5" (at most 8 listed, then the count).

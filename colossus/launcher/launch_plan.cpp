@@ -63,11 +63,15 @@ std::vector<LocalUnit> plan_nodes(const RunOptions& options, const std::vector<H
                                   const NodeLaunch& launch, const Environment& base) {
   std::vector<LocalUnit> units;
   for (size_t node = 0; node < hosts.size(); ++node) {
-    std::vector<std::string> run_args{
-        launch.self_path, "run", "--nproc_per_node", std::to_string(layout.nproc_per_node),
-        "--nnodes", std::to_string(hosts.size()), "--node_rank", std::to_string(node),
-        "--master_addr", layout.master_addr, "--master_port", std::to_string(layout.master_port),
-        "--backend", "nccl", "--exit_timeout", fmt::format("{:g}", options.exit_timeout_s), "--watch_stdin", "--"};
+    std::vector<std::string> run_args{launch.self_path,   "run",
+                                      "--nproc_per_node", std::to_string(layout.nproc_per_node),
+                                      "--nnodes",         std::to_string(hosts.size()),
+                                      "--node_rank",      std::to_string(node),
+                                      "--master_addr",    layout.master_addr,
+                                      "--master_port",    std::to_string(layout.master_port),
+                                      "--backend",        "nccl",
+                                      "--exit_timeout",   fmt::format("{:g}", options.exit_timeout_s),
+                                      "--watch_stdin",    "--"};
     run_args.insert(run_args.end(), options.command.begin(), options.command.end());
 
     LocalUnit unit;
@@ -75,8 +79,8 @@ std::vector<LocalUnit> plan_nodes(const RunOptions& options, const std::vector<H
     unit.stop_by_closing_stdin = true;
     // A node launcher cleans up its ranks on SIGTERM, so that is what it gets
     // if we die.
-    unit.spawn = SpawnSpec{.path = launch.self_path, .argv = run_args, .env = base.entries(), .stdin_pipe = true,
-                           .death_signal = SIGTERM};
+    unit.spawn = SpawnSpec{
+        .path = launch.self_path, .argv = run_args, .env = base.entries(), .stdin_pipe = true, .death_signal = SIGTERM};
     if (!is_local_host(hosts[node].name)) {
       std::string remote = "cd " + shell_quote(launch.cwd) + " && env";
       for (const auto& [name, value] : forwarded_variables(base)) remote += " " + shell_quote(name + "=" + value);
@@ -93,11 +97,22 @@ std::vector<std::string> mpirun_arguments(const JobLayout& layout, const MpiLaun
                                           const std::vector<std::string>& command, const Environment& base) {
   // Shared memory without CMA (often blocked in containers), TCP between
   // hosts; no core binding and yielding when idle, so ranks can share cores.
-  std::vector<std::string> args{"mpirun", "-np", std::to_string(layout.world_size()), "--oversubscribe",
-                                "--bind-to", "none", "--allow-run-as-root",
-                                "--mca", "btl", launch.hostfile_path.empty() ? "self,vader" : "self,vader,tcp",
-                                "--mca", "btl_vader_single_copy_mechanism", "none",
-                                "--mca", "mpi_yield_when_idle", "1"};
+  std::vector<std::string> args{"mpirun",
+                                "-np",
+                                std::to_string(layout.world_size()),
+                                "--oversubscribe",
+                                "--bind-to",
+                                "none",
+                                "--allow-run-as-root",
+                                "--mca",
+                                "btl",
+                                launch.hostfile_path.empty() ? "self,vader" : "self,vader,tcp",
+                                "--mca",
+                                "btl_vader_single_copy_mechanism",
+                                "none",
+                                "--mca",
+                                "mpi_yield_when_idle",
+                                "1"};
   if (!launch.hostfile_path.empty()) {
     args.insert(args.end(), {"--hostfile", launch.hostfile_path});
   }
@@ -122,7 +137,8 @@ std::string shell_quote(const std::string& word) {
   if (word.empty()) return "''";
   bool plain = true;
   for (char c : word) {
-    bool safe = std::isalnum(static_cast<unsigned char>(c)) || std::string_view("@%+=:,./_-").find(c) != std::string_view::npos;
+    bool safe =
+        std::isalnum(static_cast<unsigned char>(c)) || std::string_view("@%+=:,./_-").find(c) != std::string_view::npos;
     plain = plain && safe;
   }
   if (plain) return word;

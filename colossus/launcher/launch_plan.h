@@ -55,10 +55,10 @@ std::map<std::string, std::string> forwarded_variables(const Environment& base);
 
 struct MpiLaunch {
   std::string mpirun_path{};
-  std::string self_path{};            // runs `_rank` on every rank
-  std::string program_path{};         // PROGRAM, resolved
-  std::string hostfile_path{};        // empty: all ranks on this host
-  std::string channel_address{};      // host:port of our rank channel
+  std::string self_path{};        // runs `_rank` on every rank
+  std::string program_path{};     // PROGRAM, resolved
+  std::string hostfile_path{};    // empty: all ranks on this host
+  std::string channel_address{};  // host:port of our rank channel
   std::string channel_token{};
 };
 // mpirun's argv (argv[0] = "mpirun"): CPU-friendly transport flags, the

@@ -45,8 +45,10 @@ int poll_timeout_ms(std::optional<Clock::time_point> deadline, Clock::time_point
 class MpiSupervisor {
  public:
   explicit MpiSupervisor(MpiJob job)
-      : job_(std::move(job)), monitor_(rank_ids(job_.world_size), job_.monitor),
-        mpirun_out_("", fd_sink(STDOUT_FILENO)), mpirun_err_("", fd_sink(STDERR_FILENO)) {
+      : job_(std::move(job)),
+        monitor_(rank_ids(job_.world_size), job_.monitor),
+        mpirun_out_("", fd_sink(STDOUT_FILENO)),
+        mpirun_err_("", fd_sink(STDERR_FILENO)) {
     for (int rank = 0; rank < job_.world_size; ++rank) {
       std::string prefix = fmt::format("[r{}] ", rank);
       outputs_.push_back(std::make_unique<RankOutput>(
@@ -76,7 +78,8 @@ class MpiSupervisor {
       size_t first_connection = fds.size();
       for (auto& connection : connections_) fds.push_back({connection.fd.get(), POLLIN, 0});
       auto deadline = monitor_.next_deadline();
-      if (mpirun_status_) deadline = std::min(deadline.value_or(Clock::time_point::max()), mpirun_exited_at_ + kDrainTimeout);
+      if (mpirun_status_)
+        deadline = std::min(deadline.value_or(Clock::time_point::max()), mpirun_exited_at_ + kDrainTimeout);
       if (::poll(fds.data(), fds.size(), poll_timeout_ms(deadline, now)) <= 0) continue;
 
       now = Clock::now();
@@ -216,13 +219,18 @@ class MpiSupervisor {
       return true;
     }
     switch (frame.type) {
-      case FrameType::Stdout: outputs_[connection.rank]->out.feed(frame.payload); return true;
-      case FrameType::Stderr: outputs_[connection.rank]->err.feed(frame.payload); return true;
+      case FrameType::Stdout:
+        outputs_[connection.rank]->out.feed(frame.payload);
+        return true;
+      case FrameType::Stderr:
+        outputs_[connection.rank]->err.feed(frame.payload);
+        return true;
       case FrameType::Status:
         connection.reported = true;
         rank_ended(connection.rank, ExitStatus::decode(frame.payload), now);
         return true;
-      default: return true;
+      default:
+        return true;
     }
   }
 

@@ -12,10 +12,10 @@
 namespace colossus::launcher {
 
 struct MpiJob {
-  SpawnSpec mpirun;     // mpirun with its whole command line and environment
+  SpawnSpec mpirun;  // mpirun with its whole command line and environment
   int world_size = 1;
-  Fd listener;          // where the rank wrappers connect
-  std::string token;    // what they must say in their hello
+  Fd listener;        // where the rank wrappers connect
+  std::string token;  // what they must say in their hello
   MonitorOptions monitor;
   bool watch_stdin = false;
 };

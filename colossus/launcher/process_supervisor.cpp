@@ -99,7 +99,8 @@ int supervise_local_units(std::vector<LocalUnit> units, const SupervisorOptions&
           if (!slot.exited) signal_group(slot.child.pid, SIGKILL);
         }
         break;
-      case JobMonitor::Action::None: break;
+      case JobMonitor::Action::None:
+        break;
     }
 
     bool outputs_open = std::any_of(slots.begin(), slots.end(), [](const Slot& slot) {

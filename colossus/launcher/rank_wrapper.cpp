@@ -27,9 +27,10 @@ constexpr std::chrono::milliseconds kDrainTimeout{2000};
 int required_int(const EnvLookup& env, const char* name) {
   auto value = env(name);
   if (!value) {
-    throw ConfigError(fmt::format("{} is not set: `colossus _rank` only runs under the mpirun that "
-                                  "`colossus run --backend mpi` starts",
-                                  name));
+    throw ConfigError(
+        fmt::format("{} is not set: `colossus _rank` only runs under the mpirun that "
+                    "`colossus run --backend mpi` starts",
+                    name));
   }
   try {
     size_t used = 0;
@@ -184,9 +185,10 @@ int run_rank_wrapper(const std::vector<std::string>& command) {
   auto address = env(kChannelAddressVar);
   auto token = env(kChannelTokenVar);
   if (!address || !token) {
-    throw ConfigError(fmt::format("{} is not set: `colossus _rank` only runs under the mpirun that "
-                                  "`colossus run --backend mpi` starts",
-                                  address ? kChannelTokenVar : kChannelAddressVar));
+    throw ConfigError(
+        fmt::format("{} is not set: `colossus _rank` only runs under the mpirun that "
+                    "`colossus run --backend mpi` starts",
+                    address ? kChannelTokenVar : kChannelAddressVar));
   }
   auto colon = address->rfind(':');
   if (colon == std::string::npos) {
@@ -202,9 +204,10 @@ int run_rank_wrapper(const std::vector<std::string>& command) {
   try {
     channel = connect_tcp(address->substr(0, colon), port);
   } catch (const LaunchError& e) {
-    throw LaunchError(fmt::format("rank {} cannot reach the launcher: {}; set COLOSSUS_LAUNCHER_ADDR to an address "
-                                  "of the launching host that every node can reach",
-                                  place.rank, e.what()));
+    throw LaunchError(
+        fmt::format("rank {} cannot reach the launcher: {}; set COLOSSUS_LAUNCHER_ADDR to an address "
+                    "of the launching host that every node can reach",
+                    place.rank, e.what()));
   }
   if (!send_frame(channel.get(), FrameType::Hello, fmt::format("{} {}", *token, place.rank))) {
     throw LaunchError(fmt::format("rank {} lost the connection to the launcher at {}", place.rank, *address));

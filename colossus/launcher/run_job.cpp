@@ -62,14 +62,16 @@ class TempFile {
 int run_local(const RunOptions& options, const std::string& program_path, const Environment& base) {
   JobLayout layout{.nproc_per_node = options.nproc_per_node, .nnodes = options.nnodes, .node_rank = options.node_rank};
   if (!options.master_addr.empty()) layout.master_addr = options.master_addr;
-  layout.master_port = choose_master_port(options.master_port, options.node_rank == 0 && is_local_host(layout.master_addr));
+  layout.master_port =
+      choose_master_port(options.master_port, options.node_rank == 0 && is_local_host(layout.master_addr));
   if (options.dry_run) {
     print_line(fmt::format("colossus run (dry run): backend nccl, node {} of {}, {} ranks per node, master {}:{}",
                            layout.node_rank, layout.nnodes, layout.nproc_per_node, layout.master_addr,
                            layout.master_port));
     for (int local_rank = 0; local_rank < layout.nproc_per_node; ++local_rank) {
       std::string vars;
-      for (const auto& [name, value] : rank_variables(layout, local_rank, base)) vars += " " + shell_quote(name + "=" + value);
+      for (const auto& [name, value] : rank_variables(layout, local_rank, base))
+        vars += " " + shell_quote(name + "=" + value);
       print_line(fmt::format("rank {}: env{} {}", layout.global_rank(local_rank), vars, shell_join(options.command)));
     }
     return 0;
@@ -103,9 +105,10 @@ int run_nodes(const RunOptions& options, const std::vector<Host>& hosts, const E
 int run_mpi(const RunOptions& options, const std::string& program_path, const std::vector<Host>* hosts,
             const Environment& base) {
   if (options.nnodes > 1) {
-    throw ConfigError(fmt::format("--nnodes {} with --backend mpi: mpirun starts the ranks of every node, so give "
-                                  "the nodes with --hostfile instead (or use --backend nccl)",
-                                  options.nnodes));
+    throw ConfigError(
+        fmt::format("--nnodes {} with --backend mpi: mpirun starts the ranks of every node, so give "
+                    "the nodes with --hostfile instead (or use --backend nccl)",
+                    options.nnodes));
   }
   JobLayout layout{.nproc_per_node = options.nproc_per_node, .nnodes = hosts ? static_cast<int>(hosts->size()) : 1};
   bool master_here = !hosts || is_local_host((*hosts)[0].name);
@@ -158,8 +161,10 @@ int run_mpi(const RunOptions& options, const std::string& program_path, const st
   job.token = random_token();
   launch.channel_address = fmt::format("{}:{}", reachable, channel_port);
   launch.channel_token = job.token;
-  job.mpirun = SpawnSpec{.path = mpirun_path, .argv = mpirun_arguments(layout, launch, options.command, base),
-                         .env = base.entries(), .death_signal = SIGTERM};
+  job.mpirun = SpawnSpec{.path = mpirun_path,
+                         .argv = mpirun_arguments(layout, launch, options.command, base),
+                         .env = base.entries(),
+                         .death_signal = SIGTERM};
   job.world_size = layout.world_size();
   job.monitor = monitor_options(options, "rank", std::chrono::seconds(2));
   job.watch_stdin = options.watch_stdin;
@@ -171,9 +176,10 @@ int run_mpi(const RunOptions& options, const std::string& program_path, const st
 int choose_master_port(const std::optional<int>& requested, bool master_is_here) {
   if (requested) {
     if (master_is_here && port_in_use(*requested)) {
-      throw ConfigError(fmt::format("master port {} is already in use on this host; pick another with "
-                                    "--master_port or omit it to get a free one",
-                                    *requested));
+      throw ConfigError(
+          fmt::format("master port {} is already in use on this host; pick another with "
+                      "--master_port or omit it to get a free one",
+                      *requested));
     }
     return *requested;
   }

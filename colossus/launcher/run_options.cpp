@@ -34,37 +34,39 @@ double parse_seconds_flag(const std::string& flag, const std::string& text) {
 
 void RunOptions::validate() const {
   if (nproc_per_node < 1) {
-    throw ConfigError(fmt::format("--nproc_per_node {} is invalid; give the number of ranks per node (at least 1)",
-                                  nproc_per_node));
+    throw ConfigError(
+        fmt::format("--nproc_per_node {} is invalid; give the number of ranks per node (at least 1)", nproc_per_node));
   }
-  if (nnodes < 1) throw ConfigError(fmt::format("--nnodes {} is invalid; give the number of nodes (at least 1)", nnodes));
+  if (nnodes < 1)
+    throw ConfigError(fmt::format("--nnodes {} is invalid; give the number of nodes (at least 1)", nnodes));
   if (node_rank < 0 || node_rank >= nnodes) {
     throw ConfigError(fmt::format("--node_rank {} is outside 0..{} (--nnodes {})", node_rank, nnodes - 1, nnodes));
   }
   if (master_port && (*master_port < 1 || *master_port > 65535)) {
-    throw ConfigError(fmt::format("--master_port {} is not a TCP port; give 1..65535 or omit it to get a free one",
-                                  *master_port));
+    throw ConfigError(
+        fmt::format("--master_port {} is not a TCP port; give 1..65535 or omit it to get a free one", *master_port));
   }
   if (backend != "auto" && backend != "nccl" && backend != "mpi") {
     throw ConfigError(fmt::format("--backend '{}' is not supported; use auto, nccl or mpi", backend));
   }
   if (exit_timeout_s < 0) {
-    throw ConfigError(fmt::format("--exit_timeout {:g} is negative; give seconds (0 disables hang detection)",
-                                  exit_timeout_s));
+    throw ConfigError(
+        fmt::format("--exit_timeout {:g} is negative; give seconds (0 disables hang detection)", exit_timeout_s));
   }
   if (!hostfile.empty() && (nnodes != 1 || node_rank != 0 || !master_addr.empty())) {
-    throw ConfigError(fmt::format("--hostfile {} decides the nodes, their ranks and the master; drop "
-                                  "--nnodes/--node_rank/--master_addr",
-                                  hostfile));
+    throw ConfigError(
+        fmt::format("--hostfile {} decides the nodes, their ranks and the master; drop "
+                    "--nnodes/--node_rank/--master_addr",
+                    hostfile));
   }
   if (hostfile.empty() && (!include.empty() || !exclude.empty())) {
-    throw ConfigError(fmt::format("--{} picks hosts from a hostfile; give --hostfile too",
-                                  include.empty() ? "exclude" : "include"));
+    throw ConfigError(
+        fmt::format("--{} picks hosts from a hostfile; give --hostfile too", include.empty() ? "exclude" : "include"));
   }
   if (hostfile.empty() && nnodes > 1) {
     if (master_addr.empty()) {
-      throw ConfigError(fmt::format("--nnodes {} needs --master_addr (the address of node 0, the same on every node)",
-                                    nnodes));
+      throw ConfigError(
+          fmt::format("--nnodes {} needs --master_addr (the address of node 0, the same on every node)", nnodes));
     }
     if (!master_port) {
       throw ConfigError(fmt::format("--nnodes {} needs --master_port (the same on every node)", nnodes));

@@ -14,15 +14,15 @@ struct RunOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
   int node_rank = 0;
-  std::string master_addr{};          // empty: 127.0.0.1, or the first host of the hostfile
-  std::optional<int> master_port{};   // empty: a free port when node 0 runs here
+  std::string master_addr{};         // empty: 127.0.0.1, or the first host of the hostfile
+  std::optional<int> master_port{};  // empty: a free port when node 0 runs here
   std::string hostfile{};
   std::vector<std::string> include{};  // host names; only with hostfile
   std::vector<std::string> exclude{};
-  std::string backend = "auto";     // auto | nccl | mpi
-  double exit_timeout_s = 300;      // hang detection after the first clean exit; 0 disables
+  std::string backend = "auto";  // auto | nccl | mpi
+  double exit_timeout_s = 300;   // hang detection after the first clean exit; 0 disables
   bool dry_run = false;
-  bool watch_stdin = false;         // internal: stop when stdin closes (node launchers)
+  bool watch_stdin = false;            // internal: stop when stdin closes (node launchers)
   std::vector<std::string> command{};  // PROGRAM ARGS...
 
   void validate() const;

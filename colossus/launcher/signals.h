@@ -14,7 +14,7 @@ class SignalPipe {
   SignalPipe(const SignalPipe&) = delete;
   SignalPipe& operator=(const SignalPipe&) = delete;
 
-  int fd() const;  // readable when a signal arrived
+  int fd() const;            // readable when a signal arrived
   std::vector<int> drain();  // the signals received since the last call, in order
 
  private:

@@ -1,5 +1,5 @@
-#include "colossus/core/errors.h"
 #include "colossus/launcher/hostfile.h"
+#include "colossus/core/errors.h"
 
 #include <gtest/gtest.h>
 
@@ -91,7 +91,9 @@ TEST(Hostfile, SelectionErrors) {
             "--include names host 'z', which hostfile 'hf' does not list (it lists: a, b)");
   EXPECT_EQ(error_of([&] { select_hosts(hosts, {}, {"y"}, "hf"); }),
             "--exclude names host 'y', which hostfile 'hf' does not list (it lists: a, b)");
-  EXPECT_EQ(error_of([&] { select_hosts(hosts, {}, {"a", "b"}, "hf"); }),
+  EXPECT_EQ(error_of([&] {
+              select_hosts(hosts, {}, {"a", "b"}, "hf");
+            }),
             "no hosts left after --include/--exclude (hostfile 'hf' lists: a, b)");
 }
 

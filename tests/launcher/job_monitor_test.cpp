@@ -12,7 +12,8 @@ using Action = JobMonitor::Action;
 using std::chrono::milliseconds;
 
 MonitorOptions options(int exit_timeout_ms = 2000, int grace_ms = 5000) {
-  return MonitorOptions{.noun = "rank", .exit_timeout = milliseconds(exit_timeout_ms), .stop_grace = milliseconds(grace_ms)};
+  return MonitorOptions{
+      .noun = "rank", .exit_timeout = milliseconds(exit_timeout_ms), .stop_grace = milliseconds(grace_ms)};
 }
 
 TEST(JobMonitor, AllCleanExitsSucceedSilently) {

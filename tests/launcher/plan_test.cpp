@@ -1,6 +1,6 @@
 #include "colossus/core/errors.h"
-#include "colossus/launcher/launch_plan.h"
 #include "colossus/launcher/child_process.h"
+#include "colossus/launcher/launch_plan.h"
 #include "colossus/launcher/net.h"
 #include "colossus/launcher/rank_wrapper.h"
 #include "colossus/launcher/run_job.h"
@@ -41,7 +41,8 @@ TEST(RunOptions, ValidationNamesTheBadValue) {
             "--nnodes 0 is invalid; give the number of nodes (at least 1)");
   EXPECT_EQ(error_of([] { with_program({.nnodes = 2, .node_rank = 2}).validate(); }),
             "--node_rank 2 is outside 0..1 (--nnodes 2)");
-  EXPECT_EQ(error_of([] { with_program({.node_rank = -1}).validate(); }), "--node_rank -1 is outside 0..0 (--nnodes 1)");
+  EXPECT_EQ(error_of([] { with_program({.node_rank = -1}).validate(); }),
+            "--node_rank -1 is outside 0..0 (--nnodes 1)");
   EXPECT_EQ(error_of([] { with_program({.master_port = 0}).validate(); }),
             "--master_port 0 is not a TCP port; give 1..65535 or omit it to get a free one");
   EXPECT_EQ(error_of([] { with_program({.master_port = 65536}).validate(); }),
@@ -50,7 +51,8 @@ TEST(RunOptions, ValidationNamesTheBadValue) {
             "--backend 'gloo' is not supported; use auto, nccl or mpi");
   EXPECT_EQ(error_of([] { with_program({.exit_timeout_s = -1}).validate(); }),
             "--exit_timeout -1 is negative; give seconds (0 disables hang detection)");
-  EXPECT_EQ(error_of([] { RunOptions{}.validate(); }), "no program given; usage: colossus run [OPTIONS] PROGRAM [ARGS...]");
+  EXPECT_EQ(error_of([] { RunOptions{}.validate(); }),
+            "no program given; usage: colossus run [OPTIONS] PROGRAM [ARGS...]");
   EXPECT_EQ(error_of([] { with_program({.nnodes = 2, .node_rank = 1}).validate(); }),
             "--nnodes 2 needs --master_addr (the address of node 0, the same on every node)");
   EXPECT_EQ(error_of([] { with_program({.nnodes = 2, .master_addr = "n0"}).validate(); }),
@@ -63,7 +65,8 @@ TEST(RunOptions, ValidationNamesTheBadValue) {
 
 TEST(RunOptions, FlagParsing) {
   EXPECT_EQ(parse_int_flag("--nnodes", "12", "a count"), 12);
-  EXPECT_EQ(error_of([] { parse_int_flag("--nnodes", "1x", "a count"); }), "--nnodes '1x' is not an integer; expected a count");
+  EXPECT_EQ(error_of([] { parse_int_flag("--nnodes", "1x", "a count"); }),
+            "--nnodes '1x' is not an integer; expected a count");
   EXPECT_DOUBLE_EQ(parse_seconds_flag("--exit_timeout", "2.5"), 2.5);
   EXPECT_EQ(error_of([] { parse_seconds_flag("--exit_timeout", "soon"); }),
             "--exit_timeout 'soon' is not a number of seconds; expected e.g. 300 (0 disables it)");
@@ -77,7 +80,9 @@ TEST(ResolveProgram, FindsOnPathAndExplainsFailures) {
   EXPECT_EQ(sh.front(), '/');
   EXPECT_EQ(::access(sh.c_str(), X_OK), 0);
   EXPECT_EQ(resolve_program("/bin/sh").front(), '/');
-  EXPECT_NE(error_of([] { resolve_program("no-such-program-xyz"); }).find("program 'no-such-program-xyz' was not found on PATH"),
+  EXPECT_NE(error_of([] {
+              resolve_program("no-such-program-xyz");
+            }).find("program 'no-such-program-xyz' was not found on PATH"),
             std::string::npos);
   EXPECT_EQ(error_of([] { resolve_program("/no/such/file"); }), "program '/no/such/file' does not exist");
   std::string plain_file = ::testing::TempDir() + "/launcher_not_executable.txt";
@@ -154,13 +159,30 @@ TEST(LaunchPlan, NodesRunLocallyOrOverSsh) {
   base.set("PATH", "/opt/bin:/usr/bin");
   base.set("NCCL_DEBUG", "INFO");
   base.set("HOME", "/root");
-  auto units = plan_nodes(options, hosts, layout, {.self_path = "/x/colossus", .cwd = "/work dir", .ssh_path = "/usr/bin/ssh"},
-                          base);
+  auto units = plan_nodes(options, hosts, layout,
+                          {.self_path = "/x/colossus", .cwd = "/work dir", .ssh_path = "/usr/bin/ssh"}, base);
   ASSERT_EQ(units.size(), 2u);
-  std::vector<std::string> local_args{"/x/colossus", "run", "--nproc_per_node", "2", "--nnodes", "2",
-                                      "--node_rank", "0", "--master_addr", "me", "--master_port", "4000",
-                                      "--backend", "nccl", "--exit_timeout", "30", "--watch_stdin", "--",
-                                      "train", "--lr", "0.1"};
+  std::vector<std::string> local_args{"/x/colossus",
+                                      "run",
+                                      "--nproc_per_node",
+                                      "2",
+                                      "--nnodes",
+                                      "2",
+                                      "--node_rank",
+                                      "0",
+                                      "--master_addr",
+                                      "me",
+                                      "--master_port",
+                                      "4000",
+                                      "--backend",
+                                      "nccl",
+                                      "--exit_timeout",
+                                      "30",
+                                      "--watch_stdin",
+                                      "--",
+                                      "train",
+                                      "--lr",
+                                      "0.1"};
   EXPECT_EQ(units[0].id, "0 (localhost)");
   EXPECT_EQ(units[0].spawn.path, "/x/colossus");
   EXPECT_EQ(units[0].spawn.argv, local_args);
@@ -177,8 +199,12 @@ TEST(LaunchPlan, NodesRunLocallyOrOverSsh) {
 
 TEST(LaunchPlan, MpirunCommandLine) {
   JobLayout layout{.nproc_per_node = 3};
-  MpiLaunch launch{.mpirun_path = "/usr/bin/mpirun", .self_path = "/x/colossus", .program_path = "/bin/prog",
-                   .hostfile_path = "", .channel_address = "127.0.0.1:5000", .channel_token = "tok"};
+  MpiLaunch launch{.mpirun_path = "/usr/bin/mpirun",
+                   .self_path = "/x/colossus",
+                   .program_path = "/bin/prog",
+                   .hostfile_path = "",
+                   .channel_address = "127.0.0.1:5000",
+                   .channel_token = "tok"};
   auto args = mpirun_arguments(layout, launch, {"prog", "--flag", "a b"}, Environment{});
   std::string line = shell_join(args);
   EXPECT_EQ(line.rfind("mpirun -np 3 --oversubscribe --bind-to none --allow-run-as-root --mca btl self,vader "

@@ -67,10 +67,11 @@ TEST_P(LauncherModes, UserSettingsAndProgramArgumentsPassThrough) {
 }
 
 TEST_P(LauncherModes, HeavyOutputNeverMixesLinesAndPartialLinesAreFlushed) {
-  auto result = run_launcher(run_args(4, {},
-                                      "i=0; while [ $i -lt 1500 ]; do echo \"$RANK-$i-"
-                                      "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx-end\"; "
-                                      "i=$((i+1)); done; printf 'tail-without-newline'"));
+  auto result =
+      run_launcher(run_args(4, {},
+                            "i=0; while [ $i -lt 1500 ]; do echo \"$RANK-$i-"
+                            "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx-end\"; "
+                            "i=$((i+1)); done; printf 'tail-without-newline'"));
   ASSERT_EQ(result.exit_code, 0) << result.err;
   auto lines = lines_of(result.out);
   ASSERT_EQ(lines.size(), 4u * 1501u);
@@ -86,7 +87,8 @@ TEST_P(LauncherModes, HeavyOutputNeverMixesLinesAndPartialLinesAreFlushed) {
 }
 
 TEST_P(LauncherModes, ExitCodeOfAFailingRankStopsTheOthers) {
-  auto result = run_launcher(run_args(3, {}, std::string("if [ $RANK = 2 ]; then sleep 0.5; exit 3; fi; exec sleep ") + kLongSleep));
+  auto result = run_launcher(
+      run_args(3, {}, std::string("if [ $RANK = 2 ]; then sleep 0.5; exit 3; fi; exec sleep ") + kLongSleep));
   EXPECT_EQ(result.exit_code, 3) << result.err;
   EXPECT_NE(result.err.find("colossus run: rank 2 exited with code 3; stopped the other 2 ranks"), std::string::npos)
       << result.err;
@@ -94,7 +96,8 @@ TEST_P(LauncherModes, ExitCodeOfAFailingRankStopsTheOthers) {
 }
 
 TEST_P(LauncherModes, CrashingRankIsReportedBySignal) {
-  auto result = run_launcher(run_args(3, {}, std::string("if [ $RANK = 1 ]; then sleep 0.5; kill -SEGV $$; fi; exec sleep ") + kLongSleep));
+  auto result = run_launcher(
+      run_args(3, {}, std::string("if [ $RANK = 1 ]; then sleep 0.5; kill -SEGV $$; fi; exec sleep ") + kLongSleep));
   EXPECT_EQ(result.exit_code, 128 + SIGSEGV) << result.err;
   EXPECT_NE(result.err.find("colossus run: rank 1 was killed by signal 11 (SIGSEGV); stopped the other 2 ranks"),
             std::string::npos)
@@ -103,8 +106,8 @@ TEST_P(LauncherModes, CrashingRankIsReportedBySignal) {
 }
 
 TEST_P(LauncherModes, HangingRankIsKilledAfterTheExitTimeout) {
-  auto result = run_launcher(run_args(3, {"--exit_timeout", "2"},
-                                      std::string("if [ $RANK = 1 ]; then exec sleep ") + kLongSleep + "; fi; echo done"));
+  auto result = run_launcher(run_args(
+      3, {"--exit_timeout", "2"}, std::string("if [ $RANK = 1 ]; then exec sleep ") + kLongSleep + "; fi; echo done"));
   EXPECT_EQ(result.exit_code, 124) << result.err;
   std::regex message(R"(colossus run: rank 1 did not exit within 2 s after rank [02] exited successfully; killed it)");
   EXPECT_TRUE(std::regex_search(result.err, message)) << result.err;
@@ -117,8 +120,12 @@ TEST_P(LauncherModes, HangingRankIsKilledAfterTheExitTimeout) {
 
 TEST_P(LauncherModes, InterruptStopsEveryRank) {
   ScratchDir dir;
-  LauncherProcess launcher(run_args(4, {}, std::string("echo $$ > \"$PID_DIR/$RANK.tmp\"; mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; exec sleep ") + kLongSleep),
-                           {{"PID_DIR", dir.path()}});
+  LauncherProcess launcher(
+      run_args(
+          4, {},
+          std::string("echo $$ > \"$PID_DIR/$RANK.tmp\"; mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; exec sleep ") +
+              kLongSleep),
+      {{"PID_DIR", dir.path()}});
   std::vector<int> pids;
   for (int rank = 0; rank < 4; ++rank) {
     pids.push_back(wait_for_pid_file(dir.file(std::to_string(rank))));
@@ -134,8 +141,12 @@ TEST_P(LauncherModes, InterruptStopsEveryRank) {
 
 TEST_P(LauncherModes, TerminateGives143) {
   ScratchDir dir;
-  LauncherProcess launcher(run_args(2, {}, std::string("echo $$ > \"$PID_DIR/$RANK.tmp\"; mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; exec sleep ") + kLongSleep),
-                           {{"PID_DIR", dir.path()}});
+  LauncherProcess launcher(
+      run_args(
+          2, {},
+          std::string("echo $$ > \"$PID_DIR/$RANK.tmp\"; mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; exec sleep ") +
+              kLongSleep),
+      {{"PID_DIR", dir.path()}});
   ASSERT_GT(wait_for_pid_file(dir.file("0")), 0);
   ASSERT_GT(wait_for_pid_file(dir.file("1")), 0);
   ::kill(launcher.pid(), SIGTERM);
@@ -155,12 +166,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, LauncherModes, ::testing::Values("nccl", "mpi
 
 TEST(LauncherEnvMode, GrandchildrenDieWithTheirRank) {
   ScratchDir dir;
-  auto result = run_launcher(
-      {"run", "-n", "2", "--backend", "nccl", "sh", "-c",
-       std::string("if [ $RANK = 0 ]; then sleep ") + kLongSleep +
-           " & echo $! > \"$PID_DIR/grandchild\"; wait; fi; "
-           "while [ ! -s \"$PID_DIR/grandchild\" ]; do sleep 0.05; done; exit 4"},
-      {{"PID_DIR", dir.path()}});
+  auto result = run_launcher({"run", "-n", "2", "--backend", "nccl", "sh", "-c",
+                              std::string("if [ $RANK = 0 ]; then sleep ") + kLongSleep +
+                                  " & echo $! > \"$PID_DIR/grandchild\"; wait; fi; "
+                                  "while [ ! -s \"$PID_DIR/grandchild\" ]; do sleep 0.05; done; exit 4"},
+                             {{"PID_DIR", dir.path()}});
   EXPECT_EQ(result.exit_code, 4) << result.err;
   int grandchild = wait_for_pid_file(dir.file("grandchild"), 1);
   ASSERT_GT(grandchild, 0);
@@ -169,9 +179,11 @@ TEST(LauncherEnvMode, GrandchildrenDieWithTheirRank) {
 
 TEST(LauncherEnvMode, RanksDieWhenTheLauncherIsKilled) {
   ScratchDir dir;
-  LauncherProcess launcher({"run", "-n", "2", "--backend", "nccl", "sh", "-c",
-                            std::string("echo $$ > \"$PID_DIR/$RANK.tmp\"; mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; exec sleep ") + kLongSleep},
-                           {{"PID_DIR", dir.path()}});
+  LauncherProcess launcher(
+      {"run", "-n", "2", "--backend", "nccl", "sh", "-c",
+       std::string("echo $$ > \"$PID_DIR/$RANK.tmp\"; mv \"$PID_DIR/$RANK.tmp\" \"$PID_DIR/$RANK\"; exec sleep ") +
+           kLongSleep},
+      {{"PID_DIR", dir.path()}});
   int rank0 = wait_for_pid_file(dir.file("0"));
   int rank1 = wait_for_pid_file(dir.file("1"));
   ASSERT_GT(rank0, 0);
