@@ -4,6 +4,13 @@
 # Designated initializers that leave fields at their defaults are the house
 # style for options; GCC 13 would warn on each.
 set(COLOSSUS_WARNINGS -Wall -Wextra -Wno-missing-field-initializers)
+# GCC 13's -Wdangling-reference fires on every `const auto& c = f({...})`
+# where f returns a reference to long-lived state (launch_from_env does).
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-Wno-dangling-reference COLOSSUS_HAS_DANGLING_REFERENCE_WARNING)
+if(COLOSSUS_HAS_DANGLING_REFERENCE_WARNING)
+  list(APPEND COLOSSUS_WARNINGS -Wno-dangling-reference)
+endif()
 if(COLOSSUS_WERROR)
   list(APPEND COLOSSUS_WARNINGS -Werror)
 endif()
