@@ -15,7 +15,9 @@ start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=${COLOSSUS_TESTS:-ON} > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-ninja -C build-gpu -j "$(nproc)" colossus_cli collectives_demo "$@" 2>&1 | tail -5
+# -k 0: report every failing file in one call, the device time is scarce.
+ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli collectives_demo "$@" > "$out/build.log" 2>&1 \
+  || { grep -E -A12 "error|FAILED" "$out/build.log" | head -80; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 build-gpu/bin/colossus check | tee "$out/check.txt"
 build-gpu/bin/colossus check --json > "$out/check.json" || true
