@@ -11,10 +11,11 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <cstdio>
 
 using namespace colossus::cluster;
 
-int main() {
+int run() {
   const auto& cluster = launch_from_env();
   auto world = cluster.world;
   DistCoordinator coordinator(world);
@@ -51,4 +52,13 @@ int main() {
   }
   coordinator.print_on_master("collectives demo done");
   return 0;
+}
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collectives_demo: error: %s\n", e.what());
+    return 1;
+  }
 }

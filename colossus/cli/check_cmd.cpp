@@ -41,10 +41,26 @@ std::pair<int, std::string> run_capture(const std::string& command) {
   return {code, output};
 }
 
-std::string last_lines(const std::string& text, int count) {
-  size_t pos = text.size();
-  for (int i = 0; i < count && pos != std::string::npos && pos > 0; ++i) pos = text.rfind('\n', pos - 1);
-  return pos == std::string::npos ? text : text.substr(pos + 1);
+// The lines worth showing from a failed run: errors first, then the end.
+std::string failure_summary(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  std::string summary;
+  int shown = 0;
+  for (const auto& line : lines) {
+    if (shown < 4 && (line.find("rror") != std::string::npos || line.find("what()") != std::string::npos)) {
+      summary += line + "\n      ";
+      ++shown;
+    }
+  }
+  for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); ++i) summary += lines[i] + "\n      ";
+  return summary;
 }
 
 template <typename F>
@@ -95,7 +111,7 @@ Command add_check_command(CLI::App& app) {
                 auto [code, out] = run_capture(fmt::format("'{}' run --nproc_per_node {} --backend {} '{}' _selftest --backend {}",
                                                            self, nranks, backend, self, backend));
                 bool ok = code == 0 && out.find("selftest passed") != std::string::npos;
-                return std::make_pair(ok, ok ? std::string() : fmt::format("exit {}: {}", code, last_lines(out, 6)));
+                return std::make_pair(ok, ok ? std::string() : fmt::format("exit {}: {}", code, failure_summary(out)));
               }));
             }
             for (const auto& kernel : kernels::registered_kernels()) {

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
 #include <mutex>
 
 namespace colossus::cluster {
@@ -162,7 +163,8 @@ bool backend_available(const std::string& name) {
 }
 
 std::string resolve_backend(const std::string& requested) {
-  if (requested == "auto") return backend_available("nccl") ? "nccl" : "mpi";
+  // A job that mpirun started is an MPI job, GPU or not.
+  if (requested == "auto") return !launched_by_mpi() && backend_available("nccl") ? "nccl" : "mpi";
   auto it = registry().find(requested);
   if (it == registry().end()) {
     throw ConfigError(fmt::format("backend '{}' is not built into this Colossus; available: auto, {}", requested,
@@ -201,6 +203,9 @@ const Cluster& launch_from_env(const ClusterOptions& options) {
   cluster->world = registry().at(cluster->backend).create(cluster->info, options);
   the_options = options;
   the_cluster = std::move(cluster);
+  // Registered after the backend initialised CUDA, so it runs before CUDA's
+  // own teardown: NCCL communicators must go while the driver is still up.
+  std::atexit([] { shutdown_process_groups(); });
   return *the_cluster;
 }
 

@@ -4,9 +4,21 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
+
 namespace colossus::cluster {
 
 namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::vector<c10::weak_intrusive_ptr<c10d::Backend>>& live_backends() {
+  static std::vector<c10::weak_intrusive_ptr<c10d::Backend>> backends;
+  return backends;
+}
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -34,6 +46,10 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, std::vecto
       name_(std::move(name)),
       backend_name_(backend_->getBackendName()),
       split_fn_(std::move(split_fn)) {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    live_backends().emplace_back(backend_);
+  }
   if (static_cast<int>(global_ranks_.size()) != backend_->getSize()) {
     throw DistError(fmt::format("group '{}' lists {} ranks but its backend has size {}", name_,
                                 global_ranks_.size(), backend_->getSize()));
@@ -131,5 +147,17 @@ Work ProcessGroup::recv(const at::Tensor& tensor, int src, int tag) {
 }
 
 Work ProcessGroup::barrier() { return Work(backend_->barrier()); }
+
+void shutdown_process_groups() {
+  std::vector<c10::weak_intrusive_ptr<c10d::Backend>> backends;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    backends.swap(live_backends());
+  }
+  // Subgroups first (created later), the world last.
+  for (auto it = backends.rbegin(); it != backends.rend(); ++it) {
+    if (auto backend = it->lock()) backend->shutdown();
+  }
+}
 
 }  // namespace colossus::cluster

@@ -81,4 +81,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   SplitFn split_fn_;
 };
 
+// Shuts every live backend down (NCCL communicators are destroyed cleanly).
+// launch_from_env registers this to run at exit, before the CUDA runtime
+// tears itself down; call it yourself to end a job's communication early.
+void shutdown_process_groups();
+
 }  // namespace colossus::cluster
