@@ -51,6 +51,7 @@ int run() {
     coordinator.print_on_master(fmt::format("{:>12} {:>12.3f} {:>14.2f}", static_cast<int64_t>(bytes), ms, bytes / ms / 1e6));
   }
   coordinator.print_on_master("collectives demo done");
+  finalize();
   return 0;
 }
 

@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version exit 0; any usage error exits 2, like the subcommands' own checks.
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
   }
   try {
     for (auto& command : commands) {

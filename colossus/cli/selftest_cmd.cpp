@@ -36,6 +36,7 @@ Command add_selftest_command(CLI::App& app) {
             world.all_reduce(bf).wait();
             if (!at::equal(bf.cpu().to(at::kFloat), at::full({256}, static_cast<float>(n)))) failures.push_back("all_reduce bf16");
             world.barrier().wait();
+            cluster::finalize();
             if (!failures.empty()) {
               std::cerr << fmt::format("rank {}: selftest failed: {}", r, fmt::join(failures, ", ")) << std::endl;
               return 1;

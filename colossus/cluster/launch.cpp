@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 
@@ -203,10 +204,20 @@ const Cluster& launch_from_env(const ClusterOptions& options) {
   cluster->world = registry().at(cluster->backend).create(cluster->info, options);
   the_options = options;
   the_cluster = std::move(cluster);
-  // Registered after the backend initialised CUDA, so it runs before CUDA's
-  // own teardown: NCCL communicators must go while the driver is still up.
-  std::atexit([] { shutdown_process_groups(); });
+  std::atexit(finalize);
   return *the_cluster;
+}
+
+void finalize() {
+  std::lock_guard<std::mutex> lock(cluster_mutex);
+  try {
+    shutdown_process_groups();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "colossus: warning: shutting the process groups down failed: %s\n", e.what());
+  }
+  // At exit the CUDA runtime may already be gone, and backend destructors
+  // touch it: the cluster is left to the OS rather than destroyed.
+  (void)the_cluster.release();
 }
 
 const Cluster& current_cluster() {

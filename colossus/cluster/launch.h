@@ -48,6 +48,11 @@ const Cluster& launch_from_env(const ClusterOptions& options = {});
 // The Cluster made by launch_from_env; throws if it has not run.
 const Cluster& current_cluster();
 
+// Ends the job's communication: shuts every backend down (NCCL communicators
+// are destroyed while CUDA is still up). Call it at the end of main, as
+// torch's destroy_process_group; it also runs at exit. Idempotent.
+void finalize();
+
 // Backends register themselves (MPI here, NCCL from the CUDA library).
 using BackendFactory = std::function<ProcessGroupPtr(const LaunchInfo&, const ClusterOptions&)>;
 struct BackendEntry {
