@@ -1,0 +1,68 @@
+// Fused Adam/AdamW update over many fp32 tensors in one pass: each element
+// reads param, grad, exp_avg, exp_avg_sq once and writes param, exp_avg,
+// exp_avg_sq once (28 bytes per element). Raw pointers only; the optimizer
+// layer (colossus/optim/hybrid_adam.h) computes the hyper-parameters.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace colossus::kernels {
+
+// Per-call constants, already folded on the host in double and rounded to
+// float once, so every implementation (scalar, AVX2, AVX-512, CUDA) sees the
+// same float values and can agree bit for bit.
+struct AdamHyper {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float one_minus_beta1 = 0.1f;
+  float one_minus_beta2 = 0.001f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;       // L2 coefficient added to the grad (decoupled == false)
+  float decay_factor = 1.0f;       // 1 - lr * weight_decay, multiplies the param (decoupled == true)
+  float step_size = 1e-3f;         // lr / (1 - beta1^step), or lr without bias correction
+  float bias_correction2_sqrt = 1; // sqrt(1 - beta2^step), or 1 without bias correction
+  bool decoupled = true;           // AdamW (true) or Adam with L2 (false)
+};
+
+// Builds the constants for optimizer step `step` (1-based), in torch's order of
+// double operations (torch.optim.Adam's single-tensor path).
+AdamHyper make_adam_hyper(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                          bool bias_correction, int64_t step);
+
+// One tensor's buffers, each `numel` fp32 values, contiguous.
+struct AdamTensorPtrs {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t numel;
+};
+
+// The reference: one element at a time, in this order (all float):
+//   g = grad (+ weight_decay * p when !decoupled);   p = p * decay_factor when decoupled
+//   m = beta1 * m + one_minus_beta1 * g;             v = beta2 * v + one_minus_beta2 * (g * g)
+//   p = p - step_size * (m / (sqrt(v) / bias_correction2_sqrt + eps))
+void adam_step_reference(const AdamTensorPtrs& t, const AdamHyper& h);
+
+enum class CpuIsa { kScalar, kAvx2, kAvx512 };
+// The widest ISA this CPU and OS support (cpuid + xgetbv), and its name.
+CpuIsa best_cpu_isa();
+bool cpu_supports(CpuIsa isa);
+std::string isa_name(CpuIsa isa);
+
+// All tensors in one call, split over `num_threads` threads by element count
+// (0: std::thread::hardware_concurrency()). The SIMD paths perform exactly the
+// reference's float operations, so results equal the reference bit for bit.
+// Throws ConfigError when `isa` is not supported by this CPU.
+void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads = 0);
+void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads, CpuIsa isa);
+
+#ifdef COLOSSUS_WITH_CUDA
+// Same update on device memory, one launch per table of up to 32 tensors and
+// 320 chunks of 64K elements (usually one launch for a whole model's group).
+// Uses round-to-nearest intrinsics (no FMA contraction), so it matches the
+// reference bit for bit. Runs on `stream` (a cudaStream_t).
+void adam_step_cuda(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, void* stream);
+#endif
+
+}  // namespace colossus::kernels

@@ -1,0 +1,79 @@
+// Connects the CUDA Adam and scale/check kernels to the layers built without
+// CUDA (cuda_slots.h), and registers the CUDA Adam self-test for
+// `colossus check`: random tensors of awkward sizes, spread over two launch
+// tables, against the CPU reference bit for bit.
+#include "colossus/kernels/adam.h"
+#include "colossus/kernels/cuda_slots.h"
+#include "colossus/kernels/registry.h"
+#include "colossus/kernels/scale.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <fmt/format.h>
+
+namespace colossus::kernels {
+
+namespace {
+
+void cuda_adam(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& hyper, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  adam_step_cuda(tensors, count, hyper, at::cuda::getCurrentCUDAStream(device_index).stream());
+}
+
+bool cuda_scale_and_check(float* const* data, const int64_t* numel, int64_t count, float scale, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  auto flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_index));
+  auto stream = at::cuda::getCurrentCUDAStream(device_index);
+  for (int64_t i = 0; i < count; ++i) {
+    scale_and_check_finite_cuda(data[i], numel[i], scale, flag.data_ptr<int32_t>(), stream.stream());
+  }
+  return flag.item<int32_t>() != 0;  // the one synchronisation
+}
+
+std::string check_adam_cuda() {
+  if (!at::hasCUDA()) return "no CUDA device";
+  // 40 tensors (over the 32-entry table) and one of > 320 chunks of 64K.
+  std::vector<int64_t> sizes = {1, 3, 4, 5, 1023, 65536, 65537, 321 * 65536 + 7};
+  for (int i = 0; i < 32; ++i) sizes.push_back(17 * i + 1);
+  for (bool decoupled : {true, false}) {
+    const AdamHyper h = make_adam_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, decoupled, true, 5);
+    std::vector<at::Tensor> host_p, host_g, host_m, host_v, dev_p, dev_g, dev_m, dev_v;
+    std::vector<AdamTensorPtrs> dev_table;
+    for (int64_t n : sizes) {
+      host_p.push_back(at::randn({n}));
+      host_g.push_back(at::randn({n}) * 1e-2);
+      host_m.push_back(at::randn({n}) * 1e-3);
+      host_v.push_back(at::rand({n}) * 1e-4);
+      dev_p.push_back(host_p.back().cuda());
+      dev_g.push_back(host_g.back().cuda());
+      dev_m.push_back(host_m.back().cuda());
+      dev_v.push_back(host_v.back().cuda());
+      dev_table.push_back({dev_p.back().data_ptr<float>(), dev_g.back().data_ptr<float>(),
+                           dev_m.back().data_ptr<float>(), dev_v.back().data_ptr<float>(), n});
+    }
+    cuda_adam(dev_table.data(), static_cast<int64_t>(dev_table.size()), h, 0);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      adam_step_reference({host_p[i].data_ptr<float>(), host_g[i].data_ptr<float>(), host_m[i].data_ptr<float>(),
+                           host_v[i].data_ptr<float>(), sizes[i]},
+                          h);
+      if (!at::equal(dev_p[i].cpu(), host_p[i]) || !at::equal(dev_m[i].cpu(), host_m[i]) ||
+          !at::equal(dev_v[i].cpu(), host_v[i])) {
+        return fmt::format("tensor {} ({} elements, decoupled={}) differs from the CPU reference", i, sizes[i],
+                           decoupled);
+      }
+    }
+  }
+  return {};
+}
+
+const bool registered = [] {
+  cuda_slots().adam = cuda_adam;
+  cuda_slots().scale_and_check_finite = cuda_scale_and_check;
+  register_kernel({"adam", "cuda", check_adam_cuda});
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace colossus::kernels

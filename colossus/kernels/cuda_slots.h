@@ -1,0 +1,29 @@
+// Entry points to CUDA kernels for layers built without CUDA (optim, amp).
+// The CUDA build fills them at start-up (colossus_cuda, linked whole-archive,
+// registers them); in a CPU build they stay null and callers report that the
+// build has no CUDA kernels. This keeps the CPU libraries free of #ifdef.
+#pragma once
+#include "colossus/kernels/adam.h"
+
+#include <cstdint>
+
+namespace colossus::kernels {
+
+// Fused Adam over `count` tensors, all on CUDA device `device_index`, on that
+// device's current stream (asynchronous).
+using CudaAdamFn = void (*)(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& hyper, int device_index);
+
+// Multiplies each of `count` fp32 device buffers by `scale` in place and
+// returns whether any input value was inf/NaN (synchronises the device's
+// current stream once, at the end).
+using CudaScaleCheckFn = bool (*)(float* const* data, const int64_t* numel, int64_t count, float scale,
+                                  int device_index);
+
+struct CudaSlots {
+  CudaAdamFn adam = nullptr;
+  CudaScaleCheckFn scale_and_check_finite = nullptr;
+};
+
+CudaSlots& cuda_slots();
+
+}  // namespace colossus::kernels

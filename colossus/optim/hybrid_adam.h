@@ -1,0 +1,49 @@
+// HybridAdam (Colossal-AI's name): Adam/AdamW whose fp32 parameters are
+// updated by fused kernels wherever they live, for ZeRO/Gemini offload where
+// part of the model sits in CPU memory: CPU tensors by the SIMD CPU kernel
+// (AVX-512 / AVX2 / scalar chosen at run time, threads over elements), CUDA
+// tensors by the multi-tensor CUDA kernel (CUDA builds). Other parameters
+// (bf16/fp16, non-contiguous) take the unfused reference path.
+#pragma once
+#include "colossus/kernels/adam.h"
+#include "colossus/optim/adam.h"
+
+namespace colossus::optim {
+
+struct HybridAdamOptions {
+  double lr = 1e-3;
+  Betas betas = {};
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adamw_mode = true;       // decoupled weight decay (AdamW); false: L2 on the grad (Adam)
+  bool bias_correction = true;
+  int num_threads = 0;          // CPU kernel threads; 0: all cores
+};
+
+// Group options: "beta1", "beta2", "eps", "adamw_mode", "bias_correction" (0/1).
+// State slots: "exp_avg", "exp_avg_sq" (the same as Adam/AdamW, so a state can
+// move between them when the name is adjusted).
+class HybridAdam : public StatefulOptimizer {
+ public:
+  explicit HybridAdam(std::vector<at::Tensor> params, HybridAdamOptions options = {});
+  // Each group's lr and weight_decay are its own; the options fill the extras.
+  explicit HybridAdam(std::vector<ParamGroup> groups, HybridAdamOptions options = {});
+  void step() override;
+  std::string name() const override { return "HybridAdam"; }
+
+  // The CPU ISA the kernel uses (best supported by default); tests and
+  // benchmarks pin one. Throws ConfigError if this CPU lacks it.
+  void set_cpu_isa(kernels::CpuIsa isa);
+  kernels::CpuIsa cpu_isa() const { return isa_; }
+
+ protected:
+  void validate_group(const ParamGroup& group, size_t group_index) const override;
+  std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+ private:
+  HybridAdam(std::vector<ParamGroup> groups, const HybridAdamOptions& options, bool groups_given);
+  int num_threads_;
+  kernels::CpuIsa isa_;
+};
+
+}  // namespace colossus::optim

@@ -1,0 +1,28 @@
+#include "colossus/optim/optimizer.h"
+
+#include <ATen/ATen.h>
+
+namespace colossus::optim {
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (auto& group : groups_) {
+    for (auto& param : group.params) {
+      if (!param.grad().defined()) continue;
+      at::Tensor& grad = param.mutable_grad();
+      if (set_to_none) {
+        grad.reset();
+        continue;
+      }
+      // As torch does: a grad that is itself part of a graph is cut loose first.
+      if (grad.grad_fn()) grad = grad.detach();
+      grad.requires_grad_(false);
+      grad.zero_();
+    }
+  }
+}
+
+void Optimizer::set_lr(double lr) {
+  for (auto& group : groups_) group.lr = lr;
+}
+
+}  // namespace colossus::optim
