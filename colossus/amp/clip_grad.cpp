@@ -1,0 +1,67 @@
+#include "colossus/amp/clip_grad.h"
+
+#include "colossus/core/errors.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace colossus::amp {
+
+namespace {
+
+// torch's clip_grad_norm_: per-tensor norms, then the norm of those norms.
+// Returned as a one-element fp32 tensor (undefined when there is nothing).
+at::Tensor total_norm_tensor(const std::vector<at::Tensor>& grads, double norm_type, const NormReducer& reduce) {
+  if (!(norm_type > 0.0)) {
+    throw ConfigError(fmt::format("clip_grad_norm: norm_type={} is invalid; use 2 or infinity", norm_type));
+  }
+  std::vector<at::Tensor> norms;
+  c10::optional<at::Device> device;
+  for (const at::Tensor& g : grads) {
+    if (!g.defined()) continue;
+    if (!device) device = g.device();
+    at::Tensor n = at::linalg_vector_norm(g, norm_type);
+    if (n.scalar_type() != at::kFloat && n.scalar_type() != at::kDouble) n = n.to(at::kFloat);
+    norms.push_back(n.to(*device));
+  }
+  if (norms.empty()) return {};
+  at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
+  if (reduce) {
+    if (std::isinf(norm_type)) {
+      total = reduce(total, norm_type);
+    } else {
+      total = reduce(total.pow(norm_type), norm_type).pow(1.0 / norm_type);
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+double grad_norm(const std::vector<at::Tensor>& grads, double norm_type, const NormReducer& reduce) {
+  at::NoGradGuard no_grad;
+  at::Tensor total = total_norm_tensor(grads, norm_type, reduce);
+  return total.defined() ? total.item<double>() : 0.0;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm_type,
+                      const NormReducer& reduce) {
+  if (!(max_norm >= 0.0)) {
+    throw ConfigError(fmt::format("clip_grad_norm: max_norm={} is invalid; use a value >= 0, e.g. 1.0", max_norm));
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor total = total_norm_tensor(grads, norm_type, reduce);
+  if (!total.defined()) return 0.0;
+  // As torch: the coefficient is applied even when it is 1 (a no-op), and a
+  // non-finite norm makes the grads non-finite rather than raising. Python's
+  // `max_norm / tensor` is reciprocal-then-multiply; so is this, for equal bits.
+  at::Tensor coef = at::clamp_max((total + 1e-6).reciprocal() * max_norm, 1.0);
+  for (const at::Tensor& g : grads) {
+    if (g.defined()) g.mul_(coef.to(g.device()));
+  }
+  return total.item<double>();
+}
+
+}  // namespace colossus::amp

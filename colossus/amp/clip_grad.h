@@ -1,0 +1,33 @@
+// Gradient clipping by global norm, as torch.nn.utils.clip_grad_norm_ does,
+// with a hook for the group reduction a sharded or parallel layout needs (each
+// rank holds part of the gradients, so the norm must be combined over ranks).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <limits>
+#include <vector>
+
+namespace colossus::amp {
+
+// Combines a rank-local norm term over the ranks that share the gradients.
+// `local` is a one-element fp32 tensor on the first gradient's device holding
+// sum_i ||g_i||_p^p for finite p (for p = 2: the squared norm), or
+// max_i ||g_i||_inf for p = inf. Must return the group-wide value: the SUM
+// over ranks for finite p, the MAX for inf (e.g. an all-reduce).
+using NormReducer = std::function<at::Tensor(const at::Tensor& local, double norm_type)>;
+
+constexpr double kInfNorm = std::numeric_limits<double>::infinity();
+
+// Scales `grads` in place by min(1, max_norm / (total_norm + 1e-6)) and returns
+// total_norm, the p-norm over all of them together (before clipping).
+// norm_type: any p > 0, or kInfNorm. Undefined tensors are skipped; with none
+// left the norm is 0. Without `reduce` the local norm is the total. Throws
+// ConfigError on max_norm < 0 or norm_type <= 0.
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm_type = 2.0,
+                      const NormReducer& reduce = {});
+
+// The total norm alone (same definition and hook), nothing scaled.
+double grad_norm(const std::vector<at::Tensor>& grads, double norm_type = 2.0, const NormReducer& reduce = {});
+
+}  // namespace colossus::amp
