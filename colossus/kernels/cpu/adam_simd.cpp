@@ -63,32 +63,52 @@ __attribute__((target("avx2"))) void avx2_body(const AdamTensorPtrs& t, int64_t 
   scalar_body<kMode>(t, i, end, h);
 }
 
+struct Avx512Consts {
+  __m512 beta1, beta2, omb1, omb2, eps, wd, decay, step, bc2;
+};
+
+// 16 elements at i; kMasked: only the lanes in k (the tail). The main loop
+// stays unmasked: masked loads/stores on every iteration measured 2x slower
+// on AMD EPYC (Zen) here.
+template <int kMode, bool kMasked>
+__attribute__((target("avx512f"))) inline void avx512_16(const AdamTensorPtrs& t, int64_t i, __mmask16 k,
+                                                        const Avx512Consts& c) {
+  auto load = [k](const float* ptr) __attribute__((target("avx512f"))) {
+    return kMasked ? _mm512_maskz_loadu_ps(k, ptr) : _mm512_loadu_ps(ptr);
+  };
+  auto store = [k](float* ptr, __m512 x) __attribute__((target("avx512f"))) {
+    if constexpr (kMasked) {
+      _mm512_mask_storeu_ps(ptr, k, x);
+    } else {
+      _mm512_storeu_ps(ptr, x);
+    }
+  };
+  __m512 p = load(t.param + i);
+  __m512 g = load(t.grad + i);
+  if constexpr (kMode == kL2) g = _mm512_add_ps(g, _mm512_mul_ps(c.wd, p));
+  if constexpr (kMode == kDecoupled) p = _mm512_mul_ps(p, c.decay);
+  __m512 m = _mm512_add_ps(_mm512_mul_ps(c.beta1, load(t.exp_avg + i)), _mm512_mul_ps(c.omb1, g));
+  __m512 v = _mm512_add_ps(_mm512_mul_ps(c.beta2, load(t.exp_avg_sq + i)), _mm512_mul_ps(c.omb2, _mm512_mul_ps(g, g)));
+  // maskz_sqrt, not sqrt: GCC 12's _mm512_sqrt_ps trips -Wmaybe-uninitialized.
+  __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(k, v), c.bc2), c.eps);
+  p = _mm512_sub_ps(p, _mm512_mul_ps(c.step, _mm512_div_ps(m, denom)));
+  store(t.param + i, p);
+  store(t.exp_avg + i, m);
+  store(t.exp_avg_sq + i, v);
+}
+
 template <int kMode>
 __attribute__((target("avx512f"))) void avx512_body(const AdamTensorPtrs& t, int64_t begin, int64_t end,
                                                    const AdamHyper& h) {
-  const __m512 beta1 = _mm512_set1_ps(h.beta1), beta2 = _mm512_set1_ps(h.beta2);
-  const __m512 omb1 = _mm512_set1_ps(h.one_minus_beta1), omb2 = _mm512_set1_ps(h.one_minus_beta2);
-  const __m512 eps = _mm512_set1_ps(h.eps), wd = _mm512_set1_ps(h.weight_decay);
-  const __m512 decay = _mm512_set1_ps(h.decay_factor), step = _mm512_set1_ps(h.step_size);
-  const __m512 bc2 = _mm512_set1_ps(h.bias_correction2_sqrt);
-  for (int64_t i = begin; i < end; i += 16) {
-    // A masked final iteration instead of a scalar tail: same operations.
-    const int64_t left = end - i;
-    const __mmask16 k = left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-    __m512 p = _mm512_maskz_loadu_ps(k, t.param + i);
-    __m512 g = _mm512_maskz_loadu_ps(k, t.grad + i);
-    if constexpr (kMode == kL2) g = _mm512_add_ps(g, _mm512_mul_ps(wd, p));
-    if constexpr (kMode == kDecoupled) p = _mm512_mul_ps(p, decay);
-    __m512 m = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_maskz_loadu_ps(k, t.exp_avg + i)), _mm512_mul_ps(omb1, g));
-    __m512 v = _mm512_add_ps(_mm512_mul_ps(beta2, _mm512_maskz_loadu_ps(k, t.exp_avg_sq + i)),
-                             _mm512_mul_ps(omb2, _mm512_mul_ps(g, g)));
-    // maskz_sqrt, not sqrt: GCC 12's _mm512_sqrt_ps trips -Wmaybe-uninitialized.
-    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(k, v), bc2), eps);
-    p = _mm512_sub_ps(p, _mm512_mul_ps(step, _mm512_div_ps(m, denom)));
-    _mm512_mask_storeu_ps(t.param + i, k, p);
-    _mm512_mask_storeu_ps(t.exp_avg + i, k, m);
-    _mm512_mask_storeu_ps(t.exp_avg_sq + i, k, v);
-  }
+  const Avx512Consts c{_mm512_set1_ps(h.beta1),        _mm512_set1_ps(h.beta2),
+                       _mm512_set1_ps(h.one_minus_beta1), _mm512_set1_ps(h.one_minus_beta2),
+                       _mm512_set1_ps(h.eps),          _mm512_set1_ps(h.weight_decay),
+                       _mm512_set1_ps(h.decay_factor), _mm512_set1_ps(h.step_size),
+                       _mm512_set1_ps(h.bias_correction2_sqrt)};
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) avx512_16<kMode, false>(t, i, static_cast<__mmask16>(0xFFFF), c);
+  // A masked final block instead of a scalar tail: the same operations.
+  if (i < end) avx512_16<kMode, true>(t, i, static_cast<__mmask16>((1u << (end - i)) - 1u), c);
 }
 
 int mode_of(const AdamHyper& h) {
