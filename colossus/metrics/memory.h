@@ -1,0 +1,30 @@
+// Memory figures for progress lines: host RSS from /proc, and a slot for device
+// memory that a CUDA build fills (this library stays free of CUDA headers).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+namespace colossus::metrics {
+
+// Resident set size of this process in bytes (/proc/self/statm); 0 where unavailable.
+int64_t host_rss_bytes();
+// Peak resident set size in bytes (VmHWM, else getrusage); 0 where unavailable.
+int64_t host_peak_rss_bytes();
+
+struct DeviceMemory {
+  int64_t allocated_bytes = 0;       // held by live tensors on this rank's device
+  int64_t reserved_bytes = 0;        // held by the caching allocator
+  int64_t peak_allocated_bytes = 0;  // since start or the last peak reset
+};
+
+// Returns this rank's device memory, or nullopt when there is no device.
+using DeviceMemoryProbe = std::function<std::optional<DeviceMemory>()>;
+
+// Process-wide slot: the CUDA library (or a program) installs a probe at start-up;
+// an empty function clears it.
+void set_device_memory_probe(DeviceMemoryProbe probe);
+// The installed probe's answer; nullopt when none is installed or it has no device.
+std::optional<DeviceMemory> device_memory();
+
+}  // namespace colossus::metrics
