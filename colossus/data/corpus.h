@@ -20,6 +20,13 @@ std::string builtin_corpus(uint64_t seed, int64_t bytes);
 // Ids 0..255 are the bytes of UTF-8 text; 256 is <|endoftext|> (eos and bos).
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 
+// Writes make_byte_tokenizer() as Hugging Face files into `dir` (created if
+// missing): tokenizer.json (byte-level BPE without merges, <|endoftext|> = 256
+// as an added special token), tokenizer_config.json and special_tokens_map.json,
+// which load_tokenizer and transformers' AutoTokenizer read back as the same
+// tokenizer. Throws CheckpointError when the files cannot be written.
+void save_byte_tokenizer(const std::string& dir);
+
 struct TokenizeOptions {
   int64_t shard_tokens = int64_t{1} << 26;  // tokens per shard file
   double eval_fraction = 0.0;               // last fraction of documents to a separate "eval" directory
