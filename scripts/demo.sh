@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The main demo: check the installation, then a 4-rank collective job through
-# `colossus run`. (The trainer demo takes this place once `colossus train` lands.)
+# The main demo: a small GPT-2 learns the built-in corpus data-parallel on 4
+# CPU ranks (DDP through `colossus run`), evaluates, checkpoints, and then
+# `colossus generate` continues a prompt from the saved checkpoint.
 set -euo pipefail
 build=${1:-build}
 bin="$build/bin"
-echo "== colossus check"
-"$bin/colossus" check
+run_dir=${DEMO_RUN_DIR:-runs/demo}
+rm -rf "$run_dir"
+echo "== colossus run -n 4 colossus train examples/configs/gpt2_demo.toml"
+"$bin/colossus" run -n 4 "$bin/colossus" train examples/configs/gpt2_demo.toml --train.output_dir="$run_dir"
 echo
-echo "== colossus run --nproc_per_node 4 collectives_demo"
-"$bin/colossus" run --nproc_per_node 4 "$bin/collectives_demo"
+echo "== colossus generate $run_dir --prompt 'Once upon a time'"
+"$bin/colossus" generate "$run_dir" --prompt "Once upon a time" --max_new_tokens 200 --temperature 0.8 --top_k 40
+echo
+echo "== what the run left in $run_dir"
+echo "metrics.jsonl (one JSON object per logged step), tensorboard/ (tensorboard --logdir $run_dir/tensorboard),"
+echo "loss.svg (train/eval loss curve), checkpoints/latest -> $(cat "$run_dir/checkpoints/latest")"
+echo "(Hugging Face layout: transformers' from_pretrained(\"$run_dir/checkpoints/$(cat "$run_dir/checkpoints/latest")/model\") loads it)"

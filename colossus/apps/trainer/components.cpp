@@ -1,0 +1,114 @@
+#include "colossus/apps/trainer/components.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/models/pretrained.h"
+#include "colossus/optim/adam.h"
+#include "colossus/optim/hybrid_adam.h"
+#include "colossus/optim/lamb.h"
+#include "colossus/optim/sgd.h"
+#include "colossus/optim/stateful_optimizer.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+namespace colossus::apps {
+
+namespace {
+
+int64_t max_positions(const models::ModelConfig& config) {
+  if (const auto* gpt2 = std::get_if<models::GPT2Config>(&config)) return gpt2->n_positions;
+  return std::get<models::LlamaConfig>(config).max_position_embeddings;
+}
+
+}  // namespace
+
+models::ModelConfig build_model_config(const TrainConfig& config, int64_t tokenizer_vocab) {
+  const auto& m = config.model;
+  const bool pretrained = !m.pretrained.empty();
+  models::ModelConfig base = pretrained ? models::read_config((std::filesystem::path(m.pretrained) / "config.json").string())
+                                        : models::preset(m.preset);
+  auto j = nlohmann::json::parse(models::config_to_json(base));
+  for (const auto& [key, value_json] : m.config) j[key] = nlohmann::json::parse(value_json);
+  const bool vocab_given = m.config.count("vocab_size") > 0;
+  if (!pretrained && !vocab_given) j["vocab_size"] = (tokenizer_vocab + 63) / 64 * 64;
+  models::ModelConfig out = models::config_from_json(j.dump());
+  const int64_t vocab = models::vocab_size(out);
+  if (vocab < tokenizer_vocab) {
+    throw ConfigError(fmt::format("the model's vocab_size = {} is smaller than the tokenizer's {} ids; set "
+                                  "model.config.vocab_size >= {} or use a matching tokenizer",
+                                  vocab, tokenizer_vocab, tokenizer_vocab));
+  }
+  const int64_t positions = max_positions(out);
+  if (config.data.seq_len > positions) {
+    const char* key = std::holds_alternative<models::GPT2Config>(out) ? "n_positions" : "max_position_embeddings";
+    throw ConfigError(fmt::format("data.seq_len = {} exceeds the model's {} = {}; lower data.seq_len or set "
+                                  "model.config.{} = {}",
+                                  config.data.seq_len, key, positions, key, config.data.seq_len));
+  }
+  return out;
+}
+
+std::shared_ptr<models::CausalLM> build_model(const TrainConfig& config, const models::ModelConfig& model_config) {
+  if (config.model.pretrained.empty()) return models::create_model(model_config, {.seed = config.model.init_seed});
+  if (!config.model.config.empty()) {
+    // Loading checks shapes strictly, so overrides that change them fail there with the names.
+    auto model = models::create_model(model_config, {.init = false});
+    auto state = checkpoint::load_state_dict(config.model.pretrained);
+    models::load_state_dict(*model, state, config.model.pretrained);
+    return model;
+  }
+  return models::load_pretrained(config.model.pretrained);
+}
+
+std::unique_ptr<optim::Optimizer> build_optimizer(const OptimizerSection& o, models::CausalLM& model) {
+  std::vector<optim::ParamGroup> groups;
+  if (o.decay_1d_params) {
+    groups = optim::single_group(model.parameters(), o.lr, o.weight_decay);
+  } else {
+    optim::ParamGroup decay{.lr = o.lr, .weight_decay = o.weight_decay};
+    optim::ParamGroup no_decay{.lr = o.lr, .weight_decay = 0.0};
+    for (const auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+    groups.push_back(std::move(decay));
+    if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  }
+  const optim::Betas betas{.beta1 = o.beta1, .beta2 = o.beta2};
+  if (o.name == "adamw") return std::make_unique<optim::AdamW>(std::move(groups), optim::AdamWOptions{.betas = betas, .eps = o.eps});
+  if (o.name == "adam") return std::make_unique<optim::Adam>(std::move(groups), optim::AdamOptions{.betas = betas, .eps = o.eps});
+  if (o.name == "hybrid_adam") {
+    return std::make_unique<optim::HybridAdam>(std::move(groups), optim::HybridAdamOptions{.betas = betas, .eps = o.eps});
+  }
+  if (o.name == "lamb") return std::make_unique<optim::Lamb>(std::move(groups), optim::LambOptions{.betas = betas, .eps = o.eps});
+  if (o.name == "sgd") {
+    return std::make_unique<optim::SGD>(std::move(groups),
+                                        optim::SGDOptions{.momentum = o.momentum, .nesterov = o.nesterov});
+  }
+  throw ConfigError(fmt::format("optimizer.name = '{}' is unknown; use adamw, adam, sgd, lamb or hybrid_adam", o.name));
+}
+
+std::shared_ptr<optim::LRScheduler> build_lr_scheduler(const SchedulerSection& s, optim::Optimizer& optimizer,
+                                                       int64_t train_steps) {
+  const int64_t total = s.total_steps > 0 ? s.total_steps : train_steps;
+  if (s.name == "constant") return std::make_shared<optim::ConstantLR>(optimizer, optim::ConstantLROptions{.warmup_steps = s.warmup_steps});
+  if (s.name == "linear") {
+    return std::make_shared<optim::LinearWarmupDecayLR>(
+        optimizer, optim::LinearLROptions{.warmup_steps = s.warmup_steps, .total_steps = total});
+  }
+  if (s.name == "cosine") {
+    return std::make_shared<optim::CosineWarmupLR>(
+        optimizer,
+        optim::CosineLROptions{.warmup_steps = s.warmup_steps, .total_steps = total, .min_lr_ratio = s.min_lr_ratio});
+  }
+  throw ConfigError(fmt::format("lr_scheduler.name = '{}' is unknown; use constant, linear or cosine", s.name));
+}
+
+double flops_per_token(const models::CausalLM& model, int64_t seq_len) {
+  double n = 0;
+  for (const auto& p : model.parameters()) n += static_cast<double>(p.numel());
+  const double layers = static_cast<double>(models::num_layers(model.config()));
+  const double width = static_cast<double>(models::hidden_size(model.config()));
+  return 6.0 * n + 6.0 * layers * width * static_cast<double>(seq_len);
+}
+
+}  // namespace colossus::apps

@@ -1,0 +1,110 @@
+// The configuration of `colossus train`: one TOML file whose sections map one
+// to one onto the option structs of the layers below (model config.json keys,
+// DDPPluginOptions, BoosterOptions, the optimizer and scheduler options), with
+// `--section.key=value` overrides from the command line. Unknown keys and
+// wrong types are ConfigErrors naming the key and what would be valid.
+#pragma once
+#include "colossus/booster/booster.h"
+#include "colossus/booster/ddp_plugin.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace colossus::apps {
+
+struct ModelSection {
+  std::string preset = "gpt2-tiny";  // models::preset_names()
+  std::string pretrained;            // a Hugging Face model directory; replaces the preset
+  // config.json keys of the model (n_layer, hidden_size, rope_theta, ...), each
+  // value as JSON text, applied over the preset or the pretrained config.
+  std::map<std::string, std::string> config;
+  uint64_t init_seed = 0;  // seeded HF initialisation (ignored with pretrained)
+};
+
+struct DataSection {
+  // "builtin" (generated corpus, no download), a UTF-8 text file, a directory
+  // of *.txt files, or a directory of token shards (*.tokens, from a previous
+  // run's data/ or `tokenize_to_shards`; an eval/ subdirectory is the held-out split).
+  std::string source = "builtin";
+  std::string tokenizer = "byte";  // "byte", or a Hugging Face tokenizer directory or file
+  int64_t builtin_bytes = int64_t{4} << 20;
+  int64_t seq_len = 128;
+  int64_t batch_size = 8;  // sequences per rank per micro-batch
+  double eval_fraction = 0.02;  // of the documents, held out for eval loss
+  int prefetch = 4;
+  bool shuffle = true;
+  std::string cache_dir;  // where tokenized shards go; default OUTPUT_DIR/data
+};
+
+struct OptimizerSection {
+  std::string name = "adamw";  // adamw | adam | sgd | lamb | hybrid_adam
+  double lr = 3e-4;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double momentum = 0.0;  // sgd
+  bool nesterov = false;  // sgd
+  // GPT-style recipes exempt biases and norm weights (1-D tensors) from decay.
+  bool decay_1d_params = false;
+};
+
+struct SchedulerSection {
+  std::string name = "cosine";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 0;  // 0: train.steps
+  double min_lr_ratio = 0.0;  // cosine floor as a fraction of lr
+};
+
+struct PluginSection {
+  std::string name = "ddp";  // ddp (more plugins join as they land)
+  booster::DDPPluginOptions ddp = {};
+};
+
+struct TrainSection {
+  int64_t steps = 1000;       // optimizer steps in all (a resumed run continues to this)
+  int64_t grad_accum = 1;     // micro-batches per optimizer step
+  uint64_t seed = 42;         // data order, dropout
+  std::string output_dir = "runs/colossus";
+  int64_t log_every = 10;     // JSONL/TensorBoard record and a progress line
+  int64_t eval_every = 0;     // 0: only at the end
+  int64_t eval_batches = 8;   // per rank
+  int64_t save_every = 0;     // 0: only the final checkpoint
+  int64_t keep_last = 2;      // older step checkpoints are removed; 0 keeps all
+  bool async_save = false;
+  int64_t size_per_shard_mb = 1024;
+  bool tensorboard = true;
+  std::string backend = "auto";  // auto | nccl | mpi
+  double peak_tflops = 989.0;    // per GPU, for MFU (H100/H200 dense bf16)
+  // Text to continue with the trained model at the end (rank 0 prints it);
+  // empty to skip.
+  std::string sample_prompt;
+  int64_t sample_tokens = 200;
+};
+
+struct TrainConfig {
+  ModelSection model;
+  DataSection data;
+  OptimizerSection optimizer;
+  SchedulerSection lr_scheduler;
+  PluginSection plugin;
+  booster::BoosterOptions booster;
+  TrainSection train;
+  // The TOML text this config was read from, overrides applied (saved in the run directory).
+  std::string toml_text;
+
+  // Throws ConfigError naming the first bad value and a valid alternative.
+  void validate() const;
+};
+
+// Parses TOML text; `overrides` are "section.key=value" (value in TOML syntax,
+// bare words taken as strings), applied over the file. `origin` names the
+// source in errors.
+TrainConfig parse_train_config(const std::string& toml_text, const std::vector<std::string>& overrides = {},
+                               const std::string& origin = "config");
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace colossus::apps

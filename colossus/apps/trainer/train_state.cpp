@@ -1,0 +1,92 @@
+#include "colossus/apps/trainer/train_state.h"
+
+#include "colossus/checkpoint/file_io.h"
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/core/errors.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace colossus::apps {
+
+void TrainState::save(const std::string& path) const {
+  nlohmann::json j{{"step", step},
+                   {"tokens_seen", tokens_seen},
+                   {"data_epoch", data_epoch},
+                   {"data_position", data_position},
+                   {"dp_size", dp_size},
+                   {"micro_batch", micro_batch},
+                   {"grad_accum", grad_accum},
+                   {"seq_len", seq_len},
+                   {"last_loss", last_loss}};
+  const auto text = j.dump(2) + "\n";
+  checkpoint::io::TempFile out(path, checkpoint::io::temp_path_for(path));
+  out.write(text.data(), text.size());
+  out.publish();
+}
+
+TrainState TrainState::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot read the training state (missing file)", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  TrainState s;
+  try {
+    auto j = nlohmann::json::parse(text.str());
+    s.step = j.at("step").get<int64_t>();
+    s.tokens_seen = j.at("tokens_seen").get<int64_t>();
+    s.data_epoch = j.at("data_epoch").get<int64_t>();
+    s.data_position = j.at("data_position").get<int64_t>();
+    s.dp_size = j.at("dp_size").get<int64_t>();
+    s.micro_batch = j.at("micro_batch").get<int64_t>();
+    s.grad_accum = j.at("grad_accum").get<int64_t>();
+    s.seq_len = j.at("seq_len").get<int64_t>();
+    s.last_loss = j.value("last_loss", 0.0);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{}: the training state is malformed: {}", path, e.what()));
+  }
+  return s;
+}
+
+namespace {
+
+// Generators are shared handles; torch locks one while changing its state.
+void set_generator_state(at::Generator generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state.clone());
+}
+
+}  // namespace
+
+void save_rng_state(const std::string& path, c10::Device device) {
+  checkpoint::NamedTensors tensors;
+  tensors.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  // Only this rank's own GPU: touching another device's generator would
+  // create a context on it.
+  if (device.is_cuda()) tensors.emplace_back("cuda", at::globalContext().defaultGenerator(device).get_state());
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  checkpoint::save_safetensors(path, tensors);
+}
+
+void load_rng_state(const std::string& path, c10::Device device) {
+  if (!std::filesystem::exists(path)) {
+    throw CheckpointError(fmt::format("{}: missing random generator state of this rank (was the checkpoint made "
+                                      "with as many ranks?)",
+                                      path));
+  }
+  auto file = checkpoint::SafetensorsFile::open(path);
+  if (!file.contains("cpu")) throw CheckpointError(fmt::format("{}: no 'cpu' generator state", path));
+  set_generator_state(at::detail::getDefaultCPUGenerator(), file.get("cpu"));
+  // A CPU-saved state resumed on a GPU leaves the GPU generator as seeded.
+  if (device.is_cuda() && file.contains("cuda")) {
+    set_generator_state(at::globalContext().defaultGenerator(device), file.get("cuda"));
+  }
+}
+
+}  // namespace colossus::apps

@@ -1,0 +1,354 @@
+#include "colossus/apps/trainer/trainer.h"
+
+#include "colossus/apps/trainer/checkpoint_dirs.h"
+#include "colossus/apps/trainer/components.h"
+#include "colossus/apps/trainer/run_reporter.h"
+#include "colossus/apps/trainer/train_state.h"
+#include "colossus/apps/trainer/training_data.h"
+#include "colossus/booster/booster.h"
+#include "colossus/booster/ddp_plugin.h"
+#include "colossus/cluster/launch.h"
+#include "colossus/cluster/logger.h"
+#include "colossus/core/errors.h"
+#include "colossus/inference/generate.h"
+#include "colossus/models/config.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+
+namespace colossus::apps {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const cluster::Logger log("train");
+
+// SIGINT/SIGTERM ask the loop to stop at the next step boundary with a
+// checkpoint; the flag is combined over ranks so all of them stop together.
+std::atomic<bool> stop_requested{false};
+extern "C" void on_stop_signal(int) { stop_requested.store(true); }
+
+class StopSignalScope {
+ public:
+  StopSignalScope() {
+    stop_requested.store(false);
+    previous_int_ = std::signal(SIGINT, on_stop_signal);
+    previous_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignalScope() {
+    std::signal(SIGINT, previous_int_);
+    std::signal(SIGTERM, previous_term_);
+  }
+
+ private:
+  void (*previous_int_)(int);
+  void (*previous_term_)(int);
+};
+
+class Trainer {
+ public:
+  Trainer(const TrainConfig& config, const TrainOptions& options)
+      : config_(config), options_(options), dirs_(config.train.output_dir) {}
+
+  TrainResult run();
+
+ private:
+  void build();
+  void resume_from(const std::string& dir);
+  // Mean loss over the held-out split (eval_batches per rank), all ranks combined.
+  double evaluate();
+  void save_checkpoint(int64_t step);
+  // Continues train.sample_prompt with the trained model (rank 0 only).
+  void print_sample();
+  void publish_pending_checkpoint();
+  int64_t global_batch_tokens() const {
+    return config_.data.batch_size * config_.data.seq_len * config_.train.grad_accum * dp_size_;
+  }
+
+  TrainConfig config_;
+  TrainOptions options_;
+  CheckpointDirs dirs_;
+  cluster::ProcessGroupPtr world_;
+  cluster::ProcessGroupPtr dp_;
+  int64_t dp_size_ = 1;
+  c10::Device device_{c10::kCPU};
+
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  TokenizedData data_;
+  std::shared_ptr<booster::Plugin> plugin_;
+  std::unique_ptr<booster::Booster> booster_;
+  booster::Boosted boosted_;
+  std::shared_ptr<data::DataLoader> eval_loader_;
+  double flops_per_token_ = 0.0;
+
+  TrainState state_;
+  std::optional<int64_t> pending_publish_;  // an async checkpoint still being written
+  std::unique_ptr<RunReporter> reporter_;
+};
+
+void Trainer::build() {
+  const auto& cluster = cluster::launch_from_env({.backend = config_.train.backend});
+  world_ = cluster.world;
+  const bool fresh = options_.resume.empty();
+  at::manual_seed(config_.train.seed);
+  if (world_->rank() == 0) fs::create_directories(config_.train.output_dir);
+  world_->barrier().wait();
+
+  tokenizer_ = make_tokenizer(config_.data);
+  data_ = prepare_training_data(config_, *tokenizer_, *world_);
+  auto model_config = build_model_config(config_, tokenizer_->vocab_size());
+  auto model = build_model(config_, model_config);
+  flops_per_token_ = flops_per_token(*model, config_.data.seq_len);
+  auto optimizer = build_optimizer(config_.optimizer, *model);
+  auto scheduler = build_lr_scheduler(config_.lr_scheduler, *optimizer, config_.train.steps);
+
+  plugin_ = std::make_shared<booster::DDPPlugin>(config_.plugin.ddp, world_);
+  booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
+  device_ = booster_->device();
+  dp_ = plugin_->dp_group();
+  dp_size_ = dp_->size();
+
+  const data::DataLoaderOptions loader_options{.batch_size = config_.data.batch_size,
+                                               .prefetch = config_.data.prefetch,
+                                               .pin_memory = device_.is_cuda()};
+  auto train_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.train_dir, config_.data.seq_len));
+  auto loader = booster_->prepare_dataloader(train_set, loader_options, config_.train.seed, config_.data.shuffle);
+  if (!data_.eval_dir.empty() && config_.train.eval_batches > 0) {
+    auto eval_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.eval_dir, config_.data.seq_len));
+    // Too little held-out text for one batch per rank: no eval rather than an error.
+    if (eval_set->size() >= config_.data.batch_size * dp_size_) {
+      eval_loader_ = booster_->prepare_dataloader(eval_set, loader_options, /*seed=*/0, /*shuffle=*/false);
+    } else {
+      log.warning(fmt::format("the eval split has {} samples of {} tokens, fewer than one batch per rank; no eval "
+                              "loss (raise data.eval_fraction or lower data.batch_size)",
+                              eval_set->size(), config_.data.seq_len));
+    }
+  }
+  boosted_ = booster_->boost(std::move(model), std::move(optimizer), scheduler, loader);
+
+  state_.dp_size = dp_size_;
+  state_.micro_batch = config_.data.batch_size;
+  state_.grad_accum = config_.train.grad_accum;
+  state_.seq_len = config_.data.seq_len;
+  if (!fresh) {
+    if (auto dir = resolve_resume_dir(options_.resume, dirs_)) {
+      resume_from(*dir);
+    } else {
+      log.info(fmt::format("no checkpoint in {} yet; starting from step 0", dirs_.root()));
+    }
+  }
+  if (world_->rank() == 0) {
+    std::ofstream(fs::path(config_.train.output_dir) / "config.toml") << config_.toml_text;
+  }
+  int64_t params = 0;
+  for (const auto& p : boosted_.model->unwrap().parameters()) params += p.numel();
+  log.info(fmt::format("{} ({:.2f}M parameters), plugin {} on {} rank(s), {} on {}, global batch {} x {} tokens "
+                       "({} per rank x {} accumulation x {} dp)",
+                       models::model_type(model_config), static_cast<double>(params) / 1e6, plugin_->name(),
+                       world_->size(), config_.booster.mixed_precision, device_.str(),
+                       config_.data.batch_size * config_.train.grad_accum * dp_size_, config_.data.seq_len,
+                       config_.data.batch_size, config_.train.grad_accum, dp_size_));
+  reporter_ = std::make_unique<RunReporter>(config_, world_->rank(), state_.step, device_);
+}
+
+void Trainer::resume_from(const std::string& dir) {
+  const auto saved = TrainState::load((fs::path(dir) / "train_state.json").string());
+  if (saved.dp_size != state_.dp_size || saved.micro_batch != state_.micro_batch ||
+      saved.grad_accum != state_.grad_accum || saved.seq_len != state_.seq_len) {
+    throw CheckpointError(fmt::format(
+        "{} was saved with dp={} batch_size={} grad_accum={} seq_len={}, this run has dp={} batch_size={} "
+        "grad_accum={} seq_len={}; resume with the same data layout so the data order continues exactly",
+        dir, saved.dp_size, saved.micro_batch, saved.grad_accum, saved.seq_len, state_.dp_size, state_.micro_batch,
+        state_.grad_accum, state_.seq_len));
+  }
+  booster_->load_model(*boosted_.model, (fs::path(dir) / "model").string());
+  booster_->load_optimizer(*boosted_.optimizer, (fs::path(dir) / "optimizer").string());
+  booster_->load_lr_scheduler(*boosted_.lr_scheduler, (fs::path(dir) / "lr_scheduler.json").string());
+  load_rng_state((fs::path(dir) / "rng" / fmt::format("rank-{:05d}.safetensors", world_->rank())).string(), device_);
+  boosted_.dataloader->set_state(saved.data_epoch, saved.data_position);
+  state_ = saved;
+  log.info(fmt::format("resumed from {} at step {}", dir, state_.step));
+}
+
+double Trainer::evaluate() {
+  if (!eval_loader_) return std::nan("");
+  c10::NoGradGuard no_grad;
+  // Dropout off, and no draw from the generator, so evaluating never changes
+  // the training run that follows.
+  auto& model = boosted_.model->unwrap();
+  model.eval();
+  eval_loader_->set_state(0, 0);
+  const int64_t batches = std::min(config_.train.eval_batches, eval_loader_->batches_per_epoch());
+  auto total = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (int64_t i = 0; i < batches; ++i) {
+    auto ids = eval_loader_->next().to(device_, /*non_blocking=*/true);
+    auto loss = boosted_.model->unwrap().loss(boosted_.model->forward(ids), ids);
+    total[0] += loss.detach().to(at::kDouble);
+    total[1] += 1.0;
+  }
+  model.train();
+  dp_->all_reduce(total).wait();
+  auto host = total.cpu();
+  return host[0].item<double>() / host[1].item<double>();
+}
+
+void Trainer::save_checkpoint(int64_t step) {
+  publish_pending_checkpoint();  // at most one save in flight
+  const auto partial = dirs_.partial_dir(step);
+  if (world_->rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);  // debris of a crashed save
+    fs::create_directories(partial);
+  }
+  world_->barrier().wait();
+  const booster::SaveOptions save{.size_per_shard_mb = config_.train.size_per_shard_mb,
+                                  .use_async = config_.train.async_save};
+  const auto model_dir = (fs::path(partial) / "model").string();
+  booster_->save_model(*boosted_.model, model_dir, save);
+  booster_->save_optimizer(*boosted_.optimizer, (fs::path(partial) / "optimizer").string(), save);
+  booster_->save_lr_scheduler(*boosted_.lr_scheduler, (fs::path(partial) / "lr_scheduler.json").string());
+  save_rng_state((fs::path(partial) / "rng" / fmt::format("rank-{:05d}.safetensors", world_->rank())).string(), device_);
+  if (world_->rank() == 0) {
+    fs::create_directories(model_dir);
+    save_tokenizer_files(config_.data, model_dir);
+    state_.data_epoch = boosted_.dataloader->epoch();
+    state_.data_position = boosted_.dataloader->position();
+    state_.save((fs::path(partial) / "train_state.json").string());
+  }
+  pending_publish_ = step;
+  if (!config_.train.async_save) publish_pending_checkpoint();
+}
+
+void Trainer::publish_pending_checkpoint() {
+  if (!pending_publish_) return;
+  booster_->wait_for_saves();
+  world_->barrier().wait();  // every rank's files are on disk
+  if (world_->rank() == 0) {
+    dirs_.publish(*pending_publish_, config_.train.keep_last);
+    reporter_->on_checkpoint(*pending_publish_, dirs_.step_dir(*pending_publish_));
+  }
+  world_->barrier().wait();
+  pending_publish_.reset();
+}
+
+void Trainer::print_sample() {
+  std::vector<int64_t> prompt;
+  for (int32_t id : tokenizer_->encode(config_.train.sample_prompt)) prompt.push_back(id);
+  if (prompt.empty()) return;
+  inference::GenerateOptions options{.max_new_tokens = config_.train.sample_tokens,
+                                     .sampling = {.temperature = 0.8, .top_k = 40, .seed = config_.train.seed},
+                                     .eos_id = tokenizer_->eos_id()};
+  // The plain model: the DDP wrapper's forward would broadcast buffers, a
+  // collective the other ranks are not in.
+  auto ids = inference::generate(boosted_.model->unwrap(), prompt, options);
+  std::vector<int32_t> text_ids(ids.begin(), ids.end());
+  log.info(fmt::format("sample (temperature 0.8, top-k 40):\n{}", tokenizer_->decode(text_ids, true)));
+}
+
+TrainResult Trainer::run() {
+  StopSignalScope signals;
+  build();
+  TrainResult result;
+  result.first_step = state_.step;
+  auto& model = *boosted_.model;
+  auto& optimizer = *boosted_.optimizer;
+  auto& scheduler = *boosted_.lr_scheduler;
+  auto& loader = *boosted_.dataloader;
+  const int64_t accum = config_.train.grad_accum;
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
+  // Summed on the device between log points, so a step needs no host sync.
+  auto loss_since_log = at::zeros({}, f64);
+  int64_t steps_since_log = 0;
+  auto last_log_time = std::chrono::steady_clock::now();
+  int64_t last_saved = -1;
+
+  while (state_.step < config_.train.steps) {
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      auto ids = loader.next().to(device_, /*non_blocking=*/true);
+      std::optional<booster::Booster::NoSyncGuard> no_sync;
+      if (micro + 1 < accum) no_sync.emplace(model);
+      auto loss = model.unwrap().loss(model.forward(ids), ids) / static_cast<double>(accum);
+      booster_->backward(loss, optimizer);
+      loss_since_log += loss.detach().to(at::kDouble);
+    }
+    optimizer.step();
+    scheduler.step();
+    optimizer.zero_grad();
+    ++state_.step;
+    ++steps_since_log;
+    state_.tokens_seen += global_batch_tokens();
+
+    const bool last = state_.step == config_.train.steps;
+    if (state_.step % config_.train.log_every == 0 || last) {
+      // One all-reduce carries the loss and whether any rank was asked to stop.
+      auto packed = at::stack({loss_since_log, at::full({}, stop_requested.load() ? 1.0 : 0.0, f64)});
+      packed[0] = packed[0] / static_cast<double>(dp_size_);
+      dp_->all_reduce(packed).wait();
+      auto host = packed.cpu();
+      const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - last_log_time).count();
+      StepRecord record{.step = state_.step,
+                        .loss = host[0].item<double>() / static_cast<double>(steps_since_log),
+                        .lr = scheduler.lr(),
+                        .tokens_per_s = static_cast<double>(global_batch_tokens() * steps_since_log) / seconds};
+      state_.last_loss = record.loss;
+      result.steps.push_back(record);
+      const double mfu = device_.is_cuda() ? record.tokens_per_s * flops_per_token_ /
+                                                 (config_.train.peak_tflops * 1e12 * static_cast<double>(world_->size()))
+                                           : std::nan("");
+      reporter_->on_step(record, state_.tokens_seen, mfu);
+      loss_since_log.zero_();
+      steps_since_log = 0;
+      last_log_time = now;
+      if (host[1].item<double>() > 0) {
+        log.warning(fmt::format("stop requested: saving a checkpoint at step {} and exiting; rerun with --resume "
+                                "to continue",
+                                state_.step));
+        save_checkpoint(state_.step);
+        publish_pending_checkpoint();
+        result.interrupted = true;
+        result.final_checkpoint = dirs_.step_dir(state_.step);
+        result.final_step = state_.step;
+        reporter_->finish();
+        return result;
+      }
+    }
+    if ((config_.train.eval_every > 0 && state_.step % config_.train.eval_every == 0) || last) {
+      const double eval_loss = evaluate();
+      if (!std::isnan(eval_loss)) {
+        result.eval_losses.emplace_back(state_.step, eval_loss);
+        reporter_->on_eval(state_.step, eval_loss);
+      }
+      last_log_time = std::chrono::steady_clock::now();  // eval time is not training throughput
+    }
+    if ((config_.train.save_every > 0 && state_.step % config_.train.save_every == 0) || last) {
+      save_checkpoint(state_.step);
+      last_saved = state_.step;
+      last_log_time = std::chrono::steady_clock::now();
+    }
+  }
+  publish_pending_checkpoint();
+  result.final_step = state_.step;
+  if (last_saved >= 0) result.final_checkpoint = dirs_.step_dir(last_saved);
+  reporter_->finish();
+  if (world_->rank() == 0 && !config_.train.sample_prompt.empty() && config_.train.sample_tokens > 0) print_sample();
+  return result;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& config, const TrainOptions& options) {
+  config.validate();
+  Trainer trainer(config, options);
+  return trainer.run();
+}
+
+}  // namespace colossus::apps

@@ -1,0 +1,99 @@
+// The training config: TOML sections map onto the option structs, overrides
+// apply over the file, and every mistake is a ConfigError naming the key.
+#include "colossus/apps/trainer/train_config.h"
+#include "colossus/core/errors.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+using colossus::ConfigError;
+using colossus::apps::parse_train_config;
+
+namespace {
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_train_config(text, overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(TrainConfig, SectionsMapOntoOptionStructs) {
+  auto c = parse_train_config(R"(
+[model]
+preset = "llama-tiny"
+[model.config]
+num_hidden_layers = 3
+rope_theta = 500000.0
+[data]
+seq_len = 64
+batch_size = 2
+[optimizer]
+name = "lamb"
+lr = 1e-3
+[lr_scheduler]
+name = "linear"
+warmup_steps = 5
+[plugin]
+name = "ddp"
+bucket_cap_mb = 4.5
+gradient_as_bucket_view = true
+[booster]
+mixed_precision = "fp16"
+max_norm = 1.0
+norm_type = "inf"
+[booster.loss_scaler]
+initial_scale = 1024.0
+hysteresis = 3
+[train]
+steps = 7
+grad_accum = 2
+output_dir = "/tmp/x"
+)");
+  EXPECT_EQ(c.model.preset, "llama-tiny");
+  EXPECT_EQ(c.model.config.at("num_hidden_layers"), "3");
+  EXPECT_EQ(c.data.seq_len, 64);
+  EXPECT_EQ(c.optimizer.name, "lamb");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 5);
+  EXPECT_DOUBLE_EQ(c.plugin.ddp.bucket_cap_mb, 4.5);
+  EXPECT_TRUE(c.plugin.ddp.gradient_as_bucket_view);
+  EXPECT_EQ(c.booster.mixed_precision, "fp16");
+  EXPECT_TRUE(std::isinf(c.booster.norm_type));
+  EXPECT_DOUBLE_EQ(c.booster.loss_scaler.initial_scale, 1024.0);
+  EXPECT_EQ(c.booster.loss_scaler.hysteresis, 3);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.train.grad_accum, 2);
+}
+
+TEST(TrainConfig, OverridesApplyOverTheFile) {
+  auto c = parse_train_config("[train]\nsteps = 5\n",
+                              {"train.steps=9", "optimizer.lr=0.01", "train.output_dir=runs/b", "model.config.n_layer=3",
+                               "data.shuffle=false"});
+  EXPECT_EQ(c.train.steps, 9);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.01);
+  EXPECT_EQ(c.train.output_dir, "runs/b");  // a bare word is a string
+  EXPECT_EQ(c.model.config.at("n_layer"), "3");
+  EXPECT_FALSE(c.data.shuffle);
+  // The saved text carries the overrides, so the run directory says what ran.
+  EXPECT_NE(c.toml_text.find("steps = 9"), std::string::npos);
+}
+
+TEST(TrainConfig, MistakesNameTheKey) {
+  EXPECT_NE(error_of("[train]\nstep = 5\n").find("unknown key 'train.step'"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nsteps = \"5\"\n").find("train.steps is a string"), std::string::npos);
+  EXPECT_NE(error_of("[trian]\nsteps = 5\n").find("unknown key '.trian'"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nsteps = 0\n").find("train.steps = 0"), std::string::npos);
+  EXPECT_NE(error_of("[optimizer]\nname = \"adam_w\"\n").find("adamw"), std::string::npos);
+  EXPECT_NE(error_of("[plugin]\nname = \"zero9\"\n").find("plugin.name = 'zero9'"), std::string::npos);
+  EXPECT_NE(error_of("[booster]\nmixed_precision = \"fp8\"\n").find("fp8"), std::string::npos);
+  EXPECT_NE(error_of("[model]\npreset = \"gpt5\"\n").find("gpt2-124m"), std::string::npos);
+  EXPECT_NE(error_of("[train\n").find("config:1"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.steps"}).find("section.key=value"), std::string::npos);
+  EXPECT_NE(error_of("", {"train.steps=-3"}).find("train.steps = -3"), std::string::npos);
+}

@@ -1,0 +1,192 @@
+// The trainer end to end, on 1 and 2 MPI ranks: a run interrupted at step 10
+// and resumed continues the loss curve of an uninterrupted run bit for bit
+// (fp32, dropout on, gradient accumulation on); the checkpoint layout, the
+// `latest` pointer and pruning; a resume under another data layout is refused;
+// transformers loads the saved model and tokenizer.
+#include "colossus/apps/trainer/checkpoint_dirs.h"
+#include "colossus/apps/trainer/train_config.h"
+#include "colossus/apps/trainer/trainer.h"
+#include "colossus/core/errors.h"
+#include "colossus/metrics/jsonl_writer.h"
+#include "colossus/models/pretrained.h"
+#include "tests/testing/testing.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+using namespace colossus;
+namespace ct = colossus::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// One directory for the whole job: rank 0's pid, shared by broadcast.
+fs::path job_dir(const std::string& name) {
+  auto world = ct::world();
+  auto pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
+  world->broadcast(pid, 0).wait();
+  auto dir = fs::temp_directory_path() / fmt::format("colossus_trainer_test_{}", pid.item<int64_t>()) / name;
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world->barrier().wait();
+  return dir;
+}
+
+// A tiny GPT-2 with dropout on (so the generator state must be restored), on
+// a small slice of the built-in corpus, with gradient accumulation.
+apps::TrainConfig tiny_config(const fs::path& output_dir, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> overrides{"train.output_dir=\"" + output_dir.string() + "\"",
+                                     "train.log_every=1",
+                                     "train.steps=20",
+                                     "train.grad_accum=2",
+                                     "train.tensorboard=false",
+                                     "train.eval_batches=2",
+                                     "data.builtin_bytes=200000",
+                                     "data.seq_len=32",
+                                     "data.batch_size=2",
+                                     "data.eval_fraction=0.05",
+                                     "model.config.resid_pdrop=0.1",
+                                     "model.config.embd_pdrop=0.1",
+                                     "model.config.attn_pdrop=0.0",
+                                     "optimizer.lr=3e-3",
+                                     "lr_scheduler.warmup_steps=3",
+                                     "lr_scheduler.total_steps=20"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return apps::parse_train_config("[model]\npreset = \"gpt2-tiny\"\n", overrides);
+}
+
+std::vector<double> losses_of(const apps::TrainResult& r) {
+  std::vector<double> out;
+  for (const auto& s : r.steps) out.push_back(s.loss);
+  return out;
+}
+
+}  // namespace
+
+TEST(Trainer, ResumeContinuesTheExactLossCurve) {
+  auto world = ct::world();
+  auto full_dir = job_dir("full"), split_dir = job_dir("split");
+  auto full = apps::train(tiny_config(full_dir));
+  ASSERT_EQ(full.steps.size(), 20u);
+  EXPECT_LT(full.steps.back().loss, full.steps.front().loss) << "the loss should fall over 20 steps";
+
+  auto first = apps::train(tiny_config(split_dir, {"train.steps=10"}));
+  ASSERT_EQ(first.final_step, 10);
+  auto second = apps::train(tiny_config(split_dir), {.resume = "auto"});
+  EXPECT_EQ(second.first_step, 10);
+  auto resumed = losses_of(first);
+  auto rest = losses_of(second);
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  auto expected = losses_of(full);
+  ASSERT_EQ(resumed.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(resumed[i], expected[i]) << "step " << i + 1;
+  ASSERT_FALSE(full.eval_losses.empty());
+  ASSERT_FALSE(second.eval_losses.empty());
+  EXPECT_EQ(second.eval_losses.back(), full.eval_losses.back());
+
+  if (world->rank() == 0) {
+    // metrics.jsonl of the resumed run holds each step once, with the same losses.
+    std::vector<double> logged;
+    for (const auto& record : metrics::read_metrics_jsonl(split_dir / "metrics.jsonl")) {
+      if (record.contains("loss") && !record["loss"].is_null()) logged.push_back(record["loss"].get<double>());
+    }
+    EXPECT_EQ(logged, expected);
+    EXPECT_TRUE(fs::exists(split_dir / "loss.svg"));
+    EXPECT_TRUE(fs::exists(split_dir / "config.toml"));
+  }
+  world->barrier().wait();
+}
+
+TEST(Trainer, CheckpointLayoutLatestAndPruning) {
+  auto world = ct::world();
+  auto dir = job_dir("layout");
+  apps::train(tiny_config(dir, {"train.steps=6", "train.save_every=2", "train.keep_last=2", "train.tensorboard=true"}));
+  if (world->rank() == 0) {
+    apps::CheckpointDirs dirs(dir.string());
+    ASSERT_TRUE(dirs.latest().has_value());
+    EXPECT_EQ(fs::path(*dirs.latest()).filename(), "step-00000006");
+    EXPECT_FALSE(fs::exists(dirs.step_dir(2))) << "keep_last=2 prunes the oldest";
+    EXPECT_TRUE(fs::exists(dirs.step_dir(4)));
+    const auto step = fs::path(dirs.step_dir(6));
+    for (const char* f : {"model/config.json", "model/model.safetensors", "model/tokenizer.json", "lr_scheduler.json",
+                          "train_state.json", "rng/rank-00000.safetensors"}) {
+      EXPECT_TRUE(fs::exists(step / f)) << f;
+    }
+    EXPECT_TRUE(fs::exists(step / "optimizer"));
+    EXPECT_FALSE(fs::exists(dirs.partial_dir(6)));
+    bool has_events = false;
+    for (const auto& e : fs::directory_iterator(dir / "tensorboard")) {
+      has_events |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+    }
+    EXPECT_TRUE(has_events);
+    // The saved model loads as a Hugging Face directory.
+    auto model = models::load_pretrained((step / "model").string());
+    EXPECT_EQ(models::model_type(model->config()), "gpt2");
+  }
+  world->barrier().wait();
+}
+
+TEST(Trainer, AsyncSaveResumesExactlyToo) {
+  auto dir = job_dir("async");
+  auto full = apps::train(tiny_config(job_dir("async_full"), {"train.steps=8", "lr_scheduler.total_steps=8"}));
+  apps::train(tiny_config(dir, {"train.steps=4", "lr_scheduler.total_steps=8", "train.async_save=true"}));
+  auto rest = apps::train(tiny_config(dir, {"train.steps=8", "lr_scheduler.total_steps=8", "train.async_save=true"}),
+                          {.resume = (dir / "checkpoints" / "step-00000004").string()});
+  ASSERT_EQ(rest.steps.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.steps[i].loss, full.steps[4 + i].loss) << "step " << 5 + i;
+}
+
+TEST(Trainer, ResumeUnderAnotherLayoutIsRefused) {
+  auto dir = job_dir("layout_change");
+  apps::train(tiny_config(dir, {"train.steps=2"}));
+  try {
+    apps::train(tiny_config(dir, {"train.steps=4", "data.batch_size=4"}), {.resume = "auto"});
+    FAIL() << "resuming with another batch size must be refused";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch_size=2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(apps::train(tiny_config(dir), {.resume = (dir / "nowhere").string()}), CheckpointError);
+}
+
+TEST(Trainer, TransformersLoadsTheCheckpoint) {
+  auto world = ct::world();
+  auto dir = job_dir("hf");
+  auto result = apps::train(tiny_config(dir, {"train.steps=3"}));
+  if (world->rank() == 0) {
+    const auto model_dir = fs::path(result.final_checkpoint) / "model";
+    auto model = models::load_pretrained(model_dir.string());
+    model->eval();  // dropout is on in this config; transformers evaluates without it
+    auto ids = at::randint(200, {2, 16}, at::kLong);
+    const double ours = model->loss(model->forward(ids), ids).item<double>();
+    nlohmann::json ids_json = nlohmann::json::array();
+    for (int64_t r = 0; r < 2; ++r) {
+      nlohmann::json row = nlohmann::json::array();
+      for (int64_t c = 0; c < 16; ++c) row.push_back(ids[r][c].item<int64_t>());
+      ids_json.push_back(row);
+    }
+    const std::string command = fmt::format("{} {} {} '{}' 'héllo <|endoftext|>' 2>&1", COLOSSUS_PYTHON,
+                                            COLOSSUS_HF_LOAD_CHECK, model_dir.string(), ids_json.dump());
+    std::string output;
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::array<char, 4096> buffer{};
+    while (fgets(buffer.data(), buffer.size(), pipe) != nullptr) output += buffer.data();
+    ASSERT_EQ(pclose(pipe), 0) << output;
+    auto reply = nlohmann::json::parse(output.substr(output.rfind('{')));
+    EXPECT_NEAR(reply["loss"].get<double>(), ours, 1e-4);
+    // The byte tokenizer: bytes of "héllo " then <|endoftext|> = 256.
+    std::vector<int> expected{'h', 0xC3, 0xA9, 'l', 'l', 'o', ' ', 256};
+    EXPECT_EQ(reply["encoded"].get<std::vector<int>>(), expected);
+  }
+  world->barrier().wait();
+}
+
+int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
