@@ -13,4 +13,4 @@ tokenizer = AutoTokenizer.from_pretrained(model_dir)
 ids = torch.tensor(json.loads(ids_json), dtype=torch.long)
 with torch.no_grad():
     loss = model(input_ids=ids, labels=ids).loss.item()
-print(json.dumps({"loss": loss, "encoded": tokenizer.encode(text)}))
+print(json.dumps({"loss": loss, "encoded": tokenizer.encode(text, add_special_tokens=False)}))

@@ -24,7 +24,8 @@ int64_t max_positions(const models::ModelConfig& config) {
 
 }  // namespace
 
-models::ModelConfig build_model_config(const TrainConfig& config, int64_t tokenizer_vocab) {
+models::ModelConfig build_model_config(const TrainConfig& config, const data::Tokenizer& tokenizer) {
+  const int64_t tokenizer_vocab = tokenizer.vocab_size();
   const auto& m = config.model;
   const bool pretrained = !m.pretrained.empty();
   models::ModelConfig base = pretrained ? models::read_config((std::filesystem::path(m.pretrained) / "config.json").string())
@@ -33,6 +34,16 @@ models::ModelConfig build_model_config(const TrainConfig& config, int64_t tokeni
   for (const auto& [key, value_json] : m.config) j[key] = nlohmann::json::parse(value_json);
   const bool vocab_given = m.config.count("vocab_size") > 0;
   if (!pretrained && !vocab_given) j["vocab_size"] = (tokenizer_vocab + 63) / 64 * 64;
+  if (!pretrained) {
+    // A preset carries its original tokenizer's special ids (GPT-2's 50256);
+    // generation and transformers must see this run's tokenizer's instead.
+    for (const auto& [key, id] : {std::pair{"bos_token_id", tokenizer.bos_id()}, std::pair{"eos_token_id", tokenizer.eos_id()},
+                                  std::pair{"pad_token_id", tokenizer.pad_id()}}) {
+      if (m.config.count(key)) continue;
+      if (id) j[key] = *id;
+      else j.erase(key);
+    }
+  }
   models::ModelConfig out = models::config_from_json(j.dump());
   const int64_t vocab = models::vocab_size(out);
   if (vocab < tokenizer_vocab) {

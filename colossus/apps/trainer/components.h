@@ -2,6 +2,7 @@
 // from the option struct of its own layer.
 #pragma once
 #include "colossus/apps/trainer/train_config.h"
+#include "colossus/data/tokenizer.h"
 #include "colossus/models/causal_lm.h"
 #include "colossus/models/config.h"
 #include "colossus/optim/lr_scheduler.h"
@@ -13,9 +14,9 @@ namespace colossus::apps {
 
 // The preset (or pretrained config.json) with model.config keys applied. A
 // preset's vocabulary grows to the tokenizer's (rounded up to a multiple of
-// 64) unless model.config sets vocab_size; a pretrained model's must already
-// cover it. data.seq_len must fit the model's positions.
-models::ModelConfig build_model_config(const TrainConfig& config, int64_t tokenizer_vocab);
+// 64) unless model.config sets vocab_size, and takes the tokenizer's
+// bos/eos/pad ids; a pretrained model's vocabulary must already cover it. data.seq_len must fit the model's positions.
+models::ModelConfig build_model_config(const TrainConfig& config, const data::Tokenizer& tokenizer);
 
 // Seeded HF initialisation, or the pretrained weights; fp32 on the CPU (the
 // Booster moves and casts it).

@@ -104,7 +104,7 @@ void Trainer::build() {
 
   tokenizer_ = make_tokenizer(config_.data);
   data_ = prepare_training_data(config_, *tokenizer_, *world_);
-  auto model_config = build_model_config(config_, tokenizer_->vocab_size());
+  auto model_config = build_model_config(config_, *tokenizer_);
   auto model = build_model(config_, model_config);
   flops_per_token_ = flops_per_token(*model, config_.data.seq_len);
   auto optimizer = build_optimizer(config_.optimizer, *model);

@@ -1,0 +1,29 @@
+// Fills the metrics layer's device-memory slot in CUDA builds, so progress
+// lines show the caching allocator's figures for this rank's GPU (the CPU
+// libraries stay free of CUDA headers).
+#include "colossus/metrics/memory.h"
+
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+namespace colossus::kernels {
+
+namespace {
+
+std::optional<metrics::DeviceMemory> cuda_memory() {
+  if (c10::cuda::device_count() == 0) return std::nullopt;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+  constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return metrics::DeviceMemory{.allocated_bytes = stats.allocated_bytes[all].current,
+                               .reserved_bytes = stats.reserved_bytes[all].current,
+                               .peak_allocated_bytes = stats.allocated_bytes[all].peak};
+}
+
+[[maybe_unused]] const bool registered = [] {
+  metrics::set_device_memory_probe(cuda_memory);
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace colossus::kernels
