@@ -40,6 +40,13 @@ class Plugin {
   virtual bool control_precision() const { return false; }
   // The data-parallel group: the dataloader shards by it, logs count it.
   virtual cluster::ProcessGroupPtr dp_group() const = 0;
+  // The ranks over which gradients are partitioned when the optimizer steps
+  // (each holds a disjoint part of one whole), so the Booster's gradient norm
+  // is summed and its fp16 overflow flag OR-ed over them. Null (the default,
+  // DDP) when every rank holds the same whole gradients: after DDP's
+  // all-reduce they are identical, so each rank's local norm and overflow
+  // check already give the global answer and no collective is needed.
+  virtual cluster::ProcessGroupPtr grad_partition_group() const { return nullptr; }
 
   virtual std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) = 0;
 };

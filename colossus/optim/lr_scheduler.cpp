@@ -41,6 +41,16 @@ void LRScheduler::apply() {
   for (size_t g = 0; g < groups.size() && g < base_lrs_.size(); ++g) groups[g].lr = lr_at(step_, base_lrs_[g]);
 }
 
+void LRScheduler::attach(Optimizer& optimizer) {
+  if (optimizer.param_groups().size() != base_lrs_.size()) {
+    throw ConfigError(fmt::format("{} schedule: cannot attach to {} with {} param groups; it was built on an optimizer "
+                                  "with {} (attach it to the wrapper of that optimizer)",
+                                  name(), optimizer.name(), optimizer.param_groups().size(), base_lrs_.size()));
+  }
+  optimizer_ = &optimizer;
+  apply();
+}
+
 void LRScheduler::step() {
   ++step_;
   apply();

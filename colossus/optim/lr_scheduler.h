@@ -33,6 +33,12 @@ class LRScheduler {
   std::string state_dict() const;
   void load_state_dict(const std::string& json);
 
+  // Drives `optimizer` from now on instead of the one it was built on (the
+  // Booster's wrapper around it: fp32 masters, clipping), keeping the base lrs
+  // and the step count, and writes the current step's lrs into its groups.
+  // Throws ConfigError when its param-group count differs from the base lrs'.
+  void attach(Optimizer& optimizer);
+
  protected:
   explicit LRScheduler(Optimizer& optimizer);
   // Call at the end of a derived constructor: writes the step-0 lrs.

@@ -1,0 +1,69 @@
+// Shared by the Booster tests: tiny models, the data of each step, a training
+// run through the Booster (DDP over the MPI world) and its single-process
+// reference on the full global batch, and a scratch directory all ranks share.
+#pragma once
+#include "colossus/booster/booster.h"
+#include "colossus/booster/ddp_plugin.h"
+#include "colossus/models/config.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace colossus::booster::testing {
+
+// 8 rows divide over 1, 2 and 4 ranks, also with 2 micro-batches each.
+constexpr int64_t kGlobalBatch = 8;
+constexpr int64_t kSeqLen = 16;
+constexpr int64_t kSteps = 20;
+
+models::ModelConfig tiny_gpt2();
+models::ModelConfig tiny_llama();  // GQA: 4 query heads, 2 key/value heads
+
+// The global batch of `step`: (kGlobalBatch, kSeqLen) int64, the same on every rank.
+at::Tensor global_batch(const models::ModelConfig& config, int64_t step);
+
+// Loss of every step of one process on the full global batch: plain model,
+// AdamW, warmup + cosine schedule, no Booster (optionally plain clipping).
+std::vector<double> reference_losses(const models::ModelConfig& config, int64_t steps, double max_norm = 0.0);
+
+// A run through the Booster with DDP over the world: model seed 7, AdamW and
+// the same schedule as the reference.
+class BoostedRun {
+ public:
+  BoostedRun(const models::ModelConfig& config, BoosterOptions options, int micro_batches = 1);
+  // One optimizer step on `step`'s global batch (this rank's rows, in
+  // micro-batches under no_sync); returns the global mean loss over ranks.
+  double train_step(int64_t step);
+  std::vector<double> train(int64_t first_step, int64_t end_step);
+
+  Booster& booster() { return *booster_; }
+  Boosted& boosted() { return boosted_; }
+
+ private:
+  models::ModelConfig config_;
+  int micro_batches_;
+  std::unique_ptr<Booster> booster_;
+  Boosted boosted_;
+};
+
+// A fresh directory under the system temp dir, the same path on every rank
+// (rank 0 picks it); removed by rank 0 when the object dies.
+class SharedScratch {
+ public:
+  explicit SharedScratch(const std::string& tag);
+  ~SharedScratch();
+  SharedScratch(const SharedScratch&) = delete;
+  SharedScratch& operator=(const SharedScratch&) = delete;
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+void barrier();
+
+}  // namespace colossus::booster::testing
