@@ -28,7 +28,7 @@
 //          [--steps 50] [--warmup 10] [--check-steps 10] [--phase-steps 5]
 //          [--batches 8] [--seed 0] [--device cuda|cpu]
 //          [--peers eager-amp,eager-bf16,compile-amp | --no-python]
-//          [--python PATH] [--workdir DIR] [--json PATH]
+//          [--python PATH] [--peer-timeout 300] [--workdir DIR] [--json PATH]
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
 #include "colossus/models/pretrained.h"
@@ -71,6 +71,7 @@ struct Config {
   std::string device = "cuda";
   std::vector<std::string> peers = {"eager-amp", "eager-bf16"};
   std::string python;
+  int peer_timeout_s = 300;  // a peer that hangs (a stuck compile) loses its row, not the run
   std::string workdir = "/tmp/bench_train_gpt2";
   std::string json_path;
   std::string command = "bench_train_gpt2";
@@ -108,6 +109,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--peers") c.peers = split_list(next());
     else if (a == "--no-python") c.peers.clear();
     else if (a == "--python") c.python = next();
+    else if (a == "--peer-timeout") c.peer_timeout_s = std::stoi(next());
     else if (a == "--workdir") c.workdir = next();
     else if (a == "--json") c.json_path = next();
     else throw std::runtime_error("unknown flag " + a + " (see the usage at the top of bench_train_gpt2.cpp)");
@@ -329,9 +331,9 @@ int main(int argc, char** argv) try {
   std::map<std::string, json> peers;
   for (const auto& variant : cfg.peers) {
     const std::string out = run_command(fmt::format(
-        "'{}' '{}' --init '{}' --data '{}' --batch {} --seq {} --steps {} --warmup {} --phase-steps {} --variant {} "
+        "timeout {} '{}' '{}' --init '{}' --data '{}' --batch {} --seq {} --steps {} --warmup {} --phase-steps {} --variant {} "
         "--device {}",
-        python, (repo / "bench/bench_train_gpt2.py").string(), init_dir.string(), data_path.string(), cfg.batch,
+        cfg.peer_timeout_s, python, (repo / "bench/bench_train_gpt2.py").string(), init_dir.string(), data_path.string(), cfg.batch,
         cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device));
     const size_t brace = out.rfind("\n{");
     try {
