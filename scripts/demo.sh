@@ -11,7 +11,7 @@ echo "== colossus run -n 4 colossus train examples/configs/gpt2_demo.toml"
 "$bin/colossus" run -n 4 "$bin/colossus" train examples/configs/gpt2_demo.toml --train.output_dir="$run_dir"
 echo
 echo "== colossus generate $run_dir --prompt 'Once upon a time'"
-"$bin/colossus" generate "$run_dir" --prompt "Once upon a time" --max_new_tokens 200 --temperature 0.8 --top_k 40
+"$bin/colossus" generate "$run_dir" --prompt "Once upon a time" --max_new_tokens 200 --temperature 0.6 --top_k 20
 echo
 echo "== what the run left in $run_dir"
 echo "metrics.jsonl (one JSON object per logged step), tensorboard/ (tensorboard --logdir $run_dir/tensorboard),"

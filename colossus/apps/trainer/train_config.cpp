@@ -290,6 +290,7 @@ TrainConfig from_table(const toml::table& root) {
     s.get("peak_tflops", t.peak_tflops);
     s.get("sample_prompt", t.sample_prompt);
     s.get("sample_tokens", t.sample_tokens);
+    s.get("sample_temperature", t.sample_temperature);
     s.finish();
   }
   top.finish();
@@ -342,6 +343,9 @@ void TrainConfig::validate() const {
   require_non_negative("train.keep_last", train.keep_last);
   require_positive("train.size_per_shard_mb", train.size_per_shard_mb, "1024");
   require_non_negative("train.sample_tokens", train.sample_tokens);
+  if (!(train.sample_temperature >= 0.0)) {
+    throw ConfigError(fmt::format("train.sample_temperature = {} must be >= 0 (0 is greedy)", train.sample_temperature));
+  }
   if (train.output_dir.empty()) throw ConfigError("train.output_dir is empty; name a directory, e.g. runs/demo");
   static const std::set<std::string> backends{"auto", "nccl", "mpi"};
   if (!backends.count(train.backend)) {

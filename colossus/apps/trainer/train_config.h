@@ -83,6 +83,7 @@ struct TrainSection {
   // empty to skip.
   std::string sample_prompt;
   int64_t sample_tokens = 200;
+  double sample_temperature = 0.6;  // top-k 20; 0 = greedy
 };
 
 struct TrainConfig {

@@ -244,13 +244,14 @@ void Trainer::print_sample() {
   for (int32_t id : tokenizer_->encode(config_.train.sample_prompt)) prompt.push_back(id);
   if (prompt.empty()) return;
   inference::GenerateOptions options{.max_new_tokens = config_.train.sample_tokens,
-                                     .sampling = {.temperature = 0.8, .top_k = 40, .seed = config_.train.seed},
+                                     .sampling = {.temperature = config_.train.sample_temperature, .top_k = 20, .seed = config_.train.seed},
                                      .eos_id = tokenizer_->eos_id()};
   // The plain model: the DDP wrapper's forward would broadcast buffers, a
   // collective the other ranks are not in.
   auto ids = inference::generate(boosted_.model->unwrap(), prompt, options);
   std::vector<int32_t> text_ids(ids.begin(), ids.end());
-  log.info(fmt::format("sample (temperature 0.8, top-k 40):\n{}", tokenizer_->decode(text_ids, true)));
+  log.info(fmt::format("sample (temperature {}, top-k 20):\n{}", config_.train.sample_temperature,
+                       tokenizer_->decode(text_ids, true)));
 }
 
 TrainResult Trainer::run() {
