@@ -66,7 +66,8 @@ def main():
     # Keep the log to what matters: no load progress bars or config warnings.
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    device = torch.device(args.device)
+    # An explicit index: torch.cuda.set_device refuses a bare "cuda".
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
 

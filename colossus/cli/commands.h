@@ -16,5 +16,6 @@ Command add_run_command(CLI::App& app);       // colossus run
 Command add_rank_command(CLI::App& app);      // colossus _rank (internal: per-rank wrapper under mpirun)
 Command add_check_command(CLI::App& app);     // colossus check
 Command add_selftest_command(CLI::App& app);  // colossus _selftest (internal: what check runs on each rank)
+Command add_generate_command(CLI::App& app);  // colossus generate
 
 }  // namespace colossus::cli

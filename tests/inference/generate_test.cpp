@@ -1,0 +1,158 @@
+// generate() against transformers' generate() on tiny GPT-2 and LLaMA models
+// saved by our save_pretrained (greedy token for token; seeded sampling with
+// every processor on, draw for draw), plus eos, stop strings, streaming,
+// GPT-2's context window and input errors.
+#include "colossus/inference/generate.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "colossus/core/errors.h"
+#include "colossus/data/corpus.h"
+#include "colossus/models/pretrained.h"
+#include "tests/inference/support.h"
+
+namespace colossus::inference {
+namespace {
+
+using testing::scratch_dir;
+
+struct HfResult {
+  std::vector<int64_t> ids;
+  double margin = 0.0;
+};
+
+std::string join(const std::vector<int64_t>& ids) {
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) text += (i ? "," : "") + std::to_string(ids[i]);
+  return text;
+}
+
+std::string hf_flags(const SamplingParams& p) {
+  std::string flags = fmt::format(" --repetition_penalty {}", p.repetition_penalty);
+  if (p.do_sample) {
+    flags += fmt::format(" --sample --seed {} --temperature {} --top_k {} --top_p {}", p.seed, p.temperature, p.top_k,
+                         p.top_p);
+  }
+  return flags;
+}
+
+HfResult hf_generate(const std::string& dir, const std::vector<int64_t>& prompt, int64_t new_tokens,
+                     const SamplingParams& params) {
+  auto result = testing::run_oracle(
+      fmt::format("generate '{}' --prompt {} --new {}{}", dir, join(prompt), new_tokens, hf_flags(params)));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  if (result.exit_code != 0) return {};
+  // The JSON is the last line; transformers may warn before it.
+  const auto start = result.output.rfind("{\"ids\"");
+  if (start == std::string::npos) {
+    ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
+    return {};
+  }
+  const auto json = nlohmann::json::parse(result.output.substr(start));
+  return {json["ids"].get<std::vector<int64_t>>(), json["margin"].get<double>()};
+}
+
+struct ParityCase {
+  std::string name;
+  bool llama;
+  SamplingParams params;
+};
+
+class HfGenerateParity : public ::testing::TestWithParam<ParityCase> {};
+
+TEST_P(HfGenerateParity, SameTokensAsTransformers) {
+  const ParityCase& c = GetParam();
+  auto model = c.llama ? testing::tiny_llama() : testing::tiny_gpt2();
+  const std::string dir = (scratch_dir() / ("parity_" + c.name)).string();
+  models::save_pretrained(*model, dir);
+  const std::vector<int64_t> prompt{5, 17, 3, 88, 41, 41, 2, 60};
+  constexpr int64_t kNew = 20;
+  const HfResult hf = hf_generate(dir, prompt, kNew, c.params);
+  ASSERT_EQ(hf.ids.size(), prompt.size() + kNew);
+  // A margin near float rounding would make a greedy mismatch meaningless.
+  if (!c.params.do_sample) {
+    EXPECT_GT(hf.margin, 1e-3) << "the model's logits are too flat for a greedy comparison";
+  }
+  const std::vector<int64_t> ours = generate(*model, prompt, {.max_new_tokens = kNew, .sampling = c.params});
+  EXPECT_EQ(ours, hf.ids);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, HfGenerateParity,
+    ::testing::Values(ParityCase{"gpt2_greedy", false, {.do_sample = false}},
+                      ParityCase{"llama_greedy", true, {.do_sample = false}},
+                      ParityCase{"gpt2_greedy_penalty", false, {.do_sample = false, .repetition_penalty = 1.5}},
+                      ParityCase{
+                          "llama_sample",
+                          true,
+                          {.temperature = 0.8, .top_k = 20, .top_p = 0.9, .repetition_penalty = 1.3, .seed = 1234}},
+                      ParityCase{"gpt2_sample", false, {.temperature = 1.3, .seed = 99}}),
+    [](const ::testing::TestParamInfo<ParityCase>& info) { return info.param.name; });
+
+TEST(Generate, StopsAfterEosAndStreamsEachToken) {
+  auto model = testing::tiny_gpt2();
+  const std::vector<int64_t> prompt{1, 2, 3};
+  const auto free_run = generate(*model, prompt, {.max_new_tokens = 10, .sampling = {.do_sample = false}});
+  ASSERT_EQ(free_run.size(), 13u);
+  // The third generated token as eos: generation ends right after it.
+  std::vector<int64_t> streamed;
+  const auto stopped = generate(
+      *model, prompt,
+      {.max_new_tokens = 10, .sampling = {.do_sample = false}, .eos_id = free_run[5], .on_token = [&](int64_t t) {
+         streamed.push_back(t);
+       }});
+  const auto first_eos = std::find(free_run.begin() + 3, free_run.end(), free_run[5]);
+  EXPECT_EQ(stopped, std::vector<int64_t>(free_run.begin(), first_eos + 1));
+  EXPECT_EQ(streamed, std::vector<int64_t>(stopped.begin() + 3, stopped.end()));
+  EXPECT_EQ(generate(*model, prompt, {.max_new_tokens = 0}), prompt);
+}
+
+TEST(Generate, StopsOnAStopString) {
+  auto model = testing::tiny_gpt2(/*vocab=*/257);
+  auto tokenizer = data::make_byte_tokenizer();
+  const std::vector<int64_t> prompt{72, 105};  // "Hi"
+  const auto free_run = generate(*model, prompt, {.max_new_tokens = 12, .sampling = {.do_sample = false}});
+  std::vector<int32_t> generated(free_run.begin() + 2, free_run.end());
+  const std::string text = tokenizer->decode(generated);
+  const std::string stop = text.substr(4, 2);
+  // Expected end: the first token whose text completes the stop string.
+  size_t end = 0;
+  while (tokenizer->decode({generated.begin(), generated.begin() + end}).find(stop) == std::string::npos) ++end;
+  const auto stopped = generate(
+      *model, prompt,
+      {.max_new_tokens = 12, .sampling = {.do_sample = false}, .stop_strings = {stop}, .tokenizer = tokenizer.get()});
+  EXPECT_EQ(stopped.size(), 2 + end);
+  EXPECT_THROW(generate(*model, prompt, {.stop_strings = {"x"}}), ConfigError);  // no tokenizer
+}
+
+TEST(Generate, Gpt2SlidesItsWindowPastNPositions) {
+  auto model = testing::tiny_gpt2(/*vocab=*/96, /*n_positions=*/8);
+  const auto ids = generate(*model, {1, 2, 3}, {.max_new_tokens = 12, .sampling = {.do_sample = false}});
+  ASSERT_EQ(ids.size(), 15u);
+  EXPECT_EQ(max_context(*model), 8);
+  // The last token follows from the last 8 tokens before it alone.
+  const std::vector<int64_t> window(ids.end() - 9, ids.end() - 1);
+  EXPECT_EQ(next_token_logits(*model, window).argmax().item<int64_t>(), ids.back());
+  EXPECT_EQ(max_context(*testing::tiny_llama()), std::nullopt);
+}
+
+TEST(Generate, RejectsBadInputAndRestoresTrainingMode) {
+  auto model = testing::tiny_llama();
+  model->train();
+  EXPECT_THROW(generate(*model, {}, {}), ConfigError);
+  EXPECT_THROW(generate(*model, {96}, {}), ConfigError);
+  EXPECT_THROW(generate(*model, {1}, {.max_new_tokens = -1}), ConfigError);
+  EXPECT_THROW(generate(*model, {1}, {.sampling = {.top_p = 0.0}}), ConfigError);
+  generate(*model, {1}, {.max_new_tokens = 2});
+  EXPECT_TRUE(model->is_training());
+  model->eval();
+  generate(*model, {1}, {.max_new_tokens = 2});
+  EXPECT_FALSE(model->is_training());
+}
+
+}  // namespace
+}  // namespace colossus::inference

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""transformers' generate() as the test oracle for colossus/inference (tests only).
+
+  hf_generate.py generate MODEL_DIR --prompt 1,2,3 --new 20 [--sample --seed S
+                 --temperature T --top_k K --top_p P] [--repetition_penalty R]
+      Loads MODEL_DIR (written by Colossus' save_pretrained) with
+      from_pretrained in fp32 and prints one JSON object: "ids", the prompt
+      followed by exactly --new generated tokens (no eos: the model's eos ids
+      are cleared), and "margin", the smallest gap between the two largest
+      logits over the greedy steps (how safe a token-for-token comparison is).
+      With --sample, torch.manual_seed(S) precedes generate(do_sample=True).
+"""
+import argparse
+import json
+import sys
+
+import torch
+import transformers
+
+
+def generate(args) -> int:
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model.eval()
+    # Exactly --new tokens: no eos may end generation early.
+    model.generation_config.eos_token_id = None
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = 0
+    prompt = torch.tensor([[int(i) for i in args.prompt.split(",")]])
+    kwargs = dict(max_new_tokens=args.new, repetition_penalty=args.repetition_penalty,
+                  output_scores=True, return_dict_in_generate=True)
+    if args.sample:
+        torch.manual_seed(args.seed)
+        kwargs.update(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    with torch.no_grad():
+        out = model.generate(prompt, **kwargs)
+    ids = out.sequences[0].tolist()
+    if len(ids) != prompt.shape[1] + args.new:
+        print(f"generate returned {len(ids) - prompt.shape[1]} new tokens, expected {args.new}", file=sys.stderr)
+        return 1
+    margins = []
+    for scores in out.scores:
+        top2 = torch.topk(scores[0].float(), 2).values
+        margins.append((top2[0] - top2[1]).item())
+    print(json.dumps({"ids": ids, "margin": min(margins) if margins else 0.0}))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate")
+    g.add_argument("model_dir")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--new", type=int, default=20)
+    g.add_argument("--sample", action="store_true")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top_k", type=int, default=0)
+    g.add_argument("--top_p", type=float, default=1.0)
+    g.add_argument("--repetition_penalty", type=float, default=1.0)
+    args = parser.parse_args()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    return generate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+#include "tests/inference/support.h"
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+
+#include "colossus/models/pretrained.h"
+
+namespace colossus::inference::testing {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct ScratchDir {
+  fs::path path;
+  ScratchDir() {
+    path = fs::temp_directory_path() / fmt::format("colossus_inference_test_{}", ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+}  // namespace
+
+const fs::path& scratch_dir() {
+  static ScratchDir dir;
+  return dir.path;
+}
+
+CommandResult run_command(const std::string& command) {
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {127, "popen failed for: " + command};
+  std::string output;
+  std::array<char, 4096> buffer{};
+  size_t n = 0;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, output};
+}
+
+CommandResult run_oracle(const std::string& arguments) {
+  return run_command(fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_GENERATE_ORACLE, arguments));
+}
+
+std::shared_ptr<models::CausalLM> tiny_gpt2(int64_t vocab, int64_t n_positions) {
+  models::GPT2Config config{.vocab_size = vocab,
+                            .n_positions = n_positions,
+                            .n_embd = 32,
+                            .n_layer = 2,
+                            .n_head = 4,
+                            .resid_pdrop = 0.0,
+                            .embd_pdrop = 0.0,
+                            .attn_pdrop = 0.0,
+                            .initializer_range = 0.2};
+  return models::create_model(config, {.seed = 11});
+}
+
+std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab) {
+  models::LlamaConfig config{.vocab_size = vocab,
+                             .hidden_size = 64,
+                             .intermediate_size = 96,
+                             .num_hidden_layers = 2,
+                             .num_attention_heads = 4,
+                             .num_key_value_heads = 2,
+                             .max_position_embeddings = 64,
+                             .initializer_range = 0.2,
+                             .rms_norm_eps = 1e-5};
+  return models::create_model(config, {.seed = 12});
+}
+
+}  // namespace colossus::inference::testing

@@ -1,0 +1,33 @@
+// Test support for tests/inference: a scratch directory per test process,
+// running a command (the HF oracle, the colossus binary) and capturing its
+// output, and tiny models saved as Hugging Face directories.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "colossus/models/causal_lm.h"
+
+namespace colossus::inference::testing {
+
+// A fresh directory for this test process, removed at exit.
+const std::filesystem::path& scratch_dir();
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout (and stderr when merged by the command line)
+};
+
+// Runs `command` through the shell and returns its exit code and stdout.
+CommandResult run_command(const std::string& command);
+
+// Runs tests/inference/hf_generate.py with the venv's Python.
+CommandResult run_oracle(const std::string& arguments);
+
+// A tiny GPT-2 (n_positions 32) or LLaMA (GQA) with seeded weights of a
+// larger scale than HF's default, so the logits have clear maxima and greedy
+// choices do not hinge on rounding.
+std::shared_ptr<models::CausalLM> tiny_gpt2(int64_t vocab = 96, int64_t n_positions = 32);
+std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab = 96);
+
+}  // namespace colossus::inference::testing
