@@ -1,13 +1,6 @@
 // `colossus generate PATH --prompt TEXT`: loads a Hugging Face model directory
 // or a training checkpoint, and prints each prompt followed by its sampled
 // continuation as the tokens arrive (no KV cache yet: see inference/generate.h).
-#include <fmt/format.h>
-
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
-#include <map>
-
 #include "colossus/cli/commands.h"
 #include "colossus/core/accelerator.h"
 #include "colossus/core/errors.h"
@@ -17,6 +10,13 @@
 #include "colossus/inference/model_dir.h"
 #include "colossus/inference/text_stream.h"
 #include "colossus/models/pretrained.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
 
 namespace colossus::cli {
 

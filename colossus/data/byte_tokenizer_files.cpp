@@ -4,15 +4,15 @@
 // alphabet character of byte b, so every byte stays its own token whatever
 // the pre-tokenizer splits; <|endoftext|> (256) is an added special token
 // that add_special_tokens puts in front, as make_byte_tokenizer's encode does.
-#include <fmt/format.h>
-
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
 #include "colossus/core/errors.h"
 #include "colossus/data/bpe_model.h"
 #include "colossus/data/corpus.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
 
 namespace colossus::data {
 

@@ -1,13 +1,13 @@
 #include "colossus/inference/generate.h"
 
+#include "colossus/core/errors.h"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/tensor.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <variant>
-
-#include "colossus/core/errors.h"
 
 namespace colossus::inference {
 

@@ -3,6 +3,10 @@
 // step recomputes the forward over the whole context, so a step costs
 // O(context) and a sequence O(length^2). Fine for demos and tests; not for serving.
 #pragma once
+#include "colossus/data/tokenizer.h"
+#include "colossus/inference/sampler.h"
+#include "colossus/models/causal_lm.h"
+
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
@@ -10,10 +14,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-#include "colossus/data/tokenizer.h"
-#include "colossus/inference/sampler.h"
-#include "colossus/models/causal_lm.h"
 
 namespace colossus::inference {
 

@@ -1,13 +1,13 @@
 #include "colossus/inference/model_dir.h"
 
+#include "colossus/core/errors.h"
+
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
-
-#include "colossus/core/errors.h"
 
 namespace colossus::inference {
 

@@ -1,5 +1,7 @@
 #include "colossus/inference/sampler.h"
 
+#include "colossus/core/errors.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/argmax.h>
@@ -15,8 +17,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include "colossus/core/errors.h"
 
 namespace colossus::inference {
 

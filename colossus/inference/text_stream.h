@@ -4,11 +4,11 @@
 // context, so each step decodes all ids so far and hands out the new,
 // complete part.
 #pragma once
+#include "colossus/data/tokenizer.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include "colossus/data/tokenizer.h"
 
 namespace colossus::inference {
 

@@ -1,19 +1,19 @@
 // save_byte_tokenizer writes make_byte_tokenizer() as Hugging Face files: our
 // load_tokenizer, Python's tokenizers and transformers' AutoTokenizer must all
 // encode and decode varied text exactly as the byte tokenizer does.
+#include "colossus/data/corpus.h"
+#include "colossus/data/tokenizer.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
 #include <sys/wait.h>
 #include <unistd.h>
-
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
-
-#include "colossus/data/corpus.h"
-#include "colossus/data/tokenizer.h"
 
 namespace colossus::data {
 namespace {

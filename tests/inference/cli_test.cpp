@@ -1,17 +1,17 @@
 // `colossus generate` end to end: a tiny GPT-2 checkpoint in the trainer's
 // layout (run/checkpoints/latest -> step dir -> model/ with the byte
 // tokenizer's files), output equal to the library's, and its errors.
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
-#include <fstream>
-#include <sstream>
-
 #include "colossus/data/corpus.h"
 #include "colossus/data/tokenizer.h"
 #include "colossus/inference/generate.h"
 #include "colossus/models/pretrained.h"
 #include "tests/inference/support.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
 
 namespace colossus::inference {
 namespace {

@@ -3,17 +3,16 @@
 // every processor on, draw for draw), plus eos, stop strings, streaming,
 // GPT-2's context window and input errors.
 #include "colossus/inference/generate.h"
-
-#include <fmt/format.h>
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-#include <numeric>
-
 #include "colossus/core/errors.h"
 #include "colossus/data/corpus.h"
 #include "colossus/models/pretrained.h"
 #include "tests/inference/support.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <numeric>
 
 namespace colossus::inference {
 namespace {

@@ -1,13 +1,12 @@
 // resolve_model_dir on the layouts the trainer and Hugging Face write, and its
 // errors naming what it looked for.
 #include "colossus/inference/model_dir.h"
+#include "colossus/core/errors.h"
+#include "tests/inference/support.h"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
-
-#include "colossus/core/errors.h"
-#include "tests/inference/support.h"
 
 namespace colossus::inference {
 namespace {

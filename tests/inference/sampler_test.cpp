@@ -2,6 +2,7 @@
 // top-p, temperature, repetition penalty, seeding, and the empirical
 // distribution of many draws.
 #include "colossus/inference/sampler.h"
+#include "colossus/core/errors.h"
 
 #include <ATen/ops/argmax.h>
 #include <ATen/ops/equal.h>
@@ -13,8 +14,6 @@
 
 #include <cmath>
 #include <vector>
-
-#include "colossus/core/errors.h"
 
 namespace colossus::inference {
 namespace {

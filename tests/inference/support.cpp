@@ -1,13 +1,13 @@
 #include "tests/inference/support.h"
 
+#include "colossus/models/pretrained.h"
+
 #include <fmt/format.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
-
 #include <array>
 #include <cstdio>
-
-#include "colossus/models/pretrained.h"
 
 namespace colossus::inference::testing {
 

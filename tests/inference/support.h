@@ -2,11 +2,11 @@
 // running a command (the HF oracle, the colossus binary) and capturing its
 // output, and tiny models saved as Hugging Face directories.
 #pragma once
+#include "colossus/models/causal_lm.h"
+
 #include <filesystem>
 #include <memory>
 #include <string>
-
-#include "colossus/models/causal_lm.h"
 
 namespace colossus::inference::testing {
 

@@ -2,12 +2,11 @@
 // byte tokenizer and with the lossy byte-level BPE one, and the pieces add up
 // to the decoded text.
 #include "colossus/inference/text_stream.h"
-
-#include <gtest/gtest.h>
-
 #include "colossus/data/corpus.h"
 #include "colossus/data/tokenizer.h"
 #include "tests/inference/support.h"
+
+#include <gtest/gtest.h>
 
 namespace colossus::inference {
 namespace {
