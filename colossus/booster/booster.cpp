@@ -213,11 +213,11 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
         std::move(optimizer), ClipGradOptions{.max_norm = options_.max_norm,
                                               .norm_type = options_.norm_type,
                                               .norm_reducer = norm_reducer_over(partition)});
-  } else {
-    boosted_optimizer = std::move(optimizer);
   }
 
   auto wrapped = plugin_->wrap_model(model);
+  // Plugins that shard optimizer state or own precision wrap it themselves.
+  if (!boosted_optimizer) boosted_optimizer = plugin_->wrap_optimizer(*wrapped, std::move(optimizer));
   if (mixed) {
     // Wrapping may overwrite parameters (DDP broadcasts rank 0's), leaving a
     // rank's masters behind. If that happened on any rank, all ranks restart

@@ -44,14 +44,6 @@ struct Boosted {
   std::shared_ptr<data::DataLoader> dataloader;      // null if none was given
 };
 
-struct SaveOptions {
-  int64_t size_per_shard_mb = 1024;  // HF sharded layout past this size; > 0
-  // Copy tensors to host buffers now (pinned for CUDA tensors), write them on a
-  // background thread while training goes on (every file atomically, the
-  // index last). wait_for_saves() joins it, as does the next save of the same
-  // kind (model or optimizer), so at most one snapshot of each is in memory.
-  bool use_async = false;
-};
 
 class Booster {
  public:

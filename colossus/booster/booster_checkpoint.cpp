@@ -157,6 +157,7 @@ void agree_on_success(cluster::ProcessGroup& group, std::exception_ptr local_err
 }
 
 void Booster::save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) {
+  if (auto* io = plugin_->checkpoint_io()) return io->save_model(model, dir, options);
   const int64_t max_shard_bytes = shard_bytes(options, "save_model", dir);  // on every rank: a ConfigError on all
   write_on_rank0(*plugin_->dp_group(), fmt::format("save_model('{}')", dir), [&] {
     impl_->model_writer.wait();  // the previous async model save, and its error
@@ -172,6 +173,7 @@ void Booster::save_model(ModelWrapper& model, const std::string& dir, const Save
 }
 
 void Booster::load_model(ModelWrapper& model, const std::string& dir) {
+  if (auto* io = plugin_->checkpoint_io()) return io->load_model(model, dir);
   read_on_all(*plugin_->dp_group(), fmt::format("load_model('{}')", dir), [&] {
     require_dir(dir, "load_model", "config.json and model.safetensors (or shards + model.safetensors.index.json)");
     const std::string source = model_source(dir);
@@ -184,6 +186,7 @@ void Booster::load_model(ModelWrapper& model, const std::string& dir) {
 }
 
 void Booster::save_optimizer(optim::Optimizer& optimizer, const std::string& dir, const SaveOptions& options) {
+  if (auto* io = plugin_->checkpoint_io()) return io->save_optimizer(optimizer, dir, options);
   const int64_t max_shard_bytes = shard_bytes(options, "save_optimizer", dir);
   write_on_rank0(*plugin_->dp_group(), fmt::format("save_optimizer('{}')", dir), [&] {
     impl_->optimizer_writer.wait();
@@ -201,6 +204,7 @@ void Booster::save_optimizer(optim::Optimizer& optimizer, const std::string& dir
 }
 
 void Booster::load_optimizer(optim::Optimizer& optimizer, const std::string& dir) {
+  if (auto* io = plugin_->checkpoint_io()) return io->load_optimizer(optimizer, dir);
   read_on_all(*plugin_->dp_group(), fmt::format("load_optimizer('{}')", dir), [&] {
     const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
     const std::string index = (fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix)).string();
@@ -262,6 +266,7 @@ void Booster::load_lr_scheduler(optim::LRScheduler& scheduler, const std::string
 }
 
 void Booster::wait_for_saves() {
+  if (auto* io = plugin_->checkpoint_io()) io->wait_for_saves();
   std::exception_ptr error;
   for (auto* writer : {&impl_->model_writer, &impl_->optimizer_writer}) {
     try {

@@ -7,6 +7,7 @@
 #include "colossus/models/causal_lm.h"
 #include "colossus/optim/optimizer.h"
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,30 @@ class ModelWrapper {
   // Gradient accumulation: while a guard is alive, backward does not
   // synchronise gradients across ranks.
   virtual void set_grad_sync(bool enabled) = 0;
+};
+
+struct SaveOptions {
+  int64_t size_per_shard_mb = 1024;  // HF sharded layout past this size
+  // Copy tensors to host buffers now, write them on a background thread while
+  // training goes on (index last); wait_for_saves() or the next save joins it.
+  bool use_async = false;
+};
+
+// Checkpoint IO of a plugin whose model or optimizer state is sharded over
+// ranks (ZeRO, tensor parallelism): it gathers or writes per-rank shards
+// itself. Every call is collective over the job. Model directories must stay
+// Hugging Face directories (full tensors, true vocabulary) so any layout and
+// transformers can load them; optimizer state may be per-rank shards + index,
+// but a checkpoint saved with N ranks must load with M.
+class PluginCheckpointIO {
+ public:
+  virtual ~PluginCheckpointIO() = default;
+  virtual void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) = 0;
+  virtual void load_model(ModelWrapper& model, const std::string& dir) = 0;
+  virtual void save_optimizer(optim::Optimizer& optimizer, const std::string& dir, const SaveOptions& options) = 0;
+  virtual void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) = 0;
+  // Joins background saves; rethrows their error (on every rank).
+  virtual void wait_for_saves() {}
 };
 
 class Plugin {
@@ -49,6 +74,18 @@ class Plugin {
   virtual cluster::ProcessGroupPtr grad_partition_group() const { return nullptr; }
 
   virtual std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) = 0;
+  // Called after wrap_model: a plugin that shards optimizer state or owns
+  // precision (ZeRO: fp32 master shards, clipping over the dp group) returns
+  // its own optimizer around `optimizer`. The default returns it unchanged and
+  // the Booster adds masters/clipping itself (unless control_precision()).
+  virtual std::unique_ptr<optim::Optimizer> wrap_optimizer(ModelWrapper& model,
+                                                           std::unique_ptr<optim::Optimizer> optimizer) {
+    (void)model;
+    return optimizer;
+  }
+  // Null (the default): the Booster's replicated IO, where dp rank 0 writes
+  // the whole model and optimizer state.
+  virtual PluginCheckpointIO* checkpoint_io() { return nullptr; }
 };
 
 }  // namespace colossus::booster

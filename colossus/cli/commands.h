@@ -17,5 +17,6 @@ Command add_rank_command(CLI::App& app);      // colossus _rank (internal: per-r
 Command add_check_command(CLI::App& app);     // colossus check
 Command add_selftest_command(CLI::App& app);  // colossus _selftest (internal: what check runs on each rank)
 Command add_generate_command(CLI::App& app);  // colossus generate
+Command add_train_command(CLI::App& app);     // colossus train
 
 }  // namespace colossus::cli
