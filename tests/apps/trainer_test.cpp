@@ -9,6 +9,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/metrics/jsonl_writer.h"
 #include "colossus/models/pretrained.h"
+#include "tests/testing/command.h"
 #include "tests/testing/testing.h"
 
 #include <ATen/ATen.h>
@@ -174,12 +175,9 @@ TEST(Trainer, TransformersLoadsTheCheckpoint) {
     }
     const std::string command = fmt::format("{} {} {} '{}' 'héllo <|endoftext|>' 2>&1", COLOSSUS_PYTHON,
                                             COLOSSUS_HF_LOAD_CHECK, model_dir.string(), ids_json.dump());
-    std::string output;
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::array<char, 4096> buffer{};
-    while (fgets(buffer.data(), buffer.size(), pipe) != nullptr) output += buffer.data();
-    ASSERT_EQ(pclose(pipe), 0) << output;
+    const auto result = ct::run_command(command);
+    const std::string& output = result.output;
+    ASSERT_EQ(result.exit_code, 0) << output;
     auto reply = nlohmann::json::parse(output.substr(output.rfind('{')));
     EXPECT_NEAR(reply["loss"].get<double>(), ours, 1e-4);
     // The byte tokenizer: bytes of "héllo " then <|endoftext|> = 256.

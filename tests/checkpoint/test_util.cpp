@@ -1,5 +1,7 @@
 #include "tests/checkpoint/test_util.h"
 
+#include "tests/testing/command.h"
+
 #include "colossus/checkpoint/dtypes.h"
 #include "colossus/core/errors.h"
 
@@ -143,13 +145,9 @@ int run_python(const std::string& script, std::string& output) {
   std::string script_path = dir.file("oracle.py");
   write_bytes(script_path, script);
   std::string command = fmt::format("'{}' '{}' 2>&1", COLOSSUS_PYTHON, script_path);
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-  int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto result = colossus::testing::run_command(command);
+  output = std::move(result.output);
+  return result.exit_code == 127 ? -1 : result.exit_code;
 }
 
 }  // namespace colossus::checkpoint::testing

@@ -3,6 +3,7 @@
 // encode and decode varied text exactly as the byte tokenizer does.
 #include "colossus/data/corpus.h"
 #include "colossus/data/tokenizer.h"
+#include "tests/testing/command.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -82,14 +83,9 @@ TEST_F(ByteTokenizerFiles, PythonTokenizersAndTransformersAgree) {
   std::ofstream(texts_file) << nlohmann::json(texts()).dump();
   const std::string command = fmt::format("'{}' '{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_BYTE_TOKENIZER_ORACLE,
                                           dir_->string(), texts_file.string());
-  FILE* pipe = ::popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  std::array<char, 4096> buffer{};
-  size_t n = 0;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  const auto result = colossus::testing::run_command(command);
+  const std::string& output = result.output;
+  ASSERT_EQ(result.exit_code, 0) << output;
   const auto json = nlohmann::json::parse(output.substr(output.find('{')));
   EXPECT_EQ(json["vocab_size"], 257);
   EXPECT_EQ(json["bos"], 256);

@@ -1,5 +1,7 @@
 #include "tests/inference/support.h"
 
+#include "tests/testing/command.h"
+
 #include "colossus/models/pretrained.h"
 
 #include <fmt/format.h>
@@ -13,38 +15,7 @@ namespace colossus::inference::testing {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    path = fs::temp_directory_path() / fmt::format("colossus_inference_test_{}", ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
-}  // namespace
-
-const fs::path& scratch_dir() {
-  static ScratchDir dir;
-  return dir.path;
-}
-
-CommandResult run_command(const std::string& command) {
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return {127, "popen failed for: " + command};
-  std::string output;
-  std::array<char, 4096> buffer{};
-  size_t n = 0;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, output};
-}
+const fs::path& scratch_dir() { return colossus::testing::scratch_dir("inference"); }
 
 CommandResult run_oracle(const std::string& arguments) {
   return run_command(fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_GENERATE_ORACLE, arguments));

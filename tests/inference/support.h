@@ -3,6 +3,7 @@
 // output, and tiny models saved as Hugging Face directories.
 #pragma once
 #include "colossus/models/causal_lm.h"
+#include "tests/testing/command.h"
 
 #include <filesystem>
 #include <memory>
@@ -13,13 +14,8 @@ namespace colossus::inference::testing {
 // A fresh directory for this test process, removed at exit.
 const std::filesystem::path& scratch_dir();
 
-struct CommandResult {
-  int exit_code;
-  std::string output;  // stdout (and stderr when merged by the command line)
-};
-
-// Runs `command` through the shell and returns its exit code and stdout.
-CommandResult run_command(const std::string& command);
+using colossus::testing::CommandResult;
+using colossus::testing::run_command;
 
 // Runs tests/inference/hf_generate.py with the venv's Python.
 CommandResult run_oracle(const std::string& arguments);

@@ -1,5 +1,7 @@
 #include "tests/models/oracle.h"
 
+#include "tests/testing/command.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/abs.h>
@@ -18,38 +20,12 @@ namespace colossus::models::testing {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    path = fs::temp_directory_path() / fmt::format("colossus_models_test_{}", ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
-}  // namespace
-
-const fs::path& scratch_dir() {
-  static ScratchDir dir;
-  return dir.path;
-}
+const fs::path& scratch_dir() { return colossus::testing::scratch_dir("models"); }
 
 PythonResult run_oracle(const std::string& arguments) {
-  std::string command = fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_MODELS_ORACLE, arguments);
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return {127, "popen failed for: " + command};
-  std::string output;
-  std::array<char, 4096> buffer{};
-  size_t n = 0;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, output};
+  auto result = colossus::testing::run_command(
+      fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_MODELS_ORACLE, arguments));
+  return {result.exit_code, std::move(result.output)};
 }
 
 const fs::path& hf_reference_dir() {

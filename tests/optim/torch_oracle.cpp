@@ -1,5 +1,7 @@
 #include "tests/optim/torch_oracle.h"
 
+#include "tests/testing/command.h"
+
 #include "colossus/checkpoint/safetensors.h"
 
 #include <ATen/ATen.h>
@@ -15,42 +17,15 @@ namespace colossus::optim::testing {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    path = fs::temp_directory_path() / fmt::format("colossus-optim-test-{}", ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
-};
-
-}  // namespace
-
-const fs::path& scratch_dir() {
-  static ScratchDir dir;
-  return dir.path;
-}
+const fs::path& scratch_dir() { return colossus::testing::scratch_dir("optim"); }
 
 bool python_available() { return fs::exists(COLOSSUS_PYTHON) && fs::exists(COLOSSUS_TORCH_ORACLE); }
 
 int run_oracle(const std::string& arguments, std::string& output) {
-  const std::string command = fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_TORCH_ORACLE, arguments);
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    output = "popen failed for: " + command;
-    return -1;
-  }
-  std::array<char, 4096> buffer;
-  size_t n = 0;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) output.append(buffer.data(), n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto result = colossus::testing::run_command(
+      fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_TORCH_ORACLE, arguments));
+  output += result.output;
+  return result.exit_code == 127 ? -1 : result.exit_code;
 }
 
 std::map<std::string, at::Tensor> read_tensors(const fs::path& file) {
