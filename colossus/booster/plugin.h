@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,13 @@ class ModelWrapper {
   // input_ids: (B, T) int64 -> logits (B, T, V)
   virtual at::Tensor forward(const at::Tensor& input_ids) = 0;
   virtual models::CausalLM& unwrap() = 0;
+  // logits from forward(), labels (B, T) int64 -> the scalar causal-LM loss.
+  // A plugin whose forward returns sharded logits (tensor parallel: this
+  // rank's vocab slice) computes it on them; the default is the model's own.
+  virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
+                          std::optional<int64_t> num_items = std::nullopt) {
+    return unwrap().loss(logits, labels, num_items);
+  }
   // Gradient accumulation: while a guard is alive, backward does not
   // synchronise gradients across ranks.
   virtual void set_grad_sync(bool enabled) = 0;

@@ -1,0 +1,266 @@
+// HybridParallelPlugin's checkpoint IO. Saves gather every tp-sharded tensor
+// (parameters, and optimizer state shaped like them) into the full tensor with
+// the true vocab (padding trimmed); world rank 0 writes a Hugging Face model
+// directory and an optimizer file in the replicated layout. Loads read the full
+// tensors on every rank and slice this rank's part (padding added back), so
+// any tp x dp layout, DDP and transformers read what any other layout wrote.
+// Every call is collective over the world; an error anywhere throws on all.
+#include "colossus/amp/mixed_precision_optimizer.h"
+#include "colossus/booster/booster_impl.h"
+#include "colossus/booster/hybrid_parallel_plugin.h"
+#include "colossus/checkpoint/file_io.h"
+#include "colossus/checkpoint/hf_index.h"
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/core/errors.h"
+#include "colossus/models/pretrained.h"
+
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <set>
+#include <unordered_map>
+
+namespace colossus::booster {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kOptimizerPrefix = "optimizer";
+constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";  // as the Booster's own IO
+
+std::string hf_dtype(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::kFloat:
+      return "float32";
+    case c10::kBFloat16:
+      return "bfloat16";
+    case c10::kHalf:
+      return "float16";
+    default:
+      throw CheckpointError(fmt::format("save_model: no Hugging Face torch_dtype for {}", c10::toString(dtype)));
+  }
+}
+
+// "state.12.exp_avg" / "master.12" -> 12; -1 when the name has no index.
+int64_t param_index(const std::string& name) {
+  const auto first = name.find('.');
+  if (first == std::string::npos) return -1;
+  const auto second = name.find('.', first + 1);
+  const std::string digits =
+      name.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
+
+class HybridParallelCheckpointIO : public PluginCheckpointIO {
+ public:
+  HybridParallelCheckpointIO(const HybridParallelPlugin& plugin, HybridParallelModel*& model)
+      : plugin_(plugin), model_(model) {}
+
+  void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
+    auto& hybrid = as_hybrid(model, "save_model");
+    auto& world = *plugin_.mesh().world();
+    std::exception_ptr error;
+    try {
+      if (options.size_per_shard_mb <= 0) {
+        throw ConfigError(
+            fmt::format("save_model('{}'): size_per_shard_mb={} must be positive", dir, options.size_per_shard_mb));
+      }
+      checkpoint::NamedTensors tensors;
+      for (auto& [name, local] : models::state_dict(hybrid.unwrap()))
+        tensors.emplace_back(name, full_of(hybrid, name, local));
+      if (world.rank() == 0) {
+        // Written now even with use_async: the gather already cost a full copy.
+        checkpoint::save_sharded(dir, tensors, {.max_shard_bytes = options.size_per_shard_mb * (int64_t{1} << 20)});
+        models::ModelConfig config = hybrid.unwrap().config();
+        std::visit(
+            [&](auto& c) {
+              c.extra.erase("dtype");
+              c.extra["torch_dtype"] = fmt::format("\"{}\"", hf_dtype(tensors.front().second.scalar_type()));
+            },
+            config);
+        const std::string path = (fs::path(dir) / "config.json").string();
+        checkpoint::io::TempFile out(path, checkpoint::io::temp_path_for(path));
+        const std::string json = models::config_to_json(config);
+        out.write(json.data(), json.size());
+        out.publish();
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    agree_on_success(world, error, fmt::format("save_model('{}')", dir));
+  }
+
+  void load_model(ModelWrapper& model, const std::string& dir) override {
+    auto& hybrid = as_hybrid(model, "load_model");
+    std::exception_ptr error;
+    try {
+      const auto state = checkpoint::load_state_dict(dir);
+      const bool tied = hybrid.unwrap().tied_embeddings();
+      std::vector<std::string> missing, unexpected;
+      std::set<std::string> known;
+      at::NoGradGuard no_grad;
+      for (auto& item : hybrid.unwrap().named_parameters(/*recurse=*/true)) {
+        known.insert(item.key());
+        auto it = state.find(item.key());
+        if (it == state.end()) {
+          missing.push_back(item.key());
+          continue;
+        }
+        at::Tensor local = slice_of(hybrid, item.key(), it->second.to(item.value().scalar_type()));
+        if (local.sizes() != item.value().sizes()) {
+          throw CheckpointError(fmt::format("load_model('{}'): {} has shape {} in the checkpoint, the model needs {}",
+                                            dir, item.key(), c10::str(it->second.sizes()),
+                                            c10::str(item.value().sizes())));
+        }
+        item.value().copy_(local);
+      }
+      for (const auto& [name, _] : state) {
+        const bool tolerated =
+            (tied && name == "lm_head.weight") || name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+        if (!known.contains(name) && !tolerated) unexpected.push_back(name);
+      }
+      if (!missing.empty() || !unexpected.empty()) {
+        throw CheckpointError(fmt::format("load_model('{}'): missing [{}], unexpected [{}]", dir,
+                                          fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
+      }
+      if (hybrid.mixed_optimizer != nullptr) refresh_masters(*hybrid.mixed_optimizer);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    agree_on_success(*plugin_.mesh().world(), error, fmt::format("load_model('{}')", dir));
+  }
+
+  void save_optimizer(optim::Optimizer& optimizer, const std::string& dir, const SaveOptions& options) override {
+    auto& world = *plugin_.mesh().world();
+    std::exception_ptr error;
+    try {
+      auto& hybrid = current_model("save_optimizer");
+      const auto names = param_names(hybrid, optimizer);
+      optim::OptimizerState state = optimizer.state_dict();
+      checkpoint::NamedTensors full;
+      for (auto& [name, tensor] : state.tensors) full.emplace_back(name, full_state(hybrid, names, name, tensor));
+      if (world.rank() == 0) {
+        checkpoint::ShardOptions shard{.max_shard_bytes = options.size_per_shard_mb * (int64_t{1} << 20),
+                                       .prefix = kOptimizerPrefix};
+        shard.metadata[kOptimizerStateKey] = state.json;
+        checkpoint::save_sharded(dir, full, shard);
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+    agree_on_success(world, error, fmt::format("save_optimizer('{}')", dir));
+  }
+
+  void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
+    std::exception_ptr error;
+    try {
+      auto& hybrid = current_model("load_optimizer");
+      const auto names = param_names(hybrid, optimizer);
+      const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
+      std::string source = single;
+      if (!fs::exists(single)) {
+        const auto index =
+            checkpoint::hf::read_index((fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix)).string());
+        if (index.weight_map.empty())
+          throw CheckpointError(fmt::format("load_optimizer('{}'): the index lists no tensors", dir));
+        source = (fs::path(dir) / index.weight_map.begin()->second).string();
+      }
+      const auto file = checkpoint::SafetensorsFile::open(source);
+      const auto json = file.metadata().find(kOptimizerStateKey);
+      if (json == file.metadata().end()) {
+        throw CheckpointError(fmt::format("load_optimizer: '{}' was not written by save_optimizer (no '{}' metadata)",
+                                          source, kOptimizerStateKey));
+      }
+      optim::OptimizerState state;
+      state.json = json->second;
+      for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix)) {
+        const int64_t index = param_index(name);
+        const bool sharded = index >= 0 && index < static_cast<int64_t>(names.size()) &&
+                             hybrid.sharded().specs.contains(names[index].first);
+        if (sharded) {
+          const auto& spec = hybrid.sharded().specs.at(names[index].first);
+          // Only state shaped like the parameter is split (a scalar stays whole).
+          if (tensor.dim() > spec.dim && tensor.size(spec.dim) == spec.true_size) {
+            state.tensors.emplace_back(name, parallel::plan::slice_for_rank(tensor, spec, tp_rank()));
+            continue;
+          }
+        }
+        state.tensors.emplace_back(name, tensor);
+      }
+      optimizer.load_state_dict(state);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    agree_on_success(*plugin_.mesh().world(), error, fmt::format("load_optimizer('{}')", dir));
+  }
+
+ private:
+  HybridParallelModel& as_hybrid(ModelWrapper& model, const char* what) {
+    auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
+    if (hybrid == nullptr)
+      throw ConfigError(fmt::format("{}: the model was not boosted by HybridParallelPlugin", what));
+    return *hybrid;
+  }
+  HybridParallelModel& current_model(const char* what) {
+    if (model_ == nullptr) throw ConfigError(fmt::format("{}: boost a model with this plugin first", what));
+    return *model_;
+  }
+  int tp_rank() const { return plugin_.tp_group()->rank(); }
+
+  at::Tensor full_of(HybridParallelModel& hybrid, const std::string& name, const at::Tensor& local) {
+    auto it = hybrid.sharded().specs.find(name);
+    if (it == hybrid.sharded().specs.end()) return local.detach();
+    return parallel::plan::gather_full(local, it->second, *plugin_.tp_group());
+  }
+  at::Tensor slice_of(HybridParallelModel& hybrid, const std::string& name, const at::Tensor& full) {
+    auto it = hybrid.sharded().specs.find(name);
+    if (it == hybrid.sharded().specs.end()) return full;
+    if (full.dim() <= it->second.dim || full.size(it->second.dim) != it->second.true_size) {
+      throw CheckpointError(fmt::format("load_model: {} has shape {}, expected {} along dim {}", name,
+                                        c10::str(full.sizes()), it->second.true_size, it->second.dim));
+    }
+    return parallel::plan::slice_for_rank(full, it->second, tp_rank());
+  }
+
+  // (parameter name, local shape) of each optimizer parameter, flat order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> param_names(HybridParallelModel& hybrid,
+                                                                        const optim::Optimizer& optimizer) {
+    std::unordered_map<const c10::TensorImpl*, std::string> by_impl;
+    for (const auto& item : hybrid.unwrap().named_parameters(/*recurse=*/true)) {
+      by_impl[item.value().unsafeGetTensorImpl()] = item.key();
+    }
+    std::vector<std::pair<std::string, std::vector<int64_t>>> names;
+    for (const auto& group : optimizer.param_groups()) {
+      for (const auto& p : group.params) {
+        auto it = by_impl.find(p.unsafeGetTensorImpl());
+        names.emplace_back(it == by_impl.end() ? std::string() : it->second, p.sizes().vec());
+      }
+    }
+    return names;
+  }
+
+  at::Tensor full_state(HybridParallelModel& hybrid,
+                        const std::vector<std::pair<std::string, std::vector<int64_t>>>& names, const std::string& name,
+                        const at::Tensor& tensor) {
+    const int64_t index = param_index(name);
+    if (index < 0 || index >= static_cast<int64_t>(names.size())) return tensor;
+    if (tensor.sizes().vec() != names[index].second) return tensor;  // not shaped like the parameter
+    return full_of(hybrid, names[index].first, tensor);
+  }
+
+  const HybridParallelPlugin& plugin_;
+  HybridParallelModel*& model_;
+};
+
+}  // namespace
+
+std::unique_ptr<PluginCheckpointIO> make_hybrid_parallel_checkpoint_io(const HybridParallelPlugin& plugin,
+                                                                       HybridParallelModel*& model) {
+  return std::make_unique<HybridParallelCheckpointIO>(plugin, model);
+}
+
+}  // namespace colossus::booster

@@ -1,0 +1,200 @@
+#include "colossus/booster/hybrid_parallel_plugin.h"
+
+#include "colossus/amp/mixed_precision_optimizer.h"
+#include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/tp_clip_optimizer.h"
+#include "colossus/cluster/launch.h"
+#include "colossus/core/errors.h"
+#include "colossus/parallel/tensor/comm.h"
+#include "colossus/parallel/tensor/layers.h"
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <unordered_map>
+
+namespace colossus::booster {
+
+void HybridParallelPluginOptions::validate() const {
+  if (tp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.tp_size = {} must be >= 1", tp_size));
+  if (pp_size != 1) {
+    throw ConfigError(
+        fmt::format("hybrid_parallel.pp_size = {}: pipeline parallelism has not landed yet; use "
+                    "pp_size = 1 (tensor x data parallel)",
+                    pp_size));
+  }
+  if (sp_size != 1 || enable_sequence_parallelism || !sequence_parallelism_mode.empty()) {
+    throw ConfigError(
+        fmt::format("hybrid_parallel: sequence parallelism (sp_size = {}, enable_sequence_parallelism "
+                    "= {}, mode '{}') has not landed yet; use sp_size = 1 without a mode",
+                    sp_size, enable_sequence_parallelism, sequence_parallelism_mode));
+  }
+  if (zero_stage != 0) {
+    throw ConfigError(
+        fmt::format("hybrid_parallel.zero_stage = {}: ZeRO with tensor parallelism has not landed yet; "
+                    "use zero_stage = 0 (or the low_level_zero plugin without tp)",
+                    zero_stage));
+  }
+  if (precision != "fp32" && precision != "bf16" && precision != "fp16") {
+    throw ConfigError(fmt::format("hybrid_parallel.precision = '{}' is unknown; use fp32, bf16 or fp16", precision));
+  }
+  if (!(max_norm >= 0.0) || !std::isfinite(max_norm)) {
+    throw ConfigError(
+        fmt::format("hybrid_parallel.max_norm = {} is invalid; use 0 (no clipping) or e.g. 1.0", max_norm));
+  }
+  if (!(norm_type > 0.0))
+    throw ConfigError(fmt::format("hybrid_parallel.norm_type = {}; use 2 or infinity", norm_type));
+  if (make_vocab_size_divisible_by < 1) {
+    throw ConfigError(fmt::format("hybrid_parallel.make_vocab_size_divisible_by = {} must be >= 1 (default 64)",
+                                  make_vocab_size_divisible_by));
+  }
+  if (!(bucket_cap_mb > 0))
+    throw ConfigError(fmt::format("hybrid_parallel.bucket_cap_mb = {} must be positive", bucket_cap_mb));
+  if (precision == "fp16") loss_scaler.validate();
+}
+
+HybridParallelModel::HybridParallelModel(std::shared_ptr<models::CausalLM> model, parallel::plan::ShardedModel sharded,
+                                         cluster::ProcessGroupPtr dp_group, bool parallel_output, double bucket_cap_mb)
+    : model_(std::move(model)), sharded_(std::move(sharded)), parallel_output_(parallel_output) {
+  GradReducer::NamedParams named;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
+  reducer_ = std::make_unique<GradReducer>(std::move(named), std::move(dp_group),
+                                           GradReducerOptions{.bucket_cap_mb = bucket_cap_mb});
+}
+
+at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
+  models::CausalLM& m = *model_;
+  at::Tensor hidden = m.embed(input_ids);
+  const models::BlockContext context = m.block_context(hidden);
+  hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
+  // A tied head reads the embedding's vocab shard; the model's own head would
+  // skip the copy-to-region its backward needs, so the wrapper computes it.
+  at::Tensor logits = sharded_.tied_head
+                          ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, *sharded_.tp_group)
+                          : m.head(hidden);
+  if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;
+  return parallel::tensor::gather_last_dim(logits, *sharded_.tp_group).narrow(-1, 0, sharded_.vocab.true_vocab);
+}
+
+at::Tensor HybridParallelModel::loss(const at::Tensor& logits, const at::Tensor& labels,
+                                     std::optional<int64_t> num_items) {
+  if (sharded_.vocab_parallel_logits && parallel_output_) {
+    return parallel::tensor::vocab_parallel_causal_lm_loss(logits, labels, sharded_.vocab, *sharded_.tp_group,
+                                                           num_items);
+  }
+  return models::causal_lm_loss(logits, labels, num_items);
+}
+
+HybridParallelPlugin::HybridParallelPlugin(HybridParallelPluginOptions options, cluster::ProcessGroupPtr world)
+    : options_(std::move(options)) {
+  options_.validate();
+  if (!world) world = cluster::current_cluster().world;
+  if (world->size() % options_.tp_size != 0) {
+    throw ConfigError(fmt::format("hybrid_parallel.tp_size = {} does not divide the {} ranks; use a divisor of {}",
+                                  options_.tp_size, world->size(), world->size()));
+  }
+  const int dp = world->size() / options_.tp_size;
+  cluster::MeshAxes axes = options_.dp_outside ? cluster::MeshAxes{{"dp", dp}, {"tp", options_.tp_size}}
+                                               : cluster::MeshAxes{{"tp", options_.tp_size}, {"dp", dp}};
+  mesh_ = std::make_unique<cluster::ProcessGroupMesh>(std::move(world), std::move(axes));
+}
+
+HybridParallelPlugin::~HybridParallelPlugin() = default;
+
+std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
+  if (!model) throw ConfigError("HybridParallelPlugin::wrap_model: the model is null");
+  if (model_ != nullptr) {
+    throw ConfigError("HybridParallelPlugin: one plugin wraps one model; make a second plugin for a second model");
+  }
+  // Full weights must agree before slicing: dp rank 0's, over the whole world
+  // (a tp group slices one copy, so its ranks must hold the same one too).
+  std::vector<at::Tensor> params;
+  for (const auto& p : model->parameters(/*recurse=*/true)) params.push_back(p);
+  broadcast_tensors(params, *mesh_->world());
+  const auto plan = options_.custom_policy ? *options_.custom_policy : parallel::plan::default_plan(*model);
+  auto sharded = parallel::plan::shard_model(
+      *model, plan, tp_group(),
+      parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by});
+  if (options_.precision != "fp32") {
+    const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
+    at::NoGradGuard no_grad;
+    fp32_originals_.clear();
+    for (auto& item : model->named_parameters(/*recurse=*/true)) {
+      at::Tensor& p = item.value();
+      fp32_originals_.push_back(p.detach().clone());
+      // set_data: the optimizer's handles follow the cast tensor.
+      if (at::isFloatingType(p.scalar_type())) p.set_data(p.detach().to(dtype));
+    }
+    for (auto& item : model->named_buffers(/*recurse=*/true)) {
+      at::Tensor& b = item.value();
+      if (at::isFloatingType(b.scalar_type())) b.set_data(b.detach().to(dtype));
+    }
+  }
+  auto wrapped = std::make_shared<HybridParallelModel>(std::move(model), std::move(sharded), dp_group(),
+                                                       options_.parallel_output, options_.bucket_cap_mb);
+  model_ = wrapped.get();
+  return wrapped;
+}
+
+std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrapper& model,
+                                                                       std::unique_ptr<optim::Optimizer> optimizer) {
+  auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
+  if (hybrid == nullptr)
+    throw ConfigError("HybridParallelPlugin::wrap_optimizer: the model was not wrapped by this plugin");
+  // Each optimizer parameter's replica count over tp, in the optimizer's flat order.
+  std::unordered_map<const c10::TensorImpl*, std::pair<std::string, size_t>> by_impl;
+  size_t index = 0;
+  for (const auto& item : hybrid->unwrap().named_parameters(/*recurse=*/true)) {
+    by_impl[item.value().unsafeGetTensorImpl()] = {item.key(), index++};
+  }
+  std::vector<int64_t> replicas;
+  std::vector<at::Tensor> originals;
+  for (const auto& group : optimizer->param_groups()) {
+    for (const auto& param : group.params) {
+      auto it = by_impl.find(param.unsafeGetTensorImpl());
+      if (it == by_impl.end()) {
+        throw ConfigError("HybridParallelPlugin: the optimizer holds a tensor that is not a parameter of the model");
+      }
+      replicas.push_back(hybrid->sharded().replicas(it->second.first));
+      if (!fp32_originals_.empty()) originals.push_back(fp32_originals_[it->second.second]);
+    }
+  }
+  if (options_.max_norm > 0.0) {
+    optimizer = std::make_unique<TPClipOptimizer>(std::move(optimizer), TPClipOptions{.max_norm = options_.max_norm,
+                                                                                      .norm_type = options_.norm_type,
+                                                                                      .replicas = std::move(replicas),
+                                                                                      .tp_group = tp_group()});
+  }
+  if (options_.precision == "fp32") return optimizer;
+  // Gradients are partitioned over tp (identical over dp after the
+  // all-reduce), so an overflow anywhere in a tp group skips the step on all.
+  auto tp = tp_group();
+  auto overflow = [tp](bool local) {
+    if (tp->size() == 1) return local;
+    at::Tensor flag =
+        at::full({1}, local ? 1.0f : 0.0f,
+                 at::TensorOptions().device(tp->backend_name() == "nccl" ? cluster::current_cluster().device
+                                                                         : c10::Device(c10::kCPU)));
+    tp->all_reduce(flag, cluster::ReduceOp::Max).wait();
+    return flag.item<float>() > 0.0f;
+  };
+  auto mixed = std::make_unique<amp::MixedPrecisionOptimizer>(
+      std::move(optimizer),
+      amp::MixedPrecisionOptions{
+          .precision = options_.precision, .loss_scaler = options_.loss_scaler, .overflow_reducer = overflow});
+  // Masters start at the exact fp32 values, not their bf16/fp16 rounding.
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < originals.size(); ++i) mixed->master_params()[i].copy_(originals[i]);
+  fp32_originals_.clear();
+  hybrid->mixed_optimizer = mixed.get();
+  return mixed;
+}
+
+PluginCheckpointIO* HybridParallelPlugin::checkpoint_io() {
+  if (!io_) io_ = make_hybrid_parallel_checkpoint_io(*this, model_);
+  return io_.get();
+}
+
+}  // namespace colossus::booster

@@ -1,0 +1,109 @@
+// HybridParallelPlugin (first half): tensor parallelism composed with data
+// parallelism on one ProcessGroupMesh, as Colossal-AI's HybridParallelPlugin.
+// The model is sharded by a plan (the model's own, or custom_policy), gradients
+// are averaged over dp while backward runs (GradReducer), the loss is the
+// vocab-parallel cross-entropy, and checkpoints are full Hugging Face
+// directories (gathered over tp, padding trimmed). Pipeline and sequence
+// parallelism and ZeRO stages are refused until they land.
+#pragma once
+#include "colossus/amp/loss_scaler.h"
+#include "colossus/booster/grad_reducer.h"
+#include "colossus/booster/plugin.h"
+#include "colossus/cluster/mesh.h"
+#include "colossus/parallel/plan/sharder.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace colossus::amp {
+class MixedPrecisionOptimizer;
+}
+
+namespace colossus::booster {
+
+struct HybridParallelPluginOptions {
+  int tp_size = 1;
+  int pp_size = 1;                           // only 1 for now
+  int sp_size = 1;                           // only 1 for now
+  bool enable_sequence_parallelism = false;  // refused for now
+  std::string sequence_parallelism_mode;     // refused for now (split_gather, ring, all_to_all...)
+  int zero_stage = 0;                        // only 0 for now
+  std::string precision = "fp32";            // fp32 | bf16 | fp16 (fp32 masters, loss scaling)
+  double max_norm = 0.0;                     // > 0: clip to this global norm (counted once per element)
+  double norm_type = 2.0;                    // 2 or infinity
+  amp::LossScalerOptions loss_scaler = {};   // fp16
+  // true: forward returns this rank's vocab slice of the logits and loss() is
+  // the vocab-parallel cross-entropy; false: logits are gathered (true vocab).
+  bool parallel_output = true;
+  int64_t make_vocab_size_divisible_by = 64;                  // vocab padded to a multiple of this x tp
+  bool dp_outside = true;                                     // mesh (dp, tp): tp ranks adjacent; false: (tp, dp)
+  std::optional<parallel::plan::ShardingPlan> custom_policy;  // default: the model's plan
+  double bucket_cap_mb = 25.0;                                // dp gradient buckets
+  // Throws ConfigError naming the bad value and a valid alternative.
+  void validate() const;
+};
+
+// The wrapped model HybridParallelPlugin returns.
+class HybridParallelModel : public ModelWrapper {
+ public:
+  HybridParallelModel(std::shared_ptr<models::CausalLM> model, parallel::plan::ShardedModel sharded,
+                      cluster::ProcessGroupPtr dp_group, bool parallel_output, double bucket_cap_mb);
+  // input_ids: (B, T) int64 -> logits (B, T, V_padded/tp) with parallel_output, else (B, T, V).
+  at::Tensor forward(const at::Tensor& input_ids) override;
+  // logits from forward, labels (B, T) -> scalar: vocab-parallel when the logits are.
+  at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
+                  std::optional<int64_t> num_items = std::nullopt) override;
+  models::CausalLM& unwrap() override { return *model_; }
+  void set_grad_sync(bool enabled) override { reducer_->set_sync_enabled(enabled); }
+  const parallel::plan::ShardedModel& sharded() const { return sharded_; }
+  // Set by the plugin when it wraps the optimizer with fp32 masters, so that a
+  // model load can move them (the optimizer outlives the loads done with it).
+  amp::MixedPrecisionOptimizer* mixed_optimizer = nullptr;
+
+ private:
+  std::shared_ptr<models::CausalLM> model_;
+  parallel::plan::ShardedModel sharded_;
+  bool parallel_output_;
+  std::unique_ptr<GradReducer> reducer_;
+};
+
+class HybridParallelPlugin : public Plugin {
+ public:
+  // world: the ranks to lay the mesh over (default: the cluster's world).
+  explicit HybridParallelPlugin(HybridParallelPluginOptions options, cluster::ProcessGroupPtr world = nullptr);
+  ~HybridParallelPlugin() override;
+
+  std::string name() const override { return "hybrid_parallel"; }
+  std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16", "fp16"}; }
+  bool control_precision() const override { return true; }
+  cluster::ProcessGroupPtr dp_group() const override { return mesh_->group("dp"); }
+  cluster::ProcessGroupPtr tp_group() const { return mesh_->group("tp"); }
+  const cluster::ProcessGroupMesh& mesh() const { return *mesh_; }
+  const HybridParallelPluginOptions& options() const { return options_; }
+
+  // Shards the full model (same weights on every rank: built with one seed, or
+  // broadcast here from dp rank 0), casts it to the precision, hooks dp reduction.
+  std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) override;
+  // Clipping over tp (replicated elements counted once), fp32 masters for bf16/fp16.
+  std::unique_ptr<optim::Optimizer> wrap_optimizer(ModelWrapper& model,
+                                                   std::unique_ptr<optim::Optimizer> optimizer) override;
+  PluginCheckpointIO* checkpoint_io() override;
+
+ private:
+  HybridParallelPluginOptions options_;
+  std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
+  std::vector<at::Tensor> fp32_originals_;  // between wrap_model and wrap_optimizer (bf16/fp16)
+  std::unique_ptr<PluginCheckpointIO> io_;
+  HybridParallelModel* model_ = nullptr;
+};
+
+// The plugin's checkpoint IO (hybrid_parallel_checkpoint.cpp): full HF model
+// directories and full optimizer state, gathered over tp and written by world
+// rank 0; loads slice them for this rank's layout, so a tp=2 save loads with
+// tp=1, under DDP, or into transformers.
+std::unique_ptr<PluginCheckpointIO> make_hybrid_parallel_checkpoint_io(const HybridParallelPlugin& plugin,
+                                                                       HybridParallelModel*& model);
+
+}  // namespace colossus::booster

@@ -1,0 +1,49 @@
+// TPClipOptimizer: gradient clipping by global norm for tensor-parallel
+// models. Each rank holds slices of the sharded parameters and full copies of
+// the replicated ones, so the norm sums every rank's terms over the tp group
+// with each parameter weighted by 1/replicas: replicated elements count once,
+// not tp times. (Over dp the gradients are identical after the all-reduce, so
+// no dp reduction is needed.) Stateless: its state_dict is the inner one's.
+#pragma once
+#include "colossus/cluster/process_group.h"
+#include "colossus/optim/optimizer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace colossus::booster {
+
+struct TPClipOptions {
+  double max_norm = 1.0;          // > 0
+  double norm_type = 2.0;         // any p > 0, or infinity
+  std::vector<int64_t> replicas;  // per parameter in flat order: tp ranks holding each element
+  cluster::ProcessGroupPtr tp_group;
+};
+
+class TPClipOptimizer : public optim::Optimizer {
+ public:
+  // param_groups() start as the inner optimizer's; whatever is set on them
+  // (params too: a MixedPrecisionOptimizer around this one swaps in masters)
+  // reaches the inner optimizer at each step.
+  TPClipOptimizer(std::unique_ptr<optim::Optimizer> inner, TPClipOptions options);
+
+  void step() override;
+  std::string name() const override { return "TPClip[" + inner_->name() + "]"; }
+  optim::OptimizerState state_dict() const override { return inner_->state_dict(); }
+  void load_state_dict(const optim::OptimizerState& state) override;
+  double last_grad_norm() const { return last_grad_norm_; }
+
+ private:
+  std::unique_ptr<optim::Optimizer> inner_;
+  TPClipOptions options_;
+  double last_grad_norm_;
+};
+
+// The global p-norm (before clipping) of the grads of `params` (flat order,
+// undefined grads skipped) with the weighting above; collective over tp_group.
+double tp_grad_norm(const std::vector<at::Tensor>& params, const std::vector<int64_t>& replicas, double norm_type,
+                    cluster::ProcessGroup& tp_group);
+
+}  // namespace colossus::booster

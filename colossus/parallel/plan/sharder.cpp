@@ -1,0 +1,245 @@
+#include "colossus/parallel/plan/sharder.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/parallel/tensor/layers.h"
+
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <tuple>
+#include <variant>
+
+namespace colossus::parallel::plan {
+
+namespace {
+
+struct Shape {
+  int64_t heads, kv_heads, head_dim, ffn;
+};
+
+Shape shape_of(const models::ModelConfig& config) {
+  if (const auto* g = std::get_if<models::GPT2Config>(&config))
+    return {g->n_head, g->n_head, g->head_dim(), g->ffn_size()};
+  const auto& l = std::get<models::LlamaConfig>(config);
+  return {l.num_attention_heads, l.kv_heads(), l.resolved_head_dim(), l.intermediate_size};
+}
+
+// Narrows the parameter to this rank's slice in place (same tensor object).
+void narrow_param(at::Tensor& param, const ShardSpec& spec, int rank) {
+  at::NoGradGuard no_grad;
+  param.set_data(slice_for_rank(param.detach(), spec, rank));
+}
+
+class Sharder {
+ public:
+  Sharder(models::CausalLM& model, cluster::ProcessGroupPtr group, const ShardOptions& options)
+      : model_(model), group_(std::move(group)), tp_(group_->size()), rank_(group_->rank()), options_(options) {
+    result_.tp_group = group_;
+  }
+
+  void apply(const std::string& path, const Style& style) {
+    switch (style.kind) {
+      case StyleKind::Colwise:
+        return colwise(path, style);
+      case StyleKind::Rowwise:
+        return rowwise(path, style);
+      case StyleKind::VocabParallelEmbedding:
+        return embedding(path);
+      case StyleKind::VocabParallelHead:
+        return head(path);
+    }
+  }
+
+  ShardedModel finish() && { return std::move(result_); }
+
+ private:
+  torch::nn::Module& module_at(const std::string& path) {
+    auto modules = model_.named_modules("", /*include_self=*/false);
+    auto* found = modules.find(path);
+    if (found == nullptr) throw ConfigError(fmt::format("sharding plan: no module at '{}'", path));
+    return **found;
+  }
+
+  // The (weight, bias, layout) of a Linear or Conv1D leaf.
+  std::tuple<at::Tensor, at::Tensor, tensor::WeightLayout> linear_at(const std::string& path, const char* style) {
+    auto& module = module_at(path);
+    if (auto* linear = dynamic_cast<models::Linear*>(&module)) {
+      return {linear->weight, linear->bias, tensor::WeightLayout::OutIn};
+    }
+    if (auto* conv = dynamic_cast<models::Conv1D*>(&module))
+      return {conv->weight, conv->bias, tensor::WeightLayout::InOut};
+    throw ConfigError(
+        fmt::format("sharding plan: {} needs a Linear or Conv1D at '{}', found {}", style, path, module.name()));
+  }
+
+  void colwise(const std::string& path, const Style& style) {
+    auto [weight, bias, layout] = linear_at(path, "Colwise");
+    const int64_t out_dim = layout == tensor::WeightLayout::OutIn ? 0 : 1;
+    const int64_t out = weight.size(out_dim);
+    const Shape shape = shape_of(model_.config());
+    ShardSpec spec;
+    tensor::ColumnParallelOptions options{.layout = layout, .gather_output = style.gather_output};
+    if (style.kv_heads && out / shape.head_dim < tp_ && tp_ % (out / shape.head_dim) == 0) {
+      // Fewer kv heads than ranks: rank r keeps the one kv head its query
+      // heads [r*H/tp, (r+1)*H/tp) attend with; tp/KV ranks share each.
+      const int64_t kv = out / shape.head_dim, d = shape.head_dim, group_size = shape.heads / kv;
+      spec = ShardSpec{.dim = out_dim, .full_size = out, .true_size = out, .replicas = tp_ / kv};
+      for (int64_t r = 0; r < tp_; ++r) spec.ranges.push_back({{(r * (shape.heads / tp_)) / group_size * d, d}});
+      options.replica_slot = spec.ranges[rank_][0].first / d;
+      options.replica_slots = kv;
+    } else {
+      if (out % (style.fused_parts * tp_) != 0) {
+        throw ConfigError(
+            fmt::format("tensor parallel: '{}' has {} output features, which do not split into {} "
+                        "part(s) over tp={}; pick a tp that divides them",
+                        path, out, style.fused_parts, tp_));
+      }
+      spec = ShardSpec::even(out_dim, out, tp_, style.fused_parts);
+    }
+    if (style.gather_output && style.fused_parts > 1) {
+      throw ConfigError(fmt::format("tensor parallel: '{}' is fused ({} parts); gather_output would interleave them",
+                                    path, style.fused_parts));
+    }
+    narrow_param(weight, spec, rank_);
+    result_.specs[path + ".weight"] = spec;
+    if (bias.defined()) {
+      ShardSpec bias_spec = spec;
+      bias_spec.dim = 0;
+      narrow_param(bias, bias_spec, rank_);
+      result_.specs[path + ".bias"] = bias_spec;
+    }
+    models::replace_layer(model_, path, std::make_shared<tensor::ColumnParallelLinear>(weight, bias, group_, options));
+  }
+
+  void rowwise(const std::string& path, const Style& style) {
+    auto [weight, bias, layout] = linear_at(path, "Rowwise");
+    const int64_t in_dim = layout == tensor::WeightLayout::OutIn ? 1 : 0;
+    const int64_t in = weight.size(in_dim);
+    if (in % tp_ != 0) {
+      throw ConfigError(
+          fmt::format("tensor parallel: '{}' has {} input features, which do not split over tp={}", path, in, tp_));
+    }
+    ShardSpec spec = ShardSpec::even(in_dim, in, tp_);
+    narrow_param(weight, spec, rank_);
+    result_.specs[path + ".weight"] = spec;
+    models::replace_layer(
+        model_, path,
+        std::make_shared<tensor::RowParallelLinear>(
+            weight, bias, group_,
+            tensor::RowParallelOptions{.layout = layout, .input_is_parallel = style.input_is_parallel}));
+  }
+
+  ShardSpec vocab_spec(int64_t vocab) {
+    const int64_t multiple = std::max<int64_t>(options_.make_vocab_size_divisible_by, 1) * tp_;
+    const int64_t padded = (vocab + multiple - 1) / multiple * multiple;
+    ShardSpec spec = ShardSpec::even(0, padded, tp_);
+    spec.true_size = vocab;
+    result_.padded_vocab = padded;
+    result_.vocab = {.vocab_start = spec.ranges[rank_][0].first, .true_vocab = vocab};
+    return spec;
+  }
+
+  void embedding(const std::string& path) {
+    auto* embedding = dynamic_cast<models::Embedding*>(&module_at(path));
+    if (embedding == nullptr)
+      throw ConfigError(fmt::format("sharding plan: VocabParallelEmbedding needs an Embedding at '{}'", path));
+    at::Tensor weight = embedding->weight;
+    ShardSpec spec = vocab_spec(weight.size(0));
+    narrow_param(weight, spec, rank_);
+    result_.specs[path + ".weight"] = spec;
+    embedding_sharded_ = true;
+    models::replace_layer(model_, path,
+                          std::make_shared<tensor::VocabParallelEmbedding>(weight, result_.vocab.vocab_start,
+                                                                           embedding->padding_idx, group_));
+  }
+
+  void head(const std::string& path) {
+    auto [weight, bias, layout] = linear_at(path, "VocabParallelHead");
+    if (bias.defined() || layout != tensor::WeightLayout::OutIn) {
+      throw ConfigError(fmt::format("sharding plan: VocabParallelHead needs a bias-free nn.Linear at '{}'", path));
+    }
+    ShardSpec spec = vocab_spec(weight.size(0));
+    narrow_param(weight, spec, rank_);
+    result_.specs[path + ".weight"] = spec;
+    result_.vocab_parallel_logits = true;
+    models::replace_layer(model_, path, std::make_shared<tensor::VocabParallelHead>(weight, group_));
+  }
+
+ public:
+  void tie_head() {
+    if (!embedding_sharded_) {
+      throw ConfigError(
+          "sharding plan: the head is tied to the embedding, so VocabParallelHead needs the embedding "
+          "sharded by VocabParallelEmbedding too");
+    }
+    result_.tied_head = true;
+    result_.vocab_parallel_logits = true;
+  }
+  bool embedding_sharded() const { return embedding_sharded_; }
+
+ private:
+  models::CausalLM& model_;
+  cluster::ProcessGroupPtr group_;
+  int64_t tp_;
+  int rank_;
+  ShardOptions options_;
+  ShardedModel result_;
+  bool embedding_sharded_ = false;
+};
+
+}  // namespace
+
+int64_t ShardedModel::replicas(const std::string& name) const {
+  auto it = specs.find(name);
+  return it == specs.end() ? (tp_group ? tp_group->size() : 1) : it->second.replicas;
+}
+
+void validate_tp(const models::ModelConfig& config, int64_t tp) {
+  const Shape s = shape_of(config);
+  if (tp < 1) throw ConfigError(fmt::format("tp_size = {} must be >= 1", tp));
+  if (s.heads % tp != 0) {
+    throw ConfigError(
+        fmt::format("tp_size = {} does not divide the {} attention heads; use a divisor of {}", tp, s.heads, s.heads));
+  }
+  if (s.kv_heads % tp != 0 && tp % s.kv_heads != 0) {
+    throw ConfigError(
+        fmt::format("tp_size = {} and the {} key/value heads: one must divide the other", tp, s.kv_heads));
+  }
+  if (s.ffn % tp != 0) {
+    throw ConfigError(fmt::format("tp_size = {} does not divide the FFN width {}", tp, s.ffn));
+  }
+}
+
+ShardedModel shard_model(models::CausalLM& model, const ShardingPlan& plan, cluster::ProcessGroupPtr tp_group,
+                         const ShardOptions& options) {
+  if (!tp_group) throw ConfigError("shard_model: the tp group is null");
+  validate_tp(model.config(), tp_group->size());
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (item.value().is_meta()) {
+      throw ConfigError(
+          fmt::format("shard_model: parameter {} is on the meta device; it needs full weights", item.key()));
+    }
+  }
+  std::vector<std::string> paths;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) paths.push_back(item.key());
+  Sharder sharder(model, tp_group, options);
+  for (const auto& [pattern, style] : plan.rules) {
+    bool matched = false;
+    for (const auto& path : paths) {
+      if (!path_matches(pattern, path)) continue;
+      matched = true;
+      sharder.apply(path, style);
+    }
+    if (matched) continue;
+    if (style.kind == StyleKind::VocabParallelHead && model.tied_embeddings()) {
+      sharder.tie_head();
+      continue;
+    }
+    throw ConfigError(fmt::format("sharding plan: pattern '{}' matches no module of {}", pattern, model.name()));
+  }
+  if (model.tied_embeddings() && sharder.embedding_sharded()) sharder.tie_head();
+  return std::move(sharder).finish();
+}
+
+}  // namespace colossus::parallel::plan

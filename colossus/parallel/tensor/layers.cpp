@@ -1,0 +1,90 @@
+#include "colossus/parallel/tensor/layers.h"
+
+#include "colossus/parallel/tensor/comm.h"
+
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+
+namespace colossus::parallel::tensor {
+
+namespace {
+
+at::Tensor linear_with(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
+  return at::linear(x, layout == WeightLayout::OutIn ? weight : weight.t(), bias);
+}
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(at::Tensor weight_, at::Tensor bias_, cluster::ProcessGroupPtr group,
+                                           ColumnParallelOptions options)
+    : Layer("ColumnParallelLinear"), group_(std::move(group)), options_(options) {
+  weight = register_parameter("weight", std::move(weight_));
+  if (bias_.defined()) bias = register_parameter("bias", std::move(bias_));
+}
+
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) {
+  at::Tensor w = weight, b = bias;
+  if (options_.replica_slots > 0) {
+    w = sum_replica_grads(w, options_.replica_slot, options_.replica_slots, *group_);
+    if (b.defined()) b = sum_replica_grads(b, options_.replica_slot, options_.replica_slots, *group_);
+  }
+  at::Tensor y = linear_with(copy_to_region(x, *group_), w, b, options_.layout);
+  return options_.gather_output ? gather_last_dim(y, *group_) : y;
+}
+
+RowParallelLinear::RowParallelLinear(at::Tensor weight_, at::Tensor bias_, cluster::ProcessGroupPtr group,
+                                     RowParallelOptions options)
+    : Layer("RowParallelLinear"), group_(std::move(group)), options_(options) {
+  weight = register_parameter("weight", std::move(weight_));
+  if (bias_.defined()) bias = register_parameter("bias", std::move(bias_));
+}
+
+at::Tensor RowParallelLinear::forward(const at::Tensor& x) {
+  at::Tensor local = options_.input_is_parallel ? x : scatter_last_dim(x, *group_);
+  // The bias is added once, after the sum, not on every rank.
+  at::Tensor y = reduce_from_region(linear_with(local, weight, at::Tensor(), options_.layout), *group_);
+  return bias.defined() ? y + bias : y;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(at::Tensor weight_, int64_t vocab_start,
+                                               std::optional<int64_t> padding_idx_, cluster::ProcessGroupPtr group)
+    : models::Embedding(0, weight_.size(1), padding_idx_, weight_.options().device(c10::kMeta)),
+      vocab_start_(vocab_start),
+      group_(std::move(group)) {
+  // Adopt the given tensor object as "weight" (the base class registered a
+  // meta placeholder), so handles held elsewhere keep pointing at the parameter.
+  weight_.set_requires_grad(true);
+  parameters_["weight"] = weight_;
+  weight = std::move(weight_);
+}
+
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) {
+  const int64_t rows = weight.size(0);
+  at::Tensor outside = (ids < vocab_start_).logical_or(ids >= vocab_start_ + rows);
+  at::Tensor local_ids = at::where(outside, at::zeros_like(ids), ids - vocab_start_);
+  int64_t local_padding = -1;
+  if (padding_idx && *padding_idx >= vocab_start_ && *padding_idx < vocab_start_ + rows) {
+    local_padding = *padding_idx - vocab_start_;
+  }
+  at::Tensor out = at::embedding(weight, local_ids, local_padding);
+  // Rows of other ranks' tokens: zero here (and zero gradient for row 0).
+  out = out.masked_fill(outside.unsqueeze(-1), 0.0);
+  return reduce_from_region(out, *group_);
+}
+
+VocabParallelHead::VocabParallelHead(at::Tensor weight_, cluster::ProcessGroupPtr group)
+    : Layer("VocabParallelHead"), group_(std::move(group)) {
+  weight = register_parameter("weight", std::move(weight_));
+}
+
+at::Tensor VocabParallelHead::forward(const at::Tensor& hidden) {
+  return vocab_parallel_logits(hidden, weight, *group_);
+}
+
+at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const at::Tensor& weight, cluster::ProcessGroup& group) {
+  return at::linear(copy_to_region(hidden, group), weight);
+}
+
+}  // namespace colossus::parallel::tensor

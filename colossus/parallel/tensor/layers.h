@@ -1,0 +1,101 @@
+// Tensor-parallel replacements for the models' leaf layers: column- and
+// row-parallel linear (both nn.Linear's (out, in) and HF Conv1D's (in, out)
+// weight layouts), the vocab-parallel embedding and LM head. Each takes the
+// already sliced local parameter tensors, keeps them as the same tensor objects
+// (so optimizer handles stay valid) under the same names ("weight", "bias"),
+// and does its communication through the autograd functions of comm.h.
+#pragma once
+#include "colossus/cluster/process_group.h"
+#include "colossus/models/layers.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace colossus::parallel::tensor {
+
+// How a linear layer stores its weight.
+enum class WeightLayout { OutIn, InOut };  // nn.Linear (out, in); HF Conv1D (in, out)
+
+struct ColumnParallelOptions {
+  WeightLayout layout = WeightLayout::OutIn;
+  bool gather_output = false;  // all-gather the output features (replicated output)
+  // Replicated key/value heads (kv heads < tp): this rank's replica set and the
+  // number of sets; gradients are summed within a set. slots == 0: not replicated.
+  int64_t replica_slot = 0;
+  int64_t replica_slots = 0;
+};
+
+// y = x W_local^T + b_local: each rank computes out/tp of the output features.
+class ColumnParallelLinear : public models::Layer {
+ public:
+  // weight: local (out/tp, in) for OutIn or (in, out/tp) for InOut; bias: (out/tp) or undefined.
+  ColumnParallelLinear(at::Tensor weight, at::Tensor bias, cluster::ProcessGroupPtr group,
+                       ColumnParallelOptions options);
+  // x: (..., in) replicated -> (..., out/tp), or (..., out) with gather_output.
+  at::Tensor forward(const at::Tensor& x) override;
+  at::Tensor weight;
+  at::Tensor bias;
+
+ private:
+  cluster::ProcessGroupPtr group_;
+  ColumnParallelOptions options_;
+};
+
+struct RowParallelOptions {
+  WeightLayout layout = WeightLayout::OutIn;
+  bool input_is_parallel = true;  // false: the input is replicated and is split here first
+};
+
+// y = all_reduce(x_local W_local^T) + b: each rank holds in/tp input features.
+class RowParallelLinear : public models::Layer {
+ public:
+  // weight: local (out, in/tp) for OutIn or (in/tp, out) for InOut; bias: full (out), replicated, or undefined.
+  RowParallelLinear(at::Tensor weight, at::Tensor bias, cluster::ProcessGroupPtr group, RowParallelOptions options);
+  // x: (..., in/tp) (or (..., in) without input_is_parallel) -> (..., out) replicated.
+  at::Tensor forward(const at::Tensor& x) override;
+  at::Tensor weight;
+  at::Tensor bias;
+
+ private:
+  cluster::ProcessGroupPtr group_;
+  RowParallelOptions options_;
+};
+
+// Each rank holds rows [vocab_start, vocab_start + local_rows) of the (padded)
+// table; ids outside it give zeros and the all-reduce fills them in. It is an
+// models::Embedding so that a tied head reads this shard as `embedding().weight`.
+class VocabParallelEmbedding : public models::Embedding {
+ public:
+  // weight: (V_padded/tp, C); padding_idx is a global row (HF's pad token) or none.
+  VocabParallelEmbedding(at::Tensor weight, int64_t vocab_start, std::optional<int64_t> padding_idx,
+                         cluster::ProcessGroupPtr group);
+  // ids: (B, T) int64 in [0, V) -> (B, T, C) replicated.
+  at::Tensor forward(const at::Tensor& ids) override;
+  int64_t vocab_start() const { return vocab_start_; }
+
+ private:
+  int64_t vocab_start_;
+  cluster::ProcessGroupPtr group_;
+};
+
+// The LM head: hidden (replicated) -> this rank's slice of the (padded) vocab
+// logits. The vocab-parallel cross-entropy consumes them without a gather.
+class VocabParallelHead : public models::Layer {
+ public:
+  // weight: (V_padded/tp, C).
+  VocabParallelHead(at::Tensor weight, cluster::ProcessGroupPtr group);
+  // hidden: (B, T, C) -> logits (B, T, V_padded/tp).
+  at::Tensor forward(const at::Tensor& hidden) override;
+  at::Tensor weight;
+
+ private:
+  cluster::ProcessGroupPtr group_;
+};
+
+// The head computation shared by VocabParallelHead and a tied head (which uses
+// the embedding's shard). hidden: (B, T, C), weight: (V_padded/tp, C) -> (B, T, V_padded/tp).
+at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const at::Tensor& weight, cluster::ProcessGroup& group);
+
+}  // namespace colossus::parallel::tensor
