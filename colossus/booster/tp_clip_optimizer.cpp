@@ -24,6 +24,7 @@ std::vector<optim::ParamGroup> groups_of(const std::unique_ptr<optim::Optimizer>
 at::Tensor norm_total(const std::vector<at::Tensor>& params, const std::vector<int64_t>& replicas, double norm_type,
                       cluster::ProcessGroup& tp_group) {
   const bool inf = std::isinf(norm_type);
+  const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   at::Tensor local;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = params[i].grad();
@@ -37,7 +38,9 @@ at::Tensor norm_total(const std::vector<at::Tensor>& params, const std::vector<i
       local = inf ? at::maximum(local, term) : local + term;
     }
   }
-  if (!local.defined()) local = at::zeros({}, at::kFloat);
+  // No gradient on this rank: it still joins the all-reduce (on the device the
+  // collective needs: NCCL moves only GPU memory).
+  if (!local.defined()) local = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
   local = local.reshape({1}).contiguous();
   if (tp_group.size() > 1) tp_group.all_reduce(local, inf ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
   return inf ? local : local.pow(1.0 / norm_type);

@@ -242,13 +242,38 @@ TrainConfig from_table(const toml::table& root) {
     SectionReader s(top.table("plugin"), "plugin");
     auto& p = config.plugin;
     s.get("name", p.name);
-    // Keys match DDPPluginOptions one to one.
-    s.get("broadcast_buffers", p.ddp.broadcast_buffers);
-    s.get("bucket_cap_mb", p.ddp.bucket_cap_mb);
-    s.get("find_unused_parameters", p.ddp.find_unused_parameters);
-    s.get("check_reduction", p.ddp.check_reduction);
-    s.get("gradient_as_bucket_view", p.ddp.gradient_as_bucket_view);
-    s.get("static_graph", p.ddp.static_graph);
+    if (p.name == "hybrid_parallel") {
+      // Keys match HybridParallelPluginOptions one to one (loss scaler keys flat, as low_level_zero's).
+      auto& h = p.hybrid_parallel;
+      s.get("tp_size", h.tp_size);
+      s.get("pp_size", h.pp_size);
+      s.get("sp_size", h.sp_size);
+      s.get("enable_sequence_parallelism", h.enable_sequence_parallelism);
+      s.get("sequence_parallelism_mode", h.sequence_parallelism_mode);
+      s.get("zero_stage", h.zero_stage);
+      s.get("precision", h.precision);
+      s.get("max_norm", h.max_norm);
+      s.get("norm_type", h.norm_type);
+      s.get("initial_scale", h.loss_scaler.initial_scale);
+      s.get("min_scale", h.loss_scaler.min_scale);
+      s.get("growth_factor", h.loss_scaler.growth_factor);
+      s.get("backoff_factor", h.loss_scaler.backoff_factor);
+      s.get("growth_interval", h.loss_scaler.growth_interval);
+      s.get("hysteresis", h.loss_scaler.hysteresis);
+      s.get("max_scale", h.loss_scaler.max_scale);
+      s.get("parallel_output", h.parallel_output);
+      s.get("make_vocab_size_divisible_by", h.make_vocab_size_divisible_by);
+      s.get("dp_outside", h.dp_outside);
+      s.get("bucket_cap_mb", h.bucket_cap_mb);
+    } else {
+      // Keys match DDPPluginOptions one to one.
+      s.get("broadcast_buffers", p.ddp.broadcast_buffers);
+      s.get("bucket_cap_mb", p.ddp.bucket_cap_mb);
+      s.get("find_unused_parameters", p.ddp.find_unused_parameters);
+      s.get("check_reduction", p.ddp.check_reduction);
+      s.get("gradient_as_bucket_view", p.ddp.gradient_as_bucket_view);
+      s.get("static_graph", p.ddp.static_graph);
+    }
     s.finish();
   }
   {
@@ -329,9 +354,10 @@ void TrainConfig::validate() const {
   }
   require_non_negative("lr_scheduler.warmup_steps", lr_scheduler.warmup_steps);
   require_non_negative("lr_scheduler.total_steps", lr_scheduler.total_steps);
-  if (plugin.name != "ddp") {
-    throw ConfigError(fmt::format("plugin.name = '{}' is unknown; available: ddp", plugin.name));
+  if (plugin.name != "ddp" && plugin.name != "hybrid_parallel") {
+    throw ConfigError(fmt::format("plugin.name = '{}' is unknown; available: ddp, hybrid_parallel", plugin.name));
   }
+  if (plugin.name == "hybrid_parallel") plugin.hybrid_parallel.validate();
   plugin.ddp.validate();
   booster.validate();
   require_positive("train.steps", train.steps, "1000");

@@ -6,6 +6,7 @@
 #pragma once
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/hybrid_parallel_plugin.h"
 
 #include <cstdint>
 #include <map>
@@ -60,8 +61,11 @@ struct SchedulerSection {
 };
 
 struct PluginSection {
-  std::string name = "ddp";  // ddp (more plugins join as they land)
+  std::string name = "ddp";  // ddp | hybrid_parallel (more plugins join as they land)
   booster::DDPPluginOptions ddp = {};
+  // name = "hybrid_parallel": tensor x data parallel; its precision and
+  // max_norm replace the booster's (custom_policy is C++ only).
+  booster::HybridParallelPluginOptions hybrid_parallel = {};
 };
 
 struct TrainSection {

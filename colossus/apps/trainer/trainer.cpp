@@ -7,6 +7,7 @@
 #include "colossus/apps/trainer/training_data.h"
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
@@ -110,7 +111,11 @@ void Trainer::build() {
   auto optimizer = build_optimizer(config_.optimizer, *model);
   auto scheduler = build_lr_scheduler(config_.lr_scheduler, *optimizer, config_.train.steps);
 
-  plugin_ = std::make_shared<booster::DDPPlugin>(config_.plugin.ddp, world_);
+  if (config_.plugin.name == "hybrid_parallel") {
+    plugin_ = std::make_shared<booster::HybridParallelPlugin>(config_.plugin.hybrid_parallel, world_);
+  } else {
+    plugin_ = std::make_shared<booster::DDPPlugin>(config_.plugin.ddp, world_);
+  }
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
   dp_ = plugin_->dp_group();
@@ -190,7 +195,7 @@ double Trainer::evaluate() {
   auto total = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (int64_t i = 0; i < batches; ++i) {
     auto ids = eval_loader_->next().to(device_, /*non_blocking=*/true);
-    auto loss = boosted_.model->unwrap().loss(boosted_.model->forward(ids), ids);
+    auto loss = boosted_.model->loss(boosted_.model->forward(ids), ids);
     total[0] += loss.detach().to(at::kDouble);
     total[1] += 1.0;
   }
@@ -276,7 +281,8 @@ TrainResult Trainer::run() {
       auto ids = loader.next().to(device_, /*non_blocking=*/true);
       std::optional<booster::Booster::NoSyncGuard> no_sync;
       if (micro + 1 < accum) no_sync.emplace(model);
-      auto loss = model.unwrap().loss(model.forward(ids), ids) / static_cast<double>(accum);
+      // The wrapper's loss: tensor parallelism computes it on vocab-sharded logits.
+      auto loss = model.loss(model.forward(ids), ids) / static_cast<double>(accum);
       booster_->backward(loss, optimizer);
       loss_since_log += loss.detach().to(at::kDouble);
     }
@@ -340,7 +346,17 @@ TrainResult Trainer::run() {
   result.final_step = state_.step;
   if (last_saved >= 0) result.final_checkpoint = dirs_.step_dir(last_saved);
   reporter_->finish();
-  if (world_->rank() == 0 && !config_.train.sample_prompt.empty() && config_.train.sample_tokens > 0) print_sample();
+  // Sampling runs the plain model on rank 0 alone; a tensor-parallel model
+  // needs its whole tp group for a forward, so its sample is left to `colossus generate`.
+  const auto* hybrid = dynamic_cast<const booster::HybridParallelPlugin*>(plugin_.get());
+  const bool tp_sharded = hybrid != nullptr && hybrid->options().tp_size > 1;
+  if (world_->rank() == 0 && !config_.train.sample_prompt.empty() && config_.train.sample_tokens > 0) {
+    if (tp_sharded) {
+      log.info("no sample with tp_size > 1: run `colossus generate` on the saved checkpoint");
+    } else {
+      print_sample();
+    }
+  }
   return result;
 }
 
