@@ -7,6 +7,7 @@
 #include "colossus/booster/clip_grad_optimizer.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/equal.h>
@@ -263,6 +264,10 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<co
 void Booster::backward(const at::Tensor& loss, optim::Optimizer& optimizer) {
   if (auto* mixed = dynamic_cast<amp::MixedPrecisionOptimizer*>(&optimizer)) {
     mixed->scale_loss(loss).backward();
+    return;
+  }
+  if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer)) {
+    zero->scale_loss(loss).backward();
     return;
   }
   loss.backward();

@@ -6,6 +6,9 @@
 #pragma once
 #include "colossus/optim/adam.h"
 
+#include <functional>
+#include <vector>
+
 namespace colossus::optim {
 
 struct LambOptions {
@@ -42,13 +45,24 @@ class Lamb : public StatefulOptimizer {
   // it did not apply, NaN where the parameter had no grad), for logging.
   const std::vector<double>& last_trust_ratios() const { return trust_ratios_; }
 
+  // For sharded layouts (ZeRO): each tensor stepped here is one rank's part
+  // of a parameter split over ranks (tensor i of every rank is a part of the
+  // same parameter), so norms need partial sums combined over those ranks.
+  // The reducer gets sums of squares in flat order and must replace each by
+  // its SUM over the ranks (an all-reduce); every rank calls it the same
+  // number of times with the same lengths. The tensors must be fp32/fp64.
+  using PartitionReducer = std::function<void(std::vector<double>& sums)>;
+  void set_partition_reducer(PartitionReducer reducer) { partition_reducer_ = std::move(reducer); }
+
  protected:
   void validate_group(const ParamGroup& group, size_t group_index) const override;
   std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
  private:
   Lamb(std::vector<ParamGroup> groups, const LambOptions& options, bool groups_given);
+  void step_partitioned(double grad_divisor);
   std::vector<double> trust_ratios_;
+  PartitionReducer partition_reducer_;
 };
 
 }  // namespace colossus::optim

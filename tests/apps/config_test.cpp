@@ -97,3 +97,29 @@ TEST(TrainConfig, MistakesNameTheKey) {
   EXPECT_NE(error_of("", {"train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps=-3"}).find("train.steps = -3"), std::string::npos);
 }
+
+TEST(TrainConfig, LowLevelZeroKeysMapOntoItsOptions) {
+  auto c = parse_train_config(R"(
+[plugin]
+name = "low_level_zero"
+stage = 2
+precision = "bf16"
+reduce_bucket_size_in_m = 4.0
+overlap_allgather = true
+cpu_offload = true
+extra_dp_size = 1
+max_norm = 1.0
+)");
+  EXPECT_EQ(c.plugin.name, "low_level_zero");
+  EXPECT_EQ(c.plugin.low_level_zero.stage, 2);
+  EXPECT_EQ(c.plugin.low_level_zero.precision, "bf16");
+  EXPECT_EQ(c.plugin.low_level_zero.reduce_bucket_size_in_m, 4.0);
+  EXPECT_TRUE(c.plugin.low_level_zero.overlap_allgather);
+  EXPECT_TRUE(c.plugin.low_level_zero.cpu_offload);
+  EXPECT_EQ(c.plugin.low_level_zero.max_norm, 1.0);
+  EXPECT_NE(error_of("[plugin]\nname = \"low_level_zero\"\nstage = 3\n").find("stage=3"), std::string::npos);
+  EXPECT_NE(error_of("[plugin]\nname = \"low_level_zero\"\nbucket_cap_mb = 25.0\n").find("bucket_cap_mb"),
+            std::string::npos);
+  EXPECT_NE(error_of("[plugin]\nname = \"low_level_zero\"\n[booster]\nmax_norm = 1.0\n").find("plugin.max_norm"),
+            std::string::npos);
+}

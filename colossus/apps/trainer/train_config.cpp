@@ -242,7 +242,28 @@ TrainConfig from_table(const toml::table& root) {
     SectionReader s(top.table("plugin"), "plugin");
     auto& p = config.plugin;
     s.get("name", p.name);
-    if (p.name == "hybrid_parallel") {
+    if (p.name == "low_level_zero") {
+      // Keys match LowLevelZeroPluginOptions one to one.
+      auto& z = p.low_level_zero;
+      s.get("stage", z.stage);
+      s.get("precision", z.precision);
+      s.get("initial_scale", z.initial_scale);
+      s.get("min_scale", z.min_scale);
+      s.get("growth_factor", z.growth_factor);
+      s.get("backoff_factor", z.backoff_factor);
+      s.get("growth_interval", z.growth_interval);
+      s.get("hysteresis", z.hysteresis);
+      s.get("max_scale", z.max_scale);
+      s.get("max_norm", z.max_norm);
+      s.get("norm_type", z.norm_type);
+      s.get("reduce_bucket_size_in_m", z.reduce_bucket_size_in_m);
+      s.get("communication_dtype", z.communication_dtype);
+      s.get("overlap_communication", z.overlap_communication);
+      s.get("overlap_allgather", z.overlap_allgather);
+      s.get("cpu_offload", z.cpu_offload);
+      s.get("master_weights", z.master_weights);
+      s.get("extra_dp_size", z.extra_dp_size);
+    } else if (p.name == "hybrid_parallel") {
       // Keys match HybridParallelPluginOptions one to one (loss scaler keys flat, as low_level_zero's).
       auto& h = p.hybrid_parallel;
       s.get("tp_size", h.tp_size);
@@ -354,11 +375,21 @@ void TrainConfig::validate() const {
   }
   require_non_negative("lr_scheduler.warmup_steps", lr_scheduler.warmup_steps);
   require_non_negative("lr_scheduler.total_steps", lr_scheduler.total_steps);
-  if (plugin.name != "ddp" && plugin.name != "hybrid_parallel") {
-    throw ConfigError(fmt::format("plugin.name = '{}' is unknown; available: ddp, hybrid_parallel", plugin.name));
+  if (plugin.name != "ddp" && plugin.name != "low_level_zero" && plugin.name != "hybrid_parallel") {
+    throw ConfigError(
+        fmt::format("plugin.name = '{}' is unknown; available: ddp, low_level_zero, hybrid_parallel", plugin.name));
   }
+  if (plugin.name == "ddp") plugin.ddp.validate();
   if (plugin.name == "hybrid_parallel") plugin.hybrid_parallel.validate();
-  plugin.ddp.validate();
+  if (plugin.name == "low_level_zero") {
+    plugin.low_level_zero.validate();
+    // The plugin owns precision and clipping; the booster's would be ignored.
+    if (booster.mixed_precision != "fp32" || booster.max_norm > 0.0) {
+      throw ConfigError(fmt::format("booster.mixed_precision = '{}' / booster.max_norm = {} are not used with plugin "
+                                    "low_level_zero; set plugin.precision and plugin.max_norm instead",
+                                    booster.mixed_precision, booster.max_norm));
+    }
+  }
   booster.validate();
   require_positive("train.steps", train.steps, "1000");
   require_positive("train.grad_accum", train.grad_accum, "1");

@@ -7,6 +7,7 @@
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
+#include "colossus/booster/low_level_zero_plugin.h"
 
 #include <cstdint>
 #include <map>
@@ -61,8 +62,10 @@ struct SchedulerSection {
 };
 
 struct PluginSection {
-  std::string name = "ddp";  // ddp | hybrid_parallel (more plugins join as they land)
+  std::string name = "ddp";  // ddp | low_level_zero | hybrid_parallel
   booster::DDPPluginOptions ddp = {};
+  // name = "low_level_zero": its precision and max_norm replace the booster's.
+  booster::LowLevelZeroPluginOptions low_level_zero = {};
   // name = "hybrid_parallel": tensor x data parallel; its precision and
   // max_norm replace the booster's (custom_policy is C++ only).
   booster::HybridParallelPluginOptions hybrid_parallel = {};

@@ -8,6 +8,7 @@
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
+#include "colossus/booster/low_level_zero_plugin.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
@@ -31,6 +32,15 @@ namespace fs = std::filesystem;
 namespace {
 
 const cluster::Logger log("train");
+
+// The [plugin] section's plugin over `world` (validated with the config).
+std::shared_ptr<booster::Plugin> make_plugin(const PluginSection& section, cluster::ProcessGroupPtr world) {
+  if (section.name == "low_level_zero") return std::make_shared<booster::LowLevelZeroPlugin>(section.low_level_zero, world);
+  if (section.name == "hybrid_parallel") {
+    return std::make_shared<booster::HybridParallelPlugin>(section.hybrid_parallel, world);
+  }
+  return std::make_shared<booster::DDPPlugin>(section.ddp, world);
+}
 
 // SIGINT/SIGTERM ask the loop to stop at the next step boundary with a
 // checkpoint; the flag is combined over ranks so all of them stop together.
@@ -111,11 +121,7 @@ void Trainer::build() {
   auto optimizer = build_optimizer(config_.optimizer, *model);
   auto scheduler = build_lr_scheduler(config_.lr_scheduler, *optimizer, config_.train.steps);
 
-  if (config_.plugin.name == "hybrid_parallel") {
-    plugin_ = std::make_shared<booster::HybridParallelPlugin>(config_.plugin.hybrid_parallel, world_);
-  } else {
-    plugin_ = std::make_shared<booster::DDPPlugin>(config_.plugin.ddp, world_);
-  }
+  plugin_ = make_plugin(config_.plugin, world_);
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
   dp_ = plugin_->dp_group();

@@ -1,0 +1,279 @@
+// LowLevelZeroPlugin: options, model/optimizer wrapping and checkpoint IO.
+// Checkpoints: the model is a full HF directory (parameters are whole on every
+// rank after the all-gather, dp rank 0 writes); the optimizer state is
+// gathered into the unsharded format the Booster writes for DDP, so it loads
+// with any dp size, into DDP, and DDP checkpoints load here (resharding is a
+// cut of whole tensors at load).
+#include "colossus/booster/low_level_zero_plugin.h"
+
+#include "colossus/booster/booster_impl.h"
+#include "colossus/booster/ddp_plugin.h"
+#include "colossus/checkpoint/hf_index.h"
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/cluster/launch.h"
+#include "colossus/cluster/mesh.h"
+#include "colossus/core/errors.h"
+#include "colossus/models/pretrained.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+namespace colossus::booster {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The same names as booster_checkpoint.cpp, so DDP and ZeRO read each other's files.
+constexpr const char* kOptimizerPrefix = "optimizer";
+constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";
+
+std::optional<c10::ScalarType> dtype_named(const std::string& name) {
+  if (name == "fp32") return at::kFloat;
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  return std::nullopt;
+}
+
+template <class Fn>
+void on_rank0_then_agree(cluster::ProcessGroup& group, const std::string& what, Fn&& fn) {
+  std::exception_ptr error;
+  if (group.rank() == 0) {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  agree_on_success(group, error, what);
+}
+
+template <class Fn>
+void on_all_then_agree(cluster::ProcessGroup& group, const std::string& what, Fn&& fn) {
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_on_success(group, error, what);
+}
+
+zero::LowLevelZeroOptimizer& zero_optimizer(optim::Optimizer& optimizer, const char* what) {
+  auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer);
+  if (!zero) {
+    throw ConfigError(
+        fmt::format("{}: {} is not the optimizer the low_level_zero plugin boosted; pass "
+                    "Boosted::optimizer",
+                    what, optimizer.name()));
+  }
+  return *zero;
+}
+
+class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
+ public:
+  explicit LowLevelZeroCheckpointIO(cluster::ProcessGroupPtr group) : group_(std::move(group)) {}
+
+  void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
+    if (options.size_per_shard_mb <= 0) {
+      throw ConfigError(fmt::format("save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
+                                    options.size_per_shard_mb));
+    }
+    if (auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model); zero_model && zero_model->optimizer()) {
+      zero_model->optimizer()->wait_for_params();
+    }
+    // Parameters are whole on every rank: rank 0 writes them as they are
+    // (use_async is served synchronously: the write is the whole cost).
+    on_rank0_then_agree(*group_, fmt::format("save_model('{}')", dir), [&] {
+      models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});
+    });
+  }
+
+  void load_model(ModelWrapper& model, const std::string& dir) override {
+    on_all_then_agree(*group_, fmt::format("load_model('{}')", dir), [&] {
+      const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name("model");
+      const std::string source =
+          fs::exists(single) ? single.string() : (fs::path(dir) / checkpoint::hf::index_file_name("model")).string();
+      auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
+      if (zero_model && zero_model->optimizer()) zero_model->optimizer()->wait_for_params();
+      models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
+      if (zero_model && zero_model->optimizer()) zero_model->optimizer()->refresh_masters_from_params();
+    });
+  }
+
+  void save_optimizer(optim::Optimizer& optimizer, const std::string& dir, const SaveOptions& options) override {
+    if (options.size_per_shard_mb <= 0) {
+      throw ConfigError(fmt::format("save_optimizer('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
+                                    options.size_per_shard_mb));
+    }
+    auto& zero = zero_optimizer(optimizer, "save_optimizer");
+    optim::OptimizerState state = zero.state_dict();  // collective: gathers the shards
+    on_rank0_then_agree(*group_, fmt::format("save_optimizer('{}')", dir), [&] {
+      checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
+                                             .prefix = kOptimizerPrefix};
+      shard_options.metadata[kOptimizerStateKey] = std::move(state.json);
+      checkpoint::save_sharded(dir, state.tensors, shard_options);
+    });
+  }
+
+  void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
+    auto& zero = zero_optimizer(optimizer, "load_optimizer");
+    on_all_then_agree(*group_, fmt::format("load_optimizer('{}')", dir), [&] {
+      const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix);
+      const fs::path index = fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix);
+      std::string source = single.string();
+      if (!fs::exists(single)) {
+        if (!fs::exists(index)) {
+          throw CheckpointError(
+              fmt::format("load_optimizer: '{}' holds neither {} nor {} (written by "
+                          "Booster::save_optimizer)",
+                          dir, single.filename().string(), index.filename().string()));
+        }
+        const auto weight_map = checkpoint::hf::read_index(index.string()).weight_map;
+        if (weight_map.empty())
+          throw CheckpointError(fmt::format("load_optimizer: '{}' lists no tensors", index.string()));
+        source = (fs::path(dir) / weight_map.begin()->second).string();
+      }
+      const auto file = checkpoint::SafetensorsFile::open(source);
+      const auto json = file.metadata().find(kOptimizerStateKey);
+      if (json == file.metadata().end()) {
+        throw CheckpointError(
+            fmt::format("load_optimizer: '{}' has no '{}' metadata; it was not written by "
+                        "Booster::save_optimizer",
+                        source, kOptimizerStateKey));
+      }
+      optim::OptimizerState state;
+      state.json = json->second;
+      for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix))
+        state.tensors.emplace_back(name, tensor);
+      zero.load_state_dict(state);
+    });
+  }
+
+ private:
+  cluster::ProcessGroupPtr group_;
+};
+
+}  // namespace
+
+void LowLevelZeroPluginOptions::validate() const {
+  if (stage != 1 && stage != 2) {
+    throw ConfigError(
+        fmt::format("low_level_zero: stage={} is not supported; use 1 (optimizer state sharded) or 2 "
+                    "(gradients too); ZeRO-3 is the gemini plugin",
+                    stage));
+  }
+  if (!dtype_named(precision)) {
+    throw ConfigError(
+        fmt::format("low_level_zero: precision='{}' is unknown; use 'fp16', 'bf16' or 'fp32'", precision));
+  }
+  if (!communication_dtype.empty() && !dtype_named(communication_dtype)) {
+    throw ConfigError(
+        fmt::format("low_level_zero: communication_dtype='{}' is unknown; use '' (the parameters' "
+                    "dtype), 'fp32', 'bf16' or 'fp16'",
+                    communication_dtype));
+  }
+  if (!(reduce_bucket_size_in_m > 0.0) || !std::isfinite(reduce_bucket_size_in_m)) {
+    throw ConfigError(
+        fmt::format("low_level_zero: reduce_bucket_size_in_m={} must be positive, e.g. 12", reduce_bucket_size_in_m));
+  }
+  if (!(max_norm >= 0.0) || !std::isfinite(max_norm)) {
+    throw ConfigError(fmt::format("low_level_zero: max_norm={} is invalid; use 0 (no clipping) or e.g. 1.0", max_norm));
+  }
+  if (!(norm_type > 0.0)) {
+    throw ConfigError(fmt::format("low_level_zero: norm_type={} is invalid; use 2 or infinity", norm_type));
+  }
+  if (extra_dp_size < 1) {
+    throw ConfigError(
+        fmt::format("low_level_zero: extra_dp_size={} must be >= 1 (1: no extra replication)", extra_dp_size));
+  }
+  zero_options().loss_scaler.validate();
+}
+
+zero::LowLevelZeroOptions LowLevelZeroPluginOptions::zero_options() const {
+  return zero::LowLevelZeroOptions{
+      .stage = stage,
+      .precision = precision,
+      .loss_scaler = {.initial_scale = initial_scale,
+                      .growth_factor = growth_factor,
+                      .backoff_factor = backoff_factor,
+                      .growth_interval = growth_interval,
+                      .hysteresis = hysteresis,
+                      .min_scale = min_scale,
+                      .max_scale = max_scale},
+      .max_norm = max_norm,
+      .norm_type = norm_type,
+      .bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(reduce_bucket_size_in_m * 1024 * 1024)),
+      .communication_dtype = communication_dtype.empty() ? std::nullopt : dtype_named(communication_dtype),
+      .overlap_communication = overlap_communication,
+      .overlap_allgather = overlap_allgather,
+      .cpu_offload = cpu_offload,
+      .master_weights = master_weights};
+}
+
+at::Tensor LowLevelZeroModel::forward(const at::Tensor& input_ids) {
+  if (optimizer_) optimizer_->wait_for_params();
+  return model_->forward(input_ids);
+}
+
+void LowLevelZeroModel::set_grad_sync(bool enabled) {
+  grad_sync_ = enabled;
+  if (optimizer_) optimizer_->set_grad_sync(enabled);
+}
+
+LowLevelZeroPlugin::LowLevelZeroPlugin(LowLevelZeroPluginOptions options, cluster::ProcessGroupPtr group)
+    : options_(std::move(options)), group_(group ? std::move(group) : cluster::current_cluster().world) {
+  options_.validate();
+  if (group_->size() % options_.extra_dp_size != 0) {
+    throw ConfigError(
+        fmt::format("low_level_zero: extra_dp_size={} does not divide the {} data-parallel ranks; use "
+                    "a divisor of {}, e.g. 1",
+                    options_.extra_dp_size, group_->size(), group_->size()));
+  }
+  shard_group_ = group_;
+  if (options_.extra_dp_size > 1) {
+    cluster::ProcessGroupMesh mesh(
+        group_, {{"extra_dp", options_.extra_dp_size}, {"dp", group_->size() / options_.extra_dp_size}});
+    shard_group_ = mesh.group("dp");
+    extra_group_ = mesh.group("extra_dp");
+  }
+  io_ = std::make_unique<LowLevelZeroCheckpointIO>(group_);
+}
+
+LowLevelZeroPlugin::~LowLevelZeroPlugin() = default;
+
+std::shared_ptr<ModelWrapper> LowLevelZeroPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
+  // Every rank starts from rank 0's weights and buffers.
+  std::vector<at::Tensor> tensors;
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) tensors.push_back(item.value());
+  for (const auto& item : model->named_buffers(/*recurse=*/true)) tensors.push_back(item.value());
+  broadcast_tensors(tensors, *group_);
+  return std::make_shared<LowLevelZeroModel>(std::move(model));
+}
+
+std::unique_ptr<optim::Optimizer> LowLevelZeroPlugin::wrap_optimizer(ModelWrapper& model,
+                                                                     std::unique_ptr<optim::Optimizer> optimizer) {
+  auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
+  if (!zero_model) throw ConfigError("low_level_zero: wrap_optimizer needs the model this plugin wrapped");
+  zero::NamedParams named;
+  for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
+    named.emplace_back(item.key(), item.value());
+  auto zero = std::make_unique<zero::LowLevelZeroOptimizer>(std::move(optimizer), std::move(named), shard_group_,
+                                                            extra_group_, options_.zero_options());
+  // Buffers follow the precision as the Booster's own bf16/fp16 path casts them.
+  const auto dtype = *dtype_named(options_.precision);
+  at::NoGradGuard no_grad;
+  for (auto& item : model.unwrap().named_buffers(/*recurse=*/true)) {
+    at::Tensor& buffer = item.value();
+    if (at::isFloatingType(buffer.scalar_type()) && buffer.scalar_type() != dtype) buffer.set_data(buffer.to(dtype));
+  }
+  zero_model->attach(zero.get());
+  return zero;
+}
+
+}  // namespace colossus::booster

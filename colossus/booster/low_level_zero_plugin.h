@@ -1,0 +1,87 @@
+// LowLevelZeroPlugin: ZeRO stage 1/2 data parallelism, with Colossal-AI's
+// options. The model is replicated (parameters in flat per-bucket buffers);
+// optimizer state (stage 1) and gradients (stage 2) are sharded over dp ranks
+// by zero::LowLevelZeroOptimizer, which also owns precision and clipping.
+#pragma once
+#include "colossus/booster/plugin.h"
+#include "colossus/zero/low_level/low_level_zero_optimizer.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace colossus::booster {
+
+struct LowLevelZeroPluginOptions {
+  int stage = 1;                   // 1: optimizer state sharded; 2: gradients too
+  std::string precision = "fp16";  // "fp16" (loss-scaled), "bf16" or "fp32"
+  // Dynamic loss scaling (fp16), Colossal-AI's defaults.
+  double initial_scale = 4294967296.0;  // 2^32
+  double min_scale = 1.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 1000;
+  int64_t hysteresis = 2;
+  double max_scale = 4294967296.0;
+  double max_norm = 0.0;                  // > 0: clip to this global norm
+  double norm_type = 2.0;                 // 2 or infinity
+  double reduce_bucket_size_in_m = 12.0;  // million elements per reduce-scatter bucket
+  std::string communication_dtype;        // "" (the parameters' dtype), "fp32", "bf16" or "fp16"
+  bool overlap_communication = true;      // reduce-scatter while backward runs
+  bool overlap_allgather = false;         // all-gather updated params while the next forward is prepared
+  bool cpu_offload = false;               // fp32 masters, optimizer state and its update on CPU
+  bool master_weights = true;             // false: bf16/fp16 shards are stepped directly
+  // > 1: state is sharded over world/extra_dp_size ranks and replicated over
+  // extra_dp_size groups of them (gradients averaged over all).
+  int extra_dp_size = 1;
+  // Throws ConfigError naming the bad value and a valid alternative.
+  void validate() const;
+  zero::LowLevelZeroOptions zero_options() const;
+};
+
+// The wrapped model: forward waits for the last step's all-gather.
+class LowLevelZeroModel : public ModelWrapper {
+ public:
+  explicit LowLevelZeroModel(std::shared_ptr<models::CausalLM> model) : model_(std::move(model)) {}
+  // input_ids: (B, T) int64 -> logits (B, T, V)
+  at::Tensor forward(const at::Tensor& input_ids) override;
+  models::CausalLM& unwrap() override { return *model_; }
+  void set_grad_sync(bool enabled) override;
+  // Set by wrap_optimizer; not owned (the Booster's Boosted holds it).
+  void attach(zero::LowLevelZeroOptimizer* optimizer) { optimizer_ = optimizer; }
+  zero::LowLevelZeroOptimizer* optimizer() const { return optimizer_; }
+
+ private:
+  std::shared_ptr<models::CausalLM> model_;
+  zero::LowLevelZeroOptimizer* optimizer_ = nullptr;
+  bool grad_sync_ = true;
+};
+
+class LowLevelZeroPlugin : public Plugin {
+ public:
+  // group: the data-parallel ranks (default: the cluster's world).
+  explicit LowLevelZeroPlugin(LowLevelZeroPluginOptions options = {}, cluster::ProcessGroupPtr group = nullptr);
+  ~LowLevelZeroPlugin() override;
+
+  std::string name() const override { return "low_level_zero"; }
+  std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16", "fp16"}; }
+  bool control_precision() const override { return true; }
+  cluster::ProcessGroupPtr dp_group() const override { return group_; }
+  cluster::ProcessGroupPtr grad_partition_group() const override { return shard_group_; }
+  std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) override;
+  // Returns a zero::LowLevelZeroOptimizer around `optimizer`.
+  std::unique_ptr<optim::Optimizer> wrap_optimizer(ModelWrapper& model,
+                                                   std::unique_ptr<optim::Optimizer> optimizer) override;
+  PluginCheckpointIO* checkpoint_io() override { return io_.get(); }
+  const LowLevelZeroPluginOptions& options() const { return options_; }
+
+ private:
+  LowLevelZeroPluginOptions options_;
+  cluster::ProcessGroupPtr group_;        // all data-parallel ranks
+  cluster::ProcessGroupPtr shard_group_;  // the ranks state is sharded over
+  cluster::ProcessGroupPtr extra_group_;  // replicas of one shard (null when extra_dp_size is 1)
+  std::unique_ptr<PluginCheckpointIO> io_;
+};
+
+}  // namespace colossus::booster

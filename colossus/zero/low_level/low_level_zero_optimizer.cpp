@@ -1,0 +1,371 @@
+// LowLevelZeroOptimizer: flattening and sharding at construction, the
+// reduce-scatter driven by gradient hooks, and the step (unscale, overflow
+// check, clipping over the shards, inner step, all-gather). The unsharded
+// state_dict lives in low_level_zero_state.cpp.
+#include "colossus/zero/low_level/low_level_zero_optimizer.h"
+
+#include "colossus/amp/clip_grad.h"
+#include "colossus/amp/unscale.h"
+#include "colossus/cluster/launch.h"
+#include "colossus/core/errors.h"
+#include "colossus/optim/lamb.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+namespace colossus::zero {
+
+namespace {
+
+class ReadyHook : public torch::autograd::PostAccumulateGradHook {
+ public:
+  ReadyHook(LowLevelZeroOptimizer* owner, size_t index) : owner_(owner), index_(index) {}
+  void operator()(const torch::autograd::Variable&) override { owner_->on_grad_ready(index_); }
+
+ private:
+  LowLevelZeroOptimizer* owner_;
+  size_t index_;
+};
+
+c10::ScalarType dtype_of(const std::string& precision) {
+  if (precision == "fp32") return at::kFloat;
+  if (precision == "bf16") return at::kBFloat16;
+  if (precision == "fp16") return at::kHalf;
+  throw ConfigError(fmt::format("LowLevelZeroOptimizer: precision='{}' is unknown; use fp32, bf16 or fp16", precision));
+}
+
+const optim::Optimizer& require(const std::unique_ptr<optim::Optimizer>& inner) {
+  if (!inner)
+    throw ConfigError("LowLevelZeroOptimizer: the inner optimizer is null; pass e.g. std::make_unique<AdamW>(...)");
+  return *inner;
+}
+
+// Small collectives (norms, flags) must live where the backend can move them.
+c10::Device collective_device(const cluster::ProcessGroup& group) {
+  return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
+}
+
+}  // namespace
+
+LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, NamedParams params,
+                                             cluster::ProcessGroupPtr dp_group, cluster::ProcessGroupPtr extra_dp_group,
+                                             LowLevelZeroOptions options)
+    : Optimizer(require(inner).param_groups()),
+      inner_(std::move(inner)),
+      params_(std::move(params)),
+      dp_group_(std::move(dp_group)),
+      extra_dp_group_(std::move(extra_dp_group)),
+      options_(std::move(options)),
+      last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
+  if (!dp_group_) throw ConfigError("LowLevelZeroOptimizer: the dp group is null");
+  if (options_.stage != 1 && options_.stage != 2) {
+    throw ConfigError(fmt::format("LowLevelZeroOptimizer: stage={} is not ZeRO-1/2; use 1 or 2", options_.stage));
+  }
+  if (options_.bucket_numel <= 0) {
+    throw ConfigError(fmt::format("LowLevelZeroOptimizer: bucket_numel={} must be positive", options_.bucket_numel));
+  }
+  if (!inner_->state_dict().tensors.empty()) {
+    throw ConfigError(
+        fmt::format("LowLevelZeroOptimizer: {} has already stepped; wrap it before its first step", inner_->name()));
+  }
+  const auto dtype = dtype_of(options_.precision);
+  master_dtype_ = options_.master_weights ? at::kFloat : dtype;
+  comm_dtype_ = options_.communication_dtype.value_or(dtype);
+  if (options_.precision == "fp16") {
+    options_.loss_scaler.validate();
+    scaler_.emplace(options_.loss_scaler);
+  }
+  // Which model parameter each of the inner optimizer's tensors is.
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of;
+  for (size_t k = 0; k < params_.size(); ++k) index_of[params_[k].second.unsafeGetTensorImpl()] = k;
+  std::vector<bool> in_optimizer(params_.size(), false);
+  for (const auto& group : inner_->param_groups()) {
+    for (const auto& p : group.params) {
+      auto it = index_of.find(p.unsafeGetTensorImpl());
+      if (it == index_of.end() || !p.requires_grad()) {
+        throw ConfigError(
+            fmt::format("LowLevelZeroOptimizer: {} holds a tensor that is not a trainable parameter "
+                        "of the model; build it on model->parameters()",
+                        inner_->name()));
+      }
+      inner_order_.push_back(it->second);
+      in_optimizer[it->second] = true;
+    }
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].second.requires_grad() && !in_optimizer[k]) {
+      throw ConfigError(
+          fmt::format("LowLevelZeroOptimizer: parameter '{}' requires grad but {} does not hold it; "
+                      "give the optimizer every trainable parameter (or set requires_grad false)",
+                      params_[k].first, inner_->name()));
+    }
+  }
+
+  at::NoGradGuard no_grad;
+  const int dp = dp_group_->size(), rank = dp_group_->rank();
+  layout_ = plan_layout(params_, options_.bucket_numel, dp, rank);
+  for (const auto& bucket_layout : layout_.buckets) {
+    Bucket bucket{.layout = bucket_layout};
+    const at::Tensor& first = params_[bucket_layout.params.front()].second;
+    const auto device = first.device();
+    const auto master_device = options_.cpu_offload ? c10::Device(c10::kCPU) : device;
+    // Flatten in the original dtype first: masters start at the exact values.
+    at::Tensor flat = at::zeros({bucket_layout.numel}, first.options().requires_grad(false));
+    for (size_t k : bucket_layout.params) {
+      const auto& slot = layout_.slots[k];
+      flat.narrow(0, slot.offset, slot.numel).copy_(params_[k].second.detach().reshape({-1}));
+    }
+    bucket.flat_params = flat.to(dtype);
+    at::Tensor own_chunk =
+        bucket.flat_params.narrow(0, int64_t{rank} * bucket_layout.shard_numel, bucket_layout.shard_numel);
+    // Where the parameters already have the master's dtype and device (fp32, or
+    // no master weights), the master is the rank's own chunk of them: no copy.
+    bucket.master = master_dtype_ == dtype && master_device == device
+                        ? own_chunk
+                        : flat.narrow(0, int64_t{rank} * bucket_layout.shard_numel, bucket_layout.shard_numel)
+                              .to(master_device, master_dtype_, /*non_blocking=*/false, /*copy=*/true);
+    bucket.master_grad = at::zeros_like(bucket.master);
+    bucket.layout.dtype = dtype;
+    for (size_t k : bucket_layout.params) {
+      const auto& slot = layout_.slots[k];
+      at::Tensor& p = params_[k].second;
+      p.set_data(bucket.flat_params.narrow(0, slot.offset, slot.numel).view(p.sizes()));
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  master_views_.resize(params_.size());
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& slot = layout_.slots[k];
+    if (!slot.managed) continue;
+    auto& bucket = buckets_[slot.bucket];
+    master_views_[k] = bucket.master.narrow(0, slot.own_offset, slot.own_numel);
+    master_views_[k].mutable_grad() = bucket.master_grad.narrow(0, slot.own_offset, slot.own_numel);
+  }
+  // Non-trainable floating parameters follow the precision too.
+  for (auto& [name, p] : params_) {
+    if (!p.requires_grad() && at::isFloatingType(p.scalar_type()) && p.scalar_type() != dtype) {
+      p.set_data(p.detach().to(dtype));
+    }
+  }
+  size_t flat_index = 0;
+  for (auto& group : inner_->param_groups()) {
+    for (auto& p : group.params) p = master_views_[inner_order_[flat_index++]];
+  }
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(inner_.get())) {
+    if (master_dtype_ != at::kFloat) {
+      throw ConfigError("LowLevelZeroOptimizer: Lamb under ZeRO needs fp32 masters; set master_weights = true");
+    }
+    // A parameter's norm is the sum of its parts' squares over the dp ranks.
+    lamb->set_partition_reducer([group = dp_group_](std::vector<double>& sums) {
+      if (group->size() == 1 || sums.empty()) return;
+      at::Tensor t = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
+                         .to(collective_device(*group), /*non_blocking=*/false, /*copy=*/true);
+      group->all_reduce(t, cluster::ReduceOp::Sum).wait();
+      at::Tensor host = t.cpu();
+      std::copy_n(host.data_ptr<double>(), sums.size(), sums.data());
+    });
+  }
+  ready_.assign(params_.size(), false);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (layout_.slots[k].managed) {
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[k].second, std::make_unique<ReadyHook>(this, k));
+    }
+  }
+}
+
+bool LowLevelZeroOptimizer::aliases_params(const Bucket& bucket) {
+  return bucket.master.storage().is_alias_of(bucket.flat_params.storage());
+}
+
+LowLevelZeroOptimizer::~LowLevelZeroOptimizer() {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (layout_.slots[k].managed) torch::autograd::impl::post_acc_grad_hooks(params_[k].second).reset();
+  }
+  try {
+    wait_for_params();
+  } catch (...) {  // a destructor must not throw; the job is ending anyway
+  }
+}
+
+at::Tensor LowLevelZeroOptimizer::scale_loss(const at::Tensor& loss) const {
+  return scaler_ ? loss * scaler_->scale() : loss;
+}
+
+void LowLevelZeroOptimizer::start_backward() {
+  in_backward_ = true;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.layout.params.size();
+    bucket.launched = false;
+  }
+  next_to_launch_ = 0;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void LowLevelZeroOptimizer::on_grad_ready(size_t param_index) {
+  if (!sync_enabled_) return;  // accumulation: the grads stay in param.grad
+  if (!in_backward_) start_backward();
+  if (ready_[param_index]) {
+    throw DistError(
+        fmt::format("parameter '{}' received its gradient twice in one backward; ZeRO needs each "
+                    "parameter used once per forward (or accumulate with no_sync)",
+                    params_[param_index].first));
+  }
+  ready_[param_index] = true;
+  const auto& slot = layout_.slots[param_index];
+  auto& bucket = buckets_[slot.bucket];
+  at::Tensor& p = params_[param_index].second;
+  if (!bucket.staging.defined()) {
+    bucket.staging = at::zeros({bucket.layout.numel}, bucket.flat_params.options().dtype(comm_dtype_));
+  }
+  bucket.staging.narrow(0, slot.offset, slot.numel).copy_(p.grad().reshape({-1}));
+  // Stage 2 keeps no full gradient: the bucket (and then the shard) holds it.
+  if (options_.stage == 2) p.mutable_grad().reset();
+  if (--bucket.pending == 0 && options_.overlap_communication) {
+    launch_in_order(false);
+    launched_during_backward_ = static_cast<int>(next_to_launch_);
+  }
+}
+
+void LowLevelZeroOptimizer::launch(Bucket& bucket) {
+  if (!bucket.staging.defined()) {
+    bucket.staging = at::zeros({bucket.layout.numel}, bucket.flat_params.options().dtype(comm_dtype_));
+  }
+  const bool direct = comm_dtype_ == master_dtype_ && bucket.master_grad.device() == bucket.staging.device();
+  bucket.reduced = direct ? bucket.master_grad : at::empty({bucket.layout.shard_numel}, bucket.staging.options());
+  bucket.reduce_work = dp_group_->reduce_scatter(bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
+  bucket.launched = true;
+}
+
+void LowLevelZeroOptimizer::launch_in_order(bool all) {
+  while (next_to_launch_ < buckets_.size() && (all || buckets_[next_to_launch_].pending == 0)) {
+    launch(buckets_[next_to_launch_++]);
+  }
+}
+
+void LowLevelZeroOptimizer::finish_backward() {
+  if (!in_backward_) return;
+  in_backward_ = false;
+  launch_in_order(true);  // parameters without a grad this time count as zero
+  at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    bucket.reduce_work.wait();
+    if (extra_dp_group_ && extra_dp_group_->size() > 1) {
+      extra_dp_group_->all_reduce(bucket.reduced, cluster::ReduceOp::Avg).wait();
+    }
+    if (!bucket.reduced.is_same(bucket.master_grad)) bucket.master_grad.copy_(bucket.reduced);
+    bucket.reduced.reset();
+    bucket.staging.reset();
+  }
+}
+
+void LowLevelZeroOptimizer::gather_params() {
+  const int rank = dp_group_->rank();
+  for (auto& bucket : buckets_) {
+    const int64_t shard = bucket.layout.shard_numel;
+    // A separate send buffer: MPI forbids an input inside the output.
+    at::Tensor send = bucket.master.to(bucket.flat_params.device(), bucket.layout.dtype, /*non_blocking=*/false,
+                                       /*copy=*/true);
+    if (!aliases_params(bucket)) bucket.flat_params.narrow(0, int64_t{rank} * shard, shard).copy_(send);
+    bucket.reduced = send;  // kept alive until the gather is waited for
+    bucket.gather_work = dp_group_->all_gather_into(bucket.flat_params, send);
+  }
+  gather_pending_ = true;
+  if (!options_.overlap_allgather) wait_for_params();
+}
+
+void LowLevelZeroOptimizer::wait_for_params() {
+  if (!gather_pending_) return;
+  gather_pending_ = false;
+  for (auto& bucket : buckets_) {
+    bucket.gather_work.wait();
+    bucket.reduced.reset();
+  }
+}
+
+void LowLevelZeroOptimizer::step() {
+  wait_for_params();
+  at::NoGradGuard no_grad;
+  auto& inner_groups = inner_->param_groups();
+  for (size_t g = 0; g < groups_.size() && g < inner_groups.size(); ++g) {
+    inner_groups[g].lr = groups_[g].lr;
+    inner_groups[g].weight_decay = groups_[g].weight_decay;
+    inner_groups[g].options = groups_[g].options;
+  }
+  std::vector<at::Tensor> grads;
+  for (const auto& bucket : buckets_) grads.push_back(bucket.master_grad);
+  bool overflow = false;
+  if (options_.precision != "fp32") {
+    overflow = amp::unscale_and_check_finite(grads, 1.0 / loss_scale());
+    if (dp_group_->size() > 1) {
+      at::Tensor flag =
+          at::full({1}, overflow ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*dp_group_)));
+      dp_group_->all_reduce(flag, cluster::ReduceOp::Max).wait();
+      overflow = flag.item<float>() > 0.0f;
+    }
+  }
+  last_step_skipped_ = overflow;
+  if (overflow) {
+    ++skipped_steps_;
+    if (scaler_) scaler_->update(true);
+    return;
+  }
+  if (options_.max_norm > 0.0) {
+    // Each rank holds a disjoint part of the whole gradient: sum (or max) over dp.
+    amp::NormReducer reducer;
+    if (dp_group_->size() > 1) {
+      reducer = [group = dp_group_](const at::Tensor& local, double norm_type) {
+        at::Tensor total = local.to(collective_device(*group), /*non_blocking=*/false, /*copy=*/true);
+        group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
+        return total.to(local.device());
+      };
+    }
+    last_grad_norm_ = amp::clip_grad_norm(grads, options_.max_norm, options_.norm_type, reducer);
+  }
+  inner_->step();
+  if (scaler_) scaler_->update(false);
+  gather_params();
+}
+
+void LowLevelZeroOptimizer::refresh_masters_from_params() {
+  wait_for_params();
+  at::NoGradGuard no_grad;
+  const int rank = dp_group_->rank();
+  for (auto& bucket : buckets_) {
+    const int64_t shard = bucket.layout.shard_numel;
+    at::Tensor own = bucket.flat_params.narrow(0, int64_t{rank} * shard, shard).to(bucket.master.device());
+    if (aliases_params(bucket)) continue;  // the master is the parameters' own chunk
+    if (bucket.layout.dtype == master_dtype_) {
+      bucket.master.copy_(own);
+      continue;
+    }
+    // Keep exact masters where they still round to the parameter.
+    at::Tensor same = bucket.master.to(bucket.layout.dtype).eq(own);
+    bucket.master.copy_(at::where(same, bucket.master, own.to(master_dtype_)));
+  }
+}
+
+LowLevelZeroOptimizer::MemoryBytes LowLevelZeroOptimizer::memory_bytes() const {
+  MemoryBytes bytes;
+  for (const auto& bucket : buckets_) {
+    bytes.params += bucket.flat_params.nbytes();
+    if (!aliases_params(bucket)) bytes.masters += bucket.master.nbytes();
+    bytes.grads += bucket.master_grad.nbytes();
+    if (bucket.staging.defined()) bytes.grads += bucket.staging.nbytes();
+  }
+  for (const auto& [name, p] : params_) {
+    if (p.grad().defined()) bytes.grads += p.grad().nbytes();
+  }
+  for (const auto& [name, t] : inner_->state_dict().tensors) bytes.optimizer_state += t.nbytes();
+  return bytes;
+}
+
+}  // namespace colossus::zero

@@ -1,0 +1,130 @@
+// LowLevelZeroOptimizer: ZeRO stage 1 (optimizer state sharded) and stage 2
+// (gradients too) around any optimizer. Model parameters become views into
+// per-bucket flat buffers (bucket_store.h); each dp rank keeps an fp32 master
+// of its chunk of every bucket (for fp32 parameters, the chunk itself) and the
+// inner optimizer steps one view of that
+// master per parameter (possibly empty), so elementwise optimizers are exact
+// and Lamb gets its whole-parameter norms through a reducer. Gradients are
+// reduce-scattered bucket by bucket from post-accumulate-grad hooks while
+// backward runs; after the step the updated chunks are all-gathered back.
+#pragma once
+#include "colossus/amp/loss_scaler.h"
+#include "colossus/cluster/process_group.h"
+#include "colossus/optim/optimizer.h"
+#include "colossus/zero/low_level/bucket_store.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace colossus::zero {
+
+struct LowLevelZeroOptions {
+  int stage = 1;                   // 1: optimizer state sharded; 2: gradients too
+  std::string precision = "fp32";  // model parameter dtype: fp32, bf16, fp16 (loss-scaled)
+  amp::LossScalerOptions loss_scaler = {};
+  double max_norm = 0.0;  // > 0: clip to this global norm (over the shards)
+  double norm_type = 2.0;
+  int64_t bucket_numel = 12 << 20;  // elements per reduce-scatter / all-gather bucket
+  // dtype gradients travel in (undefined: the parameters' dtype).
+  std::optional<c10::ScalarType> communication_dtype = std::nullopt;
+  bool overlap_communication = true;  // reduce-scatter while backward runs, not after it
+  bool overlap_allgather = false;     // all-gather after the step; wait at the next forward
+  bool cpu_offload = false;           // masters and optimizer state on CPU
+  bool master_weights = true;         // false: step the bf16/fp16 chunk itself
+};
+
+class LowLevelZeroOptimizer : public optim::Optimizer {
+ public:
+  // `inner` must hold exactly the parameters of `params` that require grad
+  // (any groups) and not have stepped; its parameters are replaced by master
+  // views. `params`: the model's named parameters, all on one device, values
+  // identical on every rank (they are cast to `precision` here). `dp_group`
+  // shards; `extra_dp_group` (may be null) replicates: gradients are averaged
+  // over both, state is sharded over dp only.
+  LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, NamedParams params, cluster::ProcessGroupPtr dp_group,
+                        cluster::ProcessGroupPtr extra_dp_group, LowLevelZeroOptions options);
+  ~LowLevelZeroOptimizer() override;
+  LowLevelZeroOptimizer(const LowLevelZeroOptimizer&) = delete;
+  LowLevelZeroOptimizer& operator=(const LowLevelZeroOptimizer&) = delete;
+
+  void step() override;
+  std::string name() const override { return "LowLevelZero[" + inner_->name() + "]"; }
+  // Collective over dp: the unsharded state in the format the Booster writes
+  // for DDP ("state.<i>.<slot>" with whole-parameter shapes; for bf16/fp16 also
+  // "master.<i>" and the MixedPrecisionOptimizer JSON), so it loads with any
+  // dp size, into DDP, and a DDP state loads here.
+  optim::OptimizerState state_dict() const override;
+  // Each rank takes its parts of an unsharded state (not collective).
+  void load_state_dict(const optim::OptimizerState& state) override;
+
+  // Backward with gradient sync off only accumulates param.grad locally.
+  void set_grad_sync(bool enabled) { sync_enabled_ = enabled; }
+  // Blocks until the parameters hold the last step's values (overlap_allgather).
+  void wait_for_params();
+  // Masters follow the parameters where they no longer round to them (after
+  // loading weights into the model); fp32 masters are copied outright.
+  void refresh_masters_from_params();
+  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  at::Tensor scale_loss(const at::Tensor& loss) const;
+  bool last_step_skipped() const { return last_step_skipped_; }
+  double last_grad_norm() const { return last_grad_norm_; }
+  optim::Optimizer& inner() { return *inner_; }
+
+  // Bytes this rank holds, by kind (for the memory benchmark).
+  struct MemoryBytes {
+    int64_t params = 0, grads = 0, masters = 0, optimizer_state = 0;
+  };
+  MemoryBytes memory_bytes() const;
+  // Buckets reduce-scattered before backward finished in the last synced backward.
+  int launched_during_backward() const { return launched_during_backward_; }
+  size_t bucket_count() const { return buckets_.size(); }
+
+  // Called by the hooks and the engine callback.
+  void on_grad_ready(size_t param_index);
+  void finish_backward();
+
+ private:
+  struct Bucket {
+    BucketLayout layout;
+    at::Tensor flat_params;  // (numel) model dtype; the parameters are views of it
+    at::Tensor master;       // (shard_numel) master dtype, on the master device
+    at::Tensor master_grad;  // (shard_numel), the .grad of the master views
+    at::Tensor staging;      // (numel) communication dtype, during a synced backward
+    at::Tensor reduced;      // (shard_numel) communication dtype, reduce-scatter output
+    size_t pending = 0;
+    bool launched = false;
+    cluster::Work reduce_work, gather_work;
+  };
+
+  static bool aliases_params(const Bucket& bucket);
+  void start_backward();
+  void launch_in_order(bool all);
+  void launch(Bucket& bucket);
+  void gather_params();
+  std::vector<size_t> flat_to_param() const;
+
+  std::unique_ptr<optim::Optimizer> inner_;
+  NamedParams params_;
+  cluster::ProcessGroupPtr dp_group_, extra_dp_group_;
+  LowLevelZeroOptions options_;
+  Layout layout_;
+  std::vector<Bucket> buckets_;
+  std::vector<at::Tensor> master_views_;  // by parameter index (undefined if not managed)
+  std::vector<size_t> inner_order_;       // inner flat index -> parameter index
+  c10::ScalarType comm_dtype_;
+  c10::ScalarType master_dtype_;
+  std::optional<amp::DynamicLossScaler> scaler_;
+  std::vector<bool> ready_;
+  size_t next_to_launch_ = 0;
+  bool in_backward_ = false;
+  bool sync_enabled_ = true;
+  bool gather_pending_ = false;
+  bool last_step_skipped_ = false;
+  int64_t skipped_steps_ = 0;
+  int launched_during_backward_ = 0;
+  double last_grad_norm_;
+};
+
+}  // namespace colossus::zero

@@ -1,0 +1,55 @@
+// Shared by the ZeRO tests: a training run through the Booster with the
+// low_level_zero (or DDP) plugin over any group, each optimizer we have, and
+// the single-process reference on the full global batch (the data, models
+// and scratch directories come from tests/booster/booster_testing.h).
+#pragma once
+#include "colossus/booster/booster.h"
+#include "colossus/booster/low_level_zero_plugin.h"
+#include "tests/booster/booster_testing.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace colossus::zero::testing {
+
+struct RunSpec {
+  std::string model = "gpt2";   // "gpt2" or "llama"
+  std::string plugin = "zero";  // "zero" or "ddp"
+  int stage = 2;
+  int micro_batches = 1;
+  double max_norm = 0.0;
+  std::string optimizer = "adamw";  // adamw, adam, sgd, lamb, hybrid_adam
+  std::string precision = "fp32";
+  double bucket_size_in_m = 0.002;  // ~2K elements: several buckets even for tiny models
+  bool overlap_allgather = false;
+  int extra_dp_size = 1;
+  double initial_scale = 4294967296.0;  // fp16 loss scale
+  std::string communication_dtype;
+  bool cpu_offload = false;
+  bool master_weights = true;
+};
+
+std::vector<double> reference_losses(const RunSpec& spec, int64_t steps);
+
+class ZeroRun {
+ public:
+  // group: the ranks of this run (null: the world).
+  explicit ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group = nullptr);
+  double train_step(int64_t step);  // the group's mean loss of `step`
+  std::vector<double> train(int64_t first_step, int64_t end_step);
+  void save(const std::string& dir);
+  void load(const std::string& dir);
+  booster::Booster& booster() { return *booster_; }
+  booster::Boosted& boosted() { return boosted_; }
+
+ private:
+  RunSpec spec_;
+  cluster::ProcessGroupPtr group_;
+  std::unique_ptr<booster::Booster> booster_;
+  booster::Boosted boosted_;
+};
+
+double worst_rel_diff(const std::vector<double>& got, const std::vector<double>& reference);
+
+}  // namespace colossus::zero::testing
