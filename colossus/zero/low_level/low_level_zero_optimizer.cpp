@@ -207,6 +207,7 @@ void LowLevelZeroOptimizer::start_backward() {
     bucket.launched = false;
   }
   next_to_launch_ = 0;
+  launched_during_backward_ = 0;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
