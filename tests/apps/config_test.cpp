@@ -98,6 +98,35 @@ TEST(TrainConfig, MistakesNameTheKey) {
   EXPECT_NE(error_of("", {"train.steps=-3"}).find("train.steps = -3"), std::string::npos);
 }
 
+TEST(TrainConfig, HybridParallelKeysMapOntoItsOptions) {
+  auto c = parse_train_config(R"(
+[plugin]
+name = "hybrid_parallel"
+tp_size = 2
+precision = "bf16"
+max_norm = 1.0
+initial_scale = 1024.0
+parallel_output = false
+make_vocab_size_divisible_by = 128
+dp_outside = false
+)");
+  EXPECT_EQ(c.plugin.name, "hybrid_parallel");
+  EXPECT_EQ(c.plugin.hybrid_parallel.tp_size, 2);
+  EXPECT_EQ(c.plugin.hybrid_parallel.precision, "bf16");
+  EXPECT_EQ(c.plugin.hybrid_parallel.max_norm, 1.0);
+  EXPECT_EQ(c.plugin.hybrid_parallel.loss_scaler.initial_scale, 1024.0);
+  EXPECT_FALSE(c.plugin.hybrid_parallel.parallel_output);
+  EXPECT_EQ(c.plugin.hybrid_parallel.make_vocab_size_divisible_by, 128);
+  EXPECT_FALSE(c.plugin.hybrid_parallel.dp_outside);
+  // Not landed yet: refused with the reason, before anything is allocated.
+  EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\npp_size = 2\n").find("pipeline parallelism"),
+            std::string::npos);
+  EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\nsp_size = 2\n").find("sequence parallelism"),
+            std::string::npos);
+  EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\n[booster]\nmax_norm = 1.0\n").find("plugin.max_norm"),
+            std::string::npos);
+}
+
 TEST(TrainConfig, LowLevelZeroKeysMapOntoItsOptions) {
   auto c = parse_train_config(R"(
 [plugin]

@@ -380,7 +380,15 @@ void TrainConfig::validate() const {
         fmt::format("plugin.name = '{}' is unknown; available: ddp, low_level_zero, hybrid_parallel", plugin.name));
   }
   if (plugin.name == "ddp") plugin.ddp.validate();
-  if (plugin.name == "hybrid_parallel") plugin.hybrid_parallel.validate();
+  if (plugin.name == "hybrid_parallel") {
+    plugin.hybrid_parallel.validate();
+    // As low_level_zero: the plugin owns precision and clipping (norms over tp).
+    if (booster.mixed_precision != "fp32" || booster.max_norm > 0.0) {
+      throw ConfigError(fmt::format("booster.mixed_precision = '{}' / booster.max_norm = {} are not used with plugin "
+                                    "hybrid_parallel; set plugin.precision and plugin.max_norm instead",
+                                    booster.mixed_precision, booster.max_norm));
+    }
+  }
   if (plugin.name == "low_level_zero") {
     plugin.low_level_zero.validate();
     // The plugin owns precision and clipping; the booster's would be ignored.
