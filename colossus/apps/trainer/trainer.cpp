@@ -160,11 +160,17 @@ void Trainer::build() {
     std::ofstream(fs::path(config_.train.output_dir) / "config.toml") << config_.toml_text;
   }
   int64_t params = 0;
-  for (const auto& p : boosted_.model->unwrap().parameters()) params += p.numel();
+  // The parameters' dtype: a plugin may own precision (low_level_zero, hybrid_parallel).
+  std::string precision = "fp32";
+  for (const auto& p : boosted_.model->unwrap().parameters()) {
+    params += p.numel();
+    if (p.scalar_type() == at::kBFloat16) precision = "bf16";
+    if (p.scalar_type() == at::kHalf) precision = "fp16";
+  }
   log.info(fmt::format("{} ({:.2f}M parameters), plugin {} on {} rank(s), {} on {}, global batch {} x {} tokens "
                        "({} per rank x {} accumulation x {} dp)",
                        models::model_type(model_config), static_cast<double>(params) / 1e6, plugin_->name(),
-                       world_->size(), config_.booster.mixed_precision, device_.str(),
+                       world_->size(), precision, device_.str(),
                        config_.data.batch_size * config_.train.grad_accum * dp_size_, config_.data.seq_len,
                        config_.data.batch_size, config_.train.grad_accum, dp_size_));
   reporter_ = std::make_unique<RunReporter>(config_, world_->rank(), state_.step, device_);
