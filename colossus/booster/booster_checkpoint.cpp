@@ -32,10 +32,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kOptimizerPrefix = "optimizer";
-// Metadata key of the optimizer state JSON in every optimizer safetensors file.
-constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";
-
 int64_t shard_bytes(const SaveOptions& options, const std::string& what, const std::string& dir) {
   if (options.size_per_shard_mb <= 0) {
     throw ConfigError(fmt::format("{}('{}'): size_per_shard_mb={} must be positive, e.g. 1024", what, dir,
@@ -111,31 +107,6 @@ void require_dir(const std::string& dir, const std::string& what, const std::str
 std::string model_source(const std::string& dir) {
   const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name("model");
   return is_file(single) ? single.string() : (fs::path(dir) / checkpoint::hf::index_file_name("model")).string();
-}
-
-// Runs `write` on dp rank 0 only, then agrees with the other ranks.
-template <class Fn>
-void write_on_rank0(cluster::ProcessGroup& group, const std::string& what, Fn&& write) {
-  std::exception_ptr error;
-  if (group.rank() == 0) {
-    try {
-      write();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  agree_on_success(group, error, what);
-}
-
-template <class Fn>
-void read_on_all(cluster::ProcessGroup& group, const std::string& what, Fn&& read) {
-  std::exception_ptr error;
-  try {
-    read();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  agree_on_success(group, error, what);
 }
 
 }  // namespace

@@ -34,6 +34,38 @@ struct Booster::Impl {
 // that rank. Every rank must call it, failed or not.
 void agree_on_success(cluster::ProcessGroup& group, std::exception_ptr local_error, const std::string& what);
 
+// Runs `write` on rank 0 of `group` only, then agrees with the other ranks.
+template <class Fn>
+void write_on_rank0(cluster::ProcessGroup& group, const std::string& what, Fn&& write) {
+  std::exception_ptr error;
+  if (group.rank() == 0) {
+    try {
+      write();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  agree_on_success(group, error, what);
+}
+
+// Runs `read` on every rank, then agrees (one failed rank fails them all).
+template <class Fn>
+void read_on_all(cluster::ProcessGroup& group, const std::string& what, Fn&& read) {
+  std::exception_ptr error;
+  try {
+    read();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  agree_on_success(group, error, what);
+}
+
+// The optimizer files every plugin's IO writes (optimizer.safetensors or
+// shards + index, the state JSON in each file's metadata under this key), so
+// DDP, ZeRO and tensor-parallel checkpoints load into one another.
+inline constexpr const char* kOptimizerPrefix = "optimizer";
+inline constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";
+
 // fp32 masters follow the model's bf16/fp16 parameters where they no longer
 // round to them (weights loaded or broadcast into the model after the masters
 // were made). Returns how many masters changed.

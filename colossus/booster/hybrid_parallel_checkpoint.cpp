@@ -28,9 +28,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kOptimizerPrefix = "optimizer";
-constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";  // as the Booster's own IO
-
 std::string hf_dtype(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kFloat:

@@ -29,39 +29,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The same names as booster_checkpoint.cpp, so DDP and ZeRO read each other's files.
-constexpr const char* kOptimizerPrefix = "optimizer";
-constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";
-
 std::optional<c10::ScalarType> dtype_named(const std::string& name) {
   if (name == "fp32") return at::kFloat;
   if (name == "bf16") return at::kBFloat16;
   if (name == "fp16") return at::kHalf;
   return std::nullopt;
-}
-
-template <class Fn>
-void on_rank0_then_agree(cluster::ProcessGroup& group, const std::string& what, Fn&& fn) {
-  std::exception_ptr error;
-  if (group.rank() == 0) {
-    try {
-      fn();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  agree_on_success(group, error, what);
-}
-
-template <class Fn>
-void on_all_then_agree(cluster::ProcessGroup& group, const std::string& what, Fn&& fn) {
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  agree_on_success(group, error, what);
 }
 
 zero::LowLevelZeroOptimizer& zero_optimizer(optim::Optimizer& optimizer, const char* what) {
@@ -89,13 +61,13 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
     }
     // Parameters are whole on every rank: rank 0 writes them as they are
     // (use_async is served synchronously: the write is the whole cost).
-    on_rank0_then_agree(*group_, fmt::format("save_model('{}')", dir), [&] {
+    write_on_rank0(*group_, fmt::format("save_model('{}')", dir), [&] {
       models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});
     });
   }
 
   void load_model(ModelWrapper& model, const std::string& dir) override {
-    on_all_then_agree(*group_, fmt::format("load_model('{}')", dir), [&] {
+    read_on_all(*group_, fmt::format("load_model('{}')", dir), [&] {
       const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name("model");
       const std::string source =
           fs::exists(single) ? single.string() : (fs::path(dir) / checkpoint::hf::index_file_name("model")).string();
@@ -113,7 +85,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
     }
     auto& zero = zero_optimizer(optimizer, "save_optimizer");
     optim::OptimizerState state = zero.state_dict();  // collective: gathers the shards
-    on_rank0_then_agree(*group_, fmt::format("save_optimizer('{}')", dir), [&] {
+    write_on_rank0(*group_, fmt::format("save_optimizer('{}')", dir), [&] {
       checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
                                              .prefix = kOptimizerPrefix};
       shard_options.metadata[kOptimizerStateKey] = std::move(state.json);
@@ -123,7 +95,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
     auto& zero = zero_optimizer(optimizer, "load_optimizer");
-    on_all_then_agree(*group_, fmt::format("load_optimizer('{}')", dir), [&] {
+    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] {
       const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix);
       const fs::path index = fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix);
       std::string source = single.string();
