@@ -4,6 +4,7 @@
 // build has no CUDA kernels. This keeps the CPU libraries free of #ifdef.
 #pragma once
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/paged_attention.h"
 
 #include <cstdint>
 
@@ -19,9 +20,18 @@ using CudaAdamFn = void (*)(const AdamTensorPtrs* tensors, int64_t count, const 
 using CudaScaleCheckFn = bool (*)(float* const* data, const int64_t* numel, int64_t count, float scale,
                                   int device_index);
 
+// Paged attention / KV-cache write (paged_attention.h) on CUDA device
+// `device_index`, on that device's current stream (asynchronous; the slot
+// fills num_sms and allocates the workspace). Return false, launching
+// nothing, when the kernels do not handle the arguments: use the reference.
+using CudaPagedAttentionFn = bool (*)(const PagedAttentionArgs& args, int device_index);
+using CudaReshapeAndCacheFn = bool (*)(const ReshapeAndCacheArgs& args, int device_index);
+
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaScaleCheckFn scale_and_check_finite = nullptr;
+  CudaPagedAttentionFn paged_attention = nullptr;
+  CudaReshapeAndCacheFn reshape_and_cache = nullptr;
 };
 
 CudaSlots& cuda_slots();

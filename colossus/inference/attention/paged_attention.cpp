@@ -1,5 +1,7 @@
 #include "colossus/inference/attention/paged_attention.h"
 
+#include "colossus/kernels/cuda_slots.h"
+
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -10,8 +12,133 @@
 #include <c10/core/TensorOptions.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 namespace colossus::inference {
+
+namespace {
+
+// The CUDA kernels (kernels/paged_attention.h, reached through cuda_slots()
+// so that this library needs no CUDA) take fp32/fp16/bf16.
+std::optional<kernels::AttentionDtype> kernel_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat:
+      return kernels::AttentionDtype::kFloat32;
+    case at::kHalf:
+      return kernels::AttentionDtype::kFloat16;
+    case at::kBFloat16:
+      return kernels::AttentionDtype::kBFloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
+bool fits_int32(int64_t v) { return v >= 0 && v <= std::numeric_limits<int32_t>::max(); }
+
+// Both caches (num_blocks, kv_heads, block_size, head_dim), contiguous, on
+// one CUDA device, of one dtype.
+bool kernel_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  return key_cache.is_cuda() && key_cache.dim() == 4 && key_cache.sizes() == value_cache.sizes() &&
+         key_cache.scalar_type() == value_cache.scalar_type() && key_cache.device() == value_cache.device() &&
+         key_cache.is_contiguous() && value_cache.is_contiguous() && fits_int32(key_cache.size(1)) &&
+         fits_int32(key_cache.size(2)) && fits_int32(key_cache.size(3));
+}
+
+bool on_device_int32(const at::Tensor& t, const at::Device& device) {
+  return t.defined() && t.device() == device && t.scalar_type() == at::kInt;
+}
+
+// Runs the CUDA kernels when the build has them and they take these tensors;
+// false (nothing launched) means: use the reference. Sizes come from the
+// metadata's host fields, so nothing here waits for the device.
+bool try_paged_attention_cuda(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                              const AttentionMetadata& meta, double scale, at::Tensor& out) {
+  const auto launch = kernels::cuda_slots().paged_attention;
+  const auto dtype = kernel_dtype(q.scalar_type());
+  if (launch == nullptr || !dtype || !kernel_caches(key_cache, value_cache)) return false;
+  const at::Device device = key_cache.device();
+  const int64_t num_seqs = meta.num_seqs();
+  if (q.dim() != 3 || q.device() != device || q.scalar_type() != key_cache.scalar_type() || q.stride(2) != 1 ||
+      q.size(2) != key_cache.size(3) || !fits_int32(q.size(0)) || !fits_int32(q.size(1)) ||
+      q.size(0) != meta.num_tokens()) {
+    return false;
+  }
+  if (static_cast<int64_t>(meta.host_query_start.size()) != num_seqs + 1 ||
+      !on_device_int32(meta.block_tables, device) || !on_device_int32(meta.query_start, device) ||
+      !on_device_int32(meta.context_lens, device) ||
+      meta.block_tables.dim() != 2 || meta.block_tables.size(0) != num_seqs || meta.block_tables.stride(1) != 1 ||
+      !meta.query_start.is_contiguous() || !meta.context_lens.is_contiguous()) {
+    return false;
+  }
+  kernels::PagedAttentionArgs args;
+  args.has_decode_seqs = false;
+  args.has_prefill_seqs = false;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t q_len = meta.host_query_start[s + 1] - meta.host_query_start[s];
+    args.has_decode_seqs |= q_len == 1;
+    args.has_prefill_seqs |= q_len > 1;
+    args.max_query_len = std::max(args.max_query_len, q_len);
+    args.max_context_len = std::max(args.max_context_len, meta.host_context_lens[s]);
+  }
+  out = at::empty(q.sizes(), q.options());
+  args.out = out.data_ptr();
+  args.q = q.data_ptr();
+  args.out_token_stride = out.stride(0);
+  args.out_head_stride = out.stride(1);
+  args.q_token_stride = q.stride(0);
+  args.q_head_stride = q.stride(1);
+  args.key_cache = key_cache.data_ptr();
+  args.value_cache = value_cache.data_ptr();
+  args.block_tables = meta.block_tables.data_ptr<int32_t>();
+  args.block_table_stride = meta.block_tables.stride(0);
+  args.query_start = meta.query_start.data_ptr<int32_t>();
+  args.context_lens = meta.context_lens.data_ptr<int32_t>();
+  args.num_seqs = static_cast<int32_t>(num_seqs);
+  args.num_tokens = static_cast<int32_t>(q.size(0));
+  args.heads = static_cast<int32_t>(q.size(1));
+  args.kv_heads = static_cast<int32_t>(key_cache.size(1));
+  args.block_size = static_cast<int32_t>(key_cache.size(2));
+  args.head_dim = static_cast<int32_t>(key_cache.size(3));
+  args.max_blocks_per_seq = static_cast<int32_t>(meta.block_tables.size(1));
+  args.scale = static_cast<float>(scale);
+  args.dtype = *dtype;
+  return launch(args, device.index());
+}
+
+// k, v rows into the caches by the CUDA kernel, when the build has it and
+// the dtypes match (the reference also converts).
+bool try_write_kv_cache_cuda(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_cache,
+                             at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+  const auto launch = kernels::cuda_slots().reshape_and_cache;
+  const auto dtype = kernel_dtype(key_cache.scalar_type());
+  if (launch == nullptr || !dtype || !kernel_caches(key_cache, value_cache)) return false;
+  const at::Device device = key_cache.device();
+  if (k.device() != device || v.device() != device || k.scalar_type() != key_cache.scalar_type() ||
+      v.scalar_type() != key_cache.scalar_type() || k.stride(2) != 1 || v.stride(2) != 1 ||
+      slot_mapping.device() != device || slot_mapping.scalar_type() != at::kLong || slot_mapping.dim() != 1 ||
+      !slot_mapping.is_contiguous() || slot_mapping.numel() != k.size(0) || !fits_int32(k.size(0))) {
+    return false;
+  }
+  kernels::ReshapeAndCacheArgs args;
+  args.k = k.data_ptr();
+  args.v = v.data_ptr();
+  args.k_token_stride = k.stride(0);
+  args.k_head_stride = k.stride(1);
+  args.v_token_stride = v.stride(0);
+  args.v_head_stride = v.stride(1);
+  args.key_cache = key_cache.data_ptr();
+  args.value_cache = value_cache.data_ptr();
+  args.slot_mapping = slot_mapping.data_ptr<int64_t>();
+  args.num_tokens = k.size(0);
+  args.kv_heads = static_cast<int32_t>(key_cache.size(1));
+  args.block_size = static_cast<int32_t>(key_cache.size(2));
+  args.head_dim = static_cast<int32_t>(key_cache.size(3));
+  args.dtype = *dtype;
+  return launch(args, device.index());
+}
+
+}  // namespace
 
 void upload_metadata(AttentionMetadata& meta, const std::vector<int64_t>& slots, const at::Device& device) {
   const auto on_device = [&](at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(device); };
@@ -40,6 +167,7 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_ca
   TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(), "write_kv_cache: k and v must be (N, kv_heads, head_dim)");
   TORCH_CHECK(k.size(1) == key_cache.size(1) && k.size(2) == key_cache.size(3), "write_kv_cache: k is ", k.sizes(),
               " but the cache holds ", key_cache.size(1), " heads of ", key_cache.size(3));
+  if (key_cache.is_cuda() && try_write_kv_cache_cuda(k, v, key_cache, value_cache, slot_mapping)) return;
   at::Tensor keep = slot_mapping.ge(0);
   at::Tensor slots = slot_mapping.masked_select(keep);
   at::Tensor blocks = slots.div(block_size, "floor");
@@ -88,6 +216,8 @@ at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const AttentionMetadata& meta, double scale) {
+  at::Tensor out;
+  if (key_cache.is_cuda() && try_paged_attention_cuda(q, key_cache, value_cache, meta, scale, out)) return out;
   return paged_attention_reference(q, key_cache, value_cache, meta, scale);
 }
 
