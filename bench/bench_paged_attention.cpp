@@ -6,7 +6,8 @@
 // plus q, out and the block tables) at the device-to-device copy bandwidth
 // measured in the same run. llama-1b-like heads: 32 query / 8 KV heads of
 // 64, bf16, blocks of 16 tokens spread at random over the pool. A short
-// chunked-prefill section times the prefill kernel the same way.
+// chunked-prefill section times the prefill kernels (tensor cores, CUDA
+// cores) the same way.
 // Prints a table; appends to bench/RESULTS.md and bench/results.jsonl (and,
 // with --out-dir, writes the same section and rows there too).
 //
@@ -211,7 +212,8 @@ struct Row {
   int64_t batch, context, q_len;
   double mib, ours_us, kernel_us, ref_us, roofline_us, max_diff;
   int32_t partition;
-  double flops;  // prefill: 4 * heads * head_dim * visible (query, key) pairs
+  double flops;         // prefill: 4 * heads * head_dim * visible (query, key) pairs
+  double cuda_core_us;  // prefill: the CUDA-core kernel's launches alone
 };
 
 }  // namespace
@@ -246,13 +248,23 @@ int main(int argc, char** argv) try {
     const double ref_ms = time_ms(1, ref_iters, [&] {
       ref = colossus::inference::paged_attention_reference(st.q, st.key_cache, st.value_cache, st.meta, scale);
     });
-    const double max_diff = std::max((ours.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>(),
-                                     (direct_out.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>());
+    const auto diff = [&](const at::Tensor& x) {
+      return (x.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>();
+    };
+    double max_diff = std::max(diff(ours), diff(direct_out));
+    double cuda_core_ms = 0;
+    if (kind == "prefill") {
+      auto cuda_cores = args;
+      cuda_cores.prefill_tensor_cores = false;
+      cuda_core_ms =
+          time_ms(cfg.warmup, cfg.iters, [&] { colossus::kernels::paged_attention_cuda(cuda_cores, stream); });
+      max_diff = std::max(max_diff, diff(direct_out));
+    }
     double pairs = 0;  // (query, key) pairs each query sees
     for (int64_t j = 0; j < q_len; ++j) pairs += static_cast<double>(context - q_len + j + 1);
     Row r{kind, batch, context, q_len, st.bytes / (1 << 20), ours_ms * 1e3, kernel_ms * 1e3, ref_ms * 1e3,
           st.bytes / bandwidth * 1e6, max_diff, kind == "decode" ? partition_size(batch, context) : 0,
-          4.0 * kHeads * kHeadDim * pairs * static_cast<double>(batch)};
+          4.0 * kHeads * kHeadDim * pairs * static_cast<double>(batch), cuda_core_ms * 1e3};
     fmt::print("  {} batch {:4} context {:5} q_len {:4}: {:9.1f} us, kernels alone {:9.1f} us (reference {:10.1f} us), "
                "max |diff| {:.3g}\n",
                kind, batch, context, q_len, r.ours_us, r.kernel_us, r.ref_us, max_diff);
@@ -278,18 +290,19 @@ int main(int argc, char** argv) try {
         100.0 * r.roofline_us / r.kernel_us, r.ref_us, r.ref_us / r.ours_us, r.roofline_us, r.max_diff));
   }
   std::vector<std::string> prefill_lines = {
-      "| batch | q_len | context | colossus us | kernels us | TFLOP/s | reference us | x vs reference | max abs diff |",
-      "|---|---|---|---|---|---|---|---|---|"};
+      "| batch | q_len | context | colossus us | tensor-core kernel us | TFLOP/s | CUDA-core kernel us | TFLOP/s | "
+      "reference us | x vs reference | max abs diff |",
+      "|---|---|---|---|---|---|---|---|---|---|---|"};
   for (const Row& r : rows) {
     if (r.kind != "prefill") continue;
-    prefill_lines.push_back(fmt::format("| {} | {} | {} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.2g} |",
-                                        r.batch, r.q_len, r.context, r.ours_us, r.kernel_us,
-                                        r.flops / (r.kernel_us * 1e-6) / 1e12, r.ref_us, r.ref_us / r.ours_us,
-                                        r.max_diff));
+    prefill_lines.push_back(fmt::format(
+        "| {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.2g} |", r.batch, r.q_len,
+        r.context, r.ours_us, r.kernel_us, r.flops / (r.kernel_us * 1e-6) / 1e12, r.cuda_core_us,
+        r.flops / (r.cuda_core_us * 1e-6) / 1e12, r.ref_us, r.ref_us / r.ours_us, r.max_diff));
   }
   fmt::print("\ndecode (bf16, {}q/{}kv heads, head_dim {}, block {}):\n", kHeads, kKvHeads, kHeadDim, kBlockSize);
   for (const auto& l : lines) fmt::print("{}\n", l);
-  fmt::print("\nchunked prefill (same heads; CUDA-core kernel):\n");
+  fmt::print("\nchunked prefill (same heads; tensor-core kernel, and the CUDA-core one for comparison):\n");
   for (const auto& l : prefill_lines) fmt::print("{}\n", l);
 
   if (!cfg.record) return 0;
@@ -319,14 +332,15 @@ int main(int argc, char** argv) try {
                                     "config: {}\n\n",
                                     date, machine, commit, TORCH_VERSION, cfg.command, config);
   for (const auto& l : lines) section += l + "\n";
-  section += "\nChunked prefill, same heads (the prefill kernel runs on CUDA cores, fp32 FMAs, no tensor cores yet; "
-             "TFLOP/s counts 4 * heads * head_dim per visible (query, key) pair):\n\n";
+  section += "\nChunked prefill, same heads: the tensor-core kernel (mma.sync m16n8k16, what paged_attention() "
+             "runs for bf16) and the CUDA-core one (fp32 FMAs; fp32 inputs and head_dim 256 use it); TFLOP/s counts "
+             "4 * heads * head_dim per visible (query, key) pair:\n\n";
   for (const auto& l : prefill_lines) section += l + "\n";
 
   std::string jsonl;
   for (const Row& r : rows) {
     const std::string impl =
-        r.kind == "decode" ? "colossus paged decode kernels (split-K)" : "colossus paged prefill kernel";
+        r.kind == "decode" ? "colossus paged decode kernels (split-K)" : "colossus paged prefill kernel (tensor cores)";
     auto emit = [&](const std::string& who, double us, const std::string& peer, double peer_us) {
       jsonl += nlohmann::json{{"date", date},
                               {"commit", commit},
@@ -348,6 +362,10 @@ int main(int argc, char** argv) try {
                "\n";
     };
     emit(impl + ", through paged_attention()", r.ours_us, "reference: gather + SDPA per sequence", r.ref_us);
+    if (r.kind == "prefill") {
+      emit("colossus paged prefill kernel on CUDA cores, launches alone", r.cuda_core_us,
+           "colossus paged prefill kernel on tensor cores, launches alone", r.kernel_us);
+    }
     if (r.kind == "decode") {
       emit(impl + ", launches alone", r.kernel_us, "roofline: bytes at device-to-device copy bandwidth",
            r.roofline_us);

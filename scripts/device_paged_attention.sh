@@ -41,7 +41,7 @@ for obj in $(find build-gpu -name 'paged_*.cu.o'); do
 done > "$out/paged_attention_resources.txt" 2>&1
 echo "resource usage (bf16, head_dim 64/128; all kernels in paged_attention_resources.txt):"
 grep -E "Function|REG" "$out/paged_attention_resources.txt" \
-  | grep -A1 -E "(decode_kernel<__nv_bfloat16, (64|128), 4>|prefill_kernel<__nv_bfloat16, (64|128)>)" | head -20 || true
+  | grep -A1 -E "(decode_kernel<__nv_bfloat16, (64|128), 4>|prefill(_tc)?_kernel<__nv_bfloat16, (64|128)>)" | head -20 || true
 
 stamp "colossus check"
 build-gpu/bin/colossus check 2>&1 | tee "$out/check.txt"

@@ -55,6 +55,7 @@ struct PagedAttentionArgs {
   bool has_prefill_seqs = true;
   int32_t num_sms = 132;       // multiprocessors, to size the decode split
   int32_t partition_size = 0;  // decode tokens per split-K partition (power of two >= 32); 0 = choose
+  bool prefill_tensor_cores = true;  // bf16/fp16 prefill, head_dim <= 128, on mma.sync; false: CUDA cores
   void* workspace = nullptr;   // paged_attention_workspace_bytes(args) bytes of device memory
 };
 
@@ -70,7 +71,8 @@ size_t paged_attention_workspace_bytes(const PagedAttentionArgs& args);
 int32_t paged_attention_partition_size(const PagedAttentionArgs& args);
 // Launches the decode kernels (q_len == 1 sequences: split-K over the
 // context, then the log-sum-exp merge) and/or the prefill kernel (q_len > 1:
-// tiled, online softmax, causal within the chunk) on `stream` (cudaStream_t).
+// tiled, online softmax, causal within the chunk; tensor cores for bf16/fp16
+// up to head_dim 128) on `stream` (cudaStream_t).
 void paged_attention_cuda(const PagedAttentionArgs& args, void* stream);
 
 bool reshape_and_cache_cuda_supports(const ReshapeAndCacheArgs& args);

@@ -147,7 +147,11 @@ inline int heads_per_block(int group, int limit) {
 }
 
 // paged_prefill.cu: the q_len > 1 sequences of `args` (q_len == 1 too when
-// !args.has_decode_seqs, so that a lone launch covers every row).
+// !args.has_decode_seqs, so that a lone launch covers every row), on tensor
+// cores where paged_prefill_tc.cu takes the shape, else on CUDA cores.
 void launch_paged_prefill(const PagedAttentionArgs& args, cudaStream_t stream);
+// paged_prefill_tc.cu: launches and returns true for bf16/fp16 with head_dim
+// 32/64/80/96/128 when args.prefill_tensor_cores; else false, launching nothing.
+bool launch_paged_prefill_tensor_cores(const PagedAttentionArgs& args, cudaStream_t stream);
 
 }  // namespace colossus::kernels::paged

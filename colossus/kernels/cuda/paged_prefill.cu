@@ -1,7 +1,9 @@
 // Paged-KV-cache attention on CUDA, part 2: chunked prefill (q_len > 1),
-// varlen over the packed sequences. No torch headers here by design.
+// varlen over the packed sequences, on CUDA cores: the path for fp32 and
+// head_dim 256, and for bf16/fp16 when args.prefill_tensor_cores is false
+// (paged_prefill_tc.cu has the tensor-core kernel). No torch headers here.
 //
-// Flash-attention style on CUDA cores (fp32 FMAs; no tensor cores yet): one
+// Flash-attention style with fp32 FMAs: one
 // thread block per (sequence, tile of query rows, group of query heads that
 // share a KV head). A tile holds kRows rows, each a (token, head) pair: with
 // gq heads per KV head in the block (the largest power of two <= 8 dividing
@@ -245,6 +247,7 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PagedAtte
 }  // namespace
 
 void launch_paged_prefill(const PagedAttentionArgs& a, cudaStream_t stream) {
+  if (launch_paged_prefill_tensor_cores(a, stream)) return;
   const int gq = heads_per_block(a.heads / a.kv_heads, kMaxHeadsPerTile);
   dispatch_dtype(a.dtype, [&](auto t) {
     using T = decltype(t);

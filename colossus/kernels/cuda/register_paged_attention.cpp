@@ -3,8 +3,8 @@
 // workspace), and registers their `colossus check` self-tests: the KV-cache
 // write against the CPU path bit for bit, and attention over random paged
 // layouts (shuffled blocks, mixed lengths, a long split context, GQA,
-// prefill chunks next to decode rows) against paged_attention_reference run
-// in float64 on the CPU.
+// prefill chunks next to decode rows; bf16/fp16 prefill on tensor cores and
+// on CUDA cores) against paged_attention_reference run in float64 on the CPU.
 #include "colossus/inference/attention/paged_attention.h"
 #include "colossus/kernels/cuda_slots.h"
 #include "colossus/kernels/paged_attention.h"
@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <numeric>
@@ -29,12 +30,15 @@ namespace {
 // Counts kernel launches, so the self-tests can tell the dispatch took them.
 std::atomic<int64_t> attention_launches{0};
 std::atomic<int64_t> cache_writes{0};
+// The self-test also runs bf16/fp16 prefill on the CUDA-core kernel.
+std::atomic<bool> cuda_core_prefill{false};
 
 bool cuda_paged_attention(const PagedAttentionArgs& args, int device_index) {
   if (!paged_attention_cuda_supports(args)) return false;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   PagedAttentionArgs a = args;
   a.num_sms = at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(device_index))->multiProcessorCount;
+  if (cuda_core_prefill.load()) a.prefill_tensor_cores = false;
   at::Tensor workspace;  // stream-ordered: reuse by a later allocation waits for these kernels
   if (const size_t bytes = paged_attention_workspace_bytes(a); bytes > 0) {
     workspace = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(
@@ -175,13 +179,8 @@ std::string check_paged_attention_cuda() {
     // One long sequence: the split shrinks to fill the GPU (64 partitions of 128).
     layouts.push_back({"decode, one 8K context, GQA 32q/8kv, block 32", 32, 8, d, 32, {8192}, {1}});
     // Prefill chunks (whole prompts, chunks behind a cached prefix) beside decode rows.
-    layouts.push_back({"mixed prefill + decode, GQA 32q/8kv, block 16",
-                       32,
-                       8,
-                       d,
-                       16,
-                       {17, 3, 40, 9, 64, 300, 1, 700},
-                       {17, 1, 7, 1, 30, 100, 1, 129}});
+    layouts.push_back({"mixed prefill + decode, GQA 32q/8kv, block 16", 32, 8, d, 16,
+                       {17, 3, 40, 9, 64, 300, 1, 700}, {17, 1, 7, 1, 30, 100, 1, 129}});
     layouts.push_back({"prefill only, MHA 8q/8kv, block 32", 8, 8, d, 32, {33, 128, 77}, {33, 5, 2}});
     layouts.push_back({"mixed, 3 heads per KV head (12q/4kv), block 8", 12, 4, d, 8, {50, 1, 20, 600}, {50, 1, 4, 1}});
   }
@@ -191,20 +190,31 @@ std::string check_paged_attention_cuda() {
   std::vector<std::string> failures;
   int cases = 0;
   uint64_t seed = 1;
+  // bf16/fp16 prefill runs on tensor cores (head_dim <= 128) by default; each
+  // 16-bit layout runs again with the CUDA-core prefill kernel.
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (const Layout& l : layouts) {
-      ++cases;
-      std::string error;
-      try {
-        error = check_layout(l, dtype, seed++);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      if (!error.empty()) {
-        failures.push_back(fmt::format("[{} head_dim {} {}] {}", l.name, l.head_dim, dtype_name(dtype), error));
+    for (bool cuda_cores : {false, true}) {
+      if (cuda_cores && dtype == at::kFloat) continue;
+      cuda_core_prefill = cuda_cores;
+      for (const Layout& l : layouts) {
+        const bool prefill = std::any_of(l.query_lens.begin(), l.query_lens.end(), [](int64_t n) { return n > 1; });
+        if (cuda_cores && !prefill) continue;
+        ++cases;
+        std::string error;
+        try {
+          error = check_layout(l, dtype, seed++);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        if (!error.empty()) {
+          const bool tensor_cores = dtype != at::kFloat && !cuda_cores && l.head_dim <= 128;
+          failures.push_back(fmt::format("[{} head_dim {} {}, prefill on {}] {}", l.name, l.head_dim, dtype_name(dtype),
+                                         tensor_cores ? "tensor cores" : "CUDA cores", error));
+        }
       }
     }
   }
+  cuda_core_prefill = false;
   if (failures.empty()) return {};
   std::string report = fmt::format("{} of {} cases failed:", failures.size(), cases);
   for (size_t i = 0; i < failures.size() && i < 24; ++i) report += "\n      " + failures[i];
