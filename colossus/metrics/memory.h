@@ -16,6 +16,8 @@ struct DeviceMemory {
   int64_t allocated_bytes = 0;       // held by live tensors on this rank's device
   int64_t reserved_bytes = 0;        // held by the caching allocator
   int64_t peak_allocated_bytes = 0;  // since start or the last peak reset
+  int64_t free_bytes = 0;            // free on the device (outside the caching allocator)
+  int64_t total_bytes = 0;           // the device's capacity
 };
 
 // Returns this rank's device memory, or nullopt when there is no device.

@@ -15,11 +15,27 @@
 
 namespace colossus::models {
 
+// Replaces the attention core (softmax(q k^T) v, causal) of every block: the
+// inference engine routes it through its paged KV cache. The model's own
+// projections, RoPE and output projection stay in the model.
+class AttentionHook {
+ public:
+  virtual ~AttentionHook() = default;
+  // q: (B, heads, T, D), k/v: (B, kv_heads, T, D), RoPE already applied ->
+  // (B, heads, T, D). layer: the block's index in CausalLM::blocks().
+  virtual at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) = 0;
+};
+
 // What a block needs besides its hidden state, computed once per forward by
 // CausalLM::block_context and shared by all blocks (and pipeline stages).
 struct BlockContext {
   at::Tensor rope_cos;  // (T, head_dim) in the hidden dtype; undefined for models without RoPE
   at::Tensor rope_sin;  // (T, head_dim)
+  // Set by the inference engine (with the index of the block being run);
+  // null in training, where attention is causal SDPA over the T tokens.
+  AttentionHook* attention = nullptr;
+  int64_t layer = 0;
 };
 
 class TransformerBlock : public LayerHost {
@@ -61,6 +77,12 @@ class CausalLM : public LayerHost {
   virtual at::Tensor embed(const at::Tensor& input_ids) = 0;
   // hidden: (B, T, C); the context depends only on T, dtype and device.
   virtual BlockContext block_context(const at::Tensor& hidden) const = 0;
+  // The same at explicit positions, for decoding with a KV cache: positions
+  // (T) int64 on the ids' device, each < position_limit (a host-side bound,
+  // so no device sync is needed to size RoPE tables or check GPT-2's n_positions).
+  virtual at::Tensor embed_at(const at::Tensor& input_ids, const at::Tensor& positions, int64_t position_limit) = 0;
+  virtual BlockContext block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
+                                        int64_t position_limit) const = 0;
   // hidden: (B, T, C) -> (B, T, C)
   virtual at::Tensor final_norm(const at::Tensor& hidden) = 0;
   // hidden: (B, T, C) -> logits (B, T, V); uses the embedding weight when tied.

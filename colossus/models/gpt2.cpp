@@ -24,15 +24,17 @@ GPT2Attention::GPT2Attention(const GPT2Config& config, int64_t layer_index, cons
   add_layer("c_proj", std::make_shared<Conv1D>(config.n_embd, config.n_embd, options));
 }
 
-at::Tensor GPT2Attention::forward(const at::Tensor& x) {
+at::Tensor GPT2Attention::forward(const at::Tensor& x, const BlockContext& context) {
   const int64_t batch = x.size(0), seq = x.size(1);
   at::Tensor qkv = layer("c_attn").forward(x);
   const int64_t width = qkv.size(-1);
   TORCH_CHECK(width % (3 * head_dim_) == 0, "c_attn output width ", width, " is not 3 * heads * head_dim ", head_dim_);
   auto parts = qkv.split(width / 3, -1);
   auto heads = [&](const at::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
-  at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
-                                                  is_training() ? attn_dropout_ : 0.0, /*is_causal=*/true, scale_);
+  at::Tensor y = context.attention != nullptr
+                     ? context.attention->attend(context.layer, heads(parts[0]), heads(parts[1]), heads(parts[2]), scale_)
+                     : at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
+                                                        is_training() ? attn_dropout_ : 0.0, /*is_causal=*/true, scale_);
   y = y.transpose(1, 2).reshape({batch, seq, -1});
   return at::dropout(layer("c_proj").forward(y), resid_dropout_, is_training());
 }
@@ -56,8 +58,8 @@ GPT2Block::GPT2Block(const GPT2Config& config, int64_t layer_index, const at::Te
   mlp_ = register_module("mlp", std::make_shared<GPT2MLP>(config, options));
 }
 
-at::Tensor GPT2Block::forward(const at::Tensor& hidden, const BlockContext& /*context: GPT-2 adds positions at the embedding*/) {
-  at::Tensor h = hidden + attn_->forward(layer("ln_1").forward(hidden));
+at::Tensor GPT2Block::forward(const at::Tensor& hidden, const BlockContext& context) {
+  at::Tensor h = hidden + attn_->forward(layer("ln_1").forward(hidden), context);
   return h + mlp_->forward(layer("ln_2").forward(h));
 }
 
@@ -86,7 +88,21 @@ at::Tensor GPT2LMHeadModel::embed(const at::Tensor& input_ids) {
   return at::dropout(h, gpt2_config().embd_pdrop, is_training());
 }
 
+at::Tensor GPT2LMHeadModel::embed_at(const at::Tensor& input_ids, const at::Tensor& positions, int64_t position_limit) {
+  check_input_ids(input_ids);
+  if (position_limit > gpt2_config().n_positions) {
+    throw ConfigError(fmt::format("GPT-2 position {} is past n_positions {}", position_limit - 1, gpt2_config().n_positions));
+  }
+  at::Tensor h = embedding().forward(input_ids) + transformer_->layer("wpe").forward(positions);
+  return at::dropout(h, gpt2_config().embd_pdrop, is_training());
+}
+
 BlockContext GPT2LMHeadModel::block_context(const at::Tensor& /*hidden*/) const { return {}; }
+
+BlockContext GPT2LMHeadModel::block_context_at(const at::Tensor& /*hidden*/, const at::Tensor& /*positions*/,
+                                               int64_t /*position_limit: GPT-2 adds positions at the embedding*/) const {
+  return {};
+}
 
 at::Tensor GPT2LMHeadModel::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }
 

@@ -16,8 +16,9 @@ class GPT2Attention : public LayerHost {
  public:
   GPT2Attention(const GPT2Config& config, int64_t layer_index, const at::TensorOptions& options);
   // x: (B, T, C) -> (B, T, C). c_attn gives (B, T, 3 * local_heads * head_dim),
-  // laid out [q | k | v]; local_heads follows from that width.
-  at::Tensor forward(const at::Tensor& x);
+  // laid out [q | k | v]; local_heads follows from that width. The context's
+  // attention hook, when set, replaces causal SDPA.
+  at::Tensor forward(const at::Tensor& x, const BlockContext& context = {});
 
  private:
   int64_t head_dim_;
@@ -62,6 +63,9 @@ class GPT2LMHeadModel : public CausalLM {
   // input_ids: (B, T) int64, T <= n_positions -> (B, T, C): token + position embeddings.
   at::Tensor embed(const at::Tensor& input_ids) override;
   BlockContext block_context(const at::Tensor& hidden) const override;
+  at::Tensor embed_at(const at::Tensor& input_ids, const at::Tensor& positions, int64_t position_limit) override;
+  BlockContext block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
+                                int64_t position_limit) const override;
   at::Tensor final_norm(const at::Tensor& hidden) override;
   at::Tensor head(const at::Tensor& hidden) override;
 

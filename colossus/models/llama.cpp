@@ -7,6 +7,8 @@
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
 
+#include <cmath>
+
 namespace colossus::models {
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options)
@@ -33,6 +35,10 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
   const int64_t local_heads = q.size(1), local_kv_heads = k.size(1);
   TORCH_CHECK(local_heads % local_kv_heads == 0, "local query heads ", local_heads,
               " is not a multiple of local kv heads ", local_kv_heads);
+  if (context.attention != nullptr) {
+    at::Tensor y = context.attention->attend(context.layer, q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
+  }
   at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? attention_dropout_ : 0.0,
                                                   /*is_causal=*/true, std::nullopt,
                                                   /*enable_gqa=*/local_heads != local_kv_heads);
@@ -88,6 +94,19 @@ at::Tensor LlamaForCausalLM::embed(const at::Tensor& input_ids) {
 BlockContext LlamaForCausalLM::block_context(const at::Tensor& hidden) const {
   auto [cos, sin] = rope_cos_sin(rope_, hidden.size(1), hidden.options());
   return BlockContext{.rope_cos = cos, .rope_sin = sin};
+}
+
+at::Tensor LlamaForCausalLM::embed_at(const at::Tensor& input_ids, const at::Tensor& /*positions: RoPE adds them*/,
+                                      int64_t /*position_limit*/) {
+  return embed(input_ids);
+}
+
+BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
+                                                int64_t position_limit) const {
+  // A table for positions 0..limit-1 (dynamic NTK scales by that length, as
+  // HF does on a sequence of that length), then the rows of `positions`.
+  auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
+  return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
 }
 
 at::Tensor LlamaForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }

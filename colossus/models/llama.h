@@ -60,6 +60,9 @@ class LlamaForCausalLM : public CausalLM {
   at::Tensor embed(const at::Tensor& input_ids) override;
   // RoPE cos/sin for positions 0..T-1 in hidden's dtype and device.
   BlockContext block_context(const at::Tensor& hidden) const override;
+  at::Tensor embed_at(const at::Tensor& input_ids, const at::Tensor& positions, int64_t position_limit) override;
+  BlockContext block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
+                                int64_t position_limit) const override;
   at::Tensor final_norm(const at::Tensor& hidden) override;
   at::Tensor head(const at::Tensor& hidden) override;
 

@@ -5,6 +5,7 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 
 namespace colossus::kernels {
 
@@ -14,9 +15,13 @@ std::optional<metrics::DeviceMemory> cuda_memory() {
   if (c10::cuda::device_count() == 0) return std::nullopt;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
   constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
   return metrics::DeviceMemory{.allocated_bytes = stats.allocated_bytes[all].current,
                                .reserved_bytes = stats.reserved_bytes[all].current,
-                               .peak_allocated_bytes = stats.allocated_bytes[all].peak};
+                               .peak_allocated_bytes = stats.allocated_bytes[all].peak,
+                               .free_bytes = static_cast<int64_t>(free_bytes),
+                               .total_bytes = static_cast<int64_t>(total_bytes)};
 }
 
 [[maybe_unused]] const bool registered = [] {

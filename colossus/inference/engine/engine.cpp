@@ -1,0 +1,358 @@
+#include "colossus/inference/engine/engine.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/inference/model_dir.h"
+#include "colossus/metrics/memory.h"
+#include "colossus/models/pretrained.h"
+
+#include <ATen/ops/tensor.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <set>
+
+namespace colossus::inference {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::None: return "none";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Abort: return "abort";
+  }
+  return "none";
+}
+
+// Text of a request's generated tokens, for stop strings and streamed text.
+struct InferenceEngine::TextState {
+  explicit TextState(const data::Tokenizer& tokenizer) : stream(tokenizer) {}
+  TextStream stream;
+  std::string text;     // final text so far
+  size_t emitted = 0;   // bytes of text handed out
+  size_t holdback = 0;  // longest stop string - 1: text that may still become a stop string
+};
+
+namespace {
+
+KVCacheShape kv_shape_of(const models::CausalLM& model, int64_t block_size) {
+  KVCacheShape shape{.num_layers = static_cast<int64_t>(model.blocks().size()), .block_size = block_size};
+  std::visit(
+      [&](const auto& c) {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, models::GPT2Config>) {
+          shape.kv_heads = c.n_head;
+          shape.head_dim = c.head_dim();
+        } else {
+          shape.kv_heads = c.kv_heads();
+          shape.head_dim = c.resolved_head_dim();
+        }
+      },
+      model.config());
+  return shape;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for the pool: from free device memory on CUDA, else enough for
+// max_batch_size full-length sequences plus a quarter for the prefix cache.
+int64_t pool_blocks(const InferenceConfig& config, const KVCacheShape& shape, const at::TensorOptions& options,
+                    const models::CausalLM& model) {
+  if (config.num_blocks > 0) return config.num_blocks;
+  const int64_t block_bytes = shape.bytes_per_block(static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType())));
+  if (options.device().is_cuda()) {
+    if (auto memory = metrics::device_memory(); memory && memory->total_bytes > 0) {
+      const int64_t reusable = memory->free_bytes + memory->reserved_bytes - memory->allocated_bytes;
+      // Headroom for one step's activations and logits.
+      const int64_t tokens = config.token_budget();
+      const int64_t activations = tokens * (models::vocab_size(model.config()) + 16 * models::hidden_size(model.config())) * 4;
+      const auto budget = static_cast<int64_t>(config.kv_cache_memory_fraction * static_cast<double>(reusable)) - activations;
+      if (budget < block_bytes) {
+        throw ConfigError(fmt::format("no device memory is left for the KV cache ({} MiB free after the model); "
+                                      "lower max_num_batched_tokens or set num_blocks",
+                                      reusable >> 20));
+      }
+      return budget / block_bytes;
+    }
+  }
+  const int64_t per_sequence = ceil_div(config.max_input_len + config.max_output_len, shape.block_size) + 1;
+  return config.max_batch_size * per_sequence + ceil_div(config.max_batch_size * per_sequence, 4);
+}
+
+}  // namespace
+
+InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::shared_ptr<const data::Tokenizer> tokenizer,
+                                 InferenceConfig config)
+    : model_(std::move(model)), tokenizer_(std::move(tokenizer)), config_(std::move(config)) {
+  config_.validate();
+  TORCH_CHECK(model_ != nullptr, "InferenceEngine needs a model");
+  if (config_.beam_width > 1 || config_.use_spec_dec || config_.use_cuda_graph || config_.tp_size > 1) {
+    throw ConfigError(fmt::format("this engine build does not yet support beam_width > 1, use_spec_dec, use_cuda_graph "
+                                  "or tp_size > 1 (got beam_width {}, use_spec_dec {}, use_cuda_graph {}, tp_size {})",
+                                  config_.beam_width, config_.use_spec_dec, config_.use_cuda_graph, config_.tp_size));
+  }
+  model_->eval();
+  const at::Tensor any = model_->parameters().front();
+  KVCacheShape shape = kv_shape_of(*model_, config_.block_size);
+  const auto cache_dtype = config_.kv_cache_dtype == "auto" ? any.scalar_type() : config_.cache_dtype();
+  const auto options = at::TensorOptions().dtype(cache_dtype).device(any.device());
+  shape.num_blocks = pool_blocks(config_, shape, options, *model_);
+  cache_ = std::make_unique<KVCache>(shape, options, config_.enable_prefix_caching);
+  scheduler_ = std::make_unique<Scheduler>(config_, *cache_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
+}
+
+InferenceEngine::~InferenceEngine() = default;
+
+std::unique_ptr<InferenceEngine> InferenceEngine::from_path(const std::string& path, InferenceConfig config,
+                                                            c10::Device device) {
+  config.validate();
+  const std::string dir = resolve_model_dir(path);
+  auto model = models::load_pretrained(dir, {.dtype = config.model_dtype(), .device = device});
+  std::shared_ptr<const data::Tokenizer> tokenizer;
+  // The tokenizer sits beside the weights, or one level up in a run directory.
+  for (const std::string& candidate : {dir, std::filesystem::path(dir).parent_path().string()}) {
+    try {
+      tokenizer = data::load_tokenizer(candidate);
+      break;
+    } catch (const ConfigError&) {
+    }
+  }
+  return std::make_unique<InferenceEngine>(std::move(model), std::move(tokenizer), std::move(config));
+}
+
+int64_t InferenceEngine::add_request(const std::string& prompt, const RequestOptions& options) {
+  if (!tokenizer_) throw ConfigError("a text prompt needs a tokenizer; this engine has none (pass token ids)");
+  std::vector<int32_t> ids = tokenizer_->encode(prompt, /*add_special_tokens=*/true);
+  return add_request(std::vector<int64_t>(ids.begin(), ids.end()), options);
+}
+
+int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestOptions& options) {
+  const int64_t vocab = models::vocab_size(model_->config());
+  if (prompt.empty()) throw ConfigError("the prompt is empty; a request needs at least one token");
+  if (static_cast<int64_t>(prompt.size()) > config_.max_input_len) {
+    throw ConfigError(fmt::format("the prompt has {} tokens but max_input_len is {}", prompt.size(), config_.max_input_len));
+  }
+  for (int64_t id : prompt) {
+    if (id < 0 || id >= vocab) throw ConfigError(fmt::format("prompt token id {} is outside the vocabulary [0, {})", id, vocab));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = next_id_++;
+  seq->prompt_len = static_cast<int64_t>(prompt.size());
+  seq->tokens = std::move(prompt);
+  seq->max_new_tokens = options.max_new_tokens.value_or(config_.max_output_len);
+  if (seq->max_new_tokens < 1 || seq->max_new_tokens > config_.max_output_len) {
+    throw ConfigError(fmt::format("max_new_tokens is {}; it must be in [1, {}] (max_output_len)", seq->max_new_tokens,
+                                  config_.max_output_len));
+  }
+  seq->sampling = options.sampling.value_or(config_.default_sampling());
+  seq->sampling.validate();
+  seq->no_repeat_ngram_size = options.no_repeat_ngram_size.value_or(config_.no_repeat_ngram_size);
+  if (seq->no_repeat_ngram_size < 0) {
+    throw ConfigError(fmt::format("no_repeat_ngram_size is {}; use 0 (off) or a positive n", seq->no_repeat_ngram_size));
+  }
+  if (!options.ignore_eos.value_or(config_.ignore_eos)) {
+    if (config_.eos_token_id) seq->eos_id = config_.eos_token_id;
+    else if (tokenizer_ && tokenizer_->eos_id()) seq->eos_id = *tokenizer_->eos_id();
+  }
+  seq->stop = options.stop;
+  if (!seq->stop.empty() && !tokenizer_) throw ConfigError("stop strings need a tokenizer; this engine has none");
+  for (const auto& s : seq->stop) {
+    if (s.empty()) throw ConfigError("a stop string is empty; remove it or give at least one character");
+  }
+  const int64_t total = seq->prompt_len + seq->max_new_tokens;
+  if (const auto* gpt2 = std::get_if<models::GPT2Config>(&model_->config()); gpt2 && total > gpt2->n_positions) {
+    throw ConfigError(fmt::format("prompt ({} tokens) + max_new_tokens ({}) is {}, past the model's n_positions {}",
+                                  seq->prompt_len, seq->max_new_tokens, total, gpt2->n_positions));
+  }
+  const int64_t bs = cache_->block_size();
+  const int64_t most_cached = config_.enable_streamingllm
+                                  ? std::min(total, config_.start_token_size + config_.generated_token_size + 2 * bs)
+                                  : total;
+  if (ceil_div(most_cached, bs) + 1 > cache_->allocator().num_blocks()) {
+    throw ConfigError(fmt::format("a request of {} tokens needs {} KV blocks of {} tokens but the pool has {}; "
+                                  "shorten it, or give the cache more blocks (num_blocks)",
+                                  total, ceil_div(most_cached, bs) + 1, bs, cache_->allocator().num_blocks()));
+  }
+  seq->generator = make_cpu_generator(seq->sampling.seed);
+  if (tokenizer_) {
+    auto text = std::make_unique<TextState>(*tokenizer_);
+    for (const auto& s : seq->stop) text->holdback = std::max(text->holdback, s.size() - 1);
+    texts_[seq->id] = std::move(text);
+  }
+  const int64_t id = seq->id;
+  scheduler_->add(std::move(seq));
+  return id;
+}
+
+void InferenceEngine::abort_request(int64_t id) {
+  std::unique_ptr<Sequence> seq = scheduler_->remove(id);
+  if (!seq) return;
+  texts_.erase(id);
+  aborted_.push_back({.request_id = id, .finished = true, .finish_reason = FinishReason::Abort,
+                      .prompt_tokens = seq->prompt_len, .generated_tokens = seq->num_generated()});
+}
+
+std::vector<RequestOutput> InferenceEngine::step() {
+  std::vector<RequestOutput> outputs = std::move(aborted_);
+  aborted_.clear();
+  std::vector<ScheduledSequence> batch = scheduler_->schedule();
+  if (batch.empty()) return outputs;
+  at::Tensor logits = runner_->run(batch);
+  ++steps_;
+  finish_step(batch, logits, outputs);
+  return outputs;
+}
+
+void ban_repeated_ngrams(at::Tensor& logits, const std::vector<int64_t>& tokens, int64_t n) {
+  const auto len = static_cast<int64_t>(tokens.size());
+  if (n < 1 || len + 1 < n) return;
+  std::set<int64_t> banned;
+  // Every earlier n-gram whose first n-1 tokens equal the last n-1 tokens.
+  for (int64_t start = 0; start + n <= len; ++start) {
+    if (std::equal(tokens.begin() + start, tokens.begin() + start + n - 1, tokens.end() - (n - 1))) {
+      banned.insert(tokens[static_cast<size_t>(start + n - 1)]);
+    }
+  }
+  for (int64_t t : banned) logits[t] = -std::numeric_limits<float>::infinity();
+}
+
+std::vector<int64_t> InferenceEngine::draw_tokens(const std::vector<Sequence*>& seqs, const at::Tensor& logits) {
+  const bool plain_greedy = std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
+    return s->sampling.greedy() && s->sampling.repetition_penalty == 1.0 && s->no_repeat_ngram_size == 0;
+  });
+  std::vector<int64_t> tokens;
+  if (plain_greedy) {
+    at::Tensor best = logits.argmax(-1).cpu();  // the step's one device-to-host copy
+    tokens.assign(best.data_ptr<int64_t>(), best.data_ptr<int64_t>() + best.numel());
+  } else {
+    at::Tensor rows = logits.to(at::kFloat).cpu();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Sequence& seq = *seqs[i];
+      at::Tensor row = rows[static_cast<int64_t>(i)].clone();
+      ban_repeated_ngrams(row, seq.tokens, seq.no_repeat_ngram_size);
+      tokens.push_back(sample_next(row, seq.tokens, seq.sampling, seq.generator));
+    }
+  }
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    // HF's ForcedEOSTokenLogitsProcessor: the last allowed token is eos.
+    if (config_.forced_eos_token_id && seqs[i]->num_generated() + 1 == seqs[i]->max_new_tokens) {
+      tokens[i] = *config_.forced_eos_token_id;
+    }
+  }
+  return tokens;
+}
+
+void InferenceEngine::check_stop(Sequence& seq, RequestOutput& out) {
+  const int64_t token = seq.tokens.back();
+  if (seq.eos_id && token == *seq.eos_id) seq.finish_reason = FinishReason::Stop;
+  else if (seq.num_generated() >= seq.max_new_tokens) seq.finish_reason = FinishReason::Length;
+
+  auto it = texts_.find(seq.id);
+  if (it == texts_.end()) return;
+  TextState& text = *it->second;
+  text.text += text.stream.push(token);
+  if (seq.finished()) text.text += text.stream.finish();
+  for (const auto& stop : seq.stop) {
+    // Only the tail can hold a new match: the last token's text plus the stop string's length.
+    const size_t from = text.emitted;
+    const size_t at = text.text.find(stop, from);
+    if (at != std::string::npos) {
+      text.text.resize(at);  // OpenAI's convention: the stop string is not returned
+      seq.finish_reason = FinishReason::Stop;
+    }
+  }
+  const size_t final_end = seq.finished() ? text.text.size()
+                                          : (text.text.size() > text.holdback ? text.text.size() - text.holdback : 0);
+  if (final_end > text.emitted) {
+    out.new_text = text.text.substr(text.emitted, final_end - text.emitted);
+    text.emitted = final_end;
+  }
+}
+
+void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, const at::Tensor& logits,
+                                  std::vector<RequestOutput>& outputs) {
+  std::vector<Sequence*> sampled;
+  for (const ScheduledSequence& item : batch) {
+    Sequence& seq = *item.seq;
+    if (seq.num_computed < seq.prompt_len) prompt_tokens_ += std::min(item.num_tokens, seq.prompt_len - seq.num_computed);
+    seq.num_computed += item.num_tokens;
+    cache_->publish(seq);
+    if (item.sample) sampled.push_back(&seq);
+  }
+  if (sampled.empty()) return;
+  const std::vector<int64_t> tokens = draw_tokens(sampled, logits);
+  std::vector<int64_t> done;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    Sequence& seq = *sampled[i];
+    seq.tokens.push_back(tokens[i]);
+    ++generated_tokens_;
+    RequestOutput out{.request_id = seq.id, .new_tokens = {tokens[i]}};
+    check_stop(seq, out);
+    out.finished = seq.finished();
+    out.finish_reason = seq.finish_reason;
+    out.prompt_tokens = seq.prompt_len;
+    out.generated_tokens = seq.num_generated();
+    out.cached_prompt_tokens = seq.num_cached_prefix;
+    if (seq.finished()) done.push_back(seq.id);
+    outputs.push_back(std::move(out));
+  }
+  for (int64_t id : done) {
+    scheduler_->remove(id);
+    texts_.erase(id);
+  }
+}
+
+std::vector<std::vector<int64_t>> InferenceEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                                            const RequestOptions& options) {
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) index[add_request(prompts[i], options)] = i;
+  std::vector<std::vector<int64_t>> results(prompts.size());
+  size_t remaining = prompts.size();
+  while (remaining > 0) {
+    TORCH_CHECK(has_unfinished(), "generate: requests vanished from the engine");
+    for (const RequestOutput& out : step()) {
+      auto it = index.find(out.request_id);
+      if (it == index.end()) continue;
+      auto& tokens = results[it->second];
+      tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+      if (out.finished) --remaining;
+    }
+  }
+  return results;
+}
+
+std::vector<std::string> InferenceEngine::generate(const std::vector<std::string>& prompts, const RequestOptions& options) {
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) index[add_request(prompts[i], options)] = i;
+  std::vector<std::string> results(prompts.size());
+  size_t remaining = prompts.size();
+  while (remaining > 0) {
+    TORCH_CHECK(has_unfinished(), "generate: requests vanished from the engine");
+    for (const RequestOutput& out : step()) {
+      auto it = index.find(out.request_id);
+      if (it == index.end()) continue;
+      results[it->second] += out.new_text;
+      if (out.finished) --remaining;
+    }
+  }
+  return results;
+}
+
+EngineStats InferenceEngine::stats() const {
+  const BlockAllocator& blocks = cache_->allocator();
+  return EngineStats{.waiting = scheduler_->num_waiting(),
+                     .running = scheduler_->num_running(),
+                     .blocks_used = blocks.num_used(),
+                     .blocks_total = blocks.num_blocks(),
+                     .block_size = blocks.block_size(),
+                     .steps = steps_,
+                     .prompt_tokens = prompt_tokens_,
+                     .generated_tokens = generated_tokens_,
+                     .preemptions = scheduler_->num_preemptions(),
+                     .prefix_cache_queries = blocks.prefix_queries(),
+                     .prefix_cache_hits = blocks.prefix_hits()};
+}
+
+}  // namespace colossus::inference

@@ -1,0 +1,35 @@
+// One forward of the model over a step's batch: the scheduled tokens of all
+// sequences packed into one (1, N) row with their own positions, attention
+// routed through the paged KV cache (their K/V written, then each query
+// attends to its sequence's cache), and logits only where a token is drawn.
+#pragma once
+#include "colossus/inference/attention/paged_attention.h"
+#include "colossus/inference/engine/kv_cache.h"
+#include "colossus/inference/engine/scheduler.h"
+#include "colossus/models/causal_lm.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace colossus::inference {
+
+class ModelRunner {
+ public:
+  ModelRunner(models::CausalLM& model, KVCache& cache);
+
+  // Runs the batch; returns logits (number of sequences with sample set, V)
+  // in the model's dtype, rows in batch order. Does not advance num_computed.
+  at::Tensor run(const std::vector<ScheduledSequence>& batch);
+
+  // Logits (rows, V) at rows of the last run's packed tokens (speculative
+  // decoding verifies every drafted position, not just the last).
+  at::Tensor logits_at(const std::vector<int64_t>& rows);
+
+ private:
+  models::CausalLM& model_;
+  KVCache& cache_;
+  at::Tensor last_hidden_;  // (N, C)
+};
+
+}  // namespace colossus::inference

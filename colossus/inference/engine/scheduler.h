@@ -1,0 +1,56 @@
+// The request handler: a waiting queue and a running set, and each step's
+// batch chosen under a token budget. Running sequences go first (one decode
+// token each, or their next prefill chunk), then waiting ones are admitted
+// with a (chunked) prefill in arrival order. When the KV pool runs out, the
+// latest-admitted running sequence is preempted: its blocks are freed and it
+// goes back to the front of the queue, to be recomputed later.
+#pragma once
+#include "colossus/inference/engine/inference_config.h"
+#include "colossus/inference/engine/kv_cache.h"
+#include "colossus/inference/engine/sequence.h"
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+namespace colossus::inference {
+
+// Tokens [seq->num_computed, seq->num_computed + num_tokens) run this step;
+// `sample` when they reach the end of the sequence, so its next token is drawn.
+struct ScheduledSequence {
+  Sequence* seq = nullptr;
+  int64_t num_tokens = 0;
+  bool sample = false;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const InferenceConfig& config, KVCache& cache);
+
+  void add(std::unique_ptr<Sequence> seq);
+  // The next step's batch (empty when nothing can run). Blocks for it are
+  // reserved; copy-on-write copies are pending in the cache.
+  std::vector<ScheduledSequence> schedule();
+  // Frees a finished (or aborted) sequence's blocks and hands it back.
+  std::unique_ptr<Sequence> remove(int64_t id);
+
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  bool empty() const { return waiting_.empty() && running_.empty(); }
+  int64_t num_preemptions() const { return preemptions_; }
+  Sequence* find(int64_t id) const;
+
+ private:
+  void preempt(size_t running_index);
+  int64_t window_limit() const;
+
+  const InferenceConfig& config_;
+  KVCache& cache_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  int64_t next_arrival_ = 0;
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace colossus::inference

@@ -1,0 +1,61 @@
+// One request as the engine tracks it: its tokens (prompt, then generated),
+// how many of them have K/V in the cache, its block table, and what ends it.
+#pragma once
+#include "colossus/inference/engine/block_allocator.h"
+#include "colossus/inference/sampler.h"
+
+#include <ATen/core/Generator.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace colossus::inference {
+
+// What a request may set for itself; unset fields take the engine's config.
+struct RequestOptions {
+  std::optional<int64_t> max_new_tokens{};
+  std::optional<SamplingParams> sampling{};
+  std::optional<int64_t> no_repeat_ngram_size{};
+  std::optional<bool> ignore_eos{};
+  // Generation ends once the generated text contains one of these (needs a tokenizer).
+  std::vector<std::string> stop{};
+};
+
+enum class FinishReason { None, Stop, Length, Abort };
+const char* finish_reason_name(FinishReason reason);  // "stop", "length", "abort" (OpenAI's words)
+
+struct Sequence {
+  int64_t id = 0;
+  std::vector<int64_t> tokens;  // prompt followed by generated tokens
+  int64_t prompt_len = 0;
+  int64_t num_computed = 0;     // leading tokens whose K/V are in the cache
+  int64_t num_cached_prefix = 0;  // of those, reused from the prefix cache at admission
+
+  // KV blocks in order. StreamingLLM drops blocks after the sinks; cache
+  // position = token position - dropped_blocks * block_size past the sinks.
+  std::vector<BlockId> blocks;
+  int64_t dropped_blocks = 0;
+  int64_t hashed_blocks = 0;  // leading full blocks published to the prefix cache
+  uint64_t last_hash = 0;     // chain hash of the last of those
+
+  // Resolved per-request settings.
+  int64_t max_new_tokens = 0;
+  SamplingParams sampling{};
+  int64_t no_repeat_ngram_size = 0;
+  std::optional<int64_t> eos_id{};
+  std::vector<std::string> stop{};
+  at::Generator generator;
+
+  FinishReason finish_reason = FinishReason::None;
+  int64_t arrival = 0;      // admission order (preemption evicts the latest)
+  int64_t preemptions = 0;
+
+  int64_t num_generated() const { return static_cast<int64_t>(tokens.size()) - prompt_len; }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  bool finished() const { return finish_reason != FinishReason::None; }
+  std::vector<int64_t> generated() const { return {tokens.begin() + prompt_len, tokens.end()}; }
+};
+
+}  // namespace colossus::inference

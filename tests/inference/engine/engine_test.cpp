@@ -1,0 +1,276 @@
+// The engine against step-by-step full-recompute decoding (generate()):
+// greedy and seeded sampling token for token for GPT-2 and LLaMA, with
+// mixed prompt lengths, more requests than batch slots, requests arriving
+// between steps, chunked prefill, preemption in a tiny pool and prefix-cache
+// reuse; then stop conditions, StreamingLLM's bounded memory, aborts and the
+// errors bad requests get.
+#include "colossus/inference/engine/engine.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/data/corpus.h"
+#include "colossus/inference/generate.h"
+#include "tests/inference/support.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <set>
+#include <random>
+
+namespace colossus::inference {
+namespace {
+
+using testing::tiny_gpt2;
+using testing::tiny_llama;
+
+std::vector<std::vector<int64_t>> random_prompts(const std::vector<int64_t>& lengths, int64_t vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
+  std::vector<std::vector<int64_t>> prompts;
+  for (int64_t len : lengths) {
+    std::vector<int64_t> p;
+    for (int64_t i = 0; i < len; ++i) p.push_back(token(rng));
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// What full-recompute decoding gives for one prompt (generated ids only).
+std::vector<int64_t> reference(models::CausalLM& model, const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                               const SamplingParams& sampling = {.do_sample = false}) {
+  std::vector<int64_t> all = generate(model, prompt, {.max_new_tokens = max_new_tokens, .sampling = sampling});
+  return {all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end()};
+}
+
+void expect_matches_reference(InferenceEngine& engine, const std::vector<std::vector<int64_t>>& prompts,
+                              int64_t max_new_tokens, const std::string& what) {
+  const auto outputs = engine.generate(prompts, {.max_new_tokens = max_new_tokens});
+  ASSERT_EQ(outputs.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(outputs[i], reference(engine.model(), prompts[i], max_new_tokens))
+        << what << ": prompt " << i << " (" << prompts[i].size() << " tokens)";
+  }
+  EXPECT_EQ(engine.stats().running, 0);
+  EXPECT_EQ(engine.stats().waiting, 0);
+}
+
+InferenceConfig small_config() {
+  return {.max_batch_size = 3, .max_input_len = 20, .max_output_len = 10, .block_size = 4};
+}
+
+TEST(InferenceEngine, GreedyMatchesFullRecomputeForGpt2AndLlama) {
+  const std::vector<int64_t> lengths = {1, 7, 4, 13, 2, 9, 16};  // 7 requests, 3 slots: they queue
+  for (auto [name, model] : {std::pair{"gpt2", tiny_gpt2()}, std::pair{"llama", tiny_llama()}}) {
+    InferenceEngine engine(model, nullptr, small_config());
+    expect_matches_reference(engine, random_prompts(lengths, 96, 1), 10, name);
+    EXPECT_GT(engine.stats().steps, 10);
+  }
+}
+
+TEST(InferenceEngine, RequestsArrivingBetweenStepsJoinTheRunningBatch) {
+  auto model = tiny_llama();
+  InferenceEngine engine(model, nullptr, small_config());
+  const auto prompts = random_prompts({5, 11, 3, 8, 14}, 96, 2);
+  std::map<int64_t, size_t> index;
+  std::vector<std::vector<int64_t>> got(prompts.size());
+  size_t added = 0, finished = 0;
+  int64_t max_running = 0;
+  while (finished < prompts.size()) {
+    // One new request every other step, while others are mid-decode.
+    if (added < prompts.size() && engine.stats().steps % 2 == 0) {
+      index[engine.add_request(prompts[added], {.max_new_tokens = 8})] = added;
+      ++added;
+    }
+    for (const auto& out : engine.step()) {
+      auto& tokens = got[index.at(out.request_id)];
+      tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+      if (out.finished) {
+        EXPECT_EQ(out.finish_reason, FinishReason::Length);
+        ++finished;
+      }
+    }
+    max_running = std::max(max_running, engine.stats().running);
+  }
+  EXPECT_GE(max_running, 2) << "later requests should have joined running ones";
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], reference(*model, prompts[i], 8)) << "prompt " << i;
+  EXPECT_EQ(engine.stats().blocks_used, 0) << "finished requests free their blocks (prefix cache aside)";
+}
+
+TEST(InferenceEngine, ChunkedPrefillUnderASmallTokenBudgetGivesTheSameTokens) {
+  for (auto [name, model] : {std::pair{"gpt2", tiny_gpt2()}, std::pair{"llama", tiny_llama()}}) {
+    InferenceConfig config = small_config();
+    config.max_num_batched_tokens = 5;  // prompts up to 19 tokens arrive in chunks of <= 5
+    config.prefill_ratio = 0.4;
+    InferenceEngine engine(model, nullptr, config);
+    expect_matches_reference(engine, random_prompts({19, 3, 12, 6}, 96, 3), 9, name);
+  }
+}
+
+TEST(InferenceEngine, PreemptionInATinyPoolRecomputesAndGivesTheSameTokens) {
+  auto model = tiny_llama();
+  InferenceConfig config = small_config();
+  config.num_blocks = 9;  // three requests of up to 7 blocks each cannot all stay
+  config.max_output_len = 12;
+  InferenceEngine engine(model, nullptr, config);
+  expect_matches_reference(engine, random_prompts({14, 12, 10, 9}, 96, 4), 12, "tiny pool");
+  EXPECT_GT(engine.stats().preemptions, 0) << "the pool was meant to run out";
+}
+
+TEST(InferenceEngine, PrefixCacheReusesSharedPromptBlocks) {
+  auto model = tiny_gpt2();
+  InferenceEngine engine(model, nullptr, small_config());
+  auto prompts = random_prompts({9, 5, 3}, 96, 5);
+  const std::vector<int64_t> system = random_prompts({8}, 96, 6)[0];
+  for (auto& p : prompts) p.insert(p.begin(), system.begin(), system.end());
+  // The first request fills the cache; the others reuse its 2 system-prompt blocks.
+  expect_matches_reference(engine, {prompts[0]}, 6, "first");
+  expect_matches_reference(engine, {prompts[1], prompts[2], prompts[0]}, 6, "cached");
+  const EngineStats stats = engine.stats();
+  EXPECT_GE(stats.prefix_cache_hits, 6) << "three requests x two system-prompt blocks";
+  EXPECT_LT(stats.prompt_tokens, static_cast<int64_t>(prompts[0].size() * 2 + prompts[1].size() + prompts[2].size()));
+}
+
+TEST(InferenceEngine, SeededSamplingIsReproduciblePerRequestAndMatchesGenerate) {
+  auto model = tiny_llama();
+  InferenceEngine engine(model, nullptr, small_config());
+  const auto prompts = random_prompts({6, 2, 10}, 96, 7);
+  std::vector<SamplingParams> params = {{.temperature = 0.8, .top_k = 20, .seed = 1},
+                                        {.temperature = 1.2, .top_p = 0.9, .repetition_penalty = 1.3, .seed = 2},
+                                        {.top_k = 5, .top_p = 0.8, .seed = 3}};
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) index[engine.add_request(prompts[i], {.max_new_tokens = 10, .sampling = params[i]})] = i;
+  std::vector<std::vector<int64_t>> got(prompts.size());
+  while (engine.has_unfinished()) {
+    for (const auto& out : engine.step()) {
+      auto& tokens = got[index.at(out.request_id)];
+      tokens.insert(tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+    }
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(got[i], reference(*model, prompts[i], 10, params[i])) << "request " << i;
+}
+
+TEST(InferenceEngine, NoRepeatNgramNeverRepeatsAnNgram) {
+  auto model = tiny_gpt2();
+  InferenceEngine engine(model, nullptr, {.max_input_len = 8, .max_output_len = 20, .block_size = 4});
+  const auto prompt = random_prompts({4}, 96, 8)[0];
+  auto out = engine.generate({prompt}, {.max_new_tokens = 20, .no_repeat_ngram_size = 2})[0];
+  std::vector<int64_t> all = prompt;
+  all.insert(all.end(), out.begin(), out.end());
+  std::set<std::pair<int64_t, int64_t>> bigrams;
+  for (size_t i = 0; i + 1 < all.size(); ++i) EXPECT_TRUE(bigrams.insert({all[i], all[i + 1]}).second) << "at " << i;
+}
+
+TEST(InferenceEngine, EosAndForcedEosEndRequests) {
+  auto model = tiny_gpt2();
+  const auto prompt = random_prompts({5}, 96, 9)[0];
+  const auto free_run = reference(*model, prompt, 10);
+  {
+    InferenceConfig config = small_config();
+    config.eos_token_id = free_run[3];  // the 4th greedy token ends it
+    InferenceEngine engine(model, nullptr, config);
+    auto out = engine.generate({prompt})[0];
+    const auto first = std::find(free_run.begin(), free_run.end(), free_run[3]);
+    EXPECT_EQ(out, std::vector<int64_t>(free_run.begin(), first + 1));
+  }
+  {
+    InferenceConfig config = small_config();
+    config.forced_eos_token_id = 95;
+    InferenceEngine engine(model, nullptr, config);
+    auto out = engine.generate({prompt}, {.max_new_tokens = 6})[0];
+    ASSERT_EQ(out.size(), 6u);
+    EXPECT_EQ(out.back(), 95);
+    EXPECT_EQ(std::vector<int64_t>(out.begin(), out.end() - 1), std::vector<int64_t>(free_run.begin(), free_run.begin() + 5));
+  }
+}
+
+TEST(InferenceEngine, StopStringsCutTheTextAndEndTheRequest) {
+  std::shared_ptr<const data::Tokenizer> tokenizer = data::make_byte_tokenizer();
+  auto model = tiny_llama(tokenizer->vocab_size());
+  InferenceConfig config{.max_input_len = 32, .max_output_len = 24, .block_size = 4, .ignore_eos = true};
+  InferenceEngine engine(model, tokenizer, config);
+  const std::string full = engine.generate(std::vector<std::string>{"abc"}, {.max_new_tokens = 24})[0];
+  ASSERT_GE(full.size(), 6u) << "the free run should produce text";
+  const std::string stop = full.substr(3, 2);
+  const std::string cut = engine.generate(std::vector<std::string>{"abc"}, {.max_new_tokens = 24, .stop = {stop}})[0];
+  EXPECT_EQ(cut, full.substr(0, full.find(stop))) << "the text before the first occurrence of the stop string";
+}
+
+TEST(InferenceEngine, StreamingLlmGeneratesPastTheWindowWithBoundedBlocks) {
+  auto model = tiny_llama();
+  InferenceConfig config{.max_input_len = 8, .max_output_len = 200, .block_size = 4, .enable_streamingllm = true,
+                         .start_token_size = 4, .generated_token_size = 16};
+  InferenceEngine engine(model, nullptr, config);
+  const auto prompt = random_prompts({6}, 96, 10)[0];
+  const int64_t id = engine.add_request(prompt);
+  int64_t generated = 0, peak = 0;
+  while (engine.has_unfinished()) {
+    for (const auto& out : engine.step()) if (out.request_id == id) generated += static_cast<int64_t>(out.new_tokens.size());
+    peak = std::max(peak, engine.stats().blocks_used);
+  }
+  EXPECT_EQ(generated, 200);
+  EXPECT_LE(peak, (4 + 16) / 4 + 2) << "sinks + window + the block being filled";
+  // Until the window first fills, nothing is dropped: the start equals plain greedy.
+  const auto head = reference(*model, prompt, 12);
+  InferenceEngine again(model, nullptr, config);
+  auto out = again.generate({prompt}, {.max_new_tokens = 12})[0];
+  EXPECT_EQ(out, head);
+}
+
+TEST(InferenceEngine, AbortFreesTheBlocksAndReportsTheRequest) {
+  auto model = tiny_gpt2();
+  InferenceConfig config = small_config();
+  config.enable_prefix_caching = false;
+  InferenceEngine engine(model, nullptr, config);
+  const int64_t keep = engine.add_request(random_prompts({6}, 96, 11)[0], {.max_new_tokens = 5});
+  const int64_t gone = engine.add_request(random_prompts({15}, 96, 12)[0], {.max_new_tokens = 10});
+  engine.step();
+  EXPECT_GT(engine.stats().blocks_used, 2);
+  engine.abort_request(gone);
+  const auto outputs = engine.step();
+  bool reported = false;
+  for (const auto& out : outputs) {
+    if (out.request_id == gone) {
+      reported = true;
+      EXPECT_EQ(out.finish_reason, FinishReason::Abort);
+    }
+  }
+  EXPECT_TRUE(reported);
+  EXPECT_EQ(engine.stats().running, 1);
+  EXPECT_LE(engine.stats().blocks_used, 3);  // only `keep`'s blocks
+  while (engine.has_unfinished()) engine.step();
+  EXPECT_EQ(engine.stats().blocks_used, 0);
+  engine.abort_request(keep);  // already finished: ignored
+}
+
+void expect_config_error(const std::function<void()>& f, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    for (const auto& fragment : fragments) EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(InferenceEngine, BadRequestsAndConfigsGetErrorsNamingTheValue) {
+  auto model = tiny_gpt2(96, /*n_positions=*/24);
+  InferenceEngine engine(model, nullptr, small_config());
+  expect_config_error([&] { engine.add_request(std::vector<int64_t>{}); }, {"empty"});
+  expect_config_error([&] { engine.add_request(std::vector<int64_t>(21, 1)); }, {"21", "max_input_len"});
+  expect_config_error([&] { engine.add_request(std::vector<int64_t>{3, 96}); }, {"96", "[0, 96)"});
+  expect_config_error([&] { engine.add_request(std::vector<int64_t>{3}, {.max_new_tokens = 0}); }, {"max_new_tokens", "[1, 10]"});
+  expect_config_error([&] { engine.add_request(std::string("hi")); }, {"tokenizer"});
+  expect_config_error([&] { engine.add_request(std::vector<int64_t>(20, 1), {.max_new_tokens = 10}); },
+                      {"n_positions 24"});
+  InferenceConfig tiny = small_config();
+  tiny.num_blocks = 2;
+  InferenceEngine cramped(model, nullptr, tiny);
+  expect_config_error([&] { cramped.add_request(std::vector<int64_t>(9, 1), {.max_new_tokens = 4}); }, {"pool has 2"});
+  InferenceConfig bad = small_config();
+  bad.block_size = 0;
+  expect_config_error([&] { InferenceEngine(model, nullptr, bad); }, {"block_size"});
+  EXPECT_EQ(engine.stats().waiting, 0) << "refused requests are not queued";
+}
+
+}  // namespace
+}  // namespace colossus::inference
