@@ -9,6 +9,12 @@
       are cleared), and "margin", the smallest gap between the two largest
       logits over the greedy steps (how safe a token-for-token comparison is).
       With --sample, torch.manual_seed(S) precedes generate(do_sample=True).
+
+  hf_generate.py beam MODEL_DIR --prompts 1,2,3;4,5 --new 12 --num_beams 4
+                 [--eos E] [--length_penalty L] [--early_stopping]
+      Beam search on each prompt alone (no padding); prints {"outputs":
+      [generated ids per prompt]}: the best beam's new tokens, ending at eos
+      when it ended there. Without --eos the model has no eos.
 """
 import argparse
 import json
@@ -47,6 +53,24 @@ def generate(args) -> int:
     return 0
 
 
+def beam(args) -> int:
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model.eval()
+    model.generation_config.eos_token_id = args.eos
+    model.generation_config.bos_token_id = None
+    model.generation_config.pad_token_id = 0
+    outputs = []
+    for text in args.prompts.split(";"):
+        prompt = torch.tensor([[int(i) for i in text.split(",")]])
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=args.new, num_beams=args.num_beams, do_sample=False,
+                                 temperature=None, top_k=None, top_p=None, length_penalty=args.length_penalty,
+                                 early_stopping=args.early_stopping)
+        outputs.append(out[0, prompt.shape[1]:].tolist())
+    print(json.dumps({"outputs": outputs}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,10 +84,18 @@ def main() -> int:
     g.add_argument("--top_k", type=int, default=0)
     g.add_argument("--top_p", type=float, default=1.0)
     g.add_argument("--repetition_penalty", type=float, default=1.0)
+    b = sub.add_parser("beam")
+    b.add_argument("model_dir")
+    b.add_argument("--prompts", required=True)
+    b.add_argument("--new", type=int, default=12)
+    b.add_argument("--num_beams", type=int, default=4)
+    b.add_argument("--eos", type=int, default=None)
+    b.add_argument("--length_penalty", type=float, default=1.0)
+    b.add_argument("--early_stopping", action="store_true")
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    return generate(args)
+    return beam(args) if args.command == "beam" else generate(args)
 
 
 if __name__ == "__main__":

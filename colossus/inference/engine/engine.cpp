@@ -87,10 +87,10 @@ InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::s
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)), config_(std::move(config)) {
   config_.validate();
   TORCH_CHECK(model_ != nullptr, "InferenceEngine needs a model");
-  if (config_.beam_width > 1 || config_.use_spec_dec || config_.use_cuda_graph || config_.tp_size > 1) {
-    throw ConfigError(fmt::format("this engine build does not yet support beam_width > 1, use_spec_dec, use_cuda_graph "
-                                  "or tp_size > 1 (got beam_width {}, use_spec_dec {}, use_cuda_graph {}, tp_size {})",
-                                  config_.beam_width, config_.use_spec_dec, config_.use_cuda_graph, config_.tp_size));
+  if (config_.use_cuda_graph || config_.tp_size > 1) {
+    throw ConfigError(fmt::format("this engine build does not yet support use_cuda_graph or tp_size > 1 "
+                                  "(got use_cuda_graph {}, tp_size {})",
+                                  config_.use_cuda_graph, config_.tp_size));
   }
   model_->eval();
   const at::Tensor any = model_->parameters().front();
@@ -139,6 +139,7 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
   }
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
+  seq->request_id = seq->id;
   seq->prompt_len = static_cast<int64_t>(prompt.size());
   seq->tokens = std::move(prompt);
   seq->max_new_tokens = options.max_new_tokens.value_or(config_.max_output_len);
@@ -156,6 +157,24 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
     if (config_.eos_token_id) seq->eos_id = config_.eos_token_id;
     else if (tokenizer_ && tokenizer_->eos_id()) seq->eos_id = *tokenizer_->eos_id();
   }
+  const int64_t width = options.beam_width.value_or(config_.beam_width);
+  if (width > 1) {
+    if (width > config_.max_batch_size || 2 * width > vocab) {
+      throw ConfigError(fmt::format("beam_width {} needs width <= max_batch_size ({}) and 2 x width <= the vocabulary ({})",
+                                    width, config_.max_batch_size, vocab));
+    }
+    if (!seq->sampling.greedy() || seq->sampling.repetition_penalty != 1.0 || seq->no_repeat_ngram_size > 0 ||
+        !options.stop.empty() || config_.enable_streamingllm || config_.forced_eos_token_id) {
+      throw ConfigError(fmt::format("beam search (beam_width {}) is deterministic and scores whole sequences: it does not "
+                                    "combine with sampling, repetition_penalty, no_repeat_ngram_size, stop strings, "
+                                    "forced_eos_token_id or StreamingLLM",
+                                    width));
+    }
+    seq->beam = std::make_shared<BeamSearch>(width, seq->max_new_tokens, seq->eos_id, config_.length_penalty,
+                                             config_.early_stopping);
+  } else if (width < 1) {
+    throw ConfigError(fmt::format("beam_width is {}; use 1 (off) or more beams", width));
+  }
   seq->stop = options.stop;
   if (!seq->stop.empty() && !tokenizer_) throw ConfigError("stop strings need a tokenizer; this engine has none");
   for (const auto& s : seq->stop) {
@@ -170,10 +189,12 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
   const int64_t most_cached = config_.enable_streamingllm
                                   ? std::min(total, config_.start_token_size + config_.generated_token_size + 2 * bs)
                                   : total;
-  if (ceil_div(most_cached, bs) + 1 > cache_->allocator().num_blocks()) {
-    throw ConfigError(fmt::format("a request of {} tokens needs {} KV blocks of {} tokens but the pool has {}; "
+  const int64_t blocks_needed = (ceil_div(most_cached, bs) + 1) * width;
+  if (blocks_needed > cache_->allocator().num_blocks()) {
+    throw ConfigError(fmt::format("a request of {} tokens{} needs {} KV blocks of {} tokens but the pool has {}; "
                                   "shorten it, or give the cache more blocks (num_blocks)",
-                                  total, ceil_div(most_cached, bs) + 1, bs, cache_->allocator().num_blocks()));
+                                  total, width > 1 ? fmt::format(" with {} beams", width) : "", blocks_needed, bs,
+                                  cache_->allocator().num_blocks()));
   }
   seq->generator = make_cpu_generator(seq->sampling.seed);
   if (tokenizer_) {
@@ -274,15 +295,28 @@ void InferenceEngine::check_stop(Sequence& seq, RequestOutput& out) {
 void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, const at::Tensor& logits,
                                   std::vector<RequestOutput>& outputs) {
   std::vector<Sequence*> sampled;
+  std::vector<int64_t> sampled_rows;
+  std::vector<std::pair<Sequence*, std::vector<int64_t>>> beam_groups;  // first beam, its requests' logits rows
+  int64_t row = 0;
   for (const ScheduledSequence& item : batch) {
     Sequence& seq = *item.seq;
     if (seq.num_computed < seq.prompt_len) prompt_tokens_ += std::min(item.num_tokens, seq.prompt_len - seq.num_computed);
     seq.num_computed += item.num_tokens;
     cache_->publish(seq);
-    if (item.sample) sampled.push_back(&seq);
+    if (!item.sample) continue;
+    if (seq.beam) {
+      if (beam_groups.empty() || beam_groups.back().first->request_id != seq.request_id) beam_groups.push_back({&seq, {}});
+      beam_groups.back().second.push_back(row++);
+    } else {
+      sampled.push_back(&seq);
+      sampled_rows.push_back(row++);
+    }
   }
+  for (auto& [first, rows] : beam_groups) step_beams(first->request_id, logits, rows, outputs);
   if (sampled.empty()) return;
-  const std::vector<int64_t> tokens = draw_tokens(sampled, logits);
+  const bool all_rows = sampled_rows.size() == static_cast<size_t>(row);
+  const std::vector<int64_t> tokens =
+      draw_tokens(sampled, all_rows ? logits : logits.index_select(0, at::tensor(sampled_rows, at::kLong).to(logits.device())));
   std::vector<int64_t> done;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence& seq = *sampled[i];
@@ -301,6 +335,66 @@ void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, c
   for (int64_t id : done) {
     scheduler_->remove(id);
     texts_.erase(id);
+  }
+}
+
+void InferenceEngine::step_beams(int64_t request_id, const at::Tensor& logits, const std::vector<int64_t>& rows,
+                                 std::vector<RequestOutput>& outputs) {
+  std::vector<Sequence*> beams = scheduler_->beams_of(request_id);
+  TORCH_CHECK(beams.size() == rows.size(), "beam search: ", rows.size(), " logits rows for ", beams.size(), " beams");
+  std::vector<std::vector<int64_t>> generated;
+  for (const Sequence* b : beams) generated.push_back(b->generated());
+  BeamSearch& search = *beams.front()->beam;
+  const BeamSearch::Next next =
+      search.step(logits.index_select(0, at::tensor(rows, at::kLong).to(logits.device())), generated);
+  generated_tokens_ += static_cast<int64_t>(beams.size());
+  Sequence& root = *beams.front();
+  if (search.done()) {
+    const std::vector<int64_t>& best = search.best();
+    RequestOutput out{.request_id = request_id, .new_tokens = best, .finished = true,
+                      .finish_reason = root.eos_id && !best.empty() && best.back() == *root.eos_id ? FinishReason::Stop
+                                                                                                 : FinishReason::Length,
+                      .prompt_tokens = root.prompt_len, .generated_tokens = static_cast<int64_t>(best.size()),
+                      .cached_prompt_tokens = root.num_cached_prefix};
+    if (tokenizer_) out.new_text = tokenizer_->decode(std::vector<int32_t>(best.begin(), best.end()), true);
+    outputs.push_back(std::move(out));
+    scheduler_->remove(request_id);
+    texts_.erase(request_id);
+    return;
+  }
+  // Each new beam takes its parent's tokens and (shared) KV blocks; the
+  // shared last block is copied when a beam writes into it.
+  struct State {
+    std::vector<int64_t> tokens;
+    std::vector<BlockId> blocks;
+    int64_t num_computed, hashed_blocks;
+    uint64_t last_hash;
+  };
+  std::vector<State> states;
+  for (size_t i = 0; i < next.parents.size(); ++i) {
+    const Sequence& parent = *beams[static_cast<size_t>(next.parents[i])];
+    State state{parent.tokens, parent.blocks, parent.num_computed, parent.hashed_blocks, parent.last_hash};
+    state.tokens.push_back(next.tokens[i]);
+    for (BlockId b : state.blocks) cache_->allocator().retain(b);
+    states.push_back(std::move(state));
+  }
+  for (size_t i = 0; i < states.size(); ++i) {
+    Sequence* beam = i < beams.size() ? beams[i] : nullptr;
+    std::unique_ptr<Sequence> fresh;
+    if (!beam) {
+      fresh = std::make_unique<Sequence>(root);
+      fresh->id = next_id_++;
+      fresh->blocks.clear();
+      beam = fresh.get();
+    } else {
+      cache_->free(*beam);
+    }
+    beam->tokens = std::move(states[i].tokens);
+    beam->blocks = std::move(states[i].blocks);
+    beam->num_computed = states[i].num_computed;
+    beam->hashed_blocks = states[i].hashed_blocks;
+    beam->last_hash = states[i].last_hash;
+    if (fresh) scheduler_->add_beam(std::move(fresh));
   }
 }
 

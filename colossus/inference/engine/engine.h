@@ -86,6 +86,9 @@ class InferenceEngine {
   struct TextState;
   void finish_step(const std::vector<ScheduledSequence>& batch, const at::Tensor& logits,
                    std::vector<RequestOutput>& outputs);
+  // One beam-search step of request_id from its beams' logits rows.
+  void step_beams(int64_t request_id, const at::Tensor& logits, const std::vector<int64_t>& rows,
+                  std::vector<RequestOutput>& outputs);
   std::vector<int64_t> draw_tokens(const std::vector<Sequence*>& seqs, const at::Tensor& logits);
   void check_stop(Sequence& seq, RequestOutput& out);
 

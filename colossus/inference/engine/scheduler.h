@@ -29,20 +29,30 @@ class Scheduler {
   Scheduler(const InferenceConfig& config, KVCache& cache);
 
   void add(std::unique_ptr<Sequence> seq);
+  // A new beam of a running beam-search request, placed after its last beam
+  // (a request's beams stay adjacent so they are scheduled as one).
+  void add_beam(std::unique_ptr<Sequence> beam);
   // The next step's batch (empty when nothing can run). Blocks for it are
   // reserved; copy-on-write copies are pending in the cache.
   std::vector<ScheduledSequence> schedule();
-  // Frees a finished (or aborted) sequence's blocks and hands it back.
-  std::unique_ptr<Sequence> remove(int64_t id);
+  // Frees the blocks of a finished (or aborted) request's sequences (all its
+  // beams) and hands back the one whose id is the request's.
+  std::unique_ptr<Sequence> remove(int64_t request_id);
 
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
-  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }  // sequences (beams count one each)
   bool empty() const { return waiting_.empty() && running_.empty(); }
   int64_t num_preemptions() const { return preemptions_; }
   Sequence* find(int64_t id) const;
+  // The running sequences of a request, in order (its beams).
+  std::vector<Sequence*> beams_of(int64_t request_id) const;
 
  private:
-  void preempt(size_t running_index);
+  // Running sequences [first, end) of the request at running_[first].
+  size_t unit_end(size_t first) const;
+  // Sends the request whose sequences start at running_[first] back to the
+  // queue (a beam search restarts from its prompt).
+  void preempt(size_t first);
   int64_t window_limit() const;
 
   const InferenceConfig& config_;

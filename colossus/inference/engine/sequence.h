@@ -1,12 +1,14 @@
 // One request as the engine tracks it: its tokens (prompt, then generated),
 // how many of them have K/V in the cache, its block table, and what ends it.
 #pragma once
+#include "colossus/inference/engine/beam_search.h"
 #include "colossus/inference/engine/block_allocator.h"
 #include "colossus/inference/sampler.h"
 
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +21,8 @@ struct RequestOptions {
   std::optional<SamplingParams> sampling{};
   std::optional<int64_t> no_repeat_ngram_size{};
   std::optional<bool> ignore_eos{};
+  // Beam search with this many beams (1 = off); the output is the best beam, at the end.
+  std::optional<int64_t> beam_width{};
   // Generation ends once the generated text contains one of these (needs a tokenizer).
   std::vector<std::string> stop{};
 };
@@ -28,6 +32,10 @@ const char* finish_reason_name(FinishReason reason);  // "stop", "length", "abor
 
 struct Sequence {
   int64_t id = 0;
+  int64_t request_id = 0;  // the request it serves: its own id, or the first beam's for every beam
+  // Shared by the beams of a beam-search request (null otherwise). They run
+  // together: scheduled, preempted and finished as one.
+  std::shared_ptr<BeamSearch> beam;
   std::vector<int64_t> tokens;  // prompt followed by generated tokens
   int64_t prompt_len = 0;
   int64_t num_computed = 0;     // leading tokens whose K/V are in the cache
