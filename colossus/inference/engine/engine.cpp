@@ -1,10 +1,14 @@
 #include "colossus/inference/engine/engine.h"
 
+#include "colossus/inference/engine/speculative.h"
+
 #include "colossus/core/errors.h"
 #include "colossus/inference/model_dir.h"
 #include "colossus/metrics/memory.h"
 #include "colossus/models/pretrained.h"
 
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
 #include <fmt/format.h>
 
@@ -35,23 +39,6 @@ struct InferenceEngine::TextState {
 };
 
 namespace {
-
-KVCacheShape kv_shape_of(const models::CausalLM& model, int64_t block_size) {
-  KVCacheShape shape{.num_layers = static_cast<int64_t>(model.blocks().size()), .block_size = block_size};
-  std::visit(
-      [&](const auto& c) {
-        using C = std::decay_t<decltype(c)>;
-        if constexpr (std::is_same_v<C, models::GPT2Config>) {
-          shape.kv_heads = c.n_head;
-          shape.head_dim = c.head_dim();
-        } else {
-          shape.kv_heads = c.kv_heads();
-          shape.head_dim = c.resolved_head_dim();
-        }
-      },
-      model.config());
-  return shape;
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -94,7 +81,7 @@ InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::s
   }
   model_->eval();
   const at::Tensor any = model_->parameters().front();
-  KVCacheShape shape = kv_shape_of(*model_, config_.block_size);
+  KVCacheShape shape = kv_cache_shape(*model_, config_.block_size);
   const auto cache_dtype = config_.kv_cache_dtype == "auto" ? any.scalar_type() : config_.cache_dtype();
   const auto options = at::TensorOptions().dtype(cache_dtype).device(any.device());
   shape.num_blocks = pool_blocks(config_, shape, options, *model_);
@@ -211,6 +198,7 @@ void InferenceEngine::abort_request(int64_t id) {
   std::unique_ptr<Sequence> seq = scheduler_->remove(id);
   if (!seq) return;
   texts_.erase(id);
+  if (drafter_) drafter_->release(id);
   aborted_.push_back({.request_id = id, .finished = true, .finish_reason = FinishReason::Abort,
                       .prompt_tokens = seq->prompt_len, .generated_tokens = seq->num_generated()});
 }
@@ -218,8 +206,12 @@ void InferenceEngine::abort_request(int64_t id) {
 std::vector<RequestOutput> InferenceEngine::step() {
   std::vector<RequestOutput> outputs = std::move(aborted_);
   aborted_.clear();
+  if (config_.use_spec_dec && !drafter_) {
+    throw ConfigError("use_spec_dec is set but the engine has no drafter: call enable_spec_dec(drafter_model) first");
+  }
   std::vector<ScheduledSequence> batch = scheduler_->schedule();
   if (batch.empty()) return outputs;
+  if (drafter_) add_drafts(batch);
   at::Tensor logits = runner_->run(batch);
   ++steps_;
   finish_step(batch, logits, outputs);
@@ -287,7 +279,7 @@ void InferenceEngine::check_stop(Sequence& seq, RequestOutput& out) {
   const size_t final_end = seq.finished() ? text.text.size()
                                           : (text.text.size() > text.holdback ? text.text.size() - text.holdback : 0);
   if (final_end > text.emitted) {
-    out.new_text = text.text.substr(text.emitted, final_end - text.emitted);
+    out.new_text += text.text.substr(text.emitted, final_end - text.emitted);
     text.emitted = final_end;
   }
 }
@@ -302,6 +294,11 @@ void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, c
     Sequence& seq = *item.seq;
     if (seq.num_computed < seq.prompt_len) prompt_tokens_ += std::min(item.num_tokens, seq.prompt_len - seq.num_computed);
     seq.num_computed += item.num_tokens;
+    if (item.num_drafts > 0) {
+      verify_drafts(item, logits.narrow(0, row, item.num_drafts + 1), outputs);
+      row += item.num_drafts + 1;
+      continue;
+    }
     cache_->publish(seq);
     if (!item.sample) continue;
     if (seq.beam) {
@@ -313,6 +310,7 @@ void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, c
     }
   }
   for (auto& [first, rows] : beam_groups) step_beams(first->request_id, logits, rows, outputs);
+  finish_requests(outputs);
   if (sampled.empty()) return;
   const bool all_rows = sampled_rows.size() == static_cast<size_t>(row);
   const std::vector<int64_t> tokens =
@@ -329,13 +327,131 @@ void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, c
     out.prompt_tokens = seq.prompt_len;
     out.generated_tokens = seq.num_generated();
     out.cached_prompt_tokens = seq.num_cached_prefix;
-    if (seq.finished()) done.push_back(seq.id);
     outputs.push_back(std::move(out));
   }
-  for (int64_t id : done) {
-    scheduler_->remove(id);
-    texts_.erase(id);
+  finish_requests(outputs);
+}
+
+void InferenceEngine::finish_requests(const std::vector<RequestOutput>& outputs) {
+  for (const RequestOutput& out : outputs) {
+    if (!out.finished || out.finish_reason == FinishReason::Abort) continue;
+    scheduler_->remove(out.request_id);
+    texts_.erase(out.request_id);
+    if (drafter_) drafter_->release(out.request_id);
   }
+}
+
+void InferenceEngine::enable_spec_dec(std::shared_ptr<models::CausalLM> drafter, int64_t n_spec_tokens) {
+  TORCH_CHECK(drafter != nullptr, "enable_spec_dec needs a drafter model");
+  const int64_t n = n_spec_tokens > 0 ? n_spec_tokens : config_.max_n_spec_tokens;
+  if (n < 1) throw ConfigError(fmt::format("n_spec_tokens is {}; a drafter must propose at least 1 token", n));
+  const int64_t vocab = models::vocab_size(model_->config()), drafter_vocab = models::vocab_size(drafter->config());
+  if (vocab != drafter_vocab) {
+    throw ConfigError(fmt::format("the drafter's vocabulary ({} tokens) differs from the model's ({}); speculative "
+                                  "decoding needs the same tokenizer",
+                                  drafter_vocab, vocab));
+  }
+  const at::Tensor ours = model_->parameters().front(), theirs = drafter->parameters().front();
+  if (ours.device() != theirs.device()) {
+    throw ConfigError(fmt::format("the drafter is on {} but the model on {}; put both on one device",
+                                  theirs.device().str(), ours.device().str()));
+  }
+  if (config_.enable_streamingllm) throw ConfigError("speculative decoding does not combine with StreamingLLM");
+  if (config_.forced_eos_token_id) throw ConfigError("speculative decoding does not combine with forced_eos_token_id");
+  drafter_ = std::make_unique<Drafter>(std::move(drafter), cache_->shape().num_blocks, cache_->block_size());
+  n_spec_tokens_ = n;
+  config_.use_spec_dec = true;
+  config_.max_n_spec_tokens = n;
+}
+
+void InferenceEngine::disable_spec_dec() {
+  drafter_.reset();
+  config_.use_spec_dec = false;
+}
+
+void InferenceEngine::add_drafts(std::vector<ScheduledSequence>& batch) {
+  std::vector<ScheduledSequence*> items;
+  std::vector<Sequence*> seqs;
+  std::vector<int64_t> k;
+  for (ScheduledSequence& item : batch) {
+    Sequence& seq = *item.seq;
+    // Decode steps only: one new token, past the prompt, not a beam.
+    if (!item.sample || item.num_tokens != 1 || seq.beam || seq.num_generated() < 1) continue;
+    // Drafts never take the last allowed token: the target draws that one.
+    const int64_t room = seq.max_new_tokens - seq.num_generated() - 1;
+    if (room < 1) continue;
+    items.push_back(&item);
+    seqs.push_back(&seq);
+    k.push_back(std::min(n_spec_tokens_, room));
+  }
+  if (seqs.empty()) return;
+  std::vector<Drafter::Proposal> proposals = drafter_->propose(seqs, k);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence& seq = *seqs[i];
+    const auto m = static_cast<int64_t>(proposals[i].tokens.size());
+    if (m == 0 || !cache_->reserve(seq, 1 + m)) {
+      drafter_->rollback(seq, seq.num_computed);
+      continue;
+    }
+    seq.tokens.insert(seq.tokens.end(), proposals[i].tokens.begin(), proposals[i].tokens.end());
+    items[i]->num_tokens = 1 + m;
+    items[i]->num_drafts = m;
+    draft_probs_[seq.id] = std::move(proposals[i].probs);
+  }
+}
+
+void InferenceEngine::verify_drafts(const ScheduledSequence& item, const at::Tensor& logits,
+                                    std::vector<RequestOutput>& outputs) {
+  Sequence& seq = *item.seq;
+  const int64_t m = item.num_drafts;
+  const int64_t base = seq.num_tokens() - m;  // tokens before the drafts
+  const std::vector<int64_t> drafts(seq.tokens.end() - m, seq.tokens.end());
+  at::Tensor rows = logits.to(at::kFloat).cpu();
+  SpecVerdict verdict;
+  if (seq.sampling.greedy()) {
+    // Keep a draft exactly when it is what plain greedy decoding draws there.
+    verdict.accepted = m;
+    for (int64_t j = 0; j <= m; ++j) {
+      const std::vector<int64_t> context(seq.tokens.begin(), seq.tokens.begin() + base + j);
+      const int64_t best = processed_logits(rows[j], context, seq).argmax().item<int64_t>();
+      if (j == m || best != drafts[static_cast<size_t>(j)]) {
+        verdict = {j, best};
+        break;
+      }
+    }
+  } else {
+    std::vector<at::Tensor> p;
+    for (int64_t j = 0; j <= m; ++j) {
+      const std::vector<int64_t> context(seq.tokens.begin(), seq.tokens.begin() + base + j);
+      p.push_back(at::softmax(processed_logits(rows[j], context, seq), -1));
+    }
+    verdict = verify_sampled_drafts(at::stack(p), draft_probs_.at(seq.id), drafts, seq.generator);
+  }
+  draft_probs_.erase(seq.id);
+  draft_tokens_ += m;
+  accepted_draft_tokens_ += verdict.accepted;
+
+  // The KV of the accepted drafts stays; what follows them is dropped.
+  seq.tokens.resize(static_cast<size_t>(base));
+  cache_->truncate(seq, base + verdict.accepted);
+  cache_->publish(seq);
+  drafter_->rollback(seq, base + verdict.accepted);
+  RequestOutput out{.request_id = seq.id};
+  std::vector<int64_t> kept(drafts.begin(), drafts.begin() + verdict.accepted);
+  kept.push_back(verdict.next_token);
+  for (int64_t token : kept) {
+    seq.tokens.push_back(token);
+    out.new_tokens.push_back(token);
+    ++generated_tokens_;
+    check_stop(seq, out);
+    if (seq.finished()) break;
+  }
+  out.finished = seq.finished();
+  out.finish_reason = seq.finish_reason;
+  out.prompt_tokens = seq.prompt_len;
+  out.generated_tokens = seq.num_generated();
+  out.cached_prompt_tokens = seq.num_cached_prefix;
+  outputs.push_back(std::move(out));
 }
 
 void InferenceEngine::step_beams(int64_t request_id, const at::Tensor& logits, const std::vector<int64_t>& rows,
@@ -446,7 +562,9 @@ EngineStats InferenceEngine::stats() const {
                      .generated_tokens = generated_tokens_,
                      .preemptions = scheduler_->num_preemptions(),
                      .prefix_cache_queries = blocks.prefix_queries(),
-                     .prefix_cache_hits = blocks.prefix_hits()};
+                     .prefix_cache_hits = blocks.prefix_hits(),
+                     .draft_tokens = draft_tokens_,
+                     .accepted_draft_tokens = accepted_draft_tokens_};
 }
 
 }  // namespace colossus::inference

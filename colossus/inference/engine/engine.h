@@ -23,6 +23,8 @@
 
 namespace colossus::inference {
 
+class Drafter;
+
 struct RequestOutput {
   int64_t request_id = 0;
   std::vector<int64_t> new_tokens;  // drawn this step
@@ -46,6 +48,8 @@ struct EngineStats {
   int64_t preemptions = 0;
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
+  int64_t draft_tokens = 0;           // proposed by the drafter (speculative decoding)
+  int64_t accepted_draft_tokens = 0;  // of those, kept by the model
 };
 
 class InferenceEngine {
@@ -77,6 +81,11 @@ class InferenceEngine {
                                              const RequestOptions& options = {});
   std::vector<std::string> generate(const std::vector<std::string>& prompts, const RequestOptions& options = {});
 
+  // Speculative decoding with `drafter` (same vocabulary, same device)
+  // proposing n_spec_tokens per step (0 = config's max_n_spec_tokens).
+  void enable_spec_dec(std::shared_ptr<models::CausalLM> drafter, int64_t n_spec_tokens = 0);
+  void disable_spec_dec();
+
   const InferenceConfig& config() const { return config_; }
   const data::Tokenizer* tokenizer() const { return tokenizer_.get(); }
   models::CausalLM& model() const { return *model_; }
@@ -86,6 +95,9 @@ class InferenceEngine {
   struct TextState;
   void finish_step(const std::vector<ScheduledSequence>& batch, const at::Tensor& logits,
                    std::vector<RequestOutput>& outputs);
+  void finish_requests(const std::vector<RequestOutput>& outputs);
+  void add_drafts(std::vector<ScheduledSequence>& batch);
+  void verify_drafts(const ScheduledSequence& item, const at::Tensor& logits, std::vector<RequestOutput>& outputs);
   // One beam-search step of request_id from its beams' logits rows.
   void step_beams(int64_t request_id, const at::Tensor& logits, const std::vector<int64_t>& rows,
                   std::vector<RequestOutput>& outputs);
@@ -98,6 +110,11 @@ class InferenceEngine {
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Drafter> drafter_;
+  int64_t n_spec_tokens_ = 0;
+  std::map<int64_t, at::Tensor> draft_probs_;  // sampled requests' drafter distributions, this step
+  int64_t draft_tokens_ = 0;
+  int64_t accepted_draft_tokens_ = 0;
   std::map<int64_t, std::unique_ptr<TextState>> texts_;
   std::vector<RequestOutput> aborted_;
   int64_t next_id_ = 1;

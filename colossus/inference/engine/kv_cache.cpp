@@ -1,5 +1,7 @@
 #include "colossus/inference/engine/kv_cache.h"
 
+#include "colossus/models/causal_lm.h"
+
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
 #include <c10/util/Exception.h>
@@ -11,6 +13,23 @@ namespace colossus::inference {
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
+
+KVCacheShape kv_cache_shape(const models::CausalLM& model, int64_t block_size) {
+  KVCacheShape shape{.num_layers = static_cast<int64_t>(model.blocks().size()), .block_size = block_size};
+  std::visit(
+      [&](const auto& c) {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, models::GPT2Config>) {
+          shape.kv_heads = c.n_head;
+          shape.head_dim = c.head_dim();
+        } else {
+          shape.kv_heads = c.kv_heads();
+          shape.head_dim = c.resolved_head_dim();
+        }
+      },
+      model.config());
+  return shape;
+}
 
 KVCache::KVCache(const KVCacheShape& shape, const at::TensorOptions& options, bool enable_prefix_caching)
     : shape_(shape), allocator_(shape.num_blocks, shape.block_size, enable_prefix_caching) {

@@ -11,6 +11,10 @@
 #include <utility>
 #include <vector>
 
+namespace colossus::models {
+class CausalLM;
+}
+
 namespace colossus::inference {
 
 struct KVCacheShape {
@@ -21,6 +25,9 @@ struct KVCacheShape {
   int64_t num_blocks = 0;
   int64_t bytes_per_block(int64_t element_size) const { return 2 * num_layers * kv_heads * block_size * head_dim * element_size; }
 };
+
+// The cache shape of a model's attention layers (kv heads, head dim, layers).
+KVCacheShape kv_cache_shape(const models::CausalLM& model, int64_t block_size);
 
 class KVCache {
  public:

@@ -48,7 +48,9 @@ at::Tensor ModelRunner::run(const std::vector<ScheduledSequence>& batch) {
     meta.host_query_start.push_back(static_cast<int32_t>(ids.size()));
     meta.host_context_lens.push_back(static_cast<int32_t>(cache_.cache_position(seq, seq.num_computed + item.num_tokens)));
     meta.host_block_tables.emplace_back(seq.blocks.begin(), seq.blocks.end());
-    if (item.sample) sample_rows.push_back(static_cast<int64_t>(ids.size()) - 1);
+    if (item.sample) {
+      for (int64_t j = item.num_drafts; j >= 0; --j) sample_rows.push_back(static_cast<int64_t>(ids.size()) - 1 - j);
+    }
   }
   const at::Device device = cache_.keys(0).device();
   upload_metadata(meta, slots, device);

@@ -18,8 +18,9 @@ class ModelRunner {
  public:
   ModelRunner(models::CausalLM& model, KVCache& cache);
 
-  // Runs the batch; returns logits (number of sequences with sample set, V)
-  // in the model's dtype, rows in batch order. Does not advance num_computed.
+  // Runs the batch; returns logits (rows, V) in the model's dtype: for each
+  // sequence with sample set, in batch order, 1 + num_drafts rows (its last
+  // positions). Does not advance num_computed.
   at::Tensor run(const std::vector<ScheduledSequence>& batch);
 
   // Logits (rows, V) at rows of the last run's packed tokens (speculative

@@ -18,10 +18,13 @@ namespace colossus::inference {
 
 // Tokens [seq->num_computed, seq->num_computed + num_tokens) run this step;
 // `sample` when they reach the end of the sequence, so its next token is drawn.
+// num_drafts: the last of those tokens are speculative drafts (appended to
+// seq->tokens for the step); logits come for each of them and the one before.
 struct ScheduledSequence {
   Sequence* seq = nullptr;
   int64_t num_tokens = 0;
   bool sample = false;
+  int64_t num_drafts = 0;
 };
 
 class Scheduler {
