@@ -6,7 +6,9 @@
 #include "colossus/inference/model_dir.h"
 #include "colossus/metrics/memory.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/parallel/plan/plan.h"
 
+#include <ATen/ops/full.h>
 #include <ATen/ops/softmax.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/tensor.h>
@@ -70,24 +72,40 @@ int64_t pool_blocks(const InferenceConfig& config, const KVCacheShape& shape, co
 }  // namespace
 
 InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::shared_ptr<const data::Tokenizer> tokenizer,
-                                 InferenceConfig config)
+                                 InferenceConfig config, cluster::ProcessGroupPtr tp_group)
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)), config_(std::move(config)) {
   config_.validate();
   TORCH_CHECK(model_ != nullptr, "InferenceEngine needs a model");
-  if (config_.use_cuda_graph || config_.tp_size > 1) {
-    throw ConfigError(fmt::format("this engine build does not yet support use_cuda_graph or tp_size > 1 "
-                                  "(got use_cuda_graph {}, tp_size {})",
-                                  config_.use_cuda_graph, config_.tp_size));
+  if (config_.use_cuda_graph) {
+    throw ConfigError("this engine build does not yet support use_cuda_graph; leave it off");
   }
   model_->eval();
-  const at::Tensor any = model_->parameters().front();
   KVCacheShape shape = kv_cache_shape(*model_, config_.block_size);
+  if (config_.tp_size > 1) {
+    if (!tp_group || tp_group->size() != config_.tp_size) {
+      throw ConfigError(fmt::format("tp_size is {} but the engine was given {}; pass a process group of tp_size ranks",
+                                    config_.tp_size, tp_group ? fmt::format("a group of {}", tp_group->size())
+                                                              : std::string("no process group")));
+    }
+    parallel::plan::validate_tp(model_->config(), config_.tp_size);
+    sharded_ = std::make_unique<parallel::plan::ShardedModel>(
+        parallel::plan::shard_model(*model_, parallel::plan::default_plan(*model_), tp_group));
+    // Each rank caches its own heads; with fewer kv heads than ranks, one each.
+    shape.kv_heads = shape.kv_heads % config_.tp_size == 0 ? shape.kv_heads / config_.tp_size : 1;
+  }
+  const at::Tensor any = model_->parameters().front();
   const auto cache_dtype = config_.kv_cache_dtype == "auto" ? any.scalar_type() : config_.cache_dtype();
   const auto options = at::TensorOptions().dtype(cache_dtype).device(any.device());
   shape.num_blocks = pool_blocks(config_, shape, options, *model_);
+  if (sharded_) {
+    // Ranks must schedule identically: all take the smallest pool.
+    at::Tensor blocks = at::full({1}, shape.num_blocks, at::kLong).to(any.device());
+    sharded_->tp_group->all_reduce(blocks, cluster::ReduceOp::Min).wait();
+    shape.num_blocks = blocks.cpu().item<int64_t>();
+  }
   cache_ = std::make_unique<KVCache>(shape, options, config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_, *cache_);
-  runner_ = std::make_unique<ModelRunner>(*model_, *cache_);
+  runner_ = std::make_unique<ModelRunner>(*model_, *cache_, sharded_.get());
 }
 
 InferenceEngine::~InferenceEngine() = default;

@@ -55,9 +55,12 @@ struct EngineStats {
 class InferenceEngine {
  public:
   // The model is put in eval mode; the KV pool is allocated on its device.
-  // tokenizer may be null (token-id requests only).
+  // tokenizer may be null (token-id requests only). With config.tp_size > 1
+  // the (full, identical on every rank) model is sharded over tp_group, whose
+  // size must be tp_size; every rank then drives its engine with the same
+  // requests in the same order and gets the same outputs.
   InferenceEngine(std::shared_ptr<models::CausalLM> model, std::shared_ptr<const data::Tokenizer> tokenizer,
-                  InferenceConfig config);
+                  InferenceConfig config, cluster::ProcessGroupPtr tp_group = nullptr);
   // A model directory, training checkpoint or run directory (see model_dir.h),
   // with the tokenizer found beside the weights.
   static std::unique_ptr<InferenceEngine> from_path(const std::string& path, InferenceConfig config,
@@ -109,6 +112,7 @@ class InferenceEngine {
   InferenceConfig config_;
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<parallel::plan::ShardedModel> sharded_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Drafter> drafter_;
   int64_t n_spec_tokens_ = 0;

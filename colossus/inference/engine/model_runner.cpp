@@ -1,5 +1,8 @@
 #include "colossus/inference/engine/model_runner.h"
 
+#include "colossus/parallel/tensor/comm.h"
+#include "colossus/parallel/tensor/layers.h"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/tensor.h>
 
@@ -29,7 +32,8 @@ class PagedAttentionHook final : public models::AttentionHook {
 
 }  // namespace
 
-ModelRunner::ModelRunner(models::CausalLM& model, KVCache& cache) : model_(model), cache_(cache) {}
+ModelRunner::ModelRunner(models::CausalLM& model, KVCache& cache, const parallel::plan::ShardedModel* sharded)
+    : model_(model), cache_(cache), sharded_(sharded) {}
 
 at::Tensor ModelRunner::run(const std::vector<ScheduledSequence>& batch) {
   at::NoGradGuard no_grad;
@@ -76,7 +80,12 @@ at::Tensor ModelRunner::logits_at(const std::vector<int64_t>& rows) {
   at::NoGradGuard no_grad;
   at::Tensor index = at::tensor(rows, at::kLong).to(last_hidden_.device());
   at::Tensor selected = last_hidden_.index_select(0, index).unsqueeze(0);  // (1, R, C)
-  return model_.head(model_.final_norm(selected)).squeeze(0);              // (R, V)
+  at::Tensor hidden = model_.final_norm(selected);
+  if (sharded_ == nullptr || !sharded_->vocab_parallel_logits) return model_.head(hidden).squeeze(0);  // (R, V)
+  at::Tensor local = sharded_->tied_head
+                         ? parallel::tensor::vocab_parallel_logits(hidden, model_.embedding().weight, *sharded_->tp_group)
+                         : model_.head(hidden);
+  return parallel::tensor::gather_last_dim(local, *sharded_->tp_group).narrow(-1, 0, sharded_->vocab.true_vocab).squeeze(0);
 }
 
 }  // namespace colossus::inference

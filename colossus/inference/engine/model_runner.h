@@ -7,6 +7,7 @@
 #include "colossus/inference/engine/kv_cache.h"
 #include "colossus/inference/engine/scheduler.h"
 #include "colossus/models/causal_lm.h"
+#include "colossus/parallel/plan/sharder.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -16,7 +17,9 @@ namespace colossus::inference {
 
 class ModelRunner {
  public:
-  ModelRunner(models::CausalLM& model, KVCache& cache);
+  // sharded: the model's tensor-parallel layout when it was sharded (its
+  // head then yields a vocab slice, gathered here into full logits).
+  ModelRunner(models::CausalLM& model, KVCache& cache, const parallel::plan::ShardedModel* sharded = nullptr);
 
   // Runs the batch; returns logits (rows, V) in the model's dtype: for each
   // sequence with sample set, in batch order, 1 + num_drafts rows (its last
@@ -30,6 +33,7 @@ class ModelRunner {
  private:
   models::CausalLM& model_;
   KVCache& cache_;
+  const parallel::plan::ShardedModel* sharded_;
   at::Tensor last_hidden_;  // (N, C)
 };
 
