@@ -12,6 +12,7 @@
 #include <c10/core/TensorOptions.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
 
@@ -141,18 +142,34 @@ bool try_write_kv_cache_cuda(const at::Tensor& k, const at::Tensor& v, at::Tenso
 }  // namespace
 
 void upload_metadata(AttentionMetadata& meta, const std::vector<int64_t>& slots, const at::Device& device) {
-  const auto on_device = [&](at::ScalarType dtype) { return at::TensorOptions().dtype(dtype).device(device); };
   size_t width = 1;
   for (const auto& row : meta.host_block_tables) width = std::max(width, row.size());
-  std::vector<int32_t> flat(meta.host_block_tables.size() * width, 0);
-  for (size_t s = 0; s < meta.host_block_tables.size(); ++s) {
-    std::copy(meta.host_block_tables[s].begin(), meta.host_block_tables[s].end(), flat.begin() + s * width);
-  }
   const auto num_seqs = static_cast<int64_t>(meta.host_block_tables.size());
-  meta.block_tables = at::tensor(flat, at::kInt).view({num_seqs, static_cast<int64_t>(width)}).to(on_device(at::kInt));
-  meta.query_start = at::tensor(meta.host_query_start, at::kInt).to(on_device(at::kInt));
-  meta.context_lens = at::tensor(meta.host_context_lens, at::kInt).to(on_device(at::kInt));
-  meta.slot_mapping = at::tensor(slots, at::kLong).to(on_device(at::kLong));
+  // One host buffer and one copy (pinned and asynchronous on CUDA, so the host
+  // never waits here): slot_mapping (int64) first, then the int32 block tables
+  // (padded with 0), query_start and context_lens; the device tensors are views.
+  const auto num_slots = static_cast<int64_t>(slots.size());
+  const int64_t table_numel = num_seqs * static_cast<int64_t>(width);
+  const auto starts = static_cast<int64_t>(meta.host_query_start.size());
+  const auto lens = static_cast<int64_t>(meta.host_context_lens.size());
+  const int64_t slot_bytes = num_slots * 8, int32_count = table_numel + starts + lens;
+  at::Tensor host = at::empty({std::max<int64_t>(slot_bytes + int32_count * 4, 8)},
+                              at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
+  auto* base = host.data_ptr<uint8_t>();
+  if (num_slots > 0) std::memcpy(base, slots.data(), static_cast<size_t>(slot_bytes));
+  auto* ints = reinterpret_cast<int32_t*>(base + slot_bytes);
+  std::fill(ints, ints + table_numel, 0);
+  for (size_t s = 0; s < meta.host_block_tables.size(); ++s) {
+    std::copy(meta.host_block_tables[s].begin(), meta.host_block_tables[s].end(), ints + s * width);
+  }
+  std::copy(meta.host_query_start.begin(), meta.host_query_start.end(), ints + table_numel);
+  std::copy(meta.host_context_lens.begin(), meta.host_context_lens.end(), ints + table_numel + starts);
+  const at::Tensor on_device = host.to(at::TensorOptions().device(device), /*non_blocking=*/true);
+  meta.slot_mapping = on_device.narrow(0, 0, slot_bytes).view(at::kLong);
+  const at::Tensor int32s = on_device.narrow(0, slot_bytes, int32_count * 4).view(at::kInt);
+  meta.block_tables = int32s.narrow(0, 0, table_numel).view({num_seqs, static_cast<int64_t>(width)});
+  meta.query_start = int32s.narrow(0, table_numel, starts);
+  meta.context_lens = int32s.narrow(0, table_numel + starts, lens);
   meta.max_query_len = 0;
   meta.max_context_len = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
