@@ -4,6 +4,7 @@
 // build has no CUDA kernels. This keeps the CPU libraries free of #ifdef.
 #pragma once
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/device_graph.h"
 #include "colossus/kernels/paged_attention.h"
 
 #include <cstdint>
@@ -32,6 +33,7 @@ struct CudaSlots {
   CudaScaleCheckFn scale_and_check_finite = nullptr;
   CudaPagedAttentionFn paged_attention = nullptr;
   CudaReshapeAndCacheFn reshape_and_cache = nullptr;
+  MakeDeviceGraphFn make_device_graph = nullptr;
 };
 
 CudaSlots& cuda_slots();

@@ -76,9 +76,6 @@ InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::s
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)), config_(std::move(config)) {
   config_.validate();
   TORCH_CHECK(model_ != nullptr, "InferenceEngine needs a model");
-  if (config_.use_cuda_graph) {
-    throw ConfigError("this engine build does not yet support use_cuda_graph; leave it off");
-  }
   model_->eval();
   KVCacheShape shape = kv_cache_shape(*model_, config_.block_size);
   if (config_.tp_size > 1) {
@@ -106,6 +103,10 @@ InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::s
   cache_ = std::make_unique<KVCache>(shape, options, config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(config_, *cache_);
   runner_ = std::make_unique<ModelRunner>(*model_, *cache_, sharded_.get());
+  if (config_.use_cuda_graph) {
+    const std::string why = runner_->enable_graphs(config_.max_batch_size, config_.max_context_len_to_capture);
+    if (!why.empty()) throw ConfigError(fmt::format("use_cuda_graph: {}; leave use_cuda_graph off", why));
+  }
 }
 
 InferenceEngine::~InferenceEngine() = default;
@@ -582,7 +583,8 @@ EngineStats InferenceEngine::stats() const {
                      .prefix_cache_queries = blocks.prefix_queries(),
                      .prefix_cache_hits = blocks.prefix_hits(),
                      .draft_tokens = draft_tokens_,
-                     .accepted_draft_tokens = accepted_draft_tokens_};
+                     .accepted_draft_tokens = accepted_draft_tokens_,
+                     .graph_steps = runner_->graph_replays()};
 }
 
 }  // namespace colossus::inference

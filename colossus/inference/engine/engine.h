@@ -50,6 +50,7 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;
   int64_t draft_tokens = 0;           // proposed by the drafter (speculative decoding)
   int64_t accepted_draft_tokens = 0;  // of those, kept by the model
+  int64_t graph_steps = 0;            // decode steps replayed from CUDA graphs
 };
 
 class InferenceEngine {

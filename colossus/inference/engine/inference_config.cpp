@@ -47,6 +47,7 @@ void InferenceConfig::validate() const {
     throw ConfigError(fmt::format("inference no_repeat_ngram_size is {}; use 0 (off) or a positive n", no_repeat_ngram_size));
   }
   if (use_spec_dec) require_positive("max_n_spec_tokens", max_n_spec_tokens);
+  if (use_cuda_graph) require_positive("max_context_len_to_capture", max_context_len_to_capture);
   if (enable_streamingllm) {
     require_positive("start_token_size", start_token_size);
     require_positive("generated_token_size", generated_token_size);

@@ -1,12 +1,21 @@
 #include "colossus/inference/engine/model_runner.h"
 
+#include "colossus/kernels/cuda_slots.h"
 #include "colossus/parallel/tensor/comm.h"
 #include "colossus/parallel/tensor/layers.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
+#include <variant>
 
 namespace colossus::inference {
 
@@ -32,11 +41,59 @@ class PagedAttentionHook final : public models::AttentionHook {
 
 }  // namespace
 
+// A decode step's fixed buffers and its captured graph, for one batch size.
+struct ModelRunner::DecodeGraph {
+  int64_t batch = 0;
+  std::unique_ptr<kernels::DeviceGraph> graph;
+  at::Tensor ids, positions, slots;    // device: (1, B), (B), (B) int64
+  at::Tensor block_tables, context_lens;  // device: (B, W), (B) int32
+  at::Tensor host_longs, host_ints;    // pinned staging: ids|positions|slots, tables|context_lens
+  AttentionMetadata meta;
+  at::Tensor hidden;                   // (B, C): the captured forward's output
+};
+
 ModelRunner::ModelRunner(models::CausalLM& model, KVCache& cache, const parallel::plan::ShardedModel* sharded)
     : model_(model), cache_(cache), sharded_(sharded) {}
 
+ModelRunner::~ModelRunner() = default;
+
+std::string ModelRunner::enable_graphs(int64_t max_batch_size, int64_t max_context_len) {
+  const at::Tensor& keys = cache_.keys(0);
+  if (!keys.is_cuda()) return fmt::format("the model is on {}, not CUDA", keys.device().str());
+  if (kernels::cuda_slots().make_device_graph == nullptr || kernels::cuda_slots().paged_attention == nullptr) {
+    return "this build has no CUDA kernels";
+  }
+  if (sharded_ != nullptr) return "tensor-parallel engines run eagerly (collectives are not captured)";
+  // The graph must launch the CUDA decode kernel; the reference path reads
+  // host copies of the metadata that a replay would not refresh.
+  const int64_t head_dim = keys.size(3);
+  const std::vector<int64_t> supported = {32, 64, 80, 96, 128, 256};
+  if (std::find(supported.begin(), supported.end(), head_dim) == supported.end()) {
+    return fmt::format("the CUDA paged-attention kernels do not handle head_dim {}", head_dim);
+  }
+  graphs_ = true;
+  graph_max_batch_ = max_batch_size;
+  graph_max_context_ = max_context_len;
+  return "";
+}
+
+at::Tensor ModelRunner::forward(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionMetadata& meta,
+                                int64_t position_limit) {
+  PagedAttentionHook hook(cache_, meta);
+  at::Tensor hidden = model_.embed_at(input_ids, positions, position_limit);
+  models::BlockContext context = model_.block_context_at(hidden, positions, position_limit);
+  context.attention = &hook;
+  const auto& blocks = model_.blocks();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    context.layer = static_cast<int64_t>(i);
+    hidden = blocks[i]->forward(hidden, context);
+  }
+  return hidden.squeeze(0);
+}
+
 at::Tensor ModelRunner::run(const std::vector<ScheduledSequence>& batch) {
   at::NoGradGuard no_grad;
+  if (graphs_ && graph_eligible(batch)) return run_graph(batch);
   AttentionMetadata meta;
   std::vector<int64_t> ids, positions, slots, sample_rows;
   meta.host_query_start.push_back(0);
@@ -63,17 +120,103 @@ at::Tensor ModelRunner::run(const std::vector<ScheduledSequence>& batch) {
   const auto n = static_cast<int64_t>(ids.size());
   at::Tensor input_ids = at::tensor(ids, at::kLong).view({1, n}).to(device);
   at::Tensor position_ids = at::tensor(positions, at::kLong).to(device);
-  PagedAttentionHook hook(cache_, meta);
-  at::Tensor hidden = model_.embed_at(input_ids, position_ids, position_limit);
-  models::BlockContext context = model_.block_context_at(hidden, position_ids, position_limit);
-  context.attention = &hook;
-  const auto& blocks = model_.blocks();
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    context.layer = static_cast<int64_t>(i);
-    hidden = blocks[i]->forward(hidden, context);
-  }
-  last_hidden_ = hidden.squeeze(0);
+  last_hidden_ = forward(input_ids, position_ids, meta, position_limit);
   return logits_at(sample_rows);
+}
+
+bool ModelRunner::graph_eligible(const std::vector<ScheduledSequence>& batch) const {
+  if (static_cast<int64_t>(batch.size()) > graph_max_batch_) return false;
+  const int64_t table_width = (graph_max_context_ + cache_.block_size() - 1) / cache_.block_size();
+  for (const ScheduledSequence& item : batch) {
+    const Sequence& seq = *item.seq;
+    if (item.num_tokens != 1 || item.num_drafts != 0 || !item.sample) return false;
+    if (cache_.cache_position(seq, seq.num_computed + 1) > graph_max_context_) return false;
+    if (static_cast<int64_t>(seq.blocks.size()) > table_width) return false;
+  }
+  return true;
+}
+
+ModelRunner::DecodeGraph& ModelRunner::graph_for(int64_t batch_size) {
+  // Buckets: powers of two, and the largest batch itself.
+  int64_t bucket = 1;
+  while (bucket < batch_size) bucket *= 2;
+  bucket = std::min(bucket, graph_max_batch_);
+  auto& slot = graphs_by_size_[bucket];
+  if (slot) return *slot;
+
+  auto g = std::make_unique<DecodeGraph>();
+  g->batch = bucket;
+  const at::Device device = cache_.keys(0).device();
+  const int64_t width = (graph_max_context_ + cache_.block_size() - 1) / cache_.block_size();
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  const auto ints = at::TensorOptions().dtype(at::kInt).device(device);
+  g->ids = at::zeros({1, bucket}, longs);
+  g->positions = at::zeros({bucket}, longs);
+  g->slots = at::full({bucket}, -1, longs);  // padding rows write nothing
+  g->block_tables = at::zeros({bucket, width}, ints);
+  g->context_lens = at::ones({bucket}, ints);
+  g->host_longs = at::empty({3 * bucket}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  g->host_ints = at::empty({bucket * width + bucket}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+  AttentionMetadata& meta = g->meta;
+  meta.slot_mapping = g->slots;
+  meta.block_tables = g->block_tables;
+  meta.query_start = at::arange(bucket + 1, ints);
+  meta.context_lens = g->context_lens;
+  // Host copies as the kernels' launch shapes see them: every row a decode
+  // token over up to max_context_len tokens (the kernels read the real
+  // lengths from the device).
+  for (int64_t i = 0; i <= bucket; ++i) meta.host_query_start.push_back(static_cast<int32_t>(i));
+  meta.host_context_lens.assign(static_cast<size_t>(bucket), static_cast<int32_t>(graph_max_context_));
+  meta.host_block_tables.assign(static_cast<size_t>(bucket), std::vector<int32_t>(static_cast<size_t>(width), 0));
+  meta.max_query_len = 1;
+  meta.max_context_len = graph_max_context_;
+  int64_t position_limit = graph_max_context_;
+  if (const auto* gpt2 = std::get_if<models::GPT2Config>(&model_.config())) {
+    position_limit = std::min(position_limit, gpt2->n_positions);
+  }
+  DecodeGraph* raw = g.get();
+  const auto body = [this, raw, position_limit] {
+    raw->hidden = forward(raw->ids, raw->positions, raw->meta, position_limit);
+  };
+  body();  // warm-up: lazy initialisation (cuBLAS handles, workspaces) must not happen inside the capture
+  g->graph = kernels::cuda_slots().make_device_graph(device.index());
+  g->graph->capture(body);
+  slot = std::move(g);
+  return *slot;
+}
+
+at::Tensor ModelRunner::run_graph(const std::vector<ScheduledSequence>& batch) {
+  const auto n = static_cast<int64_t>(batch.size());
+  DecodeGraph& g = graph_for(n);
+  const int64_t b = g.batch, width = g.block_tables.size(1);
+  int64_t* longs = g.host_longs.data_ptr<int64_t>();
+  int32_t* ints = g.host_ints.data_ptr<int32_t>();
+  std::fill(longs, longs + 3 * b, 0);
+  std::fill(longs + 2 * b, longs + 3 * b, -1);
+  std::fill(ints, ints + b * width, 0);
+  std::fill(ints + b * width, ints + b * width + b, 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const Sequence& seq = *batch[static_cast<size_t>(i)].seq;
+    const int64_t p = seq.num_computed;
+    longs[i] = seq.tokens[static_cast<size_t>(p)];
+    longs[b + i] = p;
+    longs[2 * b + i] = cache_.slot(seq, p);
+    std::copy(seq.blocks.begin(), seq.blocks.end(), ints + i * width);
+    ints[b * width + i] = static_cast<int32_t>(cache_.cache_position(seq, p + 1));
+  }
+  // The previous step's copies are done: its logits reached the host.
+  g.ids.view({-1}).copy_(g.host_longs.narrow(0, 0, b), /*non_blocking=*/true);
+  g.positions.copy_(g.host_longs.narrow(0, b, b), true);
+  g.slots.copy_(g.host_longs.narrow(0, 2 * b, b), true);
+  g.block_tables.view({-1}).copy_(g.host_ints.narrow(0, 0, b * width), true);
+  g.context_lens.copy_(g.host_ints.narrow(0, b * width, b), true);
+  cache_.apply_copies();
+  g.graph->replay();
+  ++graph_replays_;
+  last_hidden_ = g.hidden.narrow(0, 0, n);
+  std::vector<int64_t> rows(static_cast<size_t>(n));
+  std::iota(rows.begin(), rows.end(), 0);
+  return logits_at(rows);
 }
 
 at::Tensor ModelRunner::logits_at(const std::vector<int64_t>& rows) {

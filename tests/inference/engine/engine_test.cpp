@@ -269,6 +269,9 @@ TEST(InferenceEngine, BadRequestsAndConfigsGetErrorsNamingTheValue) {
   InferenceConfig bad = small_config();
   bad.block_size = 0;
   expect_config_error([&] { InferenceEngine(model, nullptr, bad); }, {"block_size"});
+  InferenceConfig graphs = small_config();
+  graphs.use_cuda_graph = true;
+  expect_config_error([&] { InferenceEngine(model, nullptr, graphs); }, {"use_cuda_graph", "cpu"});
   EXPECT_EQ(engine.stats().waiting, 0) << "refused requests are not queued";
 }
 
