@@ -13,6 +13,9 @@
 //   (c) throughput on --requests mixed requests (prompt and output lengths
 //       uniform in ranges, seeded): ours all added at once, theirs in
 //       left-padded batches of --peer-batch (no continuous batching in HF).
+// With --cuda-graph on (the default) both are measured again with the
+// engine's use_cuda_graph (decode steps replayed from captured graphs); an
+// engine that refuses it leaves a note in place of those rows.
 // Batch-1 decode is timed over the decode steps only (the prefill step is
 // timed on its own) after a warm-up request; every engine step ends with a
 // device-to-host copy of the drawn tokens, so the host clock is exact.
@@ -24,6 +27,7 @@
 //          [--python PATH | --no-python] [--out-dir DIR] [--commit SHA] [--no-record]
 // (bench_inference --help lists every flag.) --device cpu --tiny is a smoke
 // test of the whole flow; it never records.
+#include "colossus/core/errors.h"
 #include "colossus/inference/engine/engine.h"
 #include "colossus/models/pretrained.h"
 
@@ -43,6 +47,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -74,6 +79,7 @@ struct Config {
   std::string workdir = "/tmp/bench_inference";
   std::string out_dir, commit;
   bool no_record = false;
+  std::string cuda_graph = "on";
   std::string command = "bench_inference";
 };
 
@@ -173,6 +179,9 @@ int main(int argc, char** argv) try {
   app.add_option("--max-batch-size", cfg.max_batch_size, "engine: sequences per step");
   app.add_option("--max-num-batched-tokens", cfg.max_num_batched_tokens, "engine: tokens per step");
   app.add_option("--block-size", cfg.block_size, "engine: tokens per KV block");
+  app.add_option("--cuda-graph", cfg.cuda_graph,
+                 "on: also measure with use_cuda_graph (skipped with a note if the engine refuses it); off")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--check-tokens", cfg.check_tokens, "leading greedy tokens that must agree with transformers");
   app.add_option("--seed", cfg.seed, "weights and requests");
   app.add_option("--python", cfg.python, "python with torch + transformers (default: .venv/bin/python or python3)");
@@ -248,55 +257,105 @@ int main(int argc, char** argv) try {
 
   // (a) Batch-1 decode.
   const auto blocks_for = [&](int64_t tokens) { return (tokens + cfg.block_size - 1) / cfg.block_size + 1; };
-  DecodeResult ours;
-  {
+  // Eagerly, then (--cuda-graph on) with decode steps replayed from CUDA graphs
+  // (an engine that refuses them, e.g. on CPU, leaves a note instead).
+  const bool try_graphs = cfg.cuda_graph == "on";
+  std::vector<std::string> graph_notes;
+  const auto run_decode = [&](bool graphs) -> std::optional<DecodeResult> {
     inference::InferenceConfig ic{.max_batch_size = 1, .max_input_len = cfg.prompt_len, .max_output_len = cfg.new_tokens,
                                   .dtype = "bf16", .block_size = cfg.block_size,
                                   .num_blocks = 4 * blocks_for(cfg.prompt_len + cfg.new_tokens)};
-    inference::InferenceEngine engine(model, nullptr, ic);
-    run_single(engine, warmup_prompt, cfg.new_tokens);
-    ours = run_single(engine, prompt, cfg.new_tokens);
-  }
+    ic.use_cuda_graph = graphs;
+    ic.max_context_len_to_capture = cfg.prompt_len + cfg.new_tokens;
+    std::unique_ptr<inference::InferenceEngine> engine;
+    try {
+      engine = std::make_unique<inference::InferenceEngine>(model, nullptr, ic);
+    } catch (const colossus::ConfigError& e) {
+      if (!graphs) throw;
+      graph_notes.push_back(fmt::format("CUDA graphs not measured: {}", e.what()));
+      return std::nullopt;
+    }
+    run_single(*engine, warmup_prompt, cfg.new_tokens);
+    return run_single(*engine, prompt, cfg.new_tokens);
+  };
+  const DecodeResult ours = *run_decode(false);
   fmt::print("colossus batch-1: prefill {:.1f} ms ({} tokens), decode {:.1f} tokens/s ({:.2f} ms/token)\n", ours.prefill_ms,
              cfg.prompt_len, ours.tokens_per_s, 1e3 / ours.tokens_per_s);
   std::fflush(stdout);
+  std::optional<DecodeResult> ours_graph;
+  if (try_graphs) {
+    ours_graph = run_decode(true);
+    if (ours_graph) {
+      fmt::print("colossus batch-1, CUDA graphs: prefill {:.1f} ms, decode {:.1f} tokens/s ({:.2f} ms/token); tokens {} "
+                 "the eager run's\n",
+                 ours_graph->prefill_ms, ours_graph->tokens_per_s, 1e3 / ours_graph->tokens_per_s,
+                 ours_graph->tokens == ours.tokens ? "equal" : "DIFFER from");
+      graph_notes.push_back(fmt::format("CUDA graphs, batch-1: prefill {:.1f} ms, decode {:.2f} ms/token, greedy tokens {} the "
+                                        "eager run's",
+                                        ours_graph->prefill_ms, 1e3 / ours_graph->tokens_per_s,
+                                        ours_graph->tokens == ours.tokens ? "equal to" : "DIFFERENT from"));
+    } else {
+      fmt::print("{}\n", graph_notes.back());
+    }
+    std::fflush(stdout);
+  }
 
   // (c) Throughput: every request added at once.
-  double through_s = 0;
-  inference::EngineStats through_stats;
-  {
+  struct Throughput {
+    double seconds = 0, tokens_per_s = 0;
+    inference::EngineStats stats;
+  };
+  const auto run_throughput = [&](bool graphs) -> std::optional<Throughput> {
     inference::InferenceConfig ic{.max_batch_size = cfg.max_batch_size, .max_input_len = cfg.prompt_max,
                                   .max_output_len = cfg.output_max, .max_num_batched_tokens = cfg.max_num_batched_tokens,
                                   .dtype = "bf16", .block_size = cfg.block_size,
                                   .num_blocks = cfg.max_batch_size * blocks_for(cfg.prompt_max + cfg.output_max) + 64};
-    inference::InferenceEngine engine(model, nullptr, ic);
-    // Warm-up: a few short requests (kernels, allocator).
-    // Fresh prompts, so that the prefix cache holds none of the measured ones.
+    ic.use_cuda_graph = graphs;
+    ic.max_context_len_to_capture = cfg.prompt_max + cfg.output_max;
+    std::unique_ptr<inference::InferenceEngine> engine;
+    try {
+      engine = std::make_unique<inference::InferenceEngine>(model, nullptr, ic);
+    } catch (const colossus::ConfigError& e) {
+      if (!graphs) throw;
+      graph_notes.push_back(fmt::format("CUDA graphs not measured on the throughput run: {}", e.what()));
+      return std::nullopt;
+    }
+    // Warm-up: a few short requests (kernels, allocator); fresh prompts, so
+    // that the prefix cache holds none of the measured ones.
     std::mt19937_64 warm_rng(cfg.seed + 2);
     for (int i = 0; i < 8; ++i) {
-      engine.add_request(random_tokens(warm_rng, cfg.prompt_max, cfg.vocab),
-                         {.max_new_tokens = std::min<int64_t>(8, cfg.output_max), .ignore_eos = true});
+      engine->add_request(random_tokens(warm_rng, cfg.prompt_max, cfg.vocab),
+                          {.max_new_tokens = std::min<int64_t>(8, cfg.output_max), .ignore_eos = true});
     }
-    while (engine.has_unfinished()) engine.step();
-    const auto warm = engine.stats();
+    while (engine->has_unfinished()) engine->step();
+    const auto warm = engine->stats();
+    Throughput t;
     const auto start = Clock::now();
-    for (const Request& r : requests) engine.add_request(r.prompt, {.max_new_tokens = r.new_tokens, .ignore_eos = true});
-    while (engine.has_unfinished()) engine.step();
-    through_s = seconds_since(start);
-    through_stats = engine.stats();
-    through_stats.generated_tokens -= warm.generated_tokens;
-    through_stats.steps -= warm.steps;
-    through_stats.prompt_tokens -= warm.prompt_tokens;
-    through_stats.preemptions -= warm.preemptions;
-  }
-  if (through_stats.generated_tokens != requested_tokens) {
-    throw std::runtime_error(fmt::format("the engine generated {} tokens; the requests asked for {}",
-                                         through_stats.generated_tokens, requested_tokens));
-  }
-  const double through_tps = static_cast<double>(requested_tokens) / through_s;
-  fmt::print("colossus throughput: {} requests, {} generated tokens in {:.2f} s = {:.0f} tokens/s ({} steps, {} preemptions)\n",
-             cfg.requests, requested_tokens, through_s, through_tps, through_stats.steps, through_stats.preemptions);
-  std::fflush(stdout);
+    for (const Request& r : requests) engine->add_request(r.prompt, {.max_new_tokens = r.new_tokens, .ignore_eos = true});
+    while (engine->has_unfinished()) engine->step();
+    t.seconds = seconds_since(start);
+    t.stats = engine->stats();
+    t.stats.generated_tokens -= warm.generated_tokens;
+    t.stats.steps -= warm.steps;
+    t.stats.prompt_tokens -= warm.prompt_tokens;
+    t.stats.preemptions -= warm.preemptions;
+    if (t.stats.generated_tokens != requested_tokens) {
+      throw std::runtime_error(fmt::format("the engine generated {} tokens; the requests asked for {}",
+                                           t.stats.generated_tokens, requested_tokens));
+    }
+    t.tokens_per_s = static_cast<double>(requested_tokens) / t.seconds;
+    fmt::print("colossus throughput{}: {} requests, {} generated tokens in {:.2f} s = {:.0f} tokens/s ({} steps, {} "
+               "preemptions)\n",
+               graphs ? ", CUDA graphs" : "", cfg.requests, requested_tokens, t.seconds, t.tokens_per_s, t.stats.steps,
+               t.stats.preemptions);
+    std::fflush(stdout);
+    return t;
+  };
+  const Throughput through = *run_throughput(false);
+  const double through_s = through.seconds, through_tps = through.tokens_per_s;
+  const inference::EngineStats through_stats = through.stats;
+  std::optional<Throughput> through_graph;
+  if (try_graphs) through_graph = run_throughput(true);
   model.reset();
   if (device.is_cuda()) at::accelerator::emptyCache();  // the peer's process gets the card
 
@@ -349,44 +408,56 @@ int main(int argc, char** argv) try {
   const std::string through_workload = fmt::format("{} requests, prompt {}-{}, output {}-{} tokens", cfg.requests, cfg.prompt_min,
                                                    cfg.prompt_max, cfg.output_min, cfg.output_max);
   struct Row {
-    std::string workload, metric;
+    std::string workload, impl, metric;
     double value;
     std::string peer;
     double peer_value;
   };
+  const std::string eager = "colossus InferenceEngine, eager";
+  const std::string graphed = "colossus InferenceEngine, CUDA graphs (use_cuda_graph)";
+  const std::string roofline_peer = fmt::format(
+      "HBM roofline: {:.3f} GB/token (weights {:.3f} + KV {:.1f} MB at mean context {:.0f}) at copy bandwidth {:.0f} GB/s",
+      step_bytes / 1e9, weight_bytes / 1e9, kv_bytes_per_token * avg_context / 1e6, avg_context, bandwidth / 1e9);
+  const auto hf_decode = [&](const std::string& variant) {
+    return fmt::format("transformers generate, {} cache{}, sdpa, bf16 (prefill {:.1f} ms)", variant,
+                       variant == "compile" ? " + torch.compile" : "",
+                       peer_result["decode"][variant]["prefill_ms"].get<double>());
+  };
   std::vector<Row> rows;
-  rows.push_back({decode_workload, "decode_tokens_per_s", ours.tokens_per_s,
-                  fmt::format("HBM roofline: {:.3f} GB/token (weights {:.3f} + KV {:.1f} MB at mean context {:.0f}) at "
-                              "copy bandwidth {:.0f} GB/s",
-                              step_bytes / 1e9, weight_bytes / 1e9, kv_bytes_per_token * avg_context / 1e6, avg_context, bandwidth / 1e9),
-                  roofline_tps});
+  rows.push_back({decode_workload, eager, "decode_tokens_per_s", ours.tokens_per_s, roofline_peer, roofline_tps});
   if (peer_result.contains("decode")) {
     for (const auto& [variant, row] : peer_result["decode"].items()) {
-      rows.push_back({decode_workload, "decode_tokens_per_s", ours.tokens_per_s,
-                      fmt::format("transformers generate, {} cache{}, sdpa, bf16 (prefill {:.1f} ms)", variant,
-                                  variant == "compile" ? " + torch.compile" : "", row["prefill_ms"].get<double>()),
+      rows.push_back({decode_workload, eager, "decode_tokens_per_s", ours.tokens_per_s, hf_decode(variant),
                       row["decode_tokens_per_s"].get<double>()});
     }
   }
-  if (peer_tp) {
-    rows.push_back({through_workload, "throughput_tokens_per_s", through_tps,
-                    fmt::format("transformers generate, left-padded batches of {}, each to its longest output (no "
-                                "continuous batching; tokens counted as requested), dynamic cache{}",
-                                peer_tp->at("batch").get<int64_t>(),
-                                peer_tp->at("requests") == peer_tp->at("of")
-                                    ? std::string()
-                                    : fmt::format("; capped: first {} of {} requests", peer_tp->at("requests").get<int64_t>(),
-                                                  peer_tp->at("of").get<int64_t>())),
-                    peer_tps});
-  } else {
-    rows.push_back({through_workload, "throughput_tokens_per_s", through_tps, "none (no peer result)", 0});
+  if (ours_graph) {
+    rows.push_back({decode_workload, graphed, "decode_tokens_per_s", ours_graph->tokens_per_s, roofline_peer, roofline_tps});
+    if (!best_variant.empty()) {
+      rows.push_back({decode_workload, graphed, "decode_tokens_per_s", ours_graph->tokens_per_s, hf_decode(best_variant),
+                      peer_decode});
+    }
   }
-  std::vector<std::string> lines = {"| workload | colossus | peer | peer value | colossus / peer |", "|---|---|---|---|---|"};
+  const std::string hf_through =
+      peer_tp ? fmt::format("transformers generate, left-padded batches of {}, each to its longest output (no continuous "
+                            "batching; tokens counted as requested), dynamic cache{}",
+                            peer_tp->at("batch").get<int64_t>(),
+                            peer_tp->at("requests") == peer_tp->at("of")
+                                ? std::string()
+                                : fmt::format("; capped: first {} of {} requests", peer_tp->at("requests").get<int64_t>(),
+                                              peer_tp->at("of").get<int64_t>()))
+              : "none (no peer result)";
+  rows.push_back({through_workload, eager, "throughput_tokens_per_s", through_tps, hf_through, peer_tps});
+  if (through_graph) {
+    rows.push_back({through_workload, graphed, "throughput_tokens_per_s", through_graph->tokens_per_s, hf_through, peer_tps});
+  }
+  std::vector<std::string> lines = {"| workload | colossus | tok/s | peer | peer tok/s | colossus / peer |",
+                                    "|---|---|---|---|---|---|"};
   for (const Row& r : rows) {
-    lines.push_back(fmt::format("| {} | {:.1f} tok/s | {} | {:.1f} tok/s | {} |", r.workload, r.value, r.peer, r.peer_value,
+    lines.push_back(fmt::format("| {} | {} | {:.1f} | {} | {:.1f} | {} |", r.workload, r.impl, r.value, r.peer, r.peer_value,
                                 r.peer_value > 0 ? fmt::format("{:.2f}", r.value / r.peer_value) : "-"));
   }
-  const std::string notes = fmt::format(
+  std::string notes = fmt::format(
       "colossus batch-1: prefill {:.1f} ms, decode {:.2f} ms/token ({:.0f}% of the HBM roofline). colossus throughput: "
       "{} steps, {} prompt tokens prefilled, {} generated in {:.2f} s, {} preemptions. greedy agreement with transformers "
       "(dynamic cache): first {} of {} tokens (check: first {} must agree: {}).{}",
@@ -397,6 +468,12 @@ int main(int argc, char** argv) try {
       peer_tp ? fmt::format(" transformers throughput: {} requests, {} tokens in {:.1f} s.", peer_tp->at("requests").get<int64_t>(),
                             peer_tp->at("generated_tokens").get<int64_t>(), peer_tp->at("seconds").get<double>())
               : std::string());
+  for (const auto& n : graph_notes) notes += " " + n + ".";
+  if (through_graph) {
+    notes += fmt::format(" CUDA graphs, throughput: {} steps in {:.2f} s; each batch-size bucket's graph is captured on "
+                         "first use, inside the timed run.",
+                         through_graph->stats.steps, through_graph->seconds);
+  }
 
   // Machine, date, commit.
   std::string machine = fmt::format("CPU, {} threads", std::thread::hardware_concurrency());
@@ -438,7 +515,7 @@ int main(int argc, char** argv) try {
   std::string jsonl;
   for (const Row& r : rows) {
     jsonl += json{{"date", date},         {"commit", commit},          {"machine", machine},
-                  {"bench", "inference"}, {"config", config},          {"workload", r.workload},
+                  {"bench", "inference"}, {"config", config},          {"workload", r.workload}, {"impl", r.impl},
                   {"metric", r.metric},   {"value", r.value},          {"peer", r.peer},
                   {"peer_value", r.peer_value}, {"ratio", r.peer_value > 0 ? r.value / r.peer_value : 0.0},
                   {"greedy_agreement", agree}}
