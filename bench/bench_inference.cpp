@@ -275,8 +275,15 @@ int main(int argc, char** argv) try {
       graph_notes.push_back(fmt::format("CUDA graphs not measured: {}", e.what()));
       return std::nullopt;
     }
-    run_single(*engine, warmup_prompt, cfg.new_tokens);
-    return run_single(*engine, prompt, cfg.new_tokens);
+    try {
+      run_single(*engine, warmup_prompt, cfg.new_tokens);
+      return run_single(*engine, prompt, cfg.new_tokens);
+    } catch (const std::exception& e) {
+      if (!graphs) throw;
+      // A failed capture or replay costs the graph rows, not the run.
+      graph_notes.push_back(fmt::format("CUDA graphs failed on the batch-1 run: {}", e.what()));
+      return std::nullopt;
+    }
   };
   const DecodeResult ours = *run_decode(false);
   fmt::print("colossus batch-1: prefill {:.1f} ms ({} tokens), decode {:.1f} tokens/s ({:.2f} ms/token)\n", ours.prefill_ms,
@@ -355,7 +362,14 @@ int main(int argc, char** argv) try {
   const double through_s = through.seconds, through_tps = through.tokens_per_s;
   const inference::EngineStats through_stats = through.stats;
   std::optional<Throughput> through_graph;
-  if (try_graphs) through_graph = run_throughput(true);
+  if (try_graphs && ours_graph) {
+    try {
+      through_graph = run_throughput(true);
+    } catch (const std::exception& e) {
+      graph_notes.push_back(fmt::format("CUDA graphs failed on the throughput run: {}", e.what()));
+      fmt::print("{}\n", graph_notes.back());
+    }
+  }
   model.reset();
   if (device.is_cuda()) at::accelerator::emptyCache();  // the peer's process gets the card
 
