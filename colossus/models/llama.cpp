@@ -1,5 +1,8 @@
 #include "colossus/models/llama.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "colossus/core/errors.h"
 
 #include <ATen/core/grad_mode.h>
@@ -105,8 +108,20 @@ BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const 
                                                 int64_t position_limit) const {
   // A table for positions 0..limit-1 (dynamic NTK scales by that length, as
   // HF does on a sequence of that length), then the rows of `positions`.
-  auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
-  return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
+  if (rope_.scaling.rope_type == "dynamic" && position_limit > rope_.max_position_embeddings) {
+    auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
+    return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
+  }
+  const bool reusable = rope_cos_table_.defined() && rope_cos_table_.device() == hidden.device() &&
+                        rope_cos_table_.scalar_type() == hidden.scalar_type() && rope_cos_table_.size(0) >= position_limit;
+  if (!reusable) {
+    int64_t rows = std::max<int64_t>(rope_cos_table_.defined() ? rope_cos_table_.size(0) : 0, 256);
+    while (rows < position_limit) rows *= 2;
+    if (rope_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, rope_.max_position_embeddings));
+    std::tie(rope_cos_table_, rope_sin_table_) = rope_cos_sin(rope_, rows, hidden.options());
+  }
+  return BlockContext{.rope_cos = rope_cos_table_.index_select(0, positions),
+                      .rope_sin = rope_sin_table_.index_select(0, positions)};
 }
 
 at::Tensor LlamaForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }

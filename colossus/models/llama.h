@@ -78,6 +78,12 @@ class LlamaForCausalLM : public CausalLM {
  private:
   RopeSpec rope_;
   std::shared_ptr<Backbone> model_;
+  // block_context_at's cos/sin for positions [0, rows), on one device and
+  // dtype, grown by doubling. Rows do not depend on the table's length
+  // (except dynamic NTK past max_position_embeddings, computed fresh), so a
+  // step only selects its positions: no host-to-device copy, which also lets
+  // CUDA graphs capture it.
+  mutable at::Tensor rope_cos_table_, rope_sin_table_;
 };
 
 }  // namespace colossus::models

@@ -14,7 +14,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <numeric>
 #include <variant>
 
 namespace colossus::inference {
@@ -117,11 +116,17 @@ at::Tensor ModelRunner::run(const std::vector<ScheduledSequence>& batch) {
   upload_metadata(meta, slots, device);
   cache_.apply_copies();
 
-  const auto n = static_cast<int64_t>(ids.size());
-  at::Tensor input_ids = at::tensor(ids, at::kLong).view({1, n}).to(device);
-  at::Tensor position_ids = at::tensor(positions, at::kLong).to(device);
-  last_hidden_ = forward(input_ids, position_ids, meta, position_limit);
-  return logits_at(sample_rows);
+  // ids | positions | sampled rows in one host buffer, one copy (pinned and
+  // asynchronous on CUDA: the host queues the whole step without waiting).
+  const auto n = static_cast<int64_t>(ids.size()), rows = static_cast<int64_t>(sample_rows.size());
+  at::Tensor host = at::empty({2 * n + rows}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  int64_t* out = host.data_ptr<int64_t>();
+  std::copy(ids.begin(), ids.end(), out);
+  std::copy(positions.begin(), positions.end(), out + n);
+  std::copy(sample_rows.begin(), sample_rows.end(), out + 2 * n);
+  const at::Tensor on_device = host.to(device, /*non_blocking=*/true);
+  last_hidden_ = forward(on_device.narrow(0, 0, n).view({1, n}), on_device.narrow(0, n, n), meta, position_limit);
+  return logits_at_index(on_device.narrow(0, 2 * n, rows));
 }
 
 bool ModelRunner::graph_eligible(const std::vector<ScheduledSequence>& batch) const {
@@ -214,14 +219,15 @@ at::Tensor ModelRunner::run_graph(const std::vector<ScheduledSequence>& batch) {
   g.graph->replay();
   ++graph_replays_;
   last_hidden_ = g.hidden.narrow(0, 0, n);
-  std::vector<int64_t> rows(static_cast<size_t>(n));
-  std::iota(rows.begin(), rows.end(), 0);
-  return logits_at(rows);
+  return logits_at_index(at::arange(n, at::TensorOptions().dtype(at::kLong).device(g.hidden.device())));
 }
 
 at::Tensor ModelRunner::logits_at(const std::vector<int64_t>& rows) {
+  return logits_at_index(at::tensor(rows, at::kLong).to(last_hidden_.device()));
+}
+
+at::Tensor ModelRunner::logits_at_index(const at::Tensor& index) {
   at::NoGradGuard no_grad;
-  at::Tensor index = at::tensor(rows, at::kLong).to(last_hidden_.device());
   at::Tensor selected = last_hidden_.index_select(0, index).unsqueeze(0);  // (1, R, C)
   at::Tensor hidden = model_.final_norm(selected);
   if (sharded_ == nullptr || !sharded_->vocab_parallel_logits) return model_.head(hidden).squeeze(0);  // (R, V)

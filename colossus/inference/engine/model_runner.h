@@ -48,6 +48,7 @@ class ModelRunner {
   // hidden (N, C) after the blocks for input_ids (1, N) at `positions`.
   at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& positions, const AttentionMetadata& meta,
                      int64_t position_limit);
+  at::Tensor logits_at_index(const at::Tensor& index);  // index: (R) int64 on the model's device
   bool graph_eligible(const std::vector<ScheduledSequence>& batch) const;
   at::Tensor run_graph(const std::vector<ScheduledSequence>& batch);
   DecodeGraph& graph_for(int64_t batch_size);
