@@ -1,0 +1,51 @@
+// Ring attention over a sequence-parallel group: each rank holds a shard of
+// q, k, v along the sequence; key/value blocks travel around the ring (the
+// next block's transfer overlaps the current block's compute) and each block's
+// attention is merged into the running output with its log-sum-exp. The
+// backward is a ring too: dK/dV accumulators travel with the blocks and end at
+// their owners.
+#pragma once
+#include "colossus/cluster/process_group.h"
+#include "colossus/parallel/sequence/layout.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace colossus::parallel::sequence {
+
+struct RingAttentionOptions {
+  bool causal = true;
+  // Softmax scale; 0 means 1/sqrt(head_dim).
+  double scale = 0.0;
+  // True global sequence length; tokens at global positions >= seq_len are
+  // padding and are never attended to. -1 means no padding (T_local * sp).
+  int64_t seq_len = -1;
+  // How the shards were cut (layout.h). Causal attention is load-balanced
+  // only with ZigZag; Contiguous is correct but the last rank does most work.
+  SequenceLayout layout = SequenceLayout::ZigZag;
+  // Two-level rings (inner rings inside nodes): not implemented; 0 or sp
+  // means one ring over the whole group, anything else is refused.
+  int64_t inner_ring_size = 0;
+
+  // Throws ConfigError naming the bad value.
+  void validate(int64_t sp) const;
+};
+
+// q: (B, H, T_local, D), k, v: (B, H_kv, T_local, D) with H % H_kv == 0 (GQA),
+// this rank's shard in options.layout -> (B, H, T_local, D), the attention
+// output for this rank's queries. Differentiable in q, k, v; every rank of
+// `group` must call it with the same options and shapes. half/bfloat16 inputs
+// are computed and accumulated in float.
+at::Tensor ring_attention(const at::Tensor &q, const at::Tensor &k,
+                          const at::Tensor &v, cluster::ProcessGroup &group,
+                          const RingAttentionOptions &options = {});
+
+// Plain single-process attention used as the reference and by sp == 1 paths:
+// q: (B, H, T, D), k, v: (B, H_kv, T, D) -> (B, H, T, D); keys at positions >=
+// seq_len (if seq_len >= 0) are masked. Differentiable (ordinary autograd).
+at::Tensor reference_attention(const at::Tensor &q, const at::Tensor &k,
+                               const at::Tensor &v, bool causal,
+                               double scale = 0.0, int64_t seq_len = -1);
+
+} // namespace colossus::parallel::sequence
