@@ -27,6 +27,10 @@ endif()
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# cpp-httplib for `colossus serve` (Debian's split build: its pkg-config carries
+# the compile definitions the library was built with). Optional: without it
+# the server is left out and `colossus serve` says so.
+pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib)
 
 set(torch_has_cuda OFF)
 if(TARGET torch_cuda)

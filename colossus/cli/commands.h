@@ -17,6 +17,7 @@ Command add_rank_command(CLI::App& app);      // colossus _rank (internal: per-r
 Command add_check_command(CLI::App& app);     // colossus check
 Command add_selftest_command(CLI::App& app);  // colossus _selftest (internal: what check runs on each rank)
 Command add_generate_command(CLI::App& app);  // colossus generate
+Command add_serve_command(CLI::App& app);     // colossus serve
 Command add_train_command(CLI::App& app);     // colossus train
 
 }  // namespace colossus::cli

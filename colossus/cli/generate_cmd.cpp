@@ -1,22 +1,22 @@
 // `colossus generate PATH --prompt TEXT`: loads a Hugging Face model directory
-// or a training checkpoint, and prints each prompt followed by its sampled
-// continuation as the tokens arrive (no KV cache yet: see inference/generate.h).
+// or a training checkpoint into an InferenceEngine and prints each prompt
+// followed by its continuation as the tokens arrive; `--chat` keeps a
+// conversation read from stdin, through the model's chat template.
 #include "colossus/cli/commands.h"
-#include "colossus/core/accelerator.h"
+#include "colossus/cli/inference_common.h"
 #include "colossus/core/errors.h"
-#include "colossus/data/corpus.h"
-#include "colossus/data/tokenizer.h"
-#include "colossus/inference/generate.h"
+#include "colossus/inference/engine/engine.h"
 #include "colossus/inference/model_dir.h"
-#include "colossus/inference/text_stream.h"
+#include "colossus/inference/serving/chat_prompt.h"
 #include "colossus/models/pretrained.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <map>
+#include <iostream>
 
 namespace colossus::cli {
 
@@ -36,6 +36,9 @@ struct GenerateArgs {
   std::string tokenizer;
   std::string dtype = "fp32";
   std::string device = "cpu";
+  bool chat = false;
+  std::string system;
+  int64_t block_size = 16;
 };
 
 constexpr const char* kFooter = R"(PATH is one of:
@@ -50,52 +53,21 @@ without --prompt one sample starts from the BOS token alone.
 
 Sampling follows Hugging Face generate(): repetition penalty, then temperature,
 top-k, top-p, then a draw from a generator seeded by --seed (the same seed gives
-the same text). --greedy (or --temperature 0) takes the most likely token.
-Each step recomputes the whole context (no KV cache yet).
+the same text; prompt i uses seed + i). --greedy (or --temperature 0) takes the
+most likely token. Generation runs on the InferenceEngine (paged KV cache).
+A --stop string ends the sample and is not printed.
+
+--chat: an interactive conversation. Each line read from stdin is a user
+message; the reply streams to stdout. The conversation goes through the model
+directory's chat template (chat_template.jinja or tokenizer_config.json's
+chat_template), or, without one, plain "role: content" lines. The oldest turns
+are dropped when it outgrows the model's context. /reset forgets the
+conversation; /exit or end of input ends the session.
 
 Examples:
   colossus generate runs/demo --prompt "Once upon a time" --max_new_tokens 200
-  colossus generate ./gpt2 --prompt "Hello" --greedy --dtype bf16 --device cuda)";
-
-c10::ScalarType parse_dtype(const std::string& name) {
-  static const std::map<std::string, c10::ScalarType> dtypes{
-      {"fp32", c10::kFloat}, {"bf16", c10::kBFloat16}, {"fp16", c10::kHalf}};
-  return dtypes.at(name);  // CLI11 has checked the name
-}
-
-c10::Device parse_device(const std::string& name) {
-  if (name == "cpu") return c10::kCPU;
-  if (name.rfind("cuda", 0) != 0) {
-    throw ConfigError(fmt::format("--device '{}' is not a device; expected cpu, cuda or cuda:N", name));
-  }
-  const auto accelerator = probe_accelerator();
-  if (!accelerator) {
-    throw ConfigError(
-        fmt::format("--device {} needs a CUDA build of colossus; this one is CPU only (use --device cpu)", name));
-  }
-  if (accelerator->devices.empty()) {
-    throw ConfigError(fmt::format("--device {}: no GPU is visible{}; use --device cpu", name,
-                                  accelerator->error.empty() ? "" : " (" + accelerator->error + ")"));
-  }
-  return name == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(name);
-}
-
-bool has_tokenizer_files(const std::filesystem::path& dir) {
-  for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer.model"}) {
-    if (std::filesystem::is_regular_file(dir / name)) return true;
-  }
-  return false;
-}
-
-std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const std::string& model_dir) {
-  if (option == "byte") return data::make_byte_tokenizer();
-  if (!option.empty()) return data::load_tokenizer(option);
-  if (has_tokenizer_files(model_dir)) return data::load_tokenizer(model_dir);
-  throw ConfigError(
-      fmt::format("no tokenizer in '{}' (looked for tokenizer.json, vocab.json + merges.txt, "
-                  "tokenizer.model); pass --tokenizer DIR, or --tokenizer byte for the byte tokenizer",
-                  model_dir));
-}
+  colossus generate ./gpt2 --prompt "Hello" --greedy --dtype bf16 --device cuda
+  colossus generate ./llama-chat --chat --system "You are terse." --max_new_tokens 256)";
 
 std::vector<int64_t> encode_prompt(const data::Tokenizer& tokenizer, const std::string& text) {
   const std::vector<int32_t> ids32 = tokenizer.encode(text, /*add_special_tokens=*/true);
@@ -115,49 +87,129 @@ void print(const std::string& text) {
   std::fflush(stdout);
 }
 
-int run_generate(const GenerateArgs& args) {
-  inference::GenerateOptions options{
-      .max_new_tokens = args.max_new_tokens,
-      .sampling = {.do_sample = !args.greedy,
-                   .temperature = args.temperature,
-                   .top_k = args.top_k,
-                   .top_p = args.top_p,
-                   .repetition_penalty = args.repetition_penalty,
-                   .seed = args.seed},
-      .stop_strings = args.stop,
+// One engine request to completion, its text streamed to stdout. Returns the text.
+std::string stream_request(inference::InferenceEngine& engine, std::vector<int64_t> ids,
+                           const inference::RequestOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t id = engine.add_request(std::move(ids), options);
+  std::string text;
+  int64_t new_tokens = 0;
+  while (engine.has_unfinished()) {
+    for (const inference::RequestOutput& out : engine.step()) {
+      if (out.request_id != id) continue;
+      new_tokens = out.generated_tokens;
+      text += out.new_text;
+      print(out.new_text);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "[%lld tokens in %.2f s, %.1f tok/s]\n", static_cast<long long>(new_tokens), seconds,
+               seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0);
+  return text;
+}
+
+inference::RequestOptions request_options(const GenerateArgs& args, int64_t max_new_tokens, uint64_t seed) {
+  return {.max_new_tokens = max_new_tokens,
+          .sampling = inference::SamplingParams{.do_sample = !args.greedy,
+                                                .temperature = args.temperature,
+                                                .top_k = args.top_k,
+                                                .top_p = args.top_p,
+                                                .repetition_penalty = args.repetition_penalty,
+                                                .seed = seed},
+          .stop = args.stop};
+}
+
+// --chat: user lines from stdin, replies streamed, the conversation kept.
+int run_chat(const GenerateArgs& args, inference::InferenceEngine& engine, const data::Tokenizer& tokenizer,
+             const std::string& model_dir, int64_t context) {
+  const auto chat = inference::serving::ChatPrompt::from_model_dir(model_dir);
+  const bool interactive = isatty(STDIN_FILENO);
+  std::fprintf(stderr, "chat (%s); /reset forgets the conversation, /exit or end of input ends it\n",
+               chat.has_template() ? "the model's chat template" : "no chat template: plain role: content lines");
+  auto fresh = [&] {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!args.system.empty()) messages.push_back({{"role", "system"}, {"content", args.system}});
+    return messages;
   };
-  options.sampling.validate();  // before the (slow) load
+  nlohmann::ordered_json messages = fresh();
+  const size_t first_turn = messages.size();
+  std::string line;
+  for (uint64_t turn = 0;; ++turn) {
+    if (interactive) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line == "/reset") {
+      messages = fresh();
+      std::fputs("[conversation reset]\n", stderr);
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({{"role", "user"}, {"content", line}});
+    std::vector<int64_t> ids;
+    for (;;) {
+      const std::vector<int32_t> ids32 = tokenizer.encode(chat.render(messages), chat.add_special_tokens());
+      ids.assign(ids32.begin(), ids32.end());
+      // Keep room for at least a short reply; drop the oldest exchange otherwise.
+      const auto room = context - static_cast<int64_t>(ids.size());
+      if (room >= std::min<int64_t>(args.max_new_tokens, 16) && static_cast<int64_t>(ids.size()) <= engine.config().max_input_len) break;
+      if (messages.size() <= first_turn + 1) {
+        throw ConfigError(fmt::format("the message is {} tokens: too long for the model's context of {} positions",
+                                      ids.size(), context));
+      }
+      messages.erase(messages.begin() + static_cast<std::ptrdiff_t>(first_turn),
+                     messages.begin() + static_cast<std::ptrdiff_t>(std::min(messages.size() - 1, first_turn + 2)));
+    }
+    const int64_t max_new = std::min(args.max_new_tokens, context - static_cast<int64_t>(ids.size()));
+    const std::string reply = stream_request(engine, std::move(ids), request_options(args, max_new, args.seed + turn));
+    print("\n");
+    messages.push_back({{"role", "assistant"}, {"content", reply}});
+  }
+  return 0;
+}
+
+int run_generate(const GenerateArgs& args) {
+  request_options(args, 1, args.seed).sampling->validate();  // before the (slow) load
   const c10::Device device = parse_device(args.device);
   const std::string model_dir = inference::resolve_model_dir(args.path);
-  auto tokenizer = open_tokenizer(args.tokenizer, model_dir);
+  std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
 
   const auto load_start = std::chrono::steady_clock::now();
-  auto model = models::load_pretrained(model_dir, {.dtype = parse_dtype(args.dtype), .device = device});
+  std::shared_ptr<models::CausalLM> model =
+      models::load_pretrained(model_dir, {.dtype = parse_dtype(args.dtype), .device = device});
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   std::fprintf(stderr, "loaded %s (%s, %lld layers, %s, %s) in %.1f s\n", model_dir.c_str(),
                models::model_type(model->config()).c_str(), static_cast<long long>(models::num_layers(model->config())),
                args.dtype.c_str(), device.str().c_str(), load_seconds);
 
-  options.tokenizer = tokenizer.get();
-  if (auto eos = tokenizer->eos_id()) options.eos_id = *eos;
-  at::Generator generator = inference::make_cpu_generator(args.seed);
+  const int64_t context = context_length(*model);
+  std::vector<std::vector<int64_t>> prompt_ids;
   const std::vector<std::string> prompts = args.prompts.empty() ? std::vector<std::string>{""} : args.prompts;
+  int64_t longest = 1;
+  if (!args.chat) {
+    for (const auto& prompt : prompts) {
+      prompt_ids.push_back(encode_prompt(*tokenizer, prompt));
+      longest = std::max(longest, static_cast<int64_t>(prompt_ids.back().size()));
+    }
+  }
+  // One request at a time: a pool for one sequence of the longest length.
+  const int64_t max_input_len = args.chat ? std::max<int64_t>(context - 1, 1) : longest;
+  const int64_t max_output_len = std::max<int64_t>(args.max_new_tokens, 1);
+  const int64_t most_tokens = args.chat ? context : longest + max_output_len;
+  inference::InferenceEngine engine(model, tokenizer,
+                                    {.max_batch_size = 1,
+                                     .max_input_len = max_input_len,
+                                     .max_output_len = max_output_len,
+                                     .dtype = args.dtype,
+                                     .block_size = args.block_size,
+                                     .num_blocks = (most_tokens + args.block_size - 1) / args.block_size + 2});
+  if (args.chat) return run_chat(args, engine, *tokenizer, model_dir, context);
+
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (i > 0) print("\n");
-    std::vector<int64_t> ids = encode_prompt(*tokenizer, prompts[i]);
     print(prompts[i]);
-    inference::TextStream stream(*tokenizer);
-    int64_t new_tokens = 0;
-    options.on_token = [&](int64_t token) {
-      ++new_tokens;
-      print(stream.push(token));
-    };
-    const auto start = std::chrono::steady_clock::now();
-    inference::generate(*model, std::move(ids), options, generator);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    print(stream.finish() + "\n");
-    std::fprintf(stderr, "[%lld tokens in %.2f s, %.1f tok/s]\n", static_cast<long long>(new_tokens), seconds,
-                 seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0);
+    // GPT-2 has no positions past n_positions: the continuation stops there.
+    const int64_t max_new = std::min(args.max_new_tokens, context - static_cast<int64_t>(prompt_ids[i].size()));
+    if (max_new > 0) stream_request(engine, std::move(prompt_ids[i]), request_options(args, max_new, args.seed + i));
+    print("\n");
   }
   return 0;
 }
@@ -194,6 +246,11 @@ Command add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+  sub->add_option("--block_size", args->block_size, "Tokens per KV cache block")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_flag("--chat", args->chat, "Interactive chat: user messages from stdin, replies streamed (see below)");
+  sub->add_option("--system", args->system, "With --chat: a system message that starts the conversation");
   sub->footer(kFooter);
   return {sub, [args] { return run_generate(*args); }};
 }

@@ -15,7 +15,8 @@ int main(int argc, char** argv) {
   std::vector<colossus::cli::Command> commands{
       colossus::cli::add_run_command(app), colossus::cli::add_rank_command(app),
       colossus::cli::add_check_command(app), colossus::cli::add_selftest_command(app),
-      colossus::cli::add_generate_command(app), colossus::cli::add_train_command(app)};
+      colossus::cli::add_generate_command(app), colossus::cli::add_train_command(app),
+      colossus::cli::add_serve_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,24 @@
+// What `colossus generate` and `colossus serve` share: parsing --dtype and
+// --device, and finding the tokenizer of a model directory.
+#pragma once
+#include "colossus/data/tokenizer.h"
+#include "colossus/models/causal_lm.h"
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+
+namespace colossus::cli {
+
+c10::ScalarType parse_dtype(const std::string& name);  // fp32, bf16, fp16 (CLI11 has checked it)
+// cpu, cuda or cuda:N; throws ConfigError when this build or machine has no GPU.
+c10::Device parse_device(const std::string& name);
+// --tokenizer's value ("byte", a directory or file) or, when empty, the model
+// directory's tokenizer files; throws ConfigError naming what was looked for.
+std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const std::string& model_dir);
+// Positions the model has: GPT-2's n_positions, LLaMA's max_position_embeddings.
+int64_t context_length(const models::CausalLM& model);
+
+}  // namespace colossus::cli

@@ -1,0 +1,205 @@
+// `colossus serve PATH`: an OpenAI-compatible HTTP server over one
+// InferenceEngine (see colossus/inference/serving/server.h). One process;
+// SIGINT/SIGTERM stop it gracefully.
+#include "colossus/cli/commands.h"
+#include "colossus/cli/inference_common.h"
+#include "colossus/core/errors.h"
+#include "colossus/inference/engine/inference_config.h"
+
+#ifdef COLOSSUS_WITH_SERVER
+#include "colossus/inference/model_dir.h"
+#include "colossus/inference/serving/server.h"
+#include "colossus/models/pretrained.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+#endif
+
+namespace colossus::cli {
+
+namespace {
+
+struct ServeArgs {
+  std::string path;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  std::string tokenizer;
+  std::string device = "cpu";
+  int threads = 0;
+  bool quiet = false;
+  inference::InferenceConfig config{};
+};
+
+constexpr const char* kFooter = R"(PATH is a Hugging Face model directory, a checkpoint step directory, or a
+run/checkpoints directory (as for `colossus generate`).
+
+Endpoints (OpenAI's wire format):
+  POST /v1/completions        prompt (text, token ids, or a list of them), max_tokens,
+                              temperature, top_p, top_k, seed, stop, repetition_penalty,
+                              no_repeat_ngram_size, ignore_eos, stream
+  POST /v1/chat/completions   messages, through the model directory's chat template
+  GET  /v1/models             the served model
+  GET  /health                200 once the model is loaded
+  GET  /metrics               Prometheus text: queue, KV blocks, tokens, tokens/s, requests
+
+A request's unset sampling fields take this server's defaults (--do_sample,
+--temperature, ...; greedy unless --do_sample); temperature 0 is greedy.
+max_tokens defaults to what fits (max_output_len and the model's context).
+
+Examples:
+  colossus serve ./gpt2 --port 8000
+  curl localhost:8000/v1/completions -H 'Content-Type: application/json' \
+       -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 16, "temperature": 0}')";
+
+#ifdef COLOSSUS_WITH_SERVER
+int run_serve(const ServeArgs& args) {
+  inference::InferenceConfig config = args.config;
+  config.validate();  // before the (slow) load
+  const c10::Device device = parse_device(args.device);
+  const std::string model_dir = inference::resolve_model_dir(args.path);
+  std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
+  auto chat = inference::serving::ChatPrompt::from_model_dir(model_dir);
+
+  const auto load_start = std::chrono::steady_clock::now();
+  std::shared_ptr<models::CausalLM> model =
+      models::load_pretrained(model_dir, {.dtype = config.model_dtype(), .device = device});
+  const int64_t context = context_length(*model);
+  if (config.max_input_len >= context) {
+    throw ConfigError(fmt::format("--max_input_len {} leaves no room to generate in the model's context of {} "
+                                  "positions; use at most {}",
+                                  config.max_input_len, context, context - 1));
+  }
+  auto engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config);
+  const auto stats = engine->stats();
+  std::string name = args.served_model_name;
+  if (name.empty()) name = std::filesystem::path(args.path).lexically_normal().filename().string();
+  if (name.empty() || name == ".") name = std::filesystem::path(model_dir).filename().string();
+  std::fprintf(stderr, "loaded %s (%s, %s, %s) in %.1f s; KV cache %lld blocks of %lld tokens; chat: %s\n",
+               model_dir.c_str(), models::model_type(model->config()).c_str(), config.dtype.c_str(),
+               device.str().c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
+               static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size),
+               chat.has_template() ? "the model's template" : "no template (plain role: content lines)");
+
+  // SIGINT/SIGTERM go to one waiting thread (blocked everywhere else, which
+  // the server's threads inherit); a client gone away must not kill us by SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  inference::serving::Server server(std::move(engine), std::move(chat),
+                                    {.host = args.host,
+                                     .port = args.port,
+                                     .served_model_name = name,
+                                     .max_context = context,
+                                     .threads = args.threads,
+                                     .log_requests = !args.quiet});
+  const int port = server.bind();
+  std::fprintf(stderr, "serving '%s' on http://%s:%d (max_batch_size %lld, max_input_len %lld, max_output_len %lld)\n",
+               name.c_str(), args.host.c_str(), port, static_cast<long long>(config.max_batch_size),
+               static_cast<long long>(config.max_input_len), static_cast<long long>(config.max_output_len));
+
+  std::atomic<bool> listening_done{false};
+  std::thread signals([&] {
+    const timespec tick{0, 200'000'000};
+    while (!listening_done) {
+      const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        std::fprintf(stderr, "%s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        // listen() may not have started yet: repeat until it has returned.
+        while (!listening_done) {
+          server.stop();
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      }
+    }
+  });
+  server.listen();
+  listening_done = true;
+  signals.join();
+  std::fprintf(stderr, "stopped\n");
+  return 0;
+}
+#endif
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  auto args = std::make_shared<ServeArgs>();
+  auto& c = args->config;
+  sub->add_option("PATH", args->path, "Model directory, checkpoint step directory, or run/checkpoints directory")
+      ->required();
+  sub->add_option("--host", args->host, "Address to listen on (0.0.0.0 = all interfaces)")->capture_default_str();
+  sub->add_option("--port", args->port, "Port to listen on; 0 = any free port (printed)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  sub->add_option("--served_model_name,--served-model-name", args->served_model_name,
+                  "The model name clients send (default: PATH's last component)");
+  sub->add_option("--tokenizer", args->tokenizer,
+                  "Tokenizer directory or file (default: the model directory); 'byte' = the built-in byte tokenizer");
+  sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+  sub->add_option("--threads", args->threads, "HTTP worker threads, one per open connection; 0 = max(16, 2 x max_batch_size)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  sub->add_flag("--quiet", args->quiet, "No log line per request");
+  // InferenceConfig's fields, under their own names.
+  sub->add_option("--max_batch_size,--max-batch-size", c.max_batch_size, "Sequences decoded together in one step")
+      ->capture_default_str();
+  sub->add_option("--max_input_len,--max-input-len", c.max_input_len, "Most prompt tokens a request may bring")
+      ->capture_default_str();
+  sub->add_option("--max_output_len,--max-output-len", c.max_output_len, "Most tokens a request may generate (max_tokens)")
+      ->capture_default_str();
+  sub->add_option("--max_num_batched_tokens,--max-num-batched-tokens", c.max_num_batched_tokens,
+                  "Tokens one step may process; 0 = max(max_input_len, max_batch_size)")
+      ->capture_default_str();
+  sub->add_option("--prefill_ratio,--prefill-ratio", c.prefill_ratio,
+                  "Share of the step's token budget prefill may take while others decode")
+      ->capture_default_str();
+  sub->add_option("--dtype", c.dtype, "Weights and compute dtype")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  sub->add_option("--kv_cache_dtype,--kv-cache-dtype", c.kv_cache_dtype, "KV cache dtype; auto = the model's")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  sub->add_option("--block_size,--block-size", c.block_size, "Tokens per KV cache block")->capture_default_str();
+  sub->add_option("--num_blocks,--num-blocks", c.num_blocks,
+                  "KV cache blocks; 0 = from free GPU memory, or max_batch_size full sequences on the CPU")
+      ->capture_default_str();
+  sub->add_option("--kv_cache_memory_fraction,--kv-cache-memory-fraction", c.kv_cache_memory_fraction,
+                  "With num_blocks 0 on a GPU: share of free memory for the KV cache")
+      ->capture_default_str();
+  sub->add_option("--enable_prefix_caching,--enable-prefix-caching", c.enable_prefix_caching,
+                  "Reuse KV blocks of shared prompt prefixes (true/false)")
+      ->capture_default_str();
+  sub->add_flag("--do_sample,--do-sample", c.do_sample, "Sample by default (requests may still set temperature 0)");
+  sub->add_option("--temperature", c.temperature, "Default temperature")->capture_default_str();
+  sub->add_option("--top_k,--top-k", c.top_k, "Default top-k; 0 = off")->capture_default_str();
+  sub->add_option("--top_p,--top-p", c.top_p, "Default top-p; 1 = off")->capture_default_str();
+  sub->add_option("--repetition_penalty,--repetition-penalty", c.repetition_penalty, "Default repetition penalty")
+      ->capture_default_str();
+  sub->add_option("--seed", c.seed, "Default seed of greedy requests' generators (sampled ones without a seed get a random one)")
+      ->capture_default_str();
+  sub->footer(kFooter);
+#ifdef COLOSSUS_WITH_SERVER
+  return {sub, [args] { return run_serve(*args); }};
+#else
+  return {sub, [] () -> int {
+            throw ConfigError("this colossus was built without cpp-httplib (libcpp-httplib-dev), so it cannot serve; "
+                              "install it and rebuild");
+          }};
+#endif
+}
+
+}  // namespace colossus::cli

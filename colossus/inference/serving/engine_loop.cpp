@@ -1,0 +1,225 @@
+// The engine's own thread: admit submissions, apply aborts, step, dispatch.
+#include "colossus/inference/serving/engine_loop.h"
+
+#include "colossus/core/errors.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace colossus::inference::serving {
+
+std::vector<ChoiceOutput> Channel::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  ready_.wait_for(lock, timeout, [&] { return !queue_.empty() || closed_; });
+  std::vector<ChoiceOutput> out(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+  queue_.clear();
+  return out;
+}
+
+std::optional<std::string> Channel::error() const {
+  std::lock_guard lock(mutex_);
+  return error_;
+}
+
+bool Channel::closed() const {
+  std::lock_guard lock(mutex_);
+  return closed_ && queue_.empty();
+}
+
+bool Channel::wait_admitted() {
+  std::unique_lock lock(mutex_);
+  ready_.wait(lock, [&] { return admitted_ || closed_; });
+  return admitted_;
+}
+
+void Channel::admit() {
+  {
+    std::lock_guard lock(mutex_);
+    admitted_ = true;
+  }
+  ready_.notify_all();
+}
+
+void Channel::push(ChoiceOutput output, bool last) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(output));
+    if (last) closed_ = true;
+  }
+  ready_.notify_all();
+}
+
+void Channel::fail(std::string message) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!closed_ && !error_) error_ = std::move(message);
+    closed_ = true;
+  }
+  ready_.notify_all();
+}
+
+EngineLoop::EngineLoop(std::unique_ptr<InferenceEngine> engine)
+    : engine_(std::move(engine)), tokenizer_(engine_->tokenizer()), config_(engine_->config()) {
+  stats_.engine = engine_->stats();
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() { stop(); }
+
+std::shared_ptr<Channel> EngineLoop::submit(std::vector<std::vector<int64_t>> prompts, RequestOptions options) {
+  auto channel = std::make_shared<Channel>();
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) {
+      channel->fail("the server is shutting down");
+      return channel;
+    }
+    incoming_.push_back({channel, std::move(prompts), std::move(options)});
+  }
+  wake_.notify_one();
+  return channel;
+}
+
+void EngineLoop::abort(const std::shared_ptr<Channel>& channel) {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    aborts_.push_back(channel);
+  }
+  wake_.notify_one();
+}
+
+void EngineLoop::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+LoopStats EngineLoop::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void EngineLoop::admit(Submission& submission) {
+  std::vector<int64_t> ids;
+  try {
+    for (auto& prompt : submission.prompts) ids.push_back(engine_->add_request(std::move(prompt), submission.options));
+  } catch (const std::exception& e) {
+    // All or nothing: a submission the engine refuses leaves nothing behind.
+    for (int64_t id : ids) engine_->abort_request(id);
+    std::string message = e.what();
+    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) message = c10_error->what_without_backtrace();
+    submission.channel->fail(std::move(message));
+    std::lock_guard lock(mutex_);
+    ++stats_.rejected;
+    return;
+  }
+  auto remaining = std::make_shared<int64_t>(static_cast<int64_t>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    live_[ids[i]] = {.channel = submission.channel, .index = static_cast<int64_t>(i), .remaining = remaining};
+  }
+  submission.channel->admit();
+}
+
+void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
+  int64_t stop = 0, length = 0, aborted = 0;
+  for (RequestOutput& out : outputs) {
+    auto it = live_.find(out.request_id);
+    if (it == live_.end()) continue;  // a prompt of a refused submission
+    Live& live = it->second;
+    const bool finished = out.finished;
+    bool last = false;
+    if (finished) {
+      switch (out.finish_reason) {
+        case FinishReason::Stop: ++stop; break;
+        case FinishReason::Length: ++length; break;
+        default: ++aborted; break;
+      }
+      last = --*live.remaining == 0;
+    }
+    live.channel->push({.index = live.index, .output = std::move(out)}, last);
+    if (finished) live_.erase(it);
+  }
+  std::lock_guard lock(mutex_);
+  stats_.finished_stop += stop;
+  stats_.finished_length += length;
+  stats_.finished_abort += aborted;
+}
+
+void EngineLoop::refresh_stats() {
+  const EngineStats engine = engine_->stats();
+  const auto now = std::chrono::steady_clock::now();
+  rate_window_.push_back({now, {engine.prompt_tokens, engine.generated_tokens}});
+  // Rates over the last ~5 s of steps (0 when idle for longer).
+  while (rate_window_.size() > 1 && now - rate_window_.front().first > std::chrono::seconds(5)) rate_window_.pop_front();
+  double prompt_rate = 0, generation_rate = 0;
+  if (rate_window_.size() > 1) {
+    const double seconds = std::chrono::duration<double>(now - rate_window_.front().first).count();
+    if (seconds > 0) {
+      prompt_rate = static_cast<double>(engine.prompt_tokens - rate_window_.front().second.first) / seconds;
+      generation_rate = static_cast<double>(engine.generated_tokens - rate_window_.front().second.second) / seconds;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  stats_.engine = engine;
+  stats_.prompt_tokens_per_second = prompt_rate;
+  stats_.generation_tokens_per_second = generation_rate;
+}
+
+void EngineLoop::run() {
+  for (;;) {
+    std::deque<Submission> incoming;
+    std::vector<std::shared_ptr<Channel>> aborts;
+    bool stopping = false;
+    {
+      std::unique_lock lock(mutex_);
+      // Idle: sleep until there is work; the 1 s tick lets the token rates decay to 0.
+      wake_.wait_for(lock, std::chrono::seconds(1),
+                     [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || engine_->has_unfinished(); });
+      incoming.swap(incoming_);
+      aborts.swap(aborts_);
+      stopping = stop_;
+    }
+    for (Submission& submission : incoming) {
+      if (stopping) submission.channel->fail("the server is shutting down");
+      else admit(submission);
+    }
+    for (const auto& channel : aborts) {
+      for (const auto& [id, live] : live_) {
+        if (live.channel == channel) engine_->abort_request(id);
+      }
+    }
+    if (stopping) {
+      for (const auto& [id, live] : live_) engine_->abort_request(id);
+    }
+    if (engine_->has_unfinished() || !aborts.empty() || stopping) {
+      try {
+        dispatch(engine_->step());
+      } catch (const std::exception& e) {
+        // A failed step (out of memory, a kernel error) ends everything in flight, not the server.
+        std::string message = std::string("the engine failed: ") + e.what();
+        for (const auto& [id, live] : live_) {
+          engine_->abort_request(id);
+          live.channel->fail(message);
+        }
+        live_.clear();
+        try {
+          engine_->step();  // collects the aborts
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    refresh_stats();
+    if (stopping) {
+      for (const auto& [id, live] : live_) live.channel->fail("the server is shutting down");
+      live_.clear();
+      return;
+    }
+  }
+}
+
+}  // namespace colossus::inference::serving

@@ -1,0 +1,117 @@
+// EngineLoop: the one thread that owns an InferenceEngine (which is not
+// thread-safe). HTTP handler threads submit requests and aborts through a
+// queue; the loop adds them, steps the engine while work is left, and hands
+// each output to the submitting request's Channel, on which its handler waits.
+#pragma once
+#include "colossus/inference/engine/engine.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace colossus::inference::serving {
+
+// One output of one choice (prompt) of a submission.
+struct ChoiceOutput {
+  int64_t index = 0;  // the prompt's position in the submission
+  RequestOutput output;
+};
+
+// What a handler thread waits on: the outputs of its prompts as they arrive,
+// or the error that refused the submission.
+class Channel {
+ public:
+  // Blocks until outputs or an end are available (or `timeout` passes: then
+  // returns an empty list with closed() false). Returns everything queued.
+  std::vector<ChoiceOutput> wait(std::chrono::milliseconds timeout);
+  // The engine refused the submission (ConfigError's message); set at most once, before any output.
+  std::optional<std::string> error() const;
+  bool closed() const;  // every choice finished, or the submission failed, or the loop stopped
+  // Blocks until the engine has taken the submission (true) or refused it (false: see error()).
+  bool wait_admitted();
+
+ private:
+  friend class EngineLoop;
+  void push(ChoiceOutput output, bool last);
+  void fail(std::string message);
+  void admit();
+
+  mutable std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<ChoiceOutput> queue_;
+  std::optional<std::string> error_;
+  bool closed_ = false;
+  bool admitted_ = false;
+};
+
+// Counters the loop keeps beside the engine's own, for /metrics.
+struct LoopStats {
+  EngineStats engine;
+  int64_t finished_stop = 0;    // requests (prompts) ended by eos or a stop string
+  int64_t finished_length = 0;  // ... by max_tokens
+  int64_t finished_abort = 0;   // ... by a client that went away (or shutdown)
+  int64_t rejected = 0;         // submissions the engine refused
+  double generation_tokens_per_second = 0;  // over the last few seconds
+  double prompt_tokens_per_second = 0;
+};
+
+class EngineLoop {
+ public:
+  explicit EngineLoop(std::unique_ptr<InferenceEngine> engine);
+  ~EngineLoop();  // stop()s
+
+  // Queues prompts (token ids) with shared options; the returned channel gets
+  // their outputs, tagged with the prompt's index. Never blocks on the engine.
+  std::shared_ptr<Channel> submit(std::vector<std::vector<int64_t>> prompts, RequestOptions options);
+  // The client of `channel` went away: its unfinished prompts are aborted (blocks freed).
+  void abort(const std::shared_ptr<Channel>& channel);
+  // Aborts what is still running, closes every channel and joins the thread. Idempotent.
+  void stop();
+
+  LoopStats stats() const;  // a snapshot taken after the last step
+  // The engine's immutable parts, safe to read from any thread.
+  const data::Tokenizer* tokenizer() const { return tokenizer_; }
+  const InferenceConfig& config() const { return config_; }
+
+ private:
+  struct Submission {
+    std::shared_ptr<Channel> channel;
+    std::vector<std::vector<int64_t>> prompts;
+    RequestOptions options;
+  };
+  struct Live {
+    std::shared_ptr<Channel> channel;
+    int64_t index = 0;
+    std::shared_ptr<int64_t> remaining;  // unfinished prompts of its submission
+  };
+  void run();
+  void admit(Submission& submission);
+  void dispatch(std::vector<RequestOutput> outputs);
+  void refresh_stats();
+
+  std::unique_ptr<InferenceEngine> engine_;
+  const data::Tokenizer* tokenizer_;
+  InferenceConfig config_;
+
+  mutable std::mutex mutex_;  // guards the queues, stop_ and stats_
+  std::condition_variable wake_;
+  std::deque<Submission> incoming_;
+  std::vector<std::shared_ptr<Channel>> aborts_;
+  bool stop_ = false;
+  LoopStats stats_;
+
+  // Loop-thread only.
+  std::map<int64_t, Live> live_;  // engine request id -> its channel
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::pair<int64_t, int64_t>>> rate_window_;
+  std::thread thread_;
+};
+
+}  // namespace colossus::inference::serving

@@ -1,0 +1,353 @@
+// Routes of the OpenAI-compatible server; see server.h. Streams are chunked
+// responses whose content provider waits on the request's Channel; a write
+// that fails (the client went away) ends the stream, and its releaser aborts
+// the request so its KV blocks are freed.
+#include "colossus/inference/serving/server.h"
+
+#include "colossus/cluster/logger.h"
+#include "colossus/core/errors.h"
+#include "colossus/inference/serving/engine_loop.h"
+#include "colossus/inference/serving/openai_api.h"
+#include "colossus/inference/serving/server_metrics.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <random>
+
+namespace colossus::inference::serving {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const cluster::Logger& logger() {
+  static const cluster::Logger log("serve");
+  return log;
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void send_error(httplib::Response& res, const ApiError& error) {
+  res.status = error.status;
+  res.set_content(dump_json(error_body(error)), "application/json");
+}
+
+enum class Kind { Completion, Chat };
+
+// What a stream's content provider carries between calls.
+struct StreamState {
+  std::shared_ptr<Channel> channel;
+  Kind kind = Kind::Completion;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  bool include_usage = false;
+  bool started = false;
+  bool complete = false;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  std::string finish_reason;
+  Clock::time_point start;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  ServerOptions options;
+  ChatPrompt chat;
+  std::unique_ptr<EngineLoop> loop;
+  httplib::Server http;
+  Limits limits;
+  SamplingParams defaults;
+  int64_t created = unix_seconds();
+  std::atomic<int64_t> next_id{1};
+  std::mutex mutex;  // guards rng and http_counts
+  std::mt19937_64 rng{std::random_device{}()};
+  HttpCounts http_counts;
+
+  uint64_t random_seed() {
+    std::lock_guard lock(mutex);
+    return rng();
+  }
+  void count(const std::string& endpoint, int status) {
+    std::lock_guard lock(mutex);
+    ++http_counts[{endpoint, status}];
+  }
+  std::string new_id(const char* prefix) { return fmt::format("{}-{:016x}", prefix, next_id++ * 0x9E3779B97F4A7C15ull); }
+
+  void check_model(const std::string& model) const {
+    if (model != options.served_model_name) {
+      throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", model, options.served_model_name),
+                     "model", "invalid_request_error", "model_not_found");
+    }
+  }
+
+  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const {
+    const data::Tokenizer* tokenizer = loop->tokenizer();
+    if (!tokenizer) throw ApiError(400, "this model has no tokenizer: send the prompt as token ids", "prompt");
+    const std::vector<int32_t> ids = tokenizer->encode(text, add_special_tokens);
+    return {ids.begin(), ids.end()};
+  }
+
+  // Wraps a handler: ApiError and ConfigError become OpenAI error bodies; every response is counted.
+  void route(const char* method, const std::string& path,
+             std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+    auto wrapped = [this, path, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handler(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const ConfigError& e) {
+        send_error(res, ApiError(400, e.what()));
+      } catch (const std::exception& e) {
+        logger().error(fmt::format("{} failed: {}", path, e.what()));
+        send_error(res, ApiError(500, e.what(), {}, "server_error"));
+      }
+      count(path, res.status == -1 ? 200 : res.status);
+      if (res.status >= 400 && options.log_requests) {
+        logger().info(fmt::format("{} {} {}: {}", req.method, path, res.status, res.body.substr(0, 300)));
+      }
+    };
+    if (std::string(method) == "GET") http.Get(path, wrapped);
+    else http.Post(path, wrapped);
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    CompletionRequest request = parse_completion_request(req.body);
+    check_model(request.generation.model);
+    std::vector<std::vector<int64_t>> prompts;
+    int64_t longest = 0;
+    for (Prompt& p : request.prompts) {
+      prompts.push_back(p.text ? encode(*p.text, true) : std::move(p.ids));
+      longest = std::max(longest, static_cast<int64_t>(prompts.back().size()));
+    }
+    const RequestOptions opts = request_options(request.generation, defaults, limits, longest, random_seed());
+    generate(Kind::Completion, request.generation, std::move(prompts), opts, req, res);
+  }
+
+  void chat_completions(const httplib::Request& req, httplib::Response& res) {
+    ChatRequest request = parse_chat_request(req.body);
+    check_model(request.generation.model);
+    std::string text;
+    try {
+      text = chat.render(request.messages, request.add_generation_prompt, request.template_kwargs);
+    } catch (const ConfigError& e) {
+      throw ApiError(400, fmt::format("the chat template refused the messages: {}", e.what()), "messages");
+    }
+    std::vector<std::vector<int64_t>> prompts{encode(text, chat.add_special_tokens())};
+    const auto longest = static_cast<int64_t>(prompts.front().size());
+    const RequestOptions opts = request_options(request.generation, defaults, limits, longest, random_seed());
+    generate(Kind::Chat, request.generation, std::move(prompts), opts, req, res);
+  }
+
+  void generate(Kind kind, const GenerationRequest& request, std::vector<std::vector<int64_t>> prompts,
+                const RequestOptions& opts, const httplib::Request& req, httplib::Response& res) {
+    const auto start = Clock::now();
+    const size_t num_choices = prompts.size();
+    std::shared_ptr<Channel> channel = loop->submit(std::move(prompts), opts);
+    if (!channel->wait_admitted()) throw ApiError(400, channel->error().value_or("the request was refused"));
+    const std::string id = new_id(kind == Kind::Chat ? "chatcmpl" : "cmpl");
+    if (request.stream) {
+      stream(kind, request, channel, id, start, res);
+      return;
+    }
+    std::vector<ChoiceResult> choices(num_choices);
+    while (!channel->closed()) {
+      for (ChoiceOutput& out : channel->wait(std::chrono::milliseconds(500))) {
+        ChoiceResult& choice = choices[static_cast<size_t>(out.index)];
+        choice.text += out.output.new_text;
+        choice.prompt_tokens = out.output.prompt_tokens;
+        choice.completion_tokens = out.output.generated_tokens;
+        if (out.output.finished) choice.finish_reason = finish_reason_name(out.output.finish_reason);
+      }
+    }
+    if (auto error = channel->error()) throw ApiError(503, *error, {}, "server_error");
+    const json body = kind == Kind::Chat ? chat_response(id, created_now(), options.served_model_name, choices.front())
+                                         : completion_response(id, created_now(), options.served_model_name, choices);
+    res.set_content(dump_json(body), "application/json");
+    log_finished(req.path, choices, start);
+  }
+
+  static int64_t created_now() { return unix_seconds(); }
+
+  void log_finished(const std::string& path, const std::vector<ChoiceResult>& choices, Clock::time_point start) const {
+    if (!options.log_requests) return;
+    int64_t prompt = 0, completion = 0;
+    std::string reasons;
+    for (const auto& c : choices) {
+      prompt += c.prompt_tokens;
+      completion += c.completion_tokens;
+      reasons += (reasons.empty() ? "" : ",") + c.finish_reason;
+    }
+    logger().info(fmt::format("{} 200 prompt={} completion={} finish={} {:.2f}s", path, prompt, completion, reasons,
+                              std::chrono::duration<double>(Clock::now() - start).count()));
+  }
+
+  void stream(Kind kind, const GenerationRequest& request, std::shared_ptr<Channel> channel, const std::string& id,
+              Clock::time_point start, httplib::Response& res) {
+    auto state = std::make_shared<StreamState>();
+    state->channel = std::move(channel);
+    state->kind = kind;
+    state->id = id;
+    state->created = created_now();
+    state->model = options.served_model_name;
+    state->include_usage = request.include_usage;
+    state->start = start;
+    const std::string path = kind == Kind::Chat ? "/v1/chat/completions" : "/v1/completions";
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [state](size_t, httplib::DataSink& sink) { return write_events(*state, sink); },
+        [this, state, path](bool success) {
+          if (!state->complete) {
+            loop->abort(state->channel);  // the client went away: free its blocks now
+            if (options.log_requests) {
+              logger().info(fmt::format("{} stream closed by the client after {} tokens; aborted", path,
+                                        state->completion_tokens));
+            }
+          } else if (options.log_requests && success) {
+            logger().info(fmt::format("{} 200 stream prompt={} completion={} finish={} {:.2f}s", path,
+                                      state->prompt_tokens, state->completion_tokens, state->finish_reason,
+                                      std::chrono::duration<double>(Clock::now() - state->start).count()));
+          }
+        });
+  }
+
+  // One call of the content provider: whatever outputs are ready, as SSE
+  // events. Returns false when the client is gone.
+  static bool write_events(StreamState& state, httplib::DataSink& sink) {
+    auto write = [&](const json& object) {
+      const std::string event = sse_event(object);
+      return sink.write(event.data(), event.size());
+    };
+    if (!state.started) {
+      state.started = true;
+      if (state.kind == Kind::Chat &&
+          !write(chat_chunk(state.id, state.created, state.model, {{"role", "assistant"}, {"content", ""}}, std::nullopt))) {
+        return false;
+      }
+    }
+    for (ChoiceOutput& out : state.channel->wait(std::chrono::milliseconds(200))) {
+      const RequestOutput& o = out.output;
+      state.prompt_tokens = o.prompt_tokens;
+      state.completion_tokens = o.generated_tokens;
+      if (!o.new_text.empty()) {
+        const json chunk = state.kind == Kind::Chat
+                               ? chat_chunk(state.id, state.created, state.model, {{"content", o.new_text}}, std::nullopt)
+                               : completion_chunk(state.id, state.created, state.model, out.index, o.new_text, std::nullopt);
+        if (!write(chunk)) return false;
+      }
+      if (o.finished) {
+        state.finish_reason = finish_reason_name(o.finish_reason);
+        const json last = state.kind == Kind::Chat
+                              ? chat_chunk(state.id, state.created, state.model, json::object(), state.finish_reason)
+                              : completion_chunk(state.id, state.created, state.model, out.index, "", state.finish_reason);
+        if (!write(last)) return false;
+      }
+    }
+    if (state.channel->closed()) {
+      state.complete = true;
+      if (auto error = state.channel->error()) {
+        write({{"error", {{"message", *error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
+      }
+      if (state.include_usage) {
+        json usage = {{"id", state.id},
+                      {"object", state.kind == Kind::Chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", state.created},
+                      {"model", state.model},
+                      {"choices", json::array()},
+                      {"usage", usage_json(state.prompt_tokens, state.completion_tokens)}};
+        if (!write(usage)) return false;
+      }
+      static const std::string done = "data: [DONE]\n\n";
+      if (!sink.write(done.data(), done.size())) return false;
+      sink.done();
+    }
+    return true;
+  }
+
+  std::string metrics() {
+    const LoopStats stats = loop->stats();
+    HttpCounts counts;
+    {
+      std::lock_guard lock(mutex);
+      counts = http_counts;
+    }
+    return render_metrics(stats, counts, options.served_model_name);
+  }
+};
+
+Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  s.options = std::move(options);
+  s.chat = std::move(chat);
+  const InferenceConfig& config = engine->config();
+  s.limits = {.max_input_len = config.max_input_len, .max_output_len = config.max_output_len, .max_context = s.options.max_context};
+  s.defaults = config.default_sampling();
+  const int threads = s.options.threads > 0 ? s.options.threads
+                                            : static_cast<int>(std::max<int64_t>(16, 2 * config.max_batch_size));
+  s.loop = std::make_unique<EngineLoop>(std::move(engine));
+
+  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.http.set_keep_alive_timeout(2);
+  s.http.set_payload_max_length(size_t{64} << 20);
+  s.route("POST", "/v1/completions", [&s](const auto& req, auto& res) { s.completions(req, res); });
+  s.route("POST", "/v1/chat/completions", [&s](const auto& req, auto& res) { s.chat_completions(req, res); });
+  s.route("GET", "/v1/models", [&s](const auto&, auto& res) {
+    const json body = {{"object", "list"},
+                       {"data",
+                        json::array({{{"id", s.options.served_model_name},
+                                      {"object", "model"},
+                                      {"created", s.created},
+                                      {"owned_by", "colossus"},
+                                      {"max_model_len", s.options.max_context}}})}};
+    res.set_content(dump_json(body), "application/json");
+  });
+  s.route("GET", "/health", [](const auto&, auto& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
+  s.route("GET", "/metrics", [&s](const auto&, auto& res) { res.set_content(s.metrics(), "text/plain; version=0.0.4"); });
+  // Unrouted paths and methods get an OpenAI-style body too (ours already carry one).
+  s.http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    s.count("other", res.status);
+    send_error(res, ApiError(res.status, fmt::format("no route for {} {}", req.method, req.path), {},
+                             "invalid_request_error", res.status == 404 ? std::optional<std::string>("not_found") : std::nullopt));
+  });
+}
+
+Server::~Server() {
+  stop();
+  impl_->loop->stop();
+}
+
+int Server::bind() {
+  Impl& s = *impl_;
+  const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host) : s.options.port;
+  if (s.options.port != 0 && !s.http.bind_to_port(s.options.host, s.options.port)) {
+    throw ConfigError(fmt::format("cannot listen on {}:{} (in use, or not an address of this machine); pick "
+                                  "another --port or --host",
+                                  s.options.host, s.options.port));
+  }
+  if (port < 0) throw ConfigError(fmt::format("cannot listen on {} (not an address of this machine?)", s.options.host));
+  port_ = port;
+  return port;
+}
+
+void Server::listen() {
+  impl_->http.listen_after_bind();
+  impl_->loop->stop();
+}
+
+void Server::stop() {
+  if (impl_->http.is_running()) impl_->http.stop();
+}
+
+}  // namespace colossus::inference::serving

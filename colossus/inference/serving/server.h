@@ -1,0 +1,44 @@
+// The OpenAI-compatible HTTP server (cpp-httplib): /v1/completions,
+// /v1/chat/completions (JSON or server-sent events), /v1/models, /health and
+// /metrics (Prometheus text) over one InferenceEngine driven by an EngineLoop.
+// Handler threads parse and tokenize; the loop thread alone touches the engine.
+#pragma once
+#include "colossus/inference/engine/engine.h"
+#include "colossus/inference/serving/chat_prompt.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace colossus::inference::serving {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                    // 0 = any free port (port() tells which)
+  std::string served_model_name = "";  // the `model` requests must name
+  int64_t max_context = 0;            // positions the model has (0 = unbounded)
+  int threads = 0;                    // HTTP worker threads (each holds one connection); 0 = max(16, 2 x max_batch_size)
+  bool log_requests = true;           // one line per finished request
+};
+
+class Server {
+ public:
+  Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options);
+  ~Server();
+
+  // Binds the socket; throws ConfigError when it cannot. Returns the port.
+  int bind();
+  // Serves until stop(); in-flight non-streaming requests finish, open
+  // streams end. Then stops the engine loop.
+  void listen();
+  // Any thread (not a signal handler): stops accepting and unblocks listen().
+  void stop();
+  int port() const { return port_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace colossus::inference::serving

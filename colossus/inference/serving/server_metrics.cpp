@@ -1,0 +1,77 @@
+// Prometheus text for /metrics; see server_metrics.h.
+#include "colossus/inference/serving/server_metrics.h"
+
+#include <fmt/format.h>
+
+namespace colossus::inference::serving {
+
+namespace {
+
+// Label values escape backslash, quote and newline.
+std::string label(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void metric(std::string& out, const char* name, const char* type, const char* help, const std::string& model,
+            double value) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{model=\"{}\"}} {}\n", name, help, name, type, name, label(model),
+                     value);
+}
+
+}  // namespace
+
+std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const std::string& model_name) {
+  const EngineStats& e = stats.engine;
+  std::string out;
+  auto d = [](int64_t v) { return static_cast<double>(v); };
+  metric(out, "colossus_requests_waiting", "gauge", "Requests queued for admission.", model_name, d(e.waiting));
+  metric(out, "colossus_requests_running", "gauge", "Requests being decoded.", model_name, d(e.running));
+  metric(out, "colossus_kv_blocks_used", "gauge", "KV cache blocks held by requests.", model_name, d(e.blocks_used));
+  metric(out, "colossus_kv_blocks_total", "gauge", "KV cache blocks in the pool.", model_name, d(e.blocks_total));
+  metric(out, "colossus_kv_block_size_tokens", "gauge", "Tokens per KV cache block.", model_name, d(e.block_size));
+  metric(out, "colossus_kv_cache_usage_ratio", "gauge", "Share of the KV pool in use.", model_name,
+         e.blocks_total > 0 ? d(e.blocks_used) / d(e.blocks_total) : 0.0);
+  metric(out, "colossus_engine_steps_total", "counter", "Engine steps (batches) run.", model_name, d(e.steps));
+  metric(out, "colossus_prompt_tokens_total", "counter", "Prompt tokens computed in prefill (prefix-cache hits excluded).",
+         model_name, d(e.prompt_tokens));
+  metric(out, "colossus_generation_tokens_total", "counter", "Tokens generated.", model_name, d(e.generated_tokens));
+  metric(out, "colossus_prompt_tokens_per_second", "gauge", "Prefill throughput over the last 5 s.", model_name,
+         stats.prompt_tokens_per_second);
+  metric(out, "colossus_generation_tokens_per_second", "gauge", "Generation throughput over the last 5 s.", model_name,
+         stats.generation_tokens_per_second);
+  metric(out, "colossus_preemptions_total", "counter", "Requests preempted (recomputed later) for lack of KV blocks.",
+         model_name, d(e.preemptions));
+  metric(out, "colossus_prefix_cache_queries_total", "counter", "Prompt blocks looked up in the prefix cache.",
+         model_name, d(e.prefix_cache_queries));
+  metric(out, "colossus_prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix cache.", model_name,
+         d(e.prefix_cache_hits));
+  metric(out, "colossus_requests_rejected_total", "counter", "Submissions the engine refused.", model_name,
+         d(stats.rejected));
+
+  out += "# HELP colossus_requests_finished_total Prompts finished, by OpenAI finish_reason.\n";
+  out += "# TYPE colossus_requests_finished_total counter\n";
+  for (const auto& [reason, count] : {std::pair<const char*, int64_t>{"stop", stats.finished_stop},
+                                      {"length", stats.finished_length},
+                                      {"abort", stats.finished_abort}}) {
+    out += fmt::format("colossus_requests_finished_total{{model=\"{}\",finish_reason=\"{}\"}} {}\n", label(model_name),
+                       reason, count);
+  }
+  out += "# HELP colossus_http_requests_total HTTP responses, by endpoint and status code.\n";
+  out += "# TYPE colossus_http_requests_total counter\n";
+  for (const auto& [key, count] : http) {
+    out += fmt::format("colossus_http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", label(key.first),
+                       key.second, count);
+  }
+  return out;
+}
+
+}  // namespace colossus::inference::serving
