@@ -32,6 +32,9 @@ class AttentionHook {
 struct BlockContext {
   at::Tensor rope_cos;  // (T, head_dim) in the hidden dtype; undefined for models without RoPE
   at::Tensor rope_sin;  // (T, head_dim)
+  // Inference only: sin with its first half negated, so RoPE is
+  // x * cos + roll(x, head_dim / 2) * signed_sin (fewer kernels). May be undefined.
+  at::Tensor rope_sin_signed;
   // Set by the inference engine (with the index of the block being run);
   // null in training, where attention is causal SDPA over the T tokens.
   AttentionHook* attention = nullptr;
@@ -104,6 +107,11 @@ class CausalLM : public LayerHost {
   virtual Layer& norm() const = 0;
   bool tied_embeddings() const;
   // The output projection, (V, C) weight; nullptr when tied to the embedding.
+  // Inference: merges projections that read the same input (LLaMA's q/k/v
+  // and gate/up) into one matmul each, the parameters becoming views of the
+  // merged tensors (same values, no extra memory). Eval-mode forwards use
+  // them; call before any sharding, never after. Default: nothing to merge.
+  virtual void fuse_projections() {}
   virtual Layer* lm_head() const = 0;
   // Module path prefix of the blocks in named_parameters(): "transformer.h" or "model.layers".
   virtual std::string blocks_path() const = 0;

@@ -32,9 +32,26 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
                 " is not a multiple of head_dim ", head_dim_);
     return projected.view({batch, seq, -1, head_dim_}).transpose(1, 2);  // (B, H_local, T, D)
   };
-  at::Tensor q = apply_rope(heads("q_proj"), context.rope_cos, context.rope_sin);
-  at::Tensor k = apply_rope(heads("k_proj"), context.rope_cos, context.rope_sin);
-  at::Tensor v = heads("v_proj");
+  const auto rope = [&](const at::Tensor& x) {
+    return context.rope_sin_signed.defined() ? apply_rope_signed(x, context.rope_cos, context.rope_sin_signed)
+                                             : apply_rope(x, context.rope_cos, context.rope_sin);
+  };
+  at::Tensor q, k, v;
+  if (fused_qkv_.defined() && !is_training()) {
+    // One projection for q, k and v (fuse_projections()); the heads are views.
+    at::Tensor qkv = at::linear(x, fused_qkv_, fused_qkv_bias_);
+    const auto split = [&](int64_t start, int64_t width) {
+      return qkv.narrow(-1, start, width).view({batch, seq, -1, head_dim_}).transpose(1, 2);
+    };
+    const int64_t q_width = layer_as<Linear>("q_proj").weight.size(0), kv_width = layer_as<Linear>("k_proj").weight.size(0);
+    q = rope(split(0, q_width));
+    k = rope(split(q_width, kv_width));
+    v = split(q_width + kv_width, kv_width);
+  } else {
+    q = rope(heads("q_proj"));
+    k = rope(heads("k_proj"));
+    v = heads("v_proj");
+  }
   const int64_t local_heads = q.size(1), local_kv_heads = k.size(1);
   TORCH_CHECK(local_heads % local_kv_heads == 0, "local query heads ", local_heads,
               " is not a multiple of local kv heads ", local_kv_heads);
@@ -56,7 +73,55 @@ LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options) 
 }
 
 at::Tensor LlamaMLP::forward(const at::Tensor& x) {
+  if (fused_gate_up_.defined() && !is_training()) {
+    at::Tensor gate_up = at::linear(x, fused_gate_up_, fused_gate_up_bias_);
+    const int64_t f = gate_up.size(-1) / 2;
+    return layer("down_proj").forward(at::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f));
+  }
   return layer("down_proj").forward(at::silu(layer("gate_proj").forward(x)) * layer("up_proj").forward(x));
+}
+
+namespace {
+
+// Concatenates the linears' weights (and biases) along the output dim into
+// one tensor and makes each weight a view of its rows, so the parameters
+// stay the same objects over the same values and no memory is added.
+std::pair<at::Tensor, at::Tensor> fuse_rows(const std::vector<Linear*>& linears) {
+  std::vector<at::Tensor> weights, biases;
+  for (Linear* l : linears) {
+    weights.push_back(l->weight.detach());
+    if (l->bias.defined()) biases.push_back(l->bias.detach());
+  }
+  at::Tensor weight = at::cat(weights, 0), bias = biases.size() == linears.size() ? at::cat(biases, 0) : at::Tensor();
+  int64_t row = 0;
+  for (Linear* l : linears) {
+    const int64_t rows = l->weight.size(0);
+    l->weight.set_data(weight.narrow(0, row, rows));
+    if (bias.defined()) l->bias.set_data(bias.narrow(0, row, rows));
+    row += rows;
+  }
+  return {weight, bias};
+}
+
+}  // namespace
+
+void LlamaAttention::fuse_projections() {
+  if (fused_qkv_.defined()) return;
+  std::tie(fused_qkv_, fused_qkv_bias_) =
+      fuse_rows({&layer_as<Linear>("q_proj"), &layer_as<Linear>("k_proj"), &layer_as<Linear>("v_proj")});
+}
+
+void LlamaMLP::fuse_projections() {
+  if (fused_gate_up_.defined()) return;
+  std::tie(fused_gate_up_, fused_gate_up_bias_) = fuse_rows({&layer_as<Linear>("gate_proj"), &layer_as<Linear>("up_proj")});
+}
+
+void LlamaForCausalLM::fuse_projections() {
+  for (const auto& block : blocks()) {
+    auto* layer = dynamic_cast<LlamaDecoderLayer*>(block.get());
+    TORCH_CHECK(layer != nullptr, "LlamaForCausalLM::fuse_projections: a block is not a LlamaDecoderLayer");
+    layer->fuse_projections();
+  }
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options)
@@ -65,6 +130,11 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const at::Tensor
   mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, options));
   add_layer("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
   add_layer("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
+}
+
+void LlamaDecoderLayer::fuse_projections() {
+  self_attn_->fuse_projections();
+  mlp_->fuse_projections();
 }
 
 at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockContext& context) {
@@ -120,8 +190,10 @@ BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const 
     if (rope_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, rope_.max_position_embeddings));
     std::tie(rope_cos_table_, rope_sin_table_) = rope_cos_sin(rope_, rows, hidden.options());
   }
-  return BlockContext{.rope_cos = rope_cos_table_.index_select(0, positions),
-                      .rope_sin = rope_sin_table_.index_select(0, positions)};
+  BlockContext context{.rope_cos = rope_cos_table_.index_select(0, positions),
+                       .rope_sin = rope_sin_table_.index_select(0, positions)};
+  if (!at::GradMode::is_enabled()) context.rope_sin_signed = signed_rope_sin(context.rope_sin);
+  return context;
 }
 
 at::Tensor LlamaForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }

@@ -21,10 +21,13 @@ class LlamaAttention : public LayerHost {
   // k_proj/v_proj (B, T, local_kv_heads * head_dim); local_heads must be a
   // multiple of local_kv_heads. context: RoPE cos/sin (T, head_dim).
   at::Tensor forward(const at::Tensor& x, const BlockContext& context);
+  // Inference: q, k, v projected by one matmul (weights become row views of one tensor).
+  void fuse_projections();
 
  private:
   int64_t head_dim_;
   double attention_dropout_;
+  at::Tensor fused_qkv_, fused_qkv_bias_;
 };
 
 class LlamaMLP : public LayerHost {
@@ -32,6 +35,11 @@ class LlamaMLP : public LayerHost {
   LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options);
   // x: (B, T, C) -> (B, T, C): down(silu(gate(x)) * up(x)).
   at::Tensor forward(const at::Tensor& x);
+  // Inference: gate and up projected by one matmul.
+  void fuse_projections();
+
+ private:
+  at::Tensor fused_gate_up_, fused_gate_up_bias_;
 };
 
 class LlamaDecoderLayer : public TransformerBlock {
@@ -39,6 +47,7 @@ class LlamaDecoderLayer : public TransformerBlock {
   LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options);
   // hidden: (B, T, C) -> (B, T, C); pre-norm residual blocks.
   at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
+  void fuse_projections();
 
   LlamaAttention& self_attn() const { return *self_attn_; }
   LlamaMLP& mlp() const { return *mlp_; }
@@ -70,6 +79,7 @@ class LlamaForCausalLM : public CausalLM {
   Layer& norm() const override;
   Layer* lm_head() const override;
   std::string blocks_path() const override { return "model.layers"; }
+  void fuse_projections() override;
 
  protected:
   InitRule init_rule(const std::string& name) const override;

@@ -1,6 +1,8 @@
 #include "colossus/models/rope.h"
 
+#include <ATen/ops/addcmul.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/roll.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
@@ -72,6 +74,15 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   const int64_t half = x.size(-1) / 2;
   at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
+}
+
+at::Tensor apply_rope_signed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin) {
+  return at::addcmul(x * cos, at::roll(x, {x.size(-1) / 2}, {-1}), signed_sin);
+}
+
+at::Tensor signed_rope_sin(const at::Tensor& sin) {
+  const int64_t half = sin.size(-1) / 2;
+  return at::cat({-sin.narrow(-1, 0, half), sin.narrow(-1, half, half)}, -1);
 }
 
 }  // namespace colossus::models

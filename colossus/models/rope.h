@@ -34,4 +34,10 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq
 // (the two halves of D rotate together, not interleaved pairs).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// The same rotation with sin's first half negated beforehand (signed_sin):
+// roll, multiply, multiply-add; for inference steps, where launches count.
+at::Tensor apply_rope_signed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin);
+// sin with its first half negated.
+at::Tensor signed_rope_sin(const at::Tensor& sin);
+
 }  // namespace colossus::models

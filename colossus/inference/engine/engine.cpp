@@ -89,6 +89,8 @@ InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::s
         parallel::plan::shard_model(*model_, parallel::plan::default_plan(*model_), tp_group));
     // Each rank caches its own heads; with fewer kv heads than ranks, one each.
     shape.kv_heads = shape.kv_heads % config_.tp_size == 0 ? shape.kv_heads / config_.tp_size : 1;
+  } else {
+    model_->fuse_projections();
   }
   const at::Tensor any = model_->parameters().front();
   const auto cache_dtype = config_.kv_cache_dtype == "auto" ? any.scalar_type() : config_.cache_dtype();

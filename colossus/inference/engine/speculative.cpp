@@ -53,6 +53,7 @@ SpecVerdict verify_sampled_drafts(const at::Tensor& p, const at::Tensor& q, cons
 Drafter::Drafter(std::shared_ptr<models::CausalLM> model, int64_t num_blocks, int64_t block_size)
     : model_(std::move(model)) {
   model_->eval();
+  model_->fuse_projections();
   KVCacheShape shape = kv_cache_shape(*model_, block_size);
   shape.num_blocks = num_blocks;
   const at::Tensor any = model_->parameters().front();
