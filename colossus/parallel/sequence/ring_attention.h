@@ -37,15 +37,13 @@ struct RingAttentionOptions {
 // output for this rank's queries. Differentiable in q, k, v; every rank of
 // `group` must call it with the same options and shapes. half/bfloat16 inputs
 // are computed and accumulated in float.
-at::Tensor ring_attention(const at::Tensor &q, const at::Tensor &k,
-                          const at::Tensor &v, cluster::ProcessGroup &group,
+at::Tensor ring_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, cluster::ProcessGroup &group,
                           const RingAttentionOptions &options = {});
 
 // Plain single-process attention used as the reference and by sp == 1 paths:
 // q: (B, H, T, D), k, v: (B, H_kv, T, D) -> (B, H, T, D); keys at positions >=
 // seq_len (if seq_len >= 0) are masked. Differentiable (ordinary autograd).
-at::Tensor reference_attention(const at::Tensor &q, const at::Tensor &k,
-                               const at::Tensor &v, bool causal,
+at::Tensor reference_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, bool causal,
                                double scale = 0.0, int64_t seq_len = -1);
 
-} // namespace colossus::parallel::sequence
+}  // namespace colossus::parallel::sequence

@@ -23,16 +23,16 @@ at::Tensor head_to_sequence(const at::Tensor &x, cluster::ProcessGroup &group);
 
 struct UlyssesOptions {
   bool causal = true;
-  double scale = 0.0;   // 0: 1/sqrt(head_dim)
-  int64_t seq_len = -1; // true global length; later positions are padding (keys
-                        // masked). -1: no padding.
+  double scale = 0.0;    // 0: 1/sqrt(head_dim)
+  int64_t seq_len = -1;  // true global length; later positions are padding (keys
+                         // masked). -1: no padding.
 };
 
 // q: (B, H, T_local, D), k, v: (B, H_kv, T_local, D), contiguous sequence
-// shards (SequenceLayout::Contiguous) -> (B, H, T_local, D). H and H_kv must
-// both divide by sp (ConfigError otherwise); H % H_kv == 0 (GQA).
-at::Tensor ulysses_attention(const at::Tensor &q, const at::Tensor &k,
-                             const at::Tensor &v, cluster::ProcessGroup &group,
-                             const UlyssesOptions &options = {});
+// shards (SequenceLayout::Contiguous) -> (B, H, T_local, D). H must divide by
+// sp (ConfigError otherwise); H % H_kv == 0 (GQA); when H_kv does not divide
+// by sp, kv heads are replicated to H before the all-to-all.
+at::Tensor ulysses_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                             cluster::ProcessGroup &group, const UlyssesOptions &options = {});
 
-} // namespace colossus::parallel::sequence
+}  // namespace colossus::parallel::sequence

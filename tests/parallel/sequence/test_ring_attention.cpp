@@ -17,8 +17,7 @@ namespace ps = colossus::parallel::sequence;
 
 namespace {
 
-at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed,
-                  at::ScalarType dtype) {
+at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed, at::ScalarType dtype) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return at::randn(shape, gen, at::kDouble).to(dtype);
 }
@@ -32,10 +31,8 @@ struct Case {
 };
 
 std::string describe(const Case &c) {
-  return fmt::format("causal={} T={} H={} H_kv={} dtype={} layout={}", c.causal,
-                     c.seq_len, c.heads, c.kv_heads, c10::toString(c.dtype),
-                     c.layout == ps::SequenceLayout::ZigZag ? "zigzag"
-                                                            : "contiguous");
+  return fmt::format("causal={} T={} H={} H_kv={} dtype={} layout={}", c.causal, c.seq_len, c.heads, c.kv_heads,
+                     c10::toString(c.dtype), c.layout == ps::SequenceLayout::ZigZag ? "zigzag" : "contiguous");
 }
 
 // Runs one case on the world group and compares output and grads.
@@ -49,46 +46,35 @@ void check_case(const Case &c) {
   at::Tensor g = seeded({b, c.heads, c.seq_len, d}, 4, c.dtype);
 
   // Reference in fp64 on the full sequence.
-  auto q_ref = q.to(at::kDouble).requires_grad_(true),
-       k_ref = k.to(at::kDouble).requires_grad_(true),
+  auto q_ref = q.to(at::kDouble).requires_grad_(true), k_ref = k.to(at::kDouble).requires_grad_(true),
        v_ref = v.to(at::kDouble).requires_grad_(true);
   at::Tensor out_ref = ps::reference_attention(q_ref, k_ref, v_ref, c.causal);
   (out_ref * g.to(at::kDouble)).sum().backward();
 
-  auto shard = [&](const at::Tensor &x) {
-    return ps::shard_sequence(x, 2, sp, rank, c.layout);
-  };
-  auto q_loc = shard(q).detach().requires_grad_(true),
-       k_loc = shard(k).detach().requires_grad_(true),
+  auto shard = [&](const at::Tensor &x) { return ps::shard_sequence(x, 2, sp, rank, c.layout); };
+  auto q_loc = shard(q).detach().requires_grad_(true), k_loc = shard(k).detach().requires_grad_(true),
        v_loc = shard(v).detach().requires_grad_(true);
-  at::Tensor out_loc = ps::ring_attention(
-      q_loc, k_loc, v_loc, *world,
-      {.causal = c.causal, .seq_len = c.seq_len, .layout = c.layout});
+  at::Tensor out_loc =
+      ps::ring_attention(q_loc, k_loc, v_loc, *world, {.causal = c.causal, .seq_len = c.seq_len, .layout = c.layout});
   ASSERT_EQ(out_loc.sizes(), q_loc.sizes()) << what;
   ASSERT_EQ(out_loc.scalar_type(), c.dtype) << what;
   (out_loc * shard(g)).sum().backward();
 
   auto unshard = [&](const at::Tensor &x) {
-    return ps::unshard_sequence(x, 2, c.seq_len, *world, c.layout)
-        .to(at::kDouble);
+    return ps::unshard_sequence(x, 2, c.seq_len, *world, c.layout).to(at::kDouble);
   };
-  EXPECT_LE(ct::max_rel_diff(unshard(out_loc), out_ref), c.tol)
-      << "out " << what;
-  EXPECT_LE(ct::max_rel_diff(unshard(q_loc.grad()), q_ref.grad()), c.tol)
-      << "dq " << what;
-  EXPECT_LE(ct::max_rel_diff(unshard(k_loc.grad()), k_ref.grad()), c.tol)
-      << "dk " << what;
-  EXPECT_LE(ct::max_rel_diff(unshard(v_loc.grad()), v_ref.grad()), c.tol)
-      << "dv " << what;
+  EXPECT_LE(ct::max_rel_diff(unshard(out_loc), out_ref), c.tol) << "out " << what;
+  EXPECT_LE(ct::max_rel_diff(unshard(q_loc.grad()), q_ref.grad()), c.tol) << "dq " << what;
+  EXPECT_LE(ct::max_rel_diff(unshard(k_loc.grad()), k_ref.grad()), c.tol) << "dk " << what;
+  EXPECT_LE(ct::max_rel_diff(unshard(v_loc.grad()), v_ref.grad()), c.tol) << "dv " << what;
 }
 
-} // namespace
+}  // namespace
 
 TEST(SequenceLayout, ShardUnshardRoundTrip) {
   auto world = ct::world();
   const int64_t sp = world->size(), rank = world->rank();
-  for (auto layout :
-       {ps::SequenceLayout::ZigZag, ps::SequenceLayout::Contiguous}) {
+  for (auto layout : {ps::SequenceLayout::ZigZag, ps::SequenceLayout::Contiguous}) {
     for (int64_t t : {16, 13, 1}) {
       at::Tensor x = at::arange(2 * t * 3, at::kFloat).view({2, t, 3});
       at::Tensor local = ps::shard_sequence(x, 1, sp, rank, layout);
@@ -111,14 +97,11 @@ TEST(SequenceLayout, ShardUnshardRoundTrip) {
 }
 
 TEST(RingAttention, ReferenceMatchesSdpa) {
-  at::Tensor q = seeded({2, 4, 11, 8}, 1, at::kDouble),
-             k = seeded({2, 4, 11, 8}, 2, at::kDouble),
+  at::Tensor q = seeded({2, 4, 11, 8}, 1, at::kDouble), k = seeded({2, 4, 11, 8}, 2, at::kDouble),
              v = seeded({2, 4, 11, 8}, 3, at::kDouble);
   for (bool causal : {false, true}) {
-    at::Tensor want =
-        at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
-    EXPECT_LE(ct::max_rel_diff(ps::reference_attention(q, k, v, causal), want),
-              1e-12);
+    at::Tensor want = at::scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+    EXPECT_LE(ct::max_rel_diff(ps::reference_attention(q, k, v, causal), want), 1e-12);
   }
 }
 
@@ -126,21 +109,16 @@ TEST(RingAttention, MatchesFullAttentionFp64) {
   for (bool causal : {true, false})
     for (int64_t t : {16, 13, 37})
       for (auto [h, hkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {6, 1}})
-        check_case({causal, t, h, hkv, at::kDouble, ps::SequenceLayout::ZigZag,
-                    1e-10});
+        check_case({causal, t, h, hkv, at::kDouble, ps::SequenceLayout::ZigZag, 1e-10});
 }
 
 TEST(RingAttention, MatchesFullAttentionContiguousLayout) {
   for (bool causal : {true, false})
-    for (int64_t t : {16, 13})
-      check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous,
-                  1e-10});
+    for (int64_t t : {16, 13}) check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous, 1e-10});
 }
 
 TEST(RingAttention, MatchesFullAttentionFp32) {
-  for (bool causal : {true, false})
-    check_case(
-        {causal, 29, 4, 2, at::kFloat, ps::SequenceLayout::ZigZag, 1e-5});
+  for (bool causal : {true, false}) check_case({causal, 29, 4, 2, at::kFloat, ps::SequenceLayout::ZigZag, 1e-5});
 }
 
 TEST(RingAttention, Bf16RunsInFloatAccumulation) {
@@ -154,22 +132,18 @@ TEST(RingAttention, RefusesBadConfigs) {
   const int64_t sp = world->size();
   at::Tensor odd = at::zeros({1, 2, 3, 4});
   EXPECT_THROW(ps::ring_attention(odd, odd, odd, *world),
-               ConfigError); // zig-zag needs 2 chunks per rank
+               ConfigError);  // zig-zag needs 2 chunks per rank
   try {
     ps::ring_attention(odd, odd, odd, *world);
   } catch (const ConfigError &e) {
-    EXPECT_NE(std::string(e.what()).find(fmt::format("sp={}", sp)),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(fmt::format("sp={}", sp)), std::string::npos) << e.what();
   }
   at::Tensor q = at::zeros({1, 3, 4, 4}), kv = at::zeros({1, 2, 4, 4});
   EXPECT_THROW(ps::ring_attention(q, kv, kv, *world),
-               ConfigError); // 3 heads over 2 kv heads
+               ConfigError);  // 3 heads over 2 kv heads
   at::Tensor x = at::zeros({1, 2, 4, 4});
-  EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.inner_ring_size = sp + 1}),
-               ConfigError);
-  EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.seq_len = 4 * sp + 1}),
-               ConfigError);
+  EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.inner_ring_size = sp + 1}), ConfigError);
+  EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.seq_len = 4 * sp + 1}), ConfigError);
 }
 
 int main(int argc, char **argv) { return ct::run_all_tests(argc, argv); }
