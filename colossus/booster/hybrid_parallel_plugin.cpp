@@ -25,11 +25,25 @@ void HybridParallelPluginOptions::validate() const {
                     "pp_size = 1 (tensor x data parallel)",
                     pp_size));
   }
-  if (sp_size != 1 || enable_sequence_parallelism || !sequence_parallelism_mode.empty()) {
+  if (sp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.sp_size = {} must be >= 1", sp_size));
+  if (!enable_sequence_parallelism && (sp_size != 1 || !sequence_parallelism_mode.empty())) {
     throw ConfigError(
-        fmt::format("hybrid_parallel: sequence parallelism (sp_size = {}, enable_sequence_parallelism "
-                    "= {}, mode '{}') has not landed yet; use sp_size = 1 without a mode",
-                    sp_size, enable_sequence_parallelism, sequence_parallelism_mode));
+        fmt::format("hybrid_parallel: sequence parallelism (sp_size = {}, sequence_parallelism_mode = '{}') needs "
+                    "enable_sequence_parallelism = true and mode 'ring_attn' or 'all_to_all'; or use sp_size = 1 "
+                    "without a mode",
+                    sp_size, sequence_parallelism_mode));
+  }
+  if (enable_sequence_parallelism) {
+    const auto& mode = sequence_parallelism_mode;
+    if (mode == "split_gather" || mode == "ring") {
+      throw ConfigError(fmt::format(
+          "hybrid_parallel.sequence_parallelism_mode = '{}' has not landed yet; use 'ring_attn' or 'all_to_all'",
+          mode));
+    }
+    if (mode != "ring_attn" && mode != "all_to_all") {
+      throw ConfigError(fmt::format(
+          "hybrid_parallel.sequence_parallelism_mode = '{}' is unknown; use 'ring_attn' or 'all_to_all'", mode));
+    }
   }
   if (zero_stage != 0) {
     throw ConfigError(
@@ -56,19 +70,42 @@ void HybridParallelPluginOptions::validate() const {
 }
 
 HybridParallelModel::HybridParallelModel(std::shared_ptr<models::CausalLM> model, parallel::plan::ShardedModel sharded,
-                                         cluster::ProcessGroupPtr dp_group, bool parallel_output, double bucket_cap_mb)
-    : model_(std::move(model)), sharded_(std::move(sharded)), parallel_output_(parallel_output) {
+                                         cluster::ProcessGroupPtr grad_group, bool parallel_output,
+                                         double bucket_cap_mb, cluster::ProcessGroupPtr sp_group,
+                                         parallel::sequence::SequenceParallelMode sp_mode)
+    : model_(std::move(model)),
+      sharded_(std::move(sharded)),
+      parallel_output_(parallel_output),
+      sp_group_(std::move(sp_group)),
+      sp_mode_(sp_mode) {
   GradReducer::NamedParams named;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
-  reducer_ = std::make_unique<GradReducer>(std::move(named), std::move(dp_group),
+  reducer_ = std::make_unique<GradReducer>(std::move(named), std::move(grad_group),
                                            GradReducerOptions{.bucket_cap_mb = bucket_cap_mb});
 }
 
 at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
   models::CausalLM& m = *model_;
-  at::Tensor hidden = m.embed(input_ids);
-  const models::BlockContext context = m.block_context(hidden);
-  hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
+  at::Tensor hidden;
+  if (sp_group_) {
+    // This rank's sequence shard at its global positions; every block's
+    // attention core runs as ring/Ulysses attention over the sp group.
+    namespace ps = parallel::sequence;
+    models::check_input_ids(input_ids);
+    const auto layout = ps::layout_of(sp_mode_);
+    const int64_t seq_len = input_ids.size(1);
+    at::Tensor local_ids = ps::shard_sequence(input_ids, 1, sp_group_->size(), sp_group_->rank(), layout);
+    at::Tensor positions = ps::local_position_tensor(seq_len, *sp_group_, layout, input_ids.device());
+    hidden = m.embed_at(local_ids, positions, seq_len);
+    models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
+    ps::SequenceParallelAttention attention(*sp_group_, sp_mode_, seq_len);
+    context.attention = &attention;
+    hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
+  } else {
+    hidden = m.embed(input_ids);
+    const models::BlockContext context = m.block_context(hidden);
+    hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
+  }
   // A tied head reads the embedding's vocab shard; the model's own head would
   // skip the copy-to-region its backward needs, so the wrapper computes it.
   at::Tensor logits = sharded_.tied_head
@@ -80,6 +117,12 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
 
 at::Tensor HybridParallelModel::loss(const at::Tensor& logits, const at::Tensor& labels,
                                      std::optional<int64_t> num_items) {
+  if (sp_group_) {
+    const bool vocab_parallel = sharded_.vocab_parallel_logits && parallel_output_;
+    return parallel::sequence::sequence_parallel_causal_lm_loss(
+        logits, labels, *sp_group_, parallel::sequence::layout_of(sp_mode_), vocab_parallel ? &sharded_.vocab : nullptr,
+        vocab_parallel ? sharded_.tp_group.get() : nullptr, num_items);
+  }
   if (sharded_.vocab_parallel_logits && parallel_output_) {
     return parallel::tensor::vocab_parallel_causal_lm_loss(logits, labels, sharded_.vocab, *sharded_.tp_group,
                                                            num_items);
@@ -91,13 +134,18 @@ HybridParallelPlugin::HybridParallelPlugin(HybridParallelPluginOptions options, 
     : options_(std::move(options)) {
   options_.validate();
   if (!world) world = cluster::current_cluster().world;
-  if (world->size() % options_.tp_size != 0) {
-    throw ConfigError(fmt::format("hybrid_parallel.tp_size = {} does not divide the {} ranks; use a divisor of {}",
-                                  options_.tp_size, world->size(), world->size()));
+  const int tp_sp = options_.tp_size * options_.sp_size;
+  if (world->size() % tp_sp != 0) {
+    throw ConfigError(
+        fmt::format("hybrid_parallel: tp_size = {} x sp_size = {} does not divide the {} ranks; use sizes whose "
+                    "product divides {}",
+                    options_.tp_size, options_.sp_size, world->size(), world->size()));
   }
-  const int dp = world->size() / options_.tp_size;
+  const int dp = world->size() / tp_sp;
   cluster::MeshAxes axes = options_.dp_outside ? cluster::MeshAxes{{"dp", dp}, {"tp", options_.tp_size}}
                                                : cluster::MeshAxes{{"tp", options_.tp_size}, {"dp", dp}};
+  // sp sits between dp and tp; only when used, so sp_size = 1 keeps the tp x dp mesh as it was.
+  if (options_.sp_size > 1) axes.insert(axes.begin() + 1, {"sp", options_.sp_size});
   mesh_ = std::make_unique<cluster::ProcessGroupMesh>(std::move(world), std::move(axes));
 }
 
@@ -132,8 +180,15 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       if (at::isFloatingType(b.scalar_type())) b.set_data(b.detach().to(dtype));
     }
   }
-  auto wrapped = std::make_shared<HybridParallelModel>(std::move(model), std::move(sharded), dp_group(),
-                                                       options_.parallel_output, options_.bucket_cap_mb);
+  // Sequence shards hold the same parameters and each sees part of the
+  // tokens: gradients are averaged over dp x sp (the loss scales its share by sp).
+  const auto sp_mode = options_.sequence_parallelism_mode == "all_to_all"
+                           ? parallel::sequence::SequenceParallelMode::AllToAll
+                           : parallel::sequence::SequenceParallelMode::RingAttention;
+  auto grad_group = options_.sp_size > 1 ? mesh_->group({"dp", "sp"}) : dp_group();
+  auto wrapped = std::make_shared<HybridParallelModel>(std::move(model), std::move(sharded), std::move(grad_group),
+                                                       options_.parallel_output, options_.bucket_cap_mb, sp_group(),
+                                                       sp_mode);
   model_ = wrapped.get();
   return wrapped;
 }

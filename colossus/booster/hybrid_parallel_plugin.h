@@ -3,14 +3,17 @@
 // The model is sharded by a plan (the model's own, or custom_policy), gradients
 // are averaged over dp while backward runs (GradReducer), the loss is the
 // vocab-parallel cross-entropy, and checkpoints are full Hugging Face
-// directories (gathered over tp, padding trimmed). Pipeline and sequence
-// parallelism and ZeRO stages are refused until they land.
+// directories (gathered over tp, padding trimmed). Sequence parallelism
+// (ring_attn, all_to_all) shards each sequence over an sp axis of the mesh
+// (dp, sp, tp); pipeline parallelism, the split_gather/ring SP modes and ZeRO
+// stages are refused until they land.
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
 #include "colossus/booster/plugin.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/parallel/plan/sharder.h"
+#include "colossus/parallel/sequence/sp_model.h"
 
 #include <memory>
 #include <optional>
@@ -26,9 +29,14 @@ namespace colossus::booster {
 struct HybridParallelPluginOptions {
   int tp_size = 1;
   int pp_size = 1;                           // only 1 for now
-  int sp_size = 1;                           // only 1 for now
-  bool enable_sequence_parallelism = false;  // refused for now
-  std::string sequence_parallelism_mode;     // refused for now (split_gather, ring, all_to_all...)
+  // Sequence parallelism: with enable_sequence_parallelism, mode "ring_attn"
+  // (ring attention, zig-zag shards) or "all_to_all" (Ulysses; heads / tp
+  // must divide by sp) over sp_size ranks of their own mesh axis. forward()
+  // then returns this rank's sequence shard of the logits and loss() takes
+  // the full labels. "split_gather" and "ring" are refused for now.
+  int sp_size = 1;
+  bool enable_sequence_parallelism = false;
+  std::string sequence_parallelism_mode;
   int zero_stage = 0;                        // only 0 for now
   std::string precision = "fp32";            // fp32 | bf16 | fp16 (fp32 masters, loss scaling)
   double max_norm = 0.0;                     // > 0: clip to this global norm (counted once per element)
@@ -48,11 +56,18 @@ struct HybridParallelPluginOptions {
 // The wrapped model HybridParallelPlugin returns.
 class HybridParallelModel : public ModelWrapper {
  public:
+  // grad_group: the ranks gradients are averaged over (dp, or dp x sp);
+  // sp_group: null, or the sequence-parallel group with its mode.
   HybridParallelModel(std::shared_ptr<models::CausalLM> model, parallel::plan::ShardedModel sharded,
-                      cluster::ProcessGroupPtr dp_group, bool parallel_output, double bucket_cap_mb);
+                      cluster::ProcessGroupPtr grad_group, bool parallel_output, double bucket_cap_mb,
+                      cluster::ProcessGroupPtr sp_group = nullptr,
+                      parallel::sequence::SequenceParallelMode sp_mode =
+                          parallel::sequence::SequenceParallelMode::RingAttention);
   // input_ids: (B, T) int64 -> logits (B, T, V_padded/tp) with parallel_output, else (B, T, V).
+  // With sequence parallelism: (B, T_local, ...), this rank's shard (layout.h).
   at::Tensor forward(const at::Tensor& input_ids) override;
   // logits from forward, labels (B, T) -> scalar: vocab-parallel when the logits are.
+  // With sequence parallelism labels are the full (B, T) on every sp rank.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
                   std::optional<int64_t> num_items = std::nullopt) override;
   models::CausalLM& unwrap() override { return *model_; }
@@ -67,6 +82,8 @@ class HybridParallelModel : public ModelWrapper {
   parallel::plan::ShardedModel sharded_;
   bool parallel_output_;
   std::unique_ptr<GradReducer> reducer_;
+  cluster::ProcessGroupPtr sp_group_;
+  parallel::sequence::SequenceParallelMode sp_mode_;
 };
 
 class HybridParallelPlugin : public Plugin {
@@ -80,6 +97,8 @@ class HybridParallelPlugin : public Plugin {
   bool control_precision() const override { return true; }
   cluster::ProcessGroupPtr dp_group() const override { return mesh_->group("dp"); }
   cluster::ProcessGroupPtr tp_group() const { return mesh_->group("tp"); }
+  // The sequence-parallel group; null unless sp_size > 1.
+  cluster::ProcessGroupPtr sp_group() const { return options_.sp_size > 1 ? mesh_->group("sp") : nullptr; }
   const cluster::ProcessGroupMesh& mesh() const { return *mesh_; }
   const HybridParallelPluginOptions& options() const { return options_; }
 

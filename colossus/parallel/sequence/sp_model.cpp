@@ -1,0 +1,87 @@
+#include "colossus/parallel/sequence/sp_model.h"
+
+#include "colossus/parallel/sequence/ring_attention.h"
+#include "colossus/parallel/sequence/ulysses.h"
+
+#include <ATen/core/Reduction.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+namespace colossus::parallel::sequence {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Forward: all-reduce (sum) over the sp group. Backward: the gradient times
+// sp (see sequence_parallel_causal_lm_loss).
+struct SumOverSequence : torch::autograd::Function<SumOverSequence> {
+  static at::Tensor forward(AutogradContext *ctx, const at::Tensor &x, cluster::ProcessGroup *group) {
+    ctx->saved_data["sp"] = static_cast<int64_t>(group->size());
+    at::Tensor out = x.contiguous().clone();
+    group->all_reduce(out).wait();
+    return out;
+  }
+  static variable_list backward(AutogradContext *ctx, variable_list grads) {
+    return {grads[0] * static_cast<double>(ctx->saved_data["sp"].toInt()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+SequenceLayout layout_of(SequenceParallelMode mode) {
+  return mode == SequenceParallelMode::RingAttention ? SequenceLayout::ZigZag : SequenceLayout::Contiguous;
+}
+
+at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor &q, const at::Tensor &k,
+                                             const at::Tensor &v, double scale) {
+  if (mode_ == SequenceParallelMode::RingAttention) {
+    return ring_attention(q, k, v, group_,
+                          {.causal = true, .scale = scale, .seq_len = seq_len_, .layout = SequenceLayout::ZigZag});
+  }
+  return ulysses_attention(q, k, v, group_, {.causal = true, .scale = scale, .seq_len = seq_len_});
+}
+
+at::Tensor local_position_tensor(int64_t seq_len, cluster::ProcessGroup &group, SequenceLayout layout,
+                                 c10::Device device) {
+  const int64_t sp = group.size();
+  std::vector<int64_t> pos = local_positions(padded_length(seq_len, sp, layout) / sp, sp, group.rank(), layout);
+  for (int64_t &p : pos) p = std::min(p, seq_len - 1);
+  return at::tensor(pos, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+at::Tensor sequence_parallel_causal_lm_loss(const at::Tensor &local_logits, const at::Tensor &labels,
+                                            cluster::ProcessGroup &sp_group, SequenceLayout layout,
+                                            const tensor::VocabShard *vocab, cluster::ProcessGroup *tp_group,
+                                            std::optional<int64_t> num_items) {
+  const int64_t b = labels.size(0), t = labels.size(1);
+  // Shift on the full labels, then shard them like the tokens; padding is
+  // ignored.
+  at::Tensor targets = at::cat({labels.narrow(1, 1, t - 1), at::full({b, 1}, -100, labels.options())}, 1);
+  at::Tensor local_targets = shard_sequence(targets, 1, sp_group.size(), sp_group.rank(), layout);
+  if (local_targets.size(1) * sp_group.size() != t) {
+    // shard_sequence pads with 0: mark padded targets ignored.
+    std::vector<int64_t> pos = local_positions(local_targets.size(1), sp_group.size(), sp_group.rank(), layout);
+    at::Tensor is_pad = at::tensor(pos, at::TensorOptions().dtype(at::kLong)).to(labels.device()) >= t;
+    local_targets = local_targets.masked_fill(is_pad.unsqueeze(0), -100);
+  }
+  at::Tensor flat_logits = local_logits.reshape({-1, local_logits.size(-1)});
+  at::Tensor flat_targets = local_targets.reshape({-1});
+  at::Tensor per_token =
+      vocab != nullptr
+          ? tensor::vocab_parallel_cross_entropy(flat_logits, flat_targets, *vocab, *tp_group)
+          : at::cross_entropy_loss(flat_logits.to(at::kFloat), flat_targets, {}, at::Reduction::None, -100);
+  at::Tensor denom = num_items ? at::full({}, static_cast<double>(*num_items), per_token.options())
+                               : (targets != -100).sum().to(per_token.scalar_type());
+  at::Tensor local = per_token.sum() / denom;
+  if (sp_group.size() == 1) return local;
+  return SumOverSequence::apply(local, &sp_group);
+}
+
+}  // namespace colossus::parallel::sequence

@@ -1,0 +1,58 @@
+// What a model needs to train with its sequence sharded over an sp group
+// (modes ring_attn and all_to_all): the attention hook that routes every
+// block's attention core through ring or Ulysses attention, the global
+// positions of the local tokens, and the causal-LM loss over a sequence shard.
+#pragma once
+#include "colossus/cluster/process_group.h"
+#include "colossus/models/causal_lm.h"
+#include "colossus/parallel/sequence/layout.h"
+#include "colossus/parallel/tensor/cross_entropy.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace colossus::parallel::sequence {
+
+enum class SequenceParallelMode { RingAttention, AllToAll };
+
+// ring_attn shards zig-zag (causal balance), all_to_all contiguously.
+SequenceLayout layout_of(SequenceParallelMode mode);
+
+// Routes BlockContext::attention through ring/Ulysses attention, causal, over
+// `group`, for a sequence of seq_len real tokens (the rest is padding).
+class SequenceParallelAttention : public models::AttentionHook {
+ public:
+  SequenceParallelAttention(cluster::ProcessGroup &group, SequenceParallelMode mode, int64_t seq_len)
+      : group_(group), mode_(mode), seq_len_(seq_len) {}
+  // q: (B, heads, T_local, D), k/v: (B, kv_heads, T_local, D) -> (B, heads,
+  // T_local, D).
+  at::Tensor attend(int64_t layer, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                    double scale) override;
+
+ private:
+  cluster::ProcessGroup &group_;
+  SequenceParallelMode mode_;
+  int64_t seq_len_;
+};
+
+// Global positions of this rank's local tokens as a (T_local) int64 tensor on
+// `device`; padding positions are clamped to seq_len - 1 (their outputs never
+// reach a real token, and the embedding's position table need not grow).
+at::Tensor local_position_tensor(int64_t seq_len, cluster::ProcessGroup &group, SequenceLayout layout,
+                                 c10::Device device);
+
+// The causal-LM loss (HF's: position t predicts token t+1, -100 ignored, mean
+// over counted tokens or sum / num_items) when each sp rank holds a sequence
+// shard of the logits. local_logits: (B, T_local, V_local) with `vocab` and
+// tp_group (vocab-parallel) or (B, T_local, V) with tp_group null; labels:
+// the full (B, T) on every sp rank -> scalar fp32, the full loss on every rank.
+// Backward: this rank's share, scaled by sp, because gradient reduction
+// averages over the dp x sp ranks while the sequence shards' shares must add.
+at::Tensor sequence_parallel_causal_lm_loss(const at::Tensor &local_logits, const at::Tensor &labels,
+                                            cluster::ProcessGroup &sp_group, SequenceLayout layout,
+                                            const tensor::VocabShard *vocab, cluster::ProcessGroup *tp_group,
+                                            std::optional<int64_t> num_items = std::nullopt);
+
+}  // namespace colossus::parallel::sequence
