@@ -1,0 +1,507 @@
+// `colossus serve` end to end: the real binary on a loopback port with a tiny
+// GPT-2 saved as a Hugging Face directory (byte tokenizer, a chat template),
+// exercised with curl, httplib's client (concurrent load, a client that hangs
+// up mid-stream) and the `openai` Python package. Every generated text is
+// checked against full-recompute greedy decoding of the same weights.
+#include "colossus/data/corpus.h"
+#include "colossus/data/tokenizer.h"
+#include "colossus/inference/generate.h"
+#include "colossus/inference/serving/chat_template.h"
+#include "colossus/models/pretrained.h"
+#include "tests/inference/serving/server_process.h"
+#include "tests/inference/support.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace colossus::inference {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::ServerProcess;
+
+constexpr int64_t kMaxInputLen = 64;
+constexpr int64_t kMaxOutputLen = 400;
+constexpr const char* kTemplate =
+    "{% if messages[0]['role'] == 'tool' %}{{ raise_exception('tool messages come after a call') }}{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}";
+
+struct HttpResult {
+  int status = 0;
+  std::string body;
+  json parsed() const { return json::parse(body); }
+};
+
+// POST/GET through curl; body files are unique so threads may call it.
+HttpResult curl(const std::string& url, const std::optional<std::string>& body = std::nullopt) {
+  static std::atomic<int> counter{0};
+  const int n = counter++;
+  const fs::path out = testing::scratch_dir() / fmt::format("curl_out_{}", n);
+  std::string command = fmt::format("curl -s -S -o '{}' -w '%{{http_code}}' ", out.string());
+  if (body) {
+    const fs::path in = testing::scratch_dir() / fmt::format("curl_in_{}", n);
+    std::ofstream(in) << *body;
+    command += fmt::format("-H 'Content-Type: application/json' --data-binary '@{}' ", in.string());
+  }
+  const auto result = testing::run_command(command + "'" + url + "'");
+  std::ifstream in(out);
+  std::stringstream text;
+  text << in.rdbuf();
+  return {std::atoi(result.output.c_str()), text.str()};
+}
+
+// The data: events of an SSE body, in order ("[DONE]" included as a string).
+std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> events;
+  std::istringstream lines(body);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("data: ", 0) == 0) events.push_back(line.substr(6));
+  }
+  return events;
+}
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(testing::scratch_dir() / "tiny");
+    model_ = new std::shared_ptr<models::CausalLM>(testing::tiny_gpt2(/*vocab=*/257, /*n_positions=*/512));
+    models::save_pretrained(**model_, dir_->string());
+    data::save_byte_tokenizer(dir_->string());
+    std::ofstream(*dir_ / "chat_template.jinja") << kTemplate;
+    tokenizer_ = data::load_tokenizer(dir_->string()).release();
+    server_ = new ServerProcess(dir_->string(),
+                                {"--served_model_name", "tiny", "--max_batch_size", "4", "--max_input_len",
+                                 std::to_string(kMaxInputLen), "--max_output_len", std::to_string(kMaxOutputLen),
+                                 "--block_size", "8", "--threads", "24"},
+                                testing::scratch_dir() / "serve.log");
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete tokenizer_;
+    delete model_;
+    delete dir_;
+  }
+
+  static std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) {
+    const auto ids = tokenizer_->encode(text, add_special_tokens);
+    return {ids.begin(), ids.end()};
+  }
+  // Full-recompute greedy decoding (stopping at eos), as text; `completion_tokens` gets the count.
+  static std::string greedy(const std::vector<int64_t>& ids, int64_t max_new, int64_t* completion_tokens = nullptr) {
+    GenerateOptions options{.max_new_tokens = max_new, .sampling = {.do_sample = false}, .eos_id = tokenizer_->eos_id()};
+    const auto all = generate(**model_, ids, options);
+    const std::vector<int32_t> generated(all.begin() + static_cast<int64_t>(ids.size()), all.end());
+    if (completion_tokens) *completion_tokens = static_cast<int64_t>(generated.size());
+    return tokenizer_->decode(generated, /*skip_special_tokens=*/true);
+  }
+  static std::vector<int64_t> chat_ids(const nlohmann::ordered_json& messages) {
+    const serving::ChatTemplate chat(kTemplate);
+    return encode(chat.apply(messages, /*add_generation_prompt=*/true), /*add_special_tokens=*/false);
+  }
+  static HttpResult post(const std::string& path, const json& body) { return curl(server_->url() + path, body.dump()); }
+
+  static std::map<std::string, double> metrics() {
+    const HttpResult res = curl(server_->url() + "/metrics");
+    EXPECT_EQ(res.status, 200);
+    std::map<std::string, double> values;
+    const std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.eE+-]+|NaN|[+-]Inf)$)");
+    std::istringstream lines(res.body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      std::smatch match;
+      EXPECT_TRUE(std::regex_match(line, match, sample)) << "not a Prometheus sample line: " << line;
+      if (!match.empty()) values[match[1].str() + match[2].str()] = std::stod(match[3]);
+    }
+    return values;
+  }
+  static double metric(const std::map<std::string, double>& values, const std::string& name,
+                       const std::string& labels = "{model=\"tiny\"}") {
+    auto it = values.find(name + labels);
+    EXPECT_NE(it, values.end()) << name << labels << " missing from /metrics";
+    return it == values.end() ? -1 : it->second;
+  }
+  // Polls /metrics until nothing is queued, running or holding KV blocks.
+  static bool wait_idle(double timeout_s = 15) {
+    const auto start = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < timeout_s) {
+      const auto m = metrics();
+      if (metric(m, "colossus_requests_running") == 0 && metric(m, "colossus_requests_waiting") == 0 &&
+          metric(m, "colossus_kv_blocks_used") == 0) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  static fs::path* dir_;
+  static std::shared_ptr<models::CausalLM>* model_;
+  static data::Tokenizer* tokenizer_;
+  static ServerProcess* server_;
+};
+
+fs::path* Serve::dir_ = nullptr;
+std::shared_ptr<models::CausalLM>* Serve::model_ = nullptr;
+data::Tokenizer* Serve::tokenizer_ = nullptr;
+ServerProcess* Serve::server_ = nullptr;
+
+TEST_F(Serve, CompletionsEqualFullRecomputeGreedyWithUsage) {
+  int64_t completion_tokens = 0;
+  const std::string expected = greedy(encode("Hello"), 20, &completion_tokens);
+  const HttpResult res = post("/v1/completions", {{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(res.status, 200) << res.body;
+  const json body = res.parsed();
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "tiny");
+  EXPECT_EQ(body["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(body["choices"].size(), 1u);
+  EXPECT_EQ(body["choices"][0]["text"], expected);
+  EXPECT_EQ(body["choices"][0]["finish_reason"], completion_tokens == 20 ? "length" : "stop");
+  EXPECT_EQ(body["usage"]["prompt_tokens"], encode("Hello").size());
+  EXPECT_EQ(body["usage"]["completion_tokens"], completion_tokens);
+  EXPECT_EQ(body["usage"]["total_tokens"], completion_tokens + static_cast<int64_t>(encode("Hello").size()));
+
+  // Token ids, and a list of prompts (one choice each, in order).
+  const std::vector<int64_t> ids{72, 105, 33, 32, 87};
+  const HttpResult by_ids = post("/v1/completions", {{"model", "tiny"}, {"prompt", ids}, {"max_tokens", 9}, {"temperature", 0}});
+  ASSERT_EQ(by_ids.status, 200) << by_ids.body;
+  EXPECT_EQ(by_ids.parsed()["choices"][0]["text"], greedy(ids, 9));
+  const HttpResult list = post("/v1/completions", {{"model", "tiny"}, {"prompt", {"The cat", "A much longer prompt here"}},
+                                                   {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(list.status, 200) << list.body;
+  ASSERT_EQ(list.parsed()["choices"].size(), 2u);
+  EXPECT_EQ(list.parsed()["choices"][0]["index"], 0);
+  EXPECT_EQ(list.parsed()["choices"][0]["text"], greedy(encode("The cat"), 12));
+  EXPECT_EQ(list.parsed()["choices"][1]["text"], greedy(encode("A much longer prompt here"), 12));
+}
+
+TEST_F(Serve, StreamingSseChunksConcatenateToTheGreedyText) {
+  const std::string expected = greedy(encode("Stream me"), 30);
+  const HttpResult res = post("/v1/completions", {{"model", "tiny"}, {"prompt", "Stream me"}, {"max_tokens", 30},
+                                                  {"temperature", 0}, {"stream", true}});
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto events = sse_data(res.body);
+  ASSERT_GE(events.size(), 3u) << res.body;
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::string text;
+  int finishes = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json chunk = json::parse(events[i]);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) {
+      ++finishes;
+      EXPECT_EQ(i + 2, events.size()) << "finish_reason before the last chunk";
+    }
+  }
+  EXPECT_EQ(finishes, 1);
+  EXPECT_EQ(text, expected);
+  EXPECT_GE(events.size(), 4u) << "the text should arrive in several chunks";
+
+  // Chat: role first, then content, a final empty delta with finish_reason, usage, [DONE].
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "Hi there"}}};
+  const std::string chat_expected = greedy(chat_ids(messages), 25);
+  const HttpResult chat = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", json::parse(messages.dump())},
+                                                        {"max_tokens", 25}, {"temperature", 0}, {"stream", true},
+                                                        {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const auto chat_events = sse_data(chat.body);
+  ASSERT_GE(chat_events.size(), 4u);
+  EXPECT_EQ(chat_events.back(), "[DONE]");
+  const json first = json::parse(chat_events.front());
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  const json usage = json::parse(chat_events[chat_events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], chat_ids(messages).size());
+  const json last = json::parse(chat_events[chat_events.size() - 3]);
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_FALSE(last["choices"][0]["finish_reason"].is_null());
+  std::string content;
+  for (size_t i = 1; i + 3 < chat_events.size(); ++i) {
+    const json chunk = json::parse(chat_events[i]);
+    EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+    content += chunk["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(content, chat_expected);
+}
+
+TEST_F(Serve, ChatCompletionsGoThroughTheModelsTemplate) {
+  const nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "Be brief."}},
+                                           {{"role", "user"}, {"content", "What is 2+2?"}}};
+  int64_t completion_tokens = 0;
+  const std::string expected = greedy(chat_ids(messages), 16, &completion_tokens);
+  const HttpResult res = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", json::parse(messages.dump())},
+                                                       {"max_tokens", 16}, {"temperature", 0}});
+  ASSERT_EQ(res.status, 200) << res.body;
+  const json body = res.parsed();
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], expected);
+  EXPECT_EQ(body["usage"]["prompt_tokens"], chat_ids(messages).size());
+  EXPECT_EQ(body["usage"]["completion_tokens"], completion_tokens);
+
+  // The template's raise_exception is the client's error.
+  const HttpResult raised = post("/v1/chat/completions",
+                                 {{"model", "tiny"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}, {"max_tokens", 4}});
+  EXPECT_EQ(raised.status, 400) << raised.body;
+  EXPECT_NE(raised.body.find("tool messages come after a call"), std::string::npos) << raised.body;
+}
+
+TEST_F(Serve, StopStringsCutTheText) {
+  // A stop string taken from the greedy text itself: the reply ends before its first occurrence.
+  for (const std::string prompt : {"Stop here", "Another one", "Third try", "xyz"}) {
+    const std::string full = greedy(encode(prompt), 40);
+    std::string stop;
+    for (size_t i = 3; i < full.size() && stop.empty(); ++i) {
+      if (std::isalnum(static_cast<unsigned char>(full[i]))) stop = full.substr(i, 1);
+    }
+    if (stop.empty()) continue;
+    const HttpResult res = post("/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 40},
+                                                    {"temperature", 0}, {"stop", {stop, "never-there"}}});
+    ASSERT_EQ(res.status, 200) << res.body;
+    EXPECT_EQ(res.parsed()["choices"][0]["text"], full.substr(0, full.find(stop))) << "stop " << stop;
+    EXPECT_EQ(res.parsed()["choices"][0]["finish_reason"], "stop");
+    return;
+  }
+  GTEST_SKIP() << "no greedy text with an ASCII letter to stop at";
+}
+
+TEST_F(Serve, BadRequestsGetOpenAiJsonErrorsNamingTheProblem) {
+  struct Case {
+    std::string path;
+    std::string body;
+    int status;
+    std::string param;  // "" = null
+    std::string says;
+  };
+  const std::string long_prompt(kMaxInputLen + 10, 'a');
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{\"model\": \"tiny\", \"prompt\": ", 400, "", "not valid JSON"},
+      {"/v1/completions", "[1, 2]", 400, "", "JSON object"},
+      {"/v1/completions", R"({"model": "tiny"})", 400, "prompt", "'prompt' is required"},
+      {"/v1/completions", R"({"prompt": "x"})", 400, "model", "'model' is required"},
+      {"/v1/completions", R"({"model": "gpt-9", "prompt": "x"})", 404, "model", "'gpt-9' does not exist"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": -5})", 400, "max_tokens", "at least 1"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 0})", 400, "max_tokens", "at least 1"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": 100000})", 400, "max_tokens", "max_output_len"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "max_tokens": "many"})", 400, "max_tokens", "an integer"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "temperature": "hot"})", 400, "temperature", "a number"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": 42})", 400, "prompt", "a string"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": [1, 99999]})", 400, "", "outside the vocabulary"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "n": 2})", 400, "n", "n = 2"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "stop": 5})", 400, "stop", "a string or a list"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "top_p": 0})", 400, "", "top_p"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": -1})", 400, "max_tokens", "at least 1"},
+      {"/v1/completions", fmt::format(R"({{"model": "tiny", "prompt": "{}"}})", long_prompt), 400, "prompt", "max_input_len"},
+      {"/v1/chat/completions", R"({"model": "tiny"})", 400, "messages", "'messages' is required"},
+      {"/v1/chat/completions", R"({"model": "tiny", "messages": []})", 400, "messages", "empty"},
+      {"/v1/chat/completions", R"({"model": "tiny", "messages": [{"content": "x"}]})", 400, "messages", "'role'"},
+      {"/v1/nothing", "{}", 404, "", "no route"},
+  };
+  for (const Case& c : cases) {
+    const HttpResult res = curl(server_->url() + c.path, c.body);
+    EXPECT_EQ(res.status, c.status) << c.body << " -> " << res.body;
+    json body;
+    ASSERT_NO_THROW(body = res.parsed()) << res.body;
+    ASSERT_TRUE(body.contains("error")) << res.body;
+    const json& error = body["error"];
+    EXPECT_NE(error["message"].get<std::string>().find(c.says), std::string::npos) << c.body << " -> " << res.body;
+    EXPECT_TRUE(error["type"].is_string()) << res.body;
+    EXPECT_TRUE(error.contains("code")) << res.body;
+    if (c.param.empty()) EXPECT_TRUE(error["param"].is_null()) << res.body;
+    else EXPECT_EQ(error["param"], c.param) << res.body;
+  }
+  const HttpResult too_long = curl(server_->url() + "/v1/completions", cases[16].body);
+  EXPECT_EQ(too_long.parsed()["error"]["code"], "context_length_exceeded");
+  EXPECT_EQ(curl(server_->url() + "/v1/completions", cases[4].body).parsed()["error"]["code"], "model_not_found");
+}
+
+TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
+  const HttpResult health = curl(server_->url() + "/health");
+  EXPECT_EQ(health.status, 200);
+  const HttpResult models = curl(server_->url() + "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.parsed()["object"], "list");
+  ASSERT_EQ(models.parsed()["data"].size(), 1u);
+  EXPECT_EQ(models.parsed()["data"][0]["id"], "tiny");
+
+  const auto before = metrics();
+  ASSERT_EQ(post("/v1/completions", {{"model", "tiny"}, {"prompt", "count me"}, {"max_tokens", 5}, {"temperature", 0},
+                                     {"ignore_eos", true}})
+                .status,
+            200);
+  const auto after = metrics();
+  EXPECT_GT(metric(after, "colossus_kv_blocks_total"), 0);
+  EXPECT_EQ(metric(after, "colossus_kv_block_size_tokens"), 8);
+  EXPECT_EQ(metric(after, "colossus_generation_tokens_total") - metric(before, "colossus_generation_tokens_total"), 5);
+  EXPECT_GT(metric(after, "colossus_prompt_tokens_total"), 0);
+  EXPECT_GE(metric(after, "colossus_generation_tokens_per_second"), 0);
+  for (const char* name : {"colossus_preemptions_total", "colossus_prefix_cache_hits_total",
+                           "colossus_prefix_cache_queries_total", "colossus_requests_waiting", "colossus_requests_running",
+                           "colossus_kv_blocks_used", "colossus_engine_steps_total"}) {
+    EXPECT_GE(metric(after, name), 0) << name;
+  }
+  const std::string length = "{model=\"tiny\",finish_reason=\"length\"}";
+  EXPECT_EQ(metric(after, "colossus_requests_finished_total", length) -
+                metric(before, "colossus_requests_finished_total", length),
+            1);
+  EXPECT_GE(metric(after, "colossus_http_requests_total", "{endpoint=\"/v1/completions\",status=\"200\"}"), 1);
+}
+
+// What a load-test request asks and what must come back.
+struct LoadCase {
+  bool chat = false;
+  bool stream = false;
+  std::string prompt;
+  int64_t max_tokens = 0;
+  std::string expected;
+};
+
+// One request through httplib's client; returns the generated text (streams parsed from SSE).
+std::string run_case(httplib::Client& client, const LoadCase& c, std::string& error) {
+  json body = {{"model", "tiny"}, {"max_tokens", c.max_tokens}, {"temperature", 0}, {"stream", c.stream}};
+  if (c.chat) body["messages"] = {{{"role", "user"}, {"content", c.prompt}}};
+  else body["prompt"] = c.prompt;
+  const auto res = client.Post(c.chat ? "/v1/chat/completions" : "/v1/completions", body.dump(), "application/json");
+  if (!res || res->status != 200) {
+    error = res ? res->body : httplib::to_string(res.error());
+    return {};
+  }
+  if (!c.stream) {
+    const json parsed = json::parse(res->body);
+    return c.chat ? parsed["choices"][0]["message"]["content"].get<std::string>()
+                  : parsed["choices"][0]["text"].get<std::string>();
+  }
+  std::string text;
+  const auto events = sse_data(res->body);
+  if (events.empty() || events.back() != "[DONE]") error = "no [DONE]: " + res->body;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json chunk = json::parse(events[i]);
+    const json& choice = chunk["choices"][0];
+    if (c.chat) text += choice["delta"].value("content", "");
+    else text += choice["text"].get<std::string>();
+  }
+  return text;
+}
+
+TEST_F(Serve, ConcurrentLoadEveryResponseMatchesGreedy) {
+  // 32 requests from 8 threads: mixed prompt and output lengths, completions
+  // and chat, a third of them streamed; the server batches at most 4.
+  const std::vector<std::string> prompts = {"a", "Hello world", "The quick brown fox jumps", "0123456789 0123456789 0123",
+                                            "Why?", "A longer prompt that takes several KV blocks of eight tokens"};
+  std::vector<LoadCase> cases;
+  for (int i = 0; i < 32; ++i) {
+    const bool chat = i % 4 == 3;
+    const std::string& prompt = prompts[static_cast<size_t>(i) % prompts.size()];
+    // Chat prompts stay short: the template adds tokens and max_input_len is 64.
+    LoadCase c{.chat = chat, .stream = i % 3 == 0, .prompt = chat ? prompt.substr(0, 30) : prompt,
+               .max_tokens = 4 + (i * 7) % 45};
+    c.expected = c.chat ? greedy(chat_ids({{{"role", "user"}, {"content", c.prompt}}}), c.max_tokens)
+                        : greedy(encode(c.prompt), c.max_tokens);
+    cases.push_back(std::move(c));
+  }
+  const double generated_before = metric(metrics(), "colossus_generation_tokens_total");
+  std::vector<std::string> got(cases.size()), errors(cases.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      httplib::Client client("127.0.0.1", server_->port());
+      client.set_read_timeout(60);
+      for (size_t i = next++; i < cases.size(); i = next++) got[i] = run_case(client, cases[i], errors[i]);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(errors[i], "") << "request " << i;
+    EXPECT_EQ(got[i], cases[i].expected) << "request " << i << " (" << (cases[i].chat ? "chat" : "completion")
+                                         << (cases[i].stream ? ", stream" : "") << ", max_tokens " << cases[i].max_tokens
+                                         << ", prompt '" << cases[i].prompt << "')";
+  }
+  EXPECT_TRUE(wait_idle());
+  EXPECT_GT(metric(metrics(), "colossus_generation_tokens_total"), generated_before);
+}
+
+TEST_F(Serve, ClientThatHangsUpMidStreamIsAbortedAndItsBlocksFreed) {
+  ASSERT_TRUE(wait_idle());
+  const std::string abort_labels = "{model=\"tiny\",finish_reason=\"abort\"}";
+  const double aborts_before = metric(metrics(), "colossus_requests_finished_total", abort_labels);
+
+  httplib::Client client("127.0.0.1", server_->port());
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.set_header("Content-Type", "application/json");
+  req.body = json{{"model", "tiny"}, {"prompt", "Go on and on"}, {"max_tokens", kMaxOutputLen},
+                  {"temperature", 0}, {"ignore_eos", true}, {"stream", true}}
+                 .dump();
+  int chunks = 0;
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };  // then hang up
+  const auto res = client.send(req);
+  EXPECT_EQ(chunks, 3);
+  EXPECT_FALSE(res);  // cancelled by us
+
+  EXPECT_TRUE(wait_idle()) << "the aborted request still holds blocks";
+  const auto after = metrics();
+  EXPECT_EQ(metric(after, "colossus_requests_finished_total", abort_labels) - aborts_before, 1);
+  EXPECT_EQ(metric(after, "colossus_kv_blocks_used"), 0);
+  // The server still serves.
+  EXPECT_EQ(post("/v1/completions", {{"model", "tiny"}, {"prompt", "still here"}, {"max_tokens", 3}}).status, 200);
+}
+
+TEST_F(Serve, TheOpenAiPythonClientGetsTheGreedyTexts) {
+  json cases = {{"completions", json::array()}, {"chat", json::array()}};
+  for (const auto& [prompt, max_tokens] : std::vector<std::pair<std::string, int64_t>>{{"Hello", 12}, {"Once upon a time", 30}}) {
+    int64_t completion_tokens = 0;
+    const std::string expected = greedy(encode(prompt), max_tokens, &completion_tokens);
+    cases["completions"].push_back({{"prompt", prompt},
+                                    {"max_tokens", max_tokens},
+                                    {"expected", expected},
+                                    {"prompt_tokens", encode(prompt).size()},
+                                    {"completion_tokens", completion_tokens}});
+  }
+  const nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "You are a test."}},
+                                           {{"role", "user"}, {"content", "Say something"}}};
+  cases["chat"].push_back({{"messages", json::parse(messages.dump())}, {"max_tokens", 20},
+                           {"expected", greedy(chat_ids(messages), 20)}});
+  const fs::path cases_file = testing::scratch_dir() / "openai_cases.json";
+  std::ofstream(cases_file) << cases.dump(-1, ' ', false, json::error_handler_t::replace);
+  const auto result = testing::run_command(fmt::format("'{}' '{}' '{}/v1' tiny '{}' 2>&1", COLOSSUS_PYTHON,
+                                                       COLOSSUS_OPENAI_CLIENT, server_->url(), cases_file.string()));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("ok"), std::string::npos) << result.output;
+}
+
+TEST_F(Serve, SigtermShutsDownGracefully) {
+  ServerProcess second(dir_->string(), {"--served_model_name", "tiny", "--quiet"},
+                       testing::scratch_dir() / "serve_sigterm.log");
+  httplib::Client client("127.0.0.1", second.port());
+  const auto res = client.Post("/v1/completions", R"({"model": "tiny", "prompt": "bye", "max_tokens": 4})",
+                               "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(second.stop(SIGTERM), 0) << second.log();
+  EXPECT_NE(second.log().find("SIGTERM: shutting down"), std::string::npos) << second.log();
+  EXPECT_NE(second.log().find("stopped"), std::string::npos) << second.log();
+
+  ServerProcess third(dir_->string(), {"--quiet"}, testing::scratch_dir() / "serve_sigint.log");
+  EXPECT_EQ(third.stop(SIGINT), 0) << third.log();
+}
+
+}  // namespace
+}  // namespace colossus::inference
