@@ -224,7 +224,83 @@ json llama_to_json(const LlamaConfig& c) {
   return j;
 }
 
+MixtralConfig mixtral_from_json(const json& j) {
+  MixtralConfig c = MixtralConfig::defaults();
+  // LLaMA's keys; a key absent from the file keeps Mixtral's default.
+  const LlamaConfig base = llama_from_json(j);
+  const MixtralConfig d = c;
+  static_cast<LlamaConfig&>(c) = base;
+  const bool has_rope_theta = j.contains("rope_theta") || (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
+                                                           j["rope_parameters"].contains("rope_theta"));
+  if (!j.contains("intermediate_size")) c.intermediate_size = d.intermediate_size;
+  if (!j.contains("vocab_size")) c.vocab_size = d.vocab_size;
+  if (!j.contains("hidden_size")) c.hidden_size = d.hidden_size;
+  if (!j.contains("num_key_value_heads")) c.num_key_value_heads = d.num_key_value_heads;
+  if (!j.contains("max_position_embeddings")) c.max_position_embeddings = d.max_position_embeddings;
+  if (!j.contains("rms_norm_eps")) c.rms_norm_eps = d.rms_norm_eps;
+  if (!has_rope_theta) c.rope_theta = d.rope_theta;
+  read(j, "num_local_experts", c.num_local_experts);
+  read(j, "num_experts_per_tok", c.num_experts_per_tok);
+  read(j, "router_aux_loss_coef", c.router_aux_loss_coef);
+  read(j, "router_jitter_noise", c.router_jitter_noise);
+  read(j, "output_router_logits", c.output_router_logits);
+  read(j, "sliding_window", c.sliding_window);
+  read(j, "router_z_loss_coef", c.router_z_loss_coef);
+  read(j, "capacity_factor", c.capacity_factor);
+  for (const char* key : {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "router_jitter_noise",
+                          "output_router_logits", "sliding_window", "router_z_loss_coef", "capacity_factor"}) {
+    c.extra.erase(key);
+  }
+  return c;
+}
+
+json mixtral_to_json(const MixtralConfig& c) {
+  json j = llama_to_json(c);
+  j["model_type"] = "mixtral";
+  j["architectures"] = {"MixtralForCausalLM"};
+  j.erase("attention_bias");
+  j.erase("mlp_bias");
+  j["num_local_experts"] = c.num_local_experts;
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  j["router_jitter_noise"] = c.router_jitter_noise;
+  j["output_router_logits"] = c.output_router_logits;
+  j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+  if (c.router_z_loss_coef != 0.0) j["router_z_loss_coef"] = c.router_z_loss_coef;
+  if (c.capacity_factor) j["capacity_factor"] = *c.capacity_factor;
+  return j;
+}
+
 }  // namespace
+
+MixtralConfig MixtralConfig::defaults() {
+  MixtralConfig c;
+  c.intermediate_size = 14336;
+  c.num_key_value_heads = 8;
+  c.max_position_embeddings = 4096 * 32;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 1e6;
+  return c;
+}
+
+void MixtralConfig::validate() const {
+  LlamaConfig::validate();
+  if (attention_bias || mlp_bias) throw ConfigError("MixtralConfig: attention_bias and mlp_bias must be false (Mixtral has no biases)");
+  check_positive("MixtralConfig.num_local_experts", num_local_experts);
+  if (num_experts_per_tok < 1 || num_experts_per_tok > num_local_experts) {
+    throw ConfigError(fmt::format("MixtralConfig.num_experts_per_tok (top-k) is {} but must be in [1, num_local_experts={}]",
+                                  num_experts_per_tok, num_local_experts));
+  }
+  if (!(router_aux_loss_coef >= 0)) throw ConfigError(fmt::format("MixtralConfig.router_aux_loss_coef is {} but must be >= 0", router_aux_loss_coef));
+  if (!(router_z_loss_coef >= 0)) throw ConfigError(fmt::format("MixtralConfig.router_z_loss_coef is {} but must be >= 0", router_z_loss_coef));
+  check_probability("MixtralConfig.router_jitter_noise", router_jitter_noise);
+  if (sliding_window) {
+    throw ConfigError(fmt::format("MixtralConfig.sliding_window is {}; only null (full causal attention) is supported", *sliding_window));
+  }
+  if (capacity_factor && !(*capacity_factor > 0)) {
+    throw ConfigError(fmt::format("MixtralConfig.capacity_factor is {} but must be > 0 (or unset for dropless routing)", *capacity_factor));
+  }
+}
 
 void GPT2Config::validate() const {
   check_positive("GPT2Config.vocab_size", vocab_size);
@@ -294,7 +370,8 @@ void LlamaConfig::validate() const {
 }
 
 std::string model_type(const ModelConfig& config) {
-  return std::holds_alternative<GPT2Config>(config) ? "gpt2" : "llama";
+  if (std::holds_alternative<GPT2Config>(config)) return "gpt2";
+  return std::holds_alternative<MixtralConfig>(config) ? "mixtral" : "llama";
 }
 
 int64_t vocab_size(const ModelConfig& config) {
@@ -303,11 +380,13 @@ int64_t vocab_size(const ModelConfig& config) {
 
 int64_t hidden_size(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_embd;
+  if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->hidden_size;
   return std::get<LlamaConfig>(config).hidden_size;
 }
 
 int64_t num_layers(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_layer;
+  if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->num_hidden_layers;
   return std::get<LlamaConfig>(config).num_hidden_layers;
 }
 
@@ -330,8 +409,10 @@ ModelConfig config_from_json(const std::string& json_text) {
     config = gpt2_from_json(j);
   } else if (type == "llama") {
     config = llama_from_json(j);
+  } else if (type == "mixtral") {
+    config = mixtral_from_json(j);
   } else {
-    throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: gpt2, llama", type));
+    throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: gpt2, llama, mixtral", type));
   }
   validate(config);
   return config;
@@ -340,7 +421,9 @@ ModelConfig config_from_json(const std::string& json_text) {
 std::string config_to_json(const ModelConfig& config) {
   json j = std::visit(
       [](const auto& c) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(c)>, GPT2Config>) return gpt2_to_json(c);
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, GPT2Config>) return gpt2_to_json(c);
+        else if constexpr (std::is_same_v<C, MixtralConfig>) return mixtral_to_json(c);
         else return llama_to_json(c);
       },
       config);
@@ -394,11 +477,24 @@ ModelConfig preset(std::string_view name) {
                        .num_key_value_heads = 2,
                        .max_position_embeddings = 128};
   }
+  if (name == "mixtral-tiny") {
+    MixtralConfig c = MixtralConfig::defaults();
+    c.vocab_size = 128;
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 128;
+    c.num_local_experts = 4;
+    c.num_experts_per_tok = 2;
+    return c;
+  }
   throw ConfigError(fmt::format("unknown model preset \"{}\"; known: {}", name, fmt::join(preset_names(), ", ")));
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "llama-1b-like", "llama-tiny"};
+  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "llama-1b-like", "llama-tiny", "mixtral-tiny"};
 }
 
 }  // namespace colossus::models

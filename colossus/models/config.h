@@ -78,9 +78,29 @@ struct LlamaConfig {
   void validate() const;
 };
 
-using ModelConfig = std::variant<GPT2Config, LlamaConfig>;
+// Mixtral (HF MixtralConfig): LLaMA's attention, norms and RoPE (the base
+// fields, read and written under the same config.json keys) with a sparse
+// mixture-of-experts FFN per block. intermediate_size is each expert's width.
+// router_z_loss_coef and capacity_factor are Colossus extensions (config.json
+// keys of the same names, which transformers keeps and ignores).
+struct MixtralConfig : LlamaConfig {
+  int64_t num_local_experts = 8;
+  int64_t num_experts_per_tok = 2;
+  double router_aux_loss_coef = 0.001;
+  double router_jitter_noise = 0.0;
+  bool output_router_logits = false;  // as HF: adds router_aux_loss_coef * aux loss to the loss
+  std::optional<int64_t> sliding_window{};  // unset: full causal attention (only unset is supported)
+  double router_z_loss_coef = 0.0;          // ST-MoE z-loss, added to the loss when > 0
+  std::optional<double> capacity_factor{};  // unset: dropless; else each expert keeps ceil(cf * N * k / E) tokens
 
-// HF's "model_type": "gpt2" or "llama".
+  // Mixtral's defaults where they differ from LLaMA's (HF MixtralConfig).
+  static MixtralConfig defaults();
+  void validate() const;
+};
+
+using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
+
+// HF's "model_type": "gpt2", "llama" or "mixtral".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
@@ -98,7 +118,7 @@ std::string config_to_json(const ModelConfig& config);
 ModelConfig read_config(const std::string& path);
 void write_config(const ModelConfig& config, const std::string& path);
 
-// gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny.
+// gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny, mixtral-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

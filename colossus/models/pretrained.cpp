@@ -3,6 +3,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/models/gpt2.h"
 #include "colossus/models/llama.h"
+#include "colossus/models/mixtral.h"
 
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
@@ -21,6 +22,8 @@ std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOp
   std::shared_ptr<CausalLM> model;
   if (const auto* gpt2 = std::get_if<GPT2Config>(&config)) {
     model = std::make_shared<GPT2LMHeadModel>(*gpt2, tensor_options);
+  } else if (const auto* mixtral = std::get_if<MixtralConfig>(&config)) {
+    model = std::make_shared<MixtralForCausalLM>(*mixtral, tensor_options);
   } else {
     model = std::make_shared<LlamaForCausalLM>(std::get<LlamaConfig>(config), tensor_options);
   }

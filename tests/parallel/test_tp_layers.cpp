@@ -179,7 +179,7 @@ TEST(TensorParallelLayers, ShardedModelsMatchUnsharded) {
     const std::string name = models::model_type(config) + " kv=" +
                              std::to_string(std::visit(
                                  [](const auto& c) {
-                                   if constexpr (std::is_same_v<std::decay_t<decltype(c)>, models::LlamaConfig>)
+                                   if constexpr (std::is_base_of_v<models::LlamaConfig, std::decay_t<decltype(c)>>)
                                      return c.kv_heads();
                                    else
                                      return c.n_head;
