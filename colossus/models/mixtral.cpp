@@ -8,19 +8,12 @@
 
 namespace colossus::models {
 
-MixtralDecoderLayer::MixtralDecoderLayer(const MixtralConfig &config,
-                                         const at::TensorOptions &options)
+MixtralDecoderLayer::MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options)
     : TransformerBlock("MixtralDecoderLayer") {
-  self_attn_ = register_module(
-      "self_attn", std::make_shared<LlamaAttention>(config, options));
-  moe_ = register_module("block_sparse_moe",
-                         std::make_shared<SparseMoeBlock>(config, options));
-  add_layer("input_layernorm",
-            std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps,
-                                      options));
-  add_layer("post_attention_layernorm",
-            std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps,
-                                      options));
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options));
+  moe_ = register_module("block_sparse_moe", std::make_shared<SparseMoeBlock>(config, options));
+  add_layer("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
+  add_layer("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
 }
 
 void MixtralDecoderLayer::replace_moe(std::shared_ptr<SparseMoeBlock> moe) {
@@ -29,94 +22,70 @@ void MixtralDecoderLayer::replace_moe(std::shared_ptr<SparseMoeBlock> moe) {
   moe_ = std::move(moe);
 }
 
-at::Tensor MixtralDecoderLayer::forward(const at::Tensor &hidden,
-                                        const BlockContext &context) {
-  TORCH_CHECK(context.rope_cos.defined(),
-              "MixtralDecoderLayer needs RoPE cos/sin in its BlockContext");
-  at::Tensor h =
-      hidden +
-      self_attn_->forward(layer("input_layernorm").forward(hidden), context);
+at::Tensor MixtralDecoderLayer::forward(const at::Tensor& hidden, const BlockContext& context) {
+  TORCH_CHECK(context.rope_cos.defined(), "MixtralDecoderLayer needs RoPE cos/sin in its BlockContext");
+  at::Tensor h = hidden + self_attn_->forward(layer("input_layernorm").forward(hidden), context);
   return h + moe_->forward(layer("post_attention_layernorm").forward(h));
 }
 
-MixtralForCausalLM::MixtralForCausalLM(const MixtralConfig &config,
-                                       const at::TensorOptions &options)
+MixtralForCausalLM::MixtralForCausalLM(const MixtralConfig& config, const at::TensorOptions& options)
     : CausalLM("MixtralForCausalLM", config), rope_(rope_spec(config)) {
   config.validate();
   model_ = register_module("model", std::make_shared<Backbone>("MixtralModel"));
-  model_->add_layer("embed_tokens", std::make_shared<Embedding>(
-                                        config.vocab_size, config.hidden_size,
-                                        config.pad_token_id, options));
-  auto layers = model_->register_module(
-      "layers", std::make_shared<torch::nn::Module>("BlockList"));
+  model_->add_layer("embed_tokens",
+                    std::make_shared<Embedding>(config.vocab_size, config.hidden_size, config.pad_token_id, options));
+  auto layers = model_->register_module("layers", std::make_shared<torch::nn::Module>("BlockList"));
   std::vector<std::shared_ptr<TransformerBlock>> blocks;
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
     blocks.push_back(std::make_shared<MixtralDecoderLayer>(config, options));
   set_blocks(layers, std::move(blocks));
-  model_->add_layer("norm",
-                    std::make_shared<RMSNorm>(config.hidden_size,
-                                              config.rms_norm_eps, options));
+  model_->add_layer("norm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
   if (!config.tie_word_embeddings) {
-    add_layer("lm_head",
-              std::make_shared<Linear>(config.hidden_size, config.vocab_size,
-                                       false, options));
+    add_layer("lm_head", std::make_shared<Linear>(config.hidden_size, config.vocab_size, false, options));
   }
 }
 
-at::Tensor MixtralForCausalLM::embed(const at::Tensor &input_ids) {
+at::Tensor MixtralForCausalLM::embed(const at::Tensor& input_ids) {
   check_input_ids(input_ids);
   return embedding().forward(input_ids);
 }
 
-BlockContext MixtralForCausalLM::block_context(const at::Tensor &hidden) const {
+BlockContext MixtralForCausalLM::block_context(const at::Tensor& hidden) const {
   auto [cos, sin] = rope_cos_sin(rope_, hidden.size(1), hidden.options());
   return BlockContext{.rope_cos = cos, .rope_sin = sin};
 }
 
-at::Tensor MixtralForCausalLM::embed_at(const at::Tensor &input_ids,
-                                        const at::Tensor &, int64_t) {
+at::Tensor MixtralForCausalLM::embed_at(const at::Tensor& input_ids, const at::Tensor&, int64_t) {
   return embed(input_ids);
 }
 
-BlockContext
-MixtralForCausalLM::block_context_at(const at::Tensor &hidden,
-                                     const at::Tensor &positions,
-                                     int64_t position_limit) const {
+BlockContext MixtralForCausalLM::block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
+                                                  int64_t position_limit) const {
   auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
-  return BlockContext{.rope_cos = cos.index_select(0, positions),
-                      .rope_sin = sin.index_select(0, positions)};
+  return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
 }
 
-at::Tensor MixtralForCausalLM::final_norm(const at::Tensor &hidden) {
-  return norm().forward(hidden);
-}
+at::Tensor MixtralForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }
 
-at::Tensor MixtralForCausalLM::head(const at::Tensor &hidden) {
-  if (Layer *projection = lm_head())
-    return projection->forward(hidden);
+at::Tensor MixtralForCausalLM::head(const at::Tensor& hidden) {
+  if (Layer* projection = lm_head()) return projection->forward(hidden);
   return at::linear(hidden, embedding().weight);
 }
 
-Embedding &MixtralForCausalLM::embedding() const {
-  return model_->layer_as<Embedding>("embed_tokens");
-}
-Layer &MixtralForCausalLM::norm() const { return model_->layer("norm"); }
-Layer *MixtralForCausalLM::lm_head() const {
-  return has_layer("lm_head") ? &layer("lm_head") : nullptr;
-}
+Embedding& MixtralForCausalLM::embedding() const { return model_->layer_as<Embedding>("embed_tokens"); }
+Layer& MixtralForCausalLM::norm() const { return model_->layer("norm"); }
+Layer* MixtralForCausalLM::lm_head() const { return has_layer("lm_head") ? &layer("lm_head") : nullptr; }
 
-std::vector<SparseMoeBlock *> MixtralForCausalLM::moe_blocks() const {
-  std::vector<SparseMoeBlock *> out;
-  for (const auto &block : blocks()) {
+std::vector<SparseMoeBlock*> MixtralForCausalLM::moe_blocks() const {
+  std::vector<SparseMoeBlock*> out;
+  for (const auto& block : blocks()) {
     // A wrapper block (ZeRO-3, checkpointing) adopts the layer's children, so
     // look the MoE block up by name.
     auto children = block->named_children();
-    auto *moe =
-        children.contains("block_sparse_moe")
-            ? dynamic_cast<SparseMoeBlock *>(children["block_sparse_moe"].get())
-            : nullptr;
-    TORCH_CHECK(moe != nullptr,
-                "MixtralForCausalLM: a block has no block_sparse_moe");
+    auto* moe = children.contains("block_sparse_moe")
+                    ? dynamic_cast<SparseMoeBlock*>(children["block_sparse_moe"].get())
+                    : nullptr;
+    TORCH_CHECK(moe != nullptr, "MixtralForCausalLM: a block has no block_sparse_moe");
     out.push_back(moe);
   }
   return out;
@@ -124,44 +93,36 @@ std::vector<SparseMoeBlock *> MixtralForCausalLM::moe_blocks() const {
 
 std::vector<at::Tensor> MixtralForCausalLM::router_logits() const {
   std::vector<at::Tensor> out;
-  for (SparseMoeBlock *moe : moe_blocks()) {
+  for (SparseMoeBlock* moe : moe_blocks()) {
     if (!moe->last_router_logits().defined())
-      throw ConfigError(
-          "MixtralForCausalLM: router logits are read before any forward");
+      throw ConfigError("MixtralForCausalLM: router logits are read before any forward");
     out.push_back(moe->last_router_logits());
   }
   return out;
 }
 
 at::Tensor MixtralForCausalLM::aux_loss() const {
-  const auto &c = mixtral_config();
-  return moe::load_balancing_loss(router_logits(), c.num_local_experts,
-                                  c.num_experts_per_tok);
+  const auto& c = mixtral_config();
+  return moe::load_balancing_loss(router_logits(), c.num_local_experts, c.num_experts_per_tok);
 }
 
 int64_t MixtralForCausalLM::dropped_tokens() const {
   int64_t total = 0;
-  for (SparseMoeBlock *moe : moe_blocks())
-    total += moe->last_dropped();
+  for (SparseMoeBlock* moe : moe_blocks()) total += moe->last_dropped();
   return total;
 }
 
-at::Tensor
-MixtralForCausalLM::moe_loss(const at::Tensor &logits, const at::Tensor &labels,
-                             std::optional<int64_t> num_items) const {
-  const auto &c = mixtral_config();
+at::Tensor MixtralForCausalLM::moe_loss(const at::Tensor& logits, const at::Tensor& labels,
+                                        std::optional<int64_t> num_items) const {
+  const auto& c = mixtral_config();
   at::Tensor loss = causal_lm_loss(logits, labels, num_items);
-  if (c.output_router_logits)
-    loss = loss + c.router_aux_loss_coef * aux_loss();
-  if (c.router_z_loss_coef > 0)
-    loss = loss + c.router_z_loss_coef * moe::router_z_loss(router_logits());
+  if (c.output_router_logits) loss = loss + c.router_aux_loss_coef * aux_loss();
+  if (c.router_z_loss_coef > 0) loss = loss + c.router_z_loss_coef * moe::router_z_loss(router_logits());
   return loss;
 }
 
-CausalLM::InitRule
-MixtralForCausalLM::init_rule(const std::string &name) const {
-  if (name.ends_with("norm.weight"))
-    return {Init::Ones};
+CausalLM::InitRule MixtralForCausalLM::init_rule(const std::string& name) const {
+  if (name.ends_with("norm.weight")) return {Init::Ones};
   return {Init::Normal, mixtral_config().initializer_range};
 }
 
@@ -172,4 +133,4 @@ void MixtralForCausalLM::after_init() {
   }
 }
 
-} // namespace colossus::models
+}  // namespace colossus::models

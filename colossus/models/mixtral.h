@@ -16,48 +16,41 @@
 namespace colossus::models {
 
 class MixtralDecoderLayer : public TransformerBlock {
-public:
-  MixtralDecoderLayer(const MixtralConfig &config,
-                      const at::TensorOptions &options);
+ public:
+  MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options);
   // hidden: (B, T, C) -> (B, T, C)
-  at::Tensor forward(const at::Tensor &hidden,
-                     const BlockContext &context) override;
+  at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
 
-  SparseMoeBlock &moe() const { return *moe_; }
+  SparseMoeBlock& moe() const { return *moe_; }
   // Installs another MoE block (e.g. expert-parallel) under the same name.
   void replace_moe(std::shared_ptr<SparseMoeBlock> moe);
 
-private:
+ private:
   std::shared_ptr<LlamaAttention> self_attn_;
   std::shared_ptr<SparseMoeBlock> moe_;
 };
 
 class MixtralForCausalLM : public CausalLM {
-public:
-  MixtralForCausalLM(const MixtralConfig &config,
-                     const at::TensorOptions &options);
+ public:
+  MixtralForCausalLM(const MixtralConfig& config, const at::TensorOptions& options);
 
-  const MixtralConfig &mixtral_config() const {
-    return std::get<MixtralConfig>(config());
-  }
+  const MixtralConfig& mixtral_config() const { return std::get<MixtralConfig>(config()); }
 
-  at::Tensor embed(const at::Tensor &input_ids) override;
-  BlockContext block_context(const at::Tensor &hidden) const override;
-  at::Tensor embed_at(const at::Tensor &input_ids, const at::Tensor &positions,
-                      int64_t position_limit) override;
-  BlockContext block_context_at(const at::Tensor &hidden,
-                                const at::Tensor &positions,
+  at::Tensor embed(const at::Tensor& input_ids) override;
+  BlockContext block_context(const at::Tensor& hidden) const override;
+  at::Tensor embed_at(const at::Tensor& input_ids, const at::Tensor& positions, int64_t position_limit) override;
+  BlockContext block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
                                 int64_t position_limit) const override;
-  at::Tensor final_norm(const at::Tensor &hidden) override;
-  at::Tensor head(const at::Tensor &hidden) override;
+  at::Tensor final_norm(const at::Tensor& hidden) override;
+  at::Tensor head(const at::Tensor& hidden) override;
 
-  Embedding &embedding() const override;
-  Layer &norm() const override;
-  Layer *lm_head() const override;
+  Embedding& embedding() const override;
+  Layer& norm() const override;
+  Layer* lm_head() const override;
   std::string blocks_path() const override { return "model.layers"; }
 
   // The MoE block of every decoder layer, in order.
-  std::vector<SparseMoeBlock *> moe_blocks() const;
+  std::vector<SparseMoeBlock*> moe_blocks() const;
   // Router logits (N, E) of each layer from the last forward.
   std::vector<at::Tensor> router_logits() const;
   // HF's aux_loss: load_balancing_loss over the last forward's router logits.
@@ -66,16 +59,16 @@ public:
   int64_t dropped_tokens() const;
   // HF's loss: causal-LM loss + router_aux_loss_coef * aux_loss when
   // output_router_logits, + router_z_loss_coef * z-loss when > 0.
-  at::Tensor moe_loss(const at::Tensor &logits, const at::Tensor &labels,
+  at::Tensor moe_loss(const at::Tensor& logits, const at::Tensor& labels,
                       std::optional<int64_t> num_items = std::nullopt) const;
 
-protected:
-  InitRule init_rule(const std::string &name) const override;
+ protected:
+  InitRule init_rule(const std::string& name) const override;
   void after_init() override;
 
-private:
+ private:
   RopeSpec rope_;
   std::shared_ptr<Backbone> model_;
 };
 
-} // namespace colossus::models
+}  // namespace colossus::models

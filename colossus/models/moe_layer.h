@@ -16,88 +16,82 @@
 namespace colossus::models::moe {
 
 struct Routing {
-  at::Tensor logits;  // (N, E) router logits in the input dtype
-  at::Tensor weights; // (N, k) fp32: softmax (fp32) probabilities of the top-k
-                      // experts, renormalised to sum 1
-  at::Tensor experts; // (N, k) int64 expert ids, in descending probability
+  at::Tensor logits;   // (N, E) router logits in the input dtype
+  at::Tensor weights;  // (N, k) fp32: softmax (fp32) probabilities of the top-k
+                       // experts, renormalised to sum 1
+  at::Tensor experts;  // (N, k) int64 expert ids, in descending probability
 };
 
 // HF's MixtralTopKRouter math. router_logits: (N, E).
-Routing route(const at::Tensor &router_logits, int64_t top_k);
+Routing route(const at::Tensor& router_logits, int64_t top_k);
 
 // HF's load_balancing_loss_func over the layers' router logits (each (N, E)):
 // E * sum_e (share of top-k assignments to e per token) * (mean router
 // probability of e).
-at::Tensor load_balancing_loss(const std::vector<at::Tensor> &router_logits,
-                               int64_t num_experts, int64_t top_k);
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t num_experts, int64_t top_k);
 // ST-MoE router z-loss: mean over tokens (all layers) of logsumexp(logits)^2,
 // fp32.
-at::Tensor router_z_loss(const std::vector<at::Tensor> &router_logits);
+at::Tensor router_z_loss(const std::vector<at::Tensor>& router_logits);
 
 // Tokens an expert keeps: ceil(capacity_factor * tokens * top_k / num_experts).
-int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k,
-                        int64_t num_experts);
+int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t num_experts);
 
 // The (token, slot) assignments sorted by expert (stable, so token order
 // inside each expert's segment). With a capacity, an expert keeps its first
 // `capacity` tokens in token order; the rest are dropped (they add nothing).
 struct DispatchPlan {
-  at::Tensor token_index;      // (M) int64: source token of each kept row, rows
-                               // grouped by expert
-  at::Tensor weight;           // (M) fp32 routing weight of each kept row
-  std::vector<int64_t> counts; // (E) kept rows per expert (host), sum = M
-  int64_t dropped = 0;         // assignments dropped by the capacity
+  at::Tensor token_index;       // (M) int64: source token of each kept row, rows
+                                // grouped by expert
+  at::Tensor weight;            // (M) fp32 routing weight of each kept row
+  std::vector<int64_t> counts;  // (E) kept rows per expert (host), sum = M
+  int64_t dropped = 0;          // assignments dropped by the capacity
 };
-DispatchPlan plan_dispatch(const Routing &routing, int64_t num_experts,
-                           std::optional<int64_t> capacity = std::nullopt);
+DispatchPlan plan_dispatch(const Routing& routing, int64_t num_experts, std::optional<int64_t> capacity = std::nullopt);
 
 // expert_out: (M, H) rows in plan order -> (tokens, H): sum over a token's
 // rows of weight * row, computed in fp32 and returned in expert_out's dtype.
-at::Tensor combine(const at::Tensor &expert_out, const DispatchPlan &plan,
-                   int64_t tokens);
+at::Tensor combine(const at::Tensor& expert_out, const DispatchPlan& plan, int64_t tokens);
 
-} // namespace colossus::models::moe
+}  // namespace colossus::models::moe
 
 namespace colossus::models {
 
 // One SwiGLU expert, HF names: w1 (gate, (I, H)), w3 (up, (I, H)), w2 (down,
 // (H, I)).
 class MixtralExpert : public LayerHost {
-public:
-  MixtralExpert(int64_t hidden_size, int64_t intermediate_size,
-                const at::TensorOptions &options);
+ public:
+  MixtralExpert(int64_t hidden_size, int64_t intermediate_size, const at::TensorOptions& options);
   // x: (n, H) -> (n, H): w2(silu(w1 x) * w3 x)
-  at::Tensor forward(const at::Tensor &x);
+  at::Tensor forward(const at::Tensor& x);
 };
 
 // HF's block_sparse_moe: gate (E, H) and experts.M.{w1,w2,w3}. A subclass
 // may hold only some experts (expert parallelism): they keep their global
 // index M in their names, and it overrides run_experts.
 class SparseMoeBlock : public LayerHost {
-public:
+ public:
   // Holds experts [first_expert, first_expert + local_experts); local_experts <
   // 0 means all.
-  SparseMoeBlock(const MixtralConfig &config, const at::TensorOptions &options,
-                 int64_t first_expert = 0, int64_t local_experts = -1);
+  SparseMoeBlock(const MixtralConfig& config, const at::TensorOptions& options, int64_t first_expert = 0,
+                 int64_t local_experts = -1);
 
   // hidden: (B, T, H) -> (B, T, H). Records the router logits (B*T, E) and
   // the dropped-assignment count of this call.
-  at::Tensor forward(const at::Tensor &hidden);
+  at::Tensor forward(const at::Tensor& hidden);
 
   // Every expert's segment through that expert. x_sorted: (M, H) rows grouped
   // by expert, counts: (E) rows per expert -> (M, H) in the same row order.
-  virtual at::Tensor run_experts(const at::Tensor &x_sorted,
-                                 const std::vector<int64_t> &counts);
+  virtual at::Tensor run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts);
 
-  MixtralExpert &expert(int64_t global_index) const;
+  MixtralExpert& expert(int64_t global_index) const;
   int64_t num_experts() const { return num_experts_; }
   int64_t top_k() const { return top_k_; }
   int64_t first_expert() const { return first_expert_; }
   int64_t local_experts() const { return local_experts_; }
-  const at::Tensor &last_router_logits() const { return last_router_logits_; }
+  const at::Tensor& last_router_logits() const { return last_router_logits_; }
   int64_t last_dropped() const { return last_dropped_; }
 
-private:
+ private:
   int64_t num_experts_, top_k_, first_expert_, local_experts_;
   double jitter_noise_;
   std::optional<double> capacity_factor_;
@@ -106,4 +100,4 @@ private:
   int64_t last_dropped_ = 0;
 };
 
-} // namespace colossus::models
+}  // namespace colossus::models

@@ -22,29 +22,25 @@ void validate_ep(int64_t num_experts, int64_t ep_size);
 // +input_splits[r]) go to group rank r -> (sum(output_splits), ...),
 // output_splits[r] rows from rank r. Autograd: the gradient goes back by the
 // all-to-all with the splits swapped.
-at::Tensor all_to_all_rows(const at::Tensor &input,
-                           const std::vector<int64_t> &output_splits,
-                           const std::vector<int64_t> &input_splits,
-                           cluster::ProcessGroup &group);
+at::Tensor all_to_all_rows(const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                           const std::vector<int64_t>& input_splits, cluster::ProcessGroup& group);
 
 class ExpertParallelMoeBlock : public models::SparseMoeBlock {
-public:
+ public:
   // Parameters uninitialised; copy them with load_from (or a checkpoint).
-  ExpertParallelMoeBlock(const models::MixtralConfig &config,
-                         const at::TensorOptions &options,
+  ExpertParallelMoeBlock(const models::MixtralConfig& config, const at::TensorOptions& options,
                          cluster::ProcessGroupPtr ep_group);
 
   // Copies the gate and this rank's experts from a full (unsharded) block.
-  void load_from(const models::SparseMoeBlock &full);
+  void load_from(const models::SparseMoeBlock& full);
 
   // x_sorted: (M, H) rows grouped by global expert, counts (E) -> (M, H).
-  at::Tensor run_experts(const at::Tensor &x_sorted,
-                         const std::vector<int64_t> &counts) override;
+  at::Tensor run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts) override;
 
-  cluster::ProcessGroup &ep_group() const { return *group_; }
+  cluster::ProcessGroup& ep_group() const { return *group_; }
 
-private:
+ private:
   cluster::ProcessGroupPtr group_;
 };
 
-} // namespace colossus::moe
+}  // namespace colossus::moe

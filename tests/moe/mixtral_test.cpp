@@ -29,37 +29,31 @@ class MixtralFromHf : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MixtralFromHf, LogitsLossAuxLossAndGradientsMatchTransformers) {
   const fs::path dir = testing::hf_reference_dir() / GetParam();
-  auto reference =
-      checkpoint::load_state_dict((dir / "reference.safetensors").string());
+  auto reference = checkpoint::load_state_dict((dir / "reference.safetensors").string());
   auto base = load_pretrained(dir.string());
-  auto *model = dynamic_cast<MixtralForCausalLM *>(base.get());
+  auto* model = dynamic_cast<MixtralForCausalLM*>(base.get());
   ASSERT_NE(model, nullptr);
   model->eval();
   at::Tensor logits = model->forward(reference.at("input_ids"));
   EXPECT_LE(max_abs_diff(logits, reference.at("logits")), kTolerance);
-  EXPECT_NEAR(model->aux_loss().item<double>(),
-              reference.at("aux_loss").item<double>(), kTolerance);
+  EXPECT_NEAR(model->aux_loss().item<double>(), reference.at("aux_loss").item<double>(), kTolerance);
   at::Tensor loss = model->moe_loss(logits, reference.at("labels"));
-  EXPECT_NEAR(loss.item<double>(), reference.at("loss").item<double>(),
-              kTolerance);
+  EXPECT_NEAR(loss.item<double>(), reference.at("loss").item<double>(), kTolerance);
   loss.backward();
   size_t compared = 0;
-  for (const auto &item : model->named_parameters()) {
+  for (const auto& item : model->named_parameters()) {
     auto hf_grad = reference.find("grad." + item.key());
     ASSERT_NE(hf_grad, reference.end()) << "HF has no parameter " << item.key();
     ASSERT_TRUE(item.value().grad().defined()) << item.key();
-    EXPECT_LE(max_rel_diff(item.value().grad(), hf_grad->second), kTolerance)
-        << item.key();
+    EXPECT_LE(max_rel_diff(item.value().grad(), hf_grad->second), kTolerance) << item.key();
     ++compared;
   }
   size_t hf_params = 0;
-  for (const auto &[key, _] : reference)
-    hf_params += key.starts_with("grad.");
+  for (const auto& [key, _] : reference) hf_params += key.starts_with("grad.");
   EXPECT_EQ(compared, hf_params);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, MixtralFromHf,
-                         ::testing::Values("mixtral_top2", "mixtral_top1"));
+INSTANTIATE_TEST_SUITE_P(Cases, MixtralFromHf, ::testing::Values("mixtral_top2", "mixtral_top1"));
 
 MixtralConfig tiny(int64_t experts = 4, int64_t top_k = 2) {
   auto c = std::get<MixtralConfig>(preset("mixtral-tiny"));
@@ -71,13 +65,13 @@ MixtralConfig tiny(int64_t experts = 4, int64_t top_k = 2) {
 
 TEST(MixtralToHf, TransformersLoadsOurCheckpointAndAgrees) {
   std::string dirs;
-  std::vector<std::pair<std::string, MixtralConfig>> cases = {
-      {"cpp_mixtral_top2", tiny(4, 2)}, {"cpp_mixtral_top1_tied", tiny(8, 1)}};
+  std::vector<std::pair<std::string, MixtralConfig>> cases = {{"cpp_mixtral_top2", tiny(4, 2)},
+                                                              {"cpp_mixtral_top1_tied", tiny(8, 1)}};
   cases[1].second.tie_word_embeddings = true;
   uint64_t seed = 5;
-  for (const auto &[name, config] : cases) {
+  for (const auto& [name, config] : cases) {
     auto base = create_model(config, {.seed = seed});
-    auto &model = dynamic_cast<MixtralForCausalLM &>(*base);
+    auto& model = dynamic_cast<MixtralForCausalLM&>(*base);
     testing::perturb_parameters(model, seed + 100);
     model.eval();
     at::Tensor ids = testing::random_ids(2, 16, config.vocab_size, seed);
@@ -86,9 +80,8 @@ TEST(MixtralToHf, TransformersLoadsOurCheckpointAndAgrees) {
     at::Tensor aux = model.aux_loss().reshape({1});
     const fs::path dir = testing::scratch_dir() / name;
     save_pretrained(model, dir.string());
-    checkpoint::save_safetensors(
-        (dir / "cpp_logits.safetensors").string(),
-        {{"input_ids", ids}, {"logits", logits}, {"aux_loss", aux}});
+    checkpoint::save_safetensors((dir / "cpp_logits.safetensors").string(),
+                                 {{"input_ids", ids}, {"logits", logits}, {"aux_loss", aux}});
     dirs += fmt::format(" '{}'", dir.string());
     ++seed;
   }
@@ -96,15 +89,12 @@ TEST(MixtralToHf, TransformersLoadsOurCheckpointAndAgrees) {
   std::cout << result.output;
   EXPECT_EQ(result.exit_code, 0) << result.output;
   size_t ok_lines = 0;
-  for (size_t pos = 0;
-       (pos = result.output.find("-> ok", pos)) != std::string::npos; ++pos)
-    ++ok_lines;
+  for (size_t pos = 0; (pos = result.output.find("-> ok", pos)) != std::string::npos; ++pos) ++ok_lines;
   EXPECT_EQ(ok_lines, cases.size()) << result.output;
 }
 
 // Per-token reference: each token through its top-k experts, one at a time.
-at::Tensor naive_moe(SparseMoeBlock &moe, const at::Tensor &x, int64_t capacity,
-                     int64_t *dropped) {
+at::Tensor naive_moe(SparseMoeBlock& moe, const at::Tensor& x, int64_t capacity, int64_t* dropped) {
   at::Tensor logits = moe.layer("gate").forward(x);
   moe::Routing r = moe::route(logits, moe.top_k());
   std::vector<int64_t> used(moe.num_experts(), 0);
@@ -123,34 +113,25 @@ at::Tensor naive_moe(SparseMoeBlock &moe, const at::Tensor &x, int64_t capacity,
   return out;
 }
 
-TEST(SparseMoeBlock,
-     SortedDispatchMatchesPerTokenReferenceDroplessAndWithCapacity) {
-  for (std::optional<double> cf :
-       {std::optional<double>{}, std::optional<double>{1.0},
-        std::optional<double>{0.5}}) {
+TEST(SparseMoeBlock, SortedDispatchMatchesPerTokenReferenceDroplessAndWithCapacity) {
+  for (std::optional<double> cf : {std::optional<double>{}, std::optional<double>{1.0}, std::optional<double>{0.5}}) {
     for (int64_t k : {1, 2}) {
       MixtralConfig c = tiny(4, k);
       c.capacity_factor = cf;
       SparseMoeBlock moe(c, at::TensorOptions().dtype(at::kFloat));
       {
         at::NoGradGuard no_grad;
-        for (auto &p : moe.parameters())
-          p.zero_(); // constructed uninitialised
+        for (auto& p : moe.parameters()) p.zero_();  // constructed uninitialised
       }
       testing::perturb_parameters(moe, 7 + k, 0.3);
-      at::Tensor x = at::randn({2, 12, c.hidden_size},
-                               at::make_generator<at::CPUGeneratorImpl>(3 + k));
+      at::Tensor x = at::randn({2, 12, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(3 + k));
       at::NoGradGuard no_grad;
       at::Tensor y = moe.forward(x);
-      const int64_t capacity =
-          cf ? moe::expert_capacity(*cf, 24, k, 4) : int64_t{1} << 40;
+      const int64_t capacity = cf ? moe::expert_capacity(*cf, 24, k, 4) : int64_t{1} << 40;
       int64_t dropped = 0;
-      at::Tensor expected =
-          naive_moe(moe, x.reshape({24, -1}), capacity, &dropped);
-      EXPECT_LE(max_rel_diff(y.reshape({24, -1}), expected), 1e-5)
-          << "k=" << k << " cf=" << cf.value_or(0);
-      EXPECT_EQ(moe.last_dropped(), dropped)
-          << "k=" << k << " cf=" << cf.value_or(0);
+      at::Tensor expected = naive_moe(moe, x.reshape({24, -1}), capacity, &dropped);
+      EXPECT_LE(max_rel_diff(y.reshape({24, -1}), expected), 1e-5) << "k=" << k << " cf=" << cf.value_or(0);
+      EXPECT_EQ(moe.last_dropped(), dropped) << "k=" << k << " cf=" << cf.value_or(0);
       if (cf && *cf == 0.5) {
         EXPECT_GT(dropped, 0);
       }
@@ -161,14 +142,13 @@ TEST(SparseMoeBlock,
   }
 }
 
-TEST(MixtralForCausalLM,
-     TrainingStepsReduceTheLossAndEveryParameterGetsAGradient) {
+TEST(MixtralForCausalLM, TrainingStepsReduceTheLossAndEveryParameterGetsAGradient) {
   MixtralConfig c = tiny(4, 2);
   c.initializer_range = 0.02;
   c.output_router_logits = true;
   c.router_z_loss_coef = 1e-3;
   auto base = create_model(c, {.seed = 1});
-  auto &model = dynamic_cast<MixtralForCausalLM &>(*base);
+  auto& model = dynamic_cast<MixtralForCausalLM&>(*base);
   model.train();
   at::Tensor ids = testing::random_ids(4, 16, c.vocab_size, 9);
   std::vector<double> losses;
@@ -178,34 +158,29 @@ TEST(MixtralForCausalLM,
     loss.backward();
     losses.push_back(loss.item<double>());
     at::NoGradGuard no_grad;
-    for (const auto &item : model.named_parameters()) {
+    for (const auto& item : model.named_parameters()) {
       if (step == 0) {
-        ASSERT_TRUE(item.value().grad().defined())
-            << item.key() << " got no gradient";
+        ASSERT_TRUE(item.value().grad().defined()) << item.key() << " got no gradient";
       }
-      if (item.value().grad().defined())
-        item.value().sub_(item.value().grad(), 0.5);
+      if (item.value().grad().defined()) item.value().sub_(item.value().grad(), 0.5);
     }
   }
-  EXPECT_LT(losses.back(), losses.front() - 0.1)
-      << fmt::format("{}", fmt::join(losses, ", "));
+  EXPECT_LT(losses.back(), losses.front() - 0.1) << fmt::format("{}", fmt::join(losses, ", "));
 }
 
-std::string config_error(const MixtralConfig &c) {
+std::string config_error(const MixtralConfig& c) {
   try {
     c.validate();
-  } catch (const ConfigError &e) {
+  } catch (const ConfigError& e) {
     return e.what();
   }
   return "no error";
 }
 
 TEST(MixtralConfig, BadRoutingSettingsAreClearConfigErrors) {
-  EXPECT_NE(config_error(tiny(4, 5)).find("num_experts_per_tok (top-k) is 5"),
-            std::string::npos)
+  EXPECT_NE(config_error(tiny(4, 5)).find("num_experts_per_tok (top-k) is 5"), std::string::npos)
       << config_error(tiny(4, 5));
-  EXPECT_NE(config_error(tiny(4, 0)).find("num_experts_per_tok (top-k) is 0"),
-            std::string::npos);
+  EXPECT_NE(config_error(tiny(4, 0)).find("num_experts_per_tok (top-k) is 0"), std::string::npos);
   MixtralConfig c = tiny();
   c.capacity_factor = 0.0;
   EXPECT_NE(config_error(c).find("capacity_factor is 0"), std::string::npos);
@@ -215,8 +190,7 @@ TEST(MixtralConfig, BadRoutingSettingsAreClearConfigErrors) {
   EXPECT_THROW(create_model(tiny(2, 3)), ConfigError);
   // config.json with top-k > experts is refused on read as well.
   std::string json = config_to_json(tiny());
-  json.replace(json.find("\"num_experts_per_tok\": 2"), 24,
-               "\"num_experts_per_tok\": 9");
+  json.replace(json.find("\"num_experts_per_tok\": 2"), 24, "\"num_experts_per_tok\": 9");
   EXPECT_THROW(config_from_json(json), ConfigError);
 }
 
@@ -226,7 +200,7 @@ TEST(MixtralConfig, HfConfigJsonRoundTripsWithMoeFields) {
   c.capacity_factor = 1.25;
   ModelConfig back = config_from_json(config_to_json(c));
   ASSERT_TRUE(std::holds_alternative<MixtralConfig>(back));
-  const auto &m = std::get<MixtralConfig>(back);
+  const auto& m = std::get<MixtralConfig>(back);
   EXPECT_EQ(model_type(back), "mixtral");
   EXPECT_EQ(m.num_local_experts, 8);
   EXPECT_EQ(m.num_experts_per_tok, 1);
@@ -237,5 +211,5 @@ TEST(MixtralConfig, HfConfigJsonRoundTripsWithMoeFields) {
   EXPECT_EQ(config_to_json(config_from_json(json)), json);
 }
 
-} // namespace
-} // namespace colossus::models
+}  // namespace
+}  // namespace colossus::models

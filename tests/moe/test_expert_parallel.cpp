@@ -25,31 +25,26 @@ models::MixtralConfig config(int64_t experts, int64_t top_k) {
   return c;
 }
 
-void seeded_init(torch::nn::Module &module, uint64_t seed) {
+void seeded_init(torch::nn::Module& module, uint64_t seed) {
   at::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  for (auto &p : module.parameters())
-    p.copy_(at::randn(p.sizes(), generator) * 0.3);
+  for (auto& p : module.parameters()) p.copy_(at::randn(p.sizes(), generator) * 0.3);
 }
 
 at::Tensor tokens_of(int64_t rank, int64_t width) {
   // Different token counts per rank, so the all-to-all splits are uneven.
-  return at::randn({1, 10 + 3 * rank, width},
-                   at::make_generator<at::CPUGeneratorImpl>(100 + rank));
+  return at::randn({1, 10 + 3 * rank, width}, at::make_generator<at::CPUGeneratorImpl>(100 + rank));
 }
 
-at::Tensor cotangent_of(const at::Tensor &y, int64_t rank) {
-  return at::randn(y.sizes(),
-                   at::make_generator<at::CPUGeneratorImpl>(500 + rank));
+at::Tensor cotangent_of(const at::Tensor& y, int64_t rank) {
+  return at::randn(y.sizes(), at::make_generator<at::CPUGeneratorImpl>(500 + rank));
 }
 
 TEST(ExpertParallel, ForwardAndGradientsEqualTheSingleProcessLayer) {
   auto world = ct::world();
   for (int64_t ep : {1, 2, 4}) {
-    if (ep > world->size() || world->size() % ep != 0)
-      continue;
-    auto group = world->split(static_cast<int>(world->rank() / ep),
-                              world->rank(), "ep" + std::to_string(ep));
+    if (ep > world->size() || world->size() % ep != 0) continue;
+    auto group = world->split(static_cast<int>(world->rank() / ep), world->rank(), "ep" + std::to_string(ep));
     const int64_t me = group->rank();
     for (int64_t k : {1, 2}) {
       const auto c = config(8, k);
@@ -68,23 +63,21 @@ TEST(ExpertParallel, ForwardAndGradientsEqualTheSingleProcessLayer) {
       }
       reference_loss.backward();
 
-      ExpertParallelMoeBlock sharded(c, at::TensorOptions().dtype(at::kFloat),
-                                     group);
+      ExpertParallelMoeBlock sharded(c, at::TensorOptions().dtype(at::kFloat), group);
       sharded.load_from(full);
       EXPECT_EQ(sharded.first_expert(), me * (8 / ep));
       at::Tensor x = tokens_of(me, c.hidden_size).requires_grad_(true);
       at::Tensor y = sharded.forward(x);
       (y * cotangent_of(y, me)).sum().backward();
 
-      const std::string where =
-          "ep=" + std::to_string(ep) + " k=" + std::to_string(k);
+      const std::string where = "ep=" + std::to_string(ep) + " k=" + std::to_string(k);
       EXPECT_LE(ct::max_rel_diff(y, ys[me]), 1e-5) << where;
       EXPECT_LE(ct::max_rel_diff(x.grad(), xs[me].grad()), 1e-5) << where;
       auto reference = full.named_parameters();
       size_t experts_checked = 0;
-      for (const auto &item : sharded.named_parameters()) {
+      for (const auto& item : sharded.named_parameters()) {
         at::Tensor grad = item.value().grad();
-        const at::Tensor &ref_grad = reference[item.key()].grad();
+        const at::Tensor& ref_grad = reference[item.key()].grad();
         if (item.key().starts_with("gate")) {
           // The router is replicated: its gradient is summed over the ranks'
           // tokens (dp's job in a plugin).
@@ -92,18 +85,15 @@ TEST(ExpertParallel, ForwardAndGradientsEqualTheSingleProcessLayer) {
           if (k == 1) {
             // Top-1 weights renormalise to exactly 1: the router's true
             // gradient is 0, both sides hold rounding noise.
-            EXPECT_LE((grad - ref_grad).abs().max().item<double>(), 1e-4)
-                << where;
+            EXPECT_LE((grad - ref_grad).abs().max().item<double>(), 1e-4) << where;
             continue;
           }
         } else {
           ++experts_checked;
         }
-        ASSERT_EQ(grad.defined(), ref_grad.defined())
-            << item.key() << " " << where;
+        ASSERT_EQ(grad.defined(), ref_grad.defined()) << item.key() << " " << where;
         if (grad.defined()) {
-          EXPECT_LE(ct::max_rel_diff(grad, ref_grad), 1e-5)
-              << item.key() << " " << where;
+          EXPECT_LE(ct::max_rel_diff(grad, ref_grad), 1e-5) << item.key() << " " << where;
         }
       }
       EXPECT_EQ(experts_checked, static_cast<size_t>(3 * 8 / ep)) << where;
@@ -116,24 +106,17 @@ TEST(ExpertParallel, EpNotDividingTheExpertsIsRefused) {
   try {
     validate_ep(6, 4);
     ADD_FAILURE() << "expected a ConfigError";
-  } catch (const ConfigError &e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "ep_size is 4 but must divide num_local_experts (6)"),
-              std::string::npos)
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("ep_size is 4 but must divide num_local_experts (6)"), std::string::npos)
         << e.what();
   }
   auto world = ct::world();
   if (world->size() == 4) {
-    EXPECT_THROW(ExpertParallelMoeBlock(config(6, 2),
-                                        at::TensorOptions().dtype(at::kFloat),
-                                        world),
-                 ConfigError);
+    EXPECT_THROW(ExpertParallelMoeBlock(config(6, 2), at::TensorOptions().dtype(at::kFloat), world), ConfigError);
   }
 }
 
-} // namespace
-} // namespace colossus::moe
+}  // namespace
+}  // namespace colossus::moe
 
-int main(int argc, char **argv) {
-  return colossus::testing::run_all_tests(argc, argv);
-}
+int main(int argc, char** argv) { return colossus::testing::run_all_tests(argc, argv); }

@@ -1,0 +1,23 @@
+#include "colossus/moe/shard_experts.h"
+
+#include "colossus/moe/expert_parallel.h"
+
+namespace colossus::moe {
+
+void shard_experts(models::MixtralForCausalLM& model, cluster::ProcessGroupPtr ep_group) {
+  const models::MixtralConfig& config = model.mixtral_config();
+  validate_ep(config.num_local_experts, ep_group ? ep_group->size() : 0);
+  for (const auto& block : model.blocks()) {
+    auto* layer = dynamic_cast<models::MixtralDecoderLayer*>(block.get());
+    TORCH_CHECK(layer != nullptr, "shard_experts: a block is not a MixtralDecoderLayer");
+    const at::Tensor& gate = layer->moe().layer_as<models::Linear>("gate").weight;
+    auto sharded = std::make_shared<ExpertParallelMoeBlock>(config, gate.options(), ep_group);
+    sharded->load_from(layer->moe());
+    sharded->train(layer->moe().is_training());
+    layer->replace_moe(std::move(sharded));
+  }
+}
+
+bool is_expert_parameter(const std::string& name) { return name.find(".experts.") != std::string::npos; }
+
+}  // namespace colossus::moe
