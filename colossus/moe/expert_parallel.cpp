@@ -85,6 +85,20 @@ void ExpertParallelMoeBlock::load_from(const models::SparseMoeBlock& full) {
   }
 }
 
+void ExpertParallelMoeBlock::adopt_from(const models::SparseMoeBlock& full) {
+  auto theirs = full.named_children();
+  auto gate = std::dynamic_pointer_cast<models::Layer>(theirs["gate"]);
+  TORCH_CHECK(gate != nullptr, "adopt_from: the full block has no gate layer");
+  replace_layer("gate", gate);
+  auto their_experts = theirs["experts"]->named_children();
+  auto my_experts = named_children()["experts"];
+  for (int64_t e = first_expert(); e < first_expert() + local_experts(); ++e) {
+    const std::string name = std::to_string(e);
+    TORCH_CHECK(their_experts.contains(name), "adopt_from: the full block has no expert ", e);
+    my_experts->replace_module(name, their_experts[name]);
+  }
+}
+
 at::Tensor ExpertParallelMoeBlock::run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts) {
   const int64_t ep = group_->size(), local = local_experts();
   // recv_counts[s * local + l]: rows rank s sends for our local expert l.

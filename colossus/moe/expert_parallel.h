@@ -33,6 +33,10 @@ class ExpertParallelMoeBlock : public models::SparseMoeBlock {
 
   // Copies the gate and this rank's experts from a full (unsharded) block.
   void load_from(const models::SparseMoeBlock& full);
+  // Takes the full block's gate and this rank's expert modules themselves
+  // (the same parameter tensors, so an optimizer built on the full model
+  // still steps them).
+  void adopt_from(const models::SparseMoeBlock& full);
 
   // x_sorted: (M, H) rows grouped by global expert, counts (E) -> (M, H).
   at::Tensor run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts) override;

@@ -1,6 +1,6 @@
 // Puts expert parallelism into a whole Mixtral model: every decoder layer's
 // SparseMoeBlock becomes an ExpertParallelMoeBlock holding this rank's share
-// of the experts (values copied), so named_parameters() lists this rank's
+// of the experts (the same parameter tensors; other ranks' experts are freed), so named_parameters() lists this rank's
 // experts under their global HF names. Gradient synchronisation is the
 // caller's (a plugin's): dense parameters over dp, expert parameters over
 // moe_dp (the ranks that hold the same experts).
