@@ -120,12 +120,12 @@ at::Tensor SparseMoeBlock::run_experts(const at::Tensor& x_sorted, const std::ve
               first_expert_ + local_experts_, ") only; an expert-parallel block must override run_experts");
   std::vector<at::Tensor> outputs;
   int64_t offset = 0;
+  // Every expert runs, even on zero rows, so its parameters always get a (zero)
+  // gradient and data-parallel reducers see the same ready set on every rank.
   for (int64_t e = 0; e < num_experts_; ++e) {
-    if (counts[e] == 0) continue;
     outputs.push_back(expert(e).forward(x_sorted.narrow(0, offset, counts[e])));
     offset += counts[e];
   }
-  if (outputs.empty()) return at::zeros_like(x_sorted);
   return at::cat(outputs, 0);
 }
 

@@ -129,14 +129,15 @@ at::Tensor ExpertParallelMoeBlock::run_experts(const at::Tensor& x_sorted, const
   }
   at::Tensor by_expert = pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces);  // regrouped row -> received row
   at::Tensor grouped = received.index_select(0, by_expert.to(received.device()));
+  // Every local expert runs, even on zero rows, so its parameters always get a
+  // (zero) gradient: data-parallel reducers then see the same ready set on every rank.
   std::vector<at::Tensor> outputs;
   int64_t offset = 0;
   for (int64_t l = 0; l < local; ++l) {
-    if (expert_rows[l] == 0) continue;
     outputs.push_back(expert(first_expert() + l).forward(grouped.narrow(0, offset, expert_rows[l])));
     offset += expert_rows[l];
   }
-  at::Tensor computed = outputs.empty() ? grouped * 0 : at::cat(outputs, 0);
+  at::Tensor computed = at::cat(outputs, 0);
   // Back to the received order, then to the senders.
   at::Tensor inverse = at::argsort(by_expert).to(computed.device());
   at::Tensor unsorted = computed.index_select(0, inverse);
