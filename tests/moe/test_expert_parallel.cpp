@@ -46,58 +46,68 @@ TEST(ExpertParallel, ForwardAndGradientsEqualTheSingleProcessLayer) {
     if (ep > world->size() || world->size() % ep != 0) continue;
     auto group = world->split(static_cast<int>(world->rank() / ep), world->rank(), "ep" + std::to_string(ep));
     const int64_t me = group->rank();
-    for (int64_t k : {1, 2}) {
-      const auto c = config(8, k);
-      // Reference: the full layer over the tokens of every rank in the group.
-      models::SparseMoeBlock full(c, at::TensorOptions().dtype(at::kFloat));
-      seeded_init(full, 42);
-      std::vector<at::Tensor> xs, ys;
-      at::Tensor reference_loss = at::zeros({});
-      at::Tensor my_x_ref;
-      for (int64_t s = 0; s < ep; ++s) {
-        at::Tensor x = tokens_of(s, c.hidden_size).requires_grad_(true);
-        at::Tensor y = full.forward(x);
-        reference_loss = reference_loss + (y * cotangent_of(y, s)).sum();
-        xs.push_back(x);
-        ys.push_back(y.detach());
-      }
-      reference_loss.backward();
+    for (int64_t k : {1, 2})
+      for (double capacity_factor : {0.0, 0.5}) {  // 0: dropless
+        auto c = config(8, k);
+        if (capacity_factor > 0) c.capacity_factor = capacity_factor;
+        // Reference: the full layer over the tokens of every rank in the group.
+        models::SparseMoeBlock full(c, at::TensorOptions().dtype(at::kFloat));
+        seeded_init(full, 42);
+        std::vector<at::Tensor> xs, ys;
+        std::vector<int64_t> dropped;
+        at::Tensor reference_loss = at::zeros({});
+        at::Tensor my_x_ref;
+        for (int64_t s = 0; s < ep; ++s) {
+          at::Tensor x = tokens_of(s, c.hidden_size).requires_grad_(true);
+          at::Tensor y = full.forward(x);
+          reference_loss = reference_loss + (y * cotangent_of(y, s)).sum();
+          xs.push_back(x);
+          ys.push_back(y.detach());
+          dropped.push_back(full.last_dropped());
+        }
+        reference_loss.backward();
 
-      ExpertParallelMoeBlock sharded(c, at::TensorOptions().dtype(at::kFloat), group);
-      sharded.load_from(full);
-      EXPECT_EQ(sharded.first_expert(), me * (8 / ep));
-      at::Tensor x = tokens_of(me, c.hidden_size).requires_grad_(true);
-      at::Tensor y = sharded.forward(x);
-      (y * cotangent_of(y, me)).sum().backward();
+        ExpertParallelMoeBlock sharded(c, at::TensorOptions().dtype(at::kFloat), group);
+        sharded.load_from(full);
+        EXPECT_EQ(sharded.first_expert(), me * (8 / ep));
+        at::Tensor x = tokens_of(me, c.hidden_size).requires_grad_(true);
+        at::Tensor y = sharded.forward(x);
+        (y * cotangent_of(y, me)).sum().backward();
 
-      const std::string where = "ep=" + std::to_string(ep) + " k=" + std::to_string(k);
-      EXPECT_LE(ct::max_rel_diff(y, ys[me]), 1e-5) << where;
-      EXPECT_LE(ct::max_rel_diff(x.grad(), xs[me].grad()), 1e-5) << where;
-      auto reference = full.named_parameters();
-      size_t experts_checked = 0;
-      for (const auto& item : sharded.named_parameters()) {
-        at::Tensor grad = item.value().grad();
-        const at::Tensor& ref_grad = reference[item.key()].grad();
-        if (item.key().starts_with("gate")) {
-          // The router is replicated: its gradient is summed over the ranks'
-          // tokens (dp's job in a plugin).
-          group->all_reduce(grad).wait();
-          if (k == 1) {
-            // Top-1 weights renormalise to exactly 1: the router's true
-            // gradient is 0, both sides hold rounding noise.
-            EXPECT_LE((grad - ref_grad).abs().max().item<double>(), 1e-4) << where;
-            continue;
+        const std::string where =
+            "ep=" + std::to_string(ep) + " k=" + std::to_string(k) + " cf=" + std::to_string(capacity_factor);
+        EXPECT_LE(ct::max_rel_diff(y, ys[me]), 1e-5) << where;
+        // Capacity applies to each rank's own tokens, before dispatch: the same drops as one process on them.
+        EXPECT_EQ(sharded.last_dropped(), dropped[me]) << where;
+        if (capacity_factor > 0 && k == 2) {
+          EXPECT_GT(dropped[me], 0) << where;
+        }
+        EXPECT_LE(ct::max_rel_diff(x.grad(), xs[me].grad()), 1e-5) << where;
+        auto reference = full.named_parameters();
+        size_t experts_checked = 0;
+        for (const auto& item : sharded.named_parameters()) {
+          at::Tensor grad = item.value().grad();
+          const at::Tensor& ref_grad = reference[item.key()].grad();
+          if (item.key().starts_with("gate")) {
+            // The router is replicated: its gradient is summed over the ranks'
+            // tokens (dp's job in a plugin).
+            group->all_reduce(grad).wait();
+            if (k == 1) {
+              // Top-1 weights renormalise to exactly 1: the router's true
+              // gradient is 0, both sides hold rounding noise.
+              EXPECT_LE((grad - ref_grad).abs().max().item<double>(), 1e-4) << where;
+              continue;
+            }
+          } else {
+            ++experts_checked;
           }
-        } else {
-          ++experts_checked;
+          ASSERT_EQ(grad.defined(), ref_grad.defined()) << item.key() << " " << where;
+          if (grad.defined()) {
+            EXPECT_LE(ct::max_rel_diff(grad, ref_grad), 1e-5) << item.key() << " " << where;
+          }
         }
-        ASSERT_EQ(grad.defined(), ref_grad.defined()) << item.key() << " " << where;
-        if (grad.defined()) {
-          EXPECT_LE(ct::max_rel_diff(grad, ref_grad), 1e-5) << item.key() << " " << where;
-        }
+        EXPECT_EQ(experts_checked, static_cast<size_t>(3 * 8 / ep)) << where;
       }
-      EXPECT_EQ(experts_checked, static_cast<size_t>(3 * 8 / ep)) << where;
-    }
   }
 }
 
