@@ -126,7 +126,8 @@ void GradReducer::on_grad_ready(size_t param_index) {
 void GradReducer::launch_in_order() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     auto& bucket = buckets_[next_to_launch_];
-    bucket.work = group_->all_reduce(bucket.buffer, cluster::ReduceOp::Avg);
+    bucket.work =
+        group_->all_reduce(bucket.buffer, options_.sum_scale > 0 ? cluster::ReduceOp::Sum : cluster::ReduceOp::Avg);
     bucket.launched = true;
     ++next_to_launch_;
   }
@@ -165,7 +166,10 @@ void GradReducer::finish_backward() {
     }
   }
   launch_in_order();
-  for (auto& bucket : buckets_) bucket.work.wait();
+  for (auto& bucket : buckets_) {
+    bucket.work.wait();
+    if (options_.sum_scale > 0 && options_.sum_scale != 1.0) bucket.buffer.mul_(options_.sum_scale);
+  }
   for (size_t k = 0; k < params_.size(); ++k) {
     auto& p = params_[k].second;
     if (!p.requires_grad()) continue;

@@ -26,6 +26,11 @@ struct GradReducerOptions {
   // Parameters that get no gradient in a step are treated as zero instead of
   // being an error; costs one extra small all-reduce per step.
   bool find_unused_parameters = false;
+  // 0: gradients are averaged over the group. > 0: they are summed and the sum
+  // multiplied by this. Sequence-parallel (split_gather) gradients that are
+  // partial sums over tp use the dp x tp group with 1 / dp: summed over tp,
+  // averaged over dp.
+  double sum_scale = 0.0;
 };
 
 class GradReducer {

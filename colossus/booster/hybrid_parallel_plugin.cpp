@@ -9,6 +9,8 @@
 #include "colossus/parallel/tensor/layers.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
 
@@ -35,14 +37,39 @@ void HybridParallelPluginOptions::validate() const {
   }
   if (enable_sequence_parallelism) {
     const auto& mode = sequence_parallelism_mode;
-    if (mode == "split_gather" || mode == "ring") {
-      throw ConfigError(fmt::format(
-          "hybrid_parallel.sequence_parallelism_mode = '{}' has not landed yet; use 'ring_attn' or 'all_to_all'",
-          mode));
+    if (mode != "ring_attn" && mode != "all_to_all" && mode != "split_gather" && mode != "ring") {
+      throw ConfigError(
+          fmt::format("hybrid_parallel.sequence_parallelism_mode = '{}' is unknown; use 'ring_attn', 'all_to_all', "
+                      "'split_gather' or 'ring'",
+                      mode));
     }
-    if (mode != "ring_attn" && mode != "all_to_all") {
+    if (sequence_over_tp()) {
+      if (tp_size < 2) {
+        throw ConfigError(
+            fmt::format("hybrid_parallel.sequence_parallelism_mode = '{}' shards activations over the tensor-parallel "
+                        "group, so it needs tp_size > 1 (got {}); use tp_size >= 2, or mode 'ring_attn' / "
+                        "'all_to_all' with sp_size",
+                        mode, tp_size));
+      }
+      if (sp_size != 1 && sp_size != tp_size) {
+        throw ConfigError(
+            fmt::format("hybrid_parallel.sp_size = {}: mode '{}' uses the tp group as its sequence group (as "
+                        "Colossal-AI), so sp_size must be 1 or tp_size = {}",
+                        sp_size, mode, tp_size));
+      }
+    }
+  }
+  if (inner_ring_size != 0) {
+    if (!enable_sequence_parallelism || sequence_parallelism_mode != "ring_attn") {
       throw ConfigError(fmt::format(
-          "hybrid_parallel.sequence_parallelism_mode = '{}' is unknown; use 'ring_attn' or 'all_to_all'", mode));
+          "hybrid_parallel.inner_ring_size = {} applies to sequence_parallelism_mode 'ring_attn' only; use 0",
+          inner_ring_size));
+    }
+    if (inner_ring_size < 0 || sp_size % inner_ring_size != 0) {
+      throw ConfigError(
+          fmt::format("hybrid_parallel.inner_ring_size = {} does not divide sp_size = {}; use a divisor of {} (or 0 "
+                      "for one ring)",
+                      inner_ring_size, sp_size, sp_size));
     }
   }
   if (zero_stage != 0) {
@@ -72,22 +99,69 @@ void HybridParallelPluginOptions::validate() const {
 HybridParallelModel::HybridParallelModel(std::shared_ptr<models::CausalLM> model, parallel::plan::ShardedModel sharded,
                                          cluster::ProcessGroupPtr grad_group, bool parallel_output,
                                          double bucket_cap_mb, cluster::ProcessGroupPtr sp_group,
-                                         parallel::sequence::SequenceParallelMode sp_mode)
+                                         parallel::sequence::SequenceParallelMode sp_mode, int64_t inner_ring_size,
+                                         cluster::ProcessGroupPtr partial_grad_group)
     : model_(std::move(model)),
       sharded_(std::move(sharded)),
       parallel_output_(parallel_output),
       sp_group_(std::move(sp_group)),
-      sp_mode_(sp_mode) {
-  GradReducer::NamedParams named;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) named.emplace_back(item.key(), item.value());
+      sp_mode_(sp_mode),
+      inner_ring_size_(inner_ring_size) {
+  const bool partial = sharded_.sequence != parallel::tensor::SequenceSharding::None;
+  if (partial && !partial_grad_group) {
+    throw ConfigError("HybridParallelModel: split_gather / ring needs the dp x tp group for tp-replicated gradients");
+  }
+  GradReducer::NamedParams named, replicated;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    // On sequence shards a tp-replicated parameter (norms, row-parallel
+    // biases, GPT-2's wpe) sees only this rank's tokens.
+    auto& bucket = partial && !sharded_.specs.contains(item.key()) ? replicated : named;
+    bucket.emplace_back(item.key(), item.value());
+  }
   reducer_ = std::make_unique<GradReducer>(std::move(named), std::move(grad_group),
                                            GradReducerOptions{.bucket_cap_mb = bucket_cap_mb});
+  if (!replicated.empty()) {
+    const double dp = static_cast<double>(partial_grad_group->size() / sharded_.tp_group->size());
+    partial_reducer_ = std::make_unique<GradReducer>(
+        std::move(replicated), std::move(partial_grad_group),
+        GradReducerOptions{.bucket_cap_mb = bucket_cap_mb, .sum_scale = 1.0 / dp});
+  }
+}
+
+at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input_ids) {
+  // Megatron-style: the embedding reduce-scatters this rank's (B, T_pad/tp, C)
+  // shard, blocks keep it between tp regions (their parallel layers gather /
+  // reduce-scatter the sequence), the head gathers it back. Padding sits at
+  // the end, so causal attention keeps it away from real tokens; its
+  // positions are clamped to T - 1 (no table grows past the true length).
+  models::CausalLM& m = *model_;
+  models::check_input_ids(input_ids);
+  auto& tp = *sharded_.tp_group;
+  const int64_t seq_len = input_ids.size(1), padded = (seq_len + tp.size() - 1) / tp.size() * tp.size();
+  const int64_t local_len = padded / tp.size();
+  at::Tensor ids = padded == seq_len ? input_ids : at::constant_pad_nd(input_ids, {0, padded - seq_len}, 0);
+  at::Tensor positions = at::arange(padded, input_ids.options()).clamp_max(seq_len - 1);
+  at::Tensor hidden = m.embed_at(ids, positions.narrow(0, tp.rank() * local_len, local_len), seq_len);
+  if (hidden.size(1) != local_len) {
+    throw ConfigError(fmt::format("split_gather: the embedding returned {} tokens, not this rank's {} of {}; the "
+                                  "plan must shard the embedding with VocabParallelEmbedding",
+                                  hidden.size(1), local_len, padded));
+  }
+  const models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
+  hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
+  at::Tensor logits = sharded_.tied_head ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, tp,
+                                                                                   sharded_.sequence)
+                                         : m.head(hidden);
+  return padded == seq_len ? logits : logits.narrow(1, 0, seq_len);
 }
 
 at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
   models::CausalLM& m = *model_;
   at::Tensor hidden;
-  if (sp_group_) {
+  at::Tensor logits;
+  if (sharded_.sequence != parallel::tensor::SequenceSharding::None) {
+    logits = forward_sequence_sharded(input_ids);
+  } else if (sp_group_) {
     // This rank's sequence shard at its global positions; every block's
     // attention core runs as ring/Ulysses attention over the sp group.
     namespace ps = parallel::sequence;
@@ -98,7 +172,7 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
     at::Tensor positions = ps::local_position_tensor(seq_len, *sp_group_, layout, input_ids.device());
     hidden = m.embed_at(local_ids, positions, seq_len);
     models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
-    ps::SequenceParallelAttention attention(*sp_group_, sp_mode_, seq_len);
+    ps::SequenceParallelAttention attention(*sp_group_, sp_mode_, seq_len, inner_ring_size_);
     context.attention = &attention;
     hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
   } else {
@@ -108,9 +182,11 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
   }
   // A tied head reads the embedding's vocab shard; the model's own head would
   // skip the copy-to-region its backward needs, so the wrapper computes it.
-  at::Tensor logits = sharded_.tied_head
-                          ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, *sharded_.tp_group)
-                          : m.head(hidden);
+  if (!logits.defined()) {
+    logits = sharded_.tied_head
+                 ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, *sharded_.tp_group)
+                 : m.head(hidden);
+  }
   if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;
   return parallel::tensor::gather_last_dim(logits, *sharded_.tp_group).narrow(-1, 0, sharded_.vocab.true_vocab);
 }
@@ -134,19 +210,24 @@ HybridParallelPlugin::HybridParallelPlugin(HybridParallelPluginOptions options, 
     : options_(std::move(options)) {
   options_.validate();
   if (!world) world = cluster::current_cluster().world;
-  const int tp_sp = options_.tp_size * options_.sp_size;
+  const int sp_axis = options_.sp_axis_size(), tp_sp = options_.tp_size * sp_axis;
   if (world->size() % tp_sp != 0) {
     throw ConfigError(
         fmt::format("hybrid_parallel: tp_size = {} x sp_size = {} does not divide the {} ranks; use sizes whose "
                     "product divides {}",
-                    options_.tp_size, options_.sp_size, world->size(), world->size()));
+                    options_.tp_size, sp_axis, world->size(), world->size()));
   }
   const int dp = world->size() / tp_sp;
   cluster::MeshAxes axes = options_.dp_outside ? cluster::MeshAxes{{"dp", dp}, {"tp", options_.tp_size}}
                                                : cluster::MeshAxes{{"tp", options_.tp_size}, {"dp", dp}};
   // sp sits between dp and tp; only when used, so sp_size = 1 keeps the tp x dp mesh as it was.
-  if (options_.sp_size > 1) axes.insert(axes.begin() + 1, {"sp", options_.sp_size});
+  if (sp_axis > 1) axes.insert(axes.begin() + 1, {"sp", sp_axis});
   mesh_ = std::make_unique<cluster::ProcessGroupMesh>(std::move(world), std::move(axes));
+}
+
+cluster::ProcessGroupPtr HybridParallelPlugin::sp_group() const {
+  if (options_.sequence_over_tp()) return tp_group();
+  return options_.sp_size > 1 ? mesh_->group("sp") : nullptr;
 }
 
 HybridParallelPlugin::~HybridParallelPlugin() = default;
@@ -162,9 +243,13 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   for (const auto& p : model->parameters(/*recurse=*/true)) params.push_back(p);
   broadcast_tensors(params, *mesh_->world());
   const auto plan = options_.custom_policy ? *options_.custom_policy : parallel::plan::default_plan(*model);
+  const auto sequence = !options_.sequence_over_tp()                       ? parallel::tensor::SequenceSharding::None
+                        : options_.sequence_parallelism_mode == "split_gather" ? parallel::tensor::SequenceSharding::SplitGather
+                                                                             : parallel::tensor::SequenceSharding::Ring;
   auto sharded = parallel::plan::shard_model(
       *model, plan, tp_group(),
-      parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by});
+      parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by,
+                                   .sequence = sequence});
   if (options_.precision != "fp32") {
     const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
     at::NoGradGuard no_grad;
@@ -185,10 +270,14 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   const auto sp_mode = options_.sequence_parallelism_mode == "all_to_all"
                            ? parallel::sequence::SequenceParallelMode::AllToAll
                            : parallel::sequence::SequenceParallelMode::RingAttention;
-  auto grad_group = options_.sp_size > 1 ? mesh_->group({"dp", "sp"}) : dp_group();
-  auto wrapped = std::make_shared<HybridParallelModel>(std::move(model), std::move(sharded), std::move(grad_group),
-                                                       options_.parallel_output, options_.bucket_cap_mb, sp_group(),
-                                                       sp_mode);
+  auto grad_group = options_.sp_axis_size() > 1 ? mesh_->group({"dp", "sp"}) : dp_group();
+  // split_gather / ring: the sp group is the tp group, which the sharded
+  // layers use directly; the model gets the dp x tp group for tp-replicated
+  // gradients instead.
+  auto wrapped = std::make_shared<HybridParallelModel>(
+      std::move(model), std::move(sharded), std::move(grad_group), options_.parallel_output, options_.bucket_cap_mb,
+      options_.sequence_over_tp() ? nullptr : sp_group(), sp_mode, options_.inner_ring_size,
+      options_.sequence_over_tp() ? mesh_->group({"dp", "tp"}) : nullptr);
   model_ = wrapped.get();
   return wrapped;
 }

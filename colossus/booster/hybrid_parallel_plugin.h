@@ -5,8 +5,9 @@
 // vocab-parallel cross-entropy, and checkpoints are full Hugging Face
 // directories (gathered over tp, padding trimmed). Sequence parallelism
 // (ring_attn, all_to_all) shards each sequence over an sp axis of the mesh
-// (dp, sp, tp); pipeline parallelism, the split_gather/ring SP modes and ZeRO
-// stages are refused until they land.
+// (dp, sp, tp); split_gather / ring shard the activations between
+// tensor-parallel regions over the tp group itself (Megatron-style).
+// Pipeline parallelism and ZeRO stages are refused until they land.
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
@@ -33,10 +34,18 @@ struct HybridParallelPluginOptions {
   // (ring attention, zig-zag shards) or "all_to_all" (Ulysses; heads / tp
   // must divide by sp) over sp_size ranks of their own mesh axis. forward()
   // then returns this rank's sequence shard of the logits and loss() takes
-  // the full labels. "split_gather" and "ring" are refused for now.
+  // the full labels. "split_gather" (Megatron SP: activations between tp
+  // regions sharded along the sequence, all-gather before column-parallel,
+  // reduce-scatter after row-parallel) and "ring" (the same with the
+  // collectives chunked around the ring, overlapped with the matmuls) need
+  // tp_size > 1 and use the tp group as the sp group (sp_size 1 or tp_size,
+  // as Colossal-AI); forward() returns the full sequence as plain tp does.
   int sp_size = 1;
   bool enable_sequence_parallelism = false;
   std::string sequence_parallelism_mode;
+  // ring_attn: two-level rings, inner rings of this many consecutive sp ranks
+  // (a node) and an outer ring between them. 0 = one ring over all sp ranks.
+  int inner_ring_size = 0;
   int zero_stage = 0;                        // only 0 for now
   std::string precision = "fp32";            // fp32 | bf16 | fp16 (fp32 masters, loss scaling)
   double max_norm = 0.0;                     // > 0: clip to this global norm (counted once per element)
@@ -51,27 +60,43 @@ struct HybridParallelPluginOptions {
   double bucket_cap_mb = 25.0;                                // dp gradient buckets
   // Throws ConfigError naming the bad value and a valid alternative.
   void validate() const;
+  // split_gather / ring: the sequence is sharded over the tp group (no sp axis).
+  bool sequence_over_tp() const {
+    return enable_sequence_parallelism &&
+           (sequence_parallelism_mode == "split_gather" || sequence_parallelism_mode == "ring");
+  }
+  // The size of the mesh's sp axis: sp_size for ring_attn / all_to_all, else 1.
+  int sp_axis_size() const { return sequence_over_tp() ? 1 : sp_size; }
 };
 
 // The wrapped model HybridParallelPlugin returns.
 class HybridParallelModel : public ModelWrapper {
  public:
   // grad_group: the ranks gradients are averaged over (dp, or dp x sp);
-  // sp_group: null, or the sequence-parallel group with its mode.
+  // sp_group: null, or the sequence-parallel group with its mode (and ring
+  // attention's inner ring size). With split_gather / ring (sharded.sequence)
+  // the parameters replicated over tp see only their rank's tokens: their
+  // gradients are reduced over partial_grad_group (dp x tp), summed over tp.
   HybridParallelModel(std::shared_ptr<models::CausalLM> model, parallel::plan::ShardedModel sharded,
                       cluster::ProcessGroupPtr grad_group, bool parallel_output, double bucket_cap_mb,
                       cluster::ProcessGroupPtr sp_group = nullptr,
                       parallel::sequence::SequenceParallelMode sp_mode =
-                          parallel::sequence::SequenceParallelMode::RingAttention);
+                          parallel::sequence::SequenceParallelMode::RingAttention,
+                      int64_t inner_ring_size = 0, cluster::ProcessGroupPtr partial_grad_group = nullptr);
   // input_ids: (B, T) int64 -> logits (B, T, V_padded/tp) with parallel_output, else (B, T, V).
-  // With sequence parallelism: (B, T_local, ...), this rank's shard (layout.h).
+  // With ring_attn / all_to_all: (B, T_local, ...), this rank's shard (layout.h).
+  // With split_gather / ring: the full (B, T, ...); T not divisible by tp is
+  // padded inside (causal: real tokens never see the padding) and trimmed.
   at::Tensor forward(const at::Tensor& input_ids) override;
   // logits from forward, labels (B, T) -> scalar: vocab-parallel when the logits are.
   // With sequence parallelism labels are the full (B, T) on every sp rank.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
                   std::optional<int64_t> num_items = std::nullopt) override;
   models::CausalLM& unwrap() override { return *model_; }
-  void set_grad_sync(bool enabled) override { reducer_->set_sync_enabled(enabled); }
+  void set_grad_sync(bool enabled) override {
+    reducer_->set_sync_enabled(enabled);
+    if (partial_reducer_) partial_reducer_->set_sync_enabled(enabled);
+  }
   const parallel::plan::ShardedModel& sharded() const { return sharded_; }
   // Set by the plugin when it wraps the optimizer with fp32 masters, so that a
   // model load can move them (the optimizer outlives the loads done with it).
@@ -82,8 +107,13 @@ class HybridParallelModel : public ModelWrapper {
   parallel::plan::ShardedModel sharded_;
   bool parallel_output_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<GradReducer> partial_reducer_;  // split_gather / ring: tp-replicated parameters
   cluster::ProcessGroupPtr sp_group_;
   parallel::sequence::SequenceParallelMode sp_mode_;
+  int64_t inner_ring_size_;
+
+  // split_gather / ring forward up to the logits (B, T, V_local).
+  at::Tensor forward_sequence_sharded(const at::Tensor& input_ids);
 };
 
 class HybridParallelPlugin : public Plugin {
@@ -97,8 +127,9 @@ class HybridParallelPlugin : public Plugin {
   bool control_precision() const override { return true; }
   cluster::ProcessGroupPtr dp_group() const override { return mesh_->group("dp"); }
   cluster::ProcessGroupPtr tp_group() const { return mesh_->group("tp"); }
-  // The sequence-parallel group; null unless sp_size > 1.
-  cluster::ProcessGroupPtr sp_group() const { return options_.sp_size > 1 ? mesh_->group("sp") : nullptr; }
+  // The sequence-parallel group: the sp axis for ring_attn / all_to_all with
+  // sp_size > 1, the tp group for split_gather / ring, else null.
+  cluster::ProcessGroupPtr sp_group() const;
   const cluster::ProcessGroupMesh& mesh() const { return *mesh_; }
   const HybridParallelPluginOptions& options() const { return options_; }
 

@@ -25,8 +25,10 @@ GPT2Attention::GPT2Attention(const GPT2Config& config, int64_t layer_index, cons
 }
 
 at::Tensor GPT2Attention::forward(const at::Tensor& x, const BlockContext& context) {
-  const int64_t batch = x.size(0), seq = x.size(1);
+  // The sequence length is the projection's: under sequence parallelism x is
+  // a (B, T/tp, C) shard and c_attn gathers the whole sequence.
   at::Tensor qkv = layer("c_attn").forward(x);
+  const int64_t batch = qkv.size(0), seq = qkv.size(1);
   const int64_t width = qkv.size(-1);
   TORCH_CHECK(width % (3 * head_dim_) == 0, "c_attn output width ", width, " is not 3 * heads * head_dim ", head_dim_);
   auto parts = qkv.split(width / 3, -1);

@@ -25,12 +25,14 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOption
 }
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& context) {
-  const int64_t batch = x.size(0), seq = x.size(1);
+  // The sequence length is the projections': under sequence parallelism x is
+  // a (B, T/tp, C) shard and q/k/v_proj gather the whole sequence.
+  const int64_t batch = x.size(0);
   auto heads = [&](const char* name) {
     at::Tensor projected = layer(name).forward(x);
     TORCH_CHECK(projected.size(-1) % head_dim_ == 0, name, " output width ", projected.size(-1),
                 " is not a multiple of head_dim ", head_dim_);
-    return projected.view({batch, seq, -1, head_dim_}).transpose(1, 2);  // (B, H_local, T, D)
+    return projected.view({batch, projected.size(1), -1, head_dim_}).transpose(1, 2);  // (B, H_local, T, D)
   };
   const auto rope = [&](const at::Tensor& x) {
     return context.rope_sin_signed.defined() ? apply_rope_signed(x, context.rope_cos, context.rope_sin_signed)
@@ -41,7 +43,7 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
     // One projection for q, k and v (fuse_projections()); the heads are views.
     at::Tensor qkv = at::linear(x, fused_qkv_, fused_qkv_bias_);
     const auto split = [&](int64_t start, int64_t width) {
-      return qkv.narrow(-1, start, width).view({batch, seq, -1, head_dim_}).transpose(1, 2);
+      return qkv.narrow(-1, start, width).view({batch, qkv.size(1), -1, head_dim_}).transpose(1, 2);
     };
     const int64_t q_width = layer_as<Linear>("q_proj").weight.size(0), kv_width = layer_as<Linear>("k_proj").weight.size(0);
     q = rope(split(0, q_width));
@@ -52,7 +54,7 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
     k = rope(heads("k_proj"));
     v = heads("v_proj");
   }
-  const int64_t local_heads = q.size(1), local_kv_heads = k.size(1);
+  const int64_t local_heads = q.size(1), local_kv_heads = k.size(1), seq = q.size(2);
   TORCH_CHECK(local_heads % local_kv_heads == 0, "local query heads ", local_heads,
               " is not a multiple of local kv heads ", local_kv_heads);
   if (context.attention != nullptr) {

@@ -127,6 +127,42 @@ dp_outside = false
             std::string::npos);
 }
 
+// The sequence-parallel keys, all four modes' shapes: split_gather / ring on
+// the tp group, ring_attn with two-level rings; bad combinations are refused
+// while parsing, naming the key.
+TEST(TrainConfig, HybridParallelSequenceParallelKeys) {
+  auto c = parse_train_config(R"(
+[plugin]
+name = "hybrid_parallel"
+tp_size = 2
+enable_sequence_parallelism = true
+sequence_parallelism_mode = "split_gather"
+)");
+  EXPECT_EQ(c.plugin.hybrid_parallel.tp_size, 2);
+  EXPECT_TRUE(c.plugin.hybrid_parallel.enable_sequence_parallelism);
+  EXPECT_EQ(c.plugin.hybrid_parallel.sequence_parallelism_mode, "split_gather");
+  EXPECT_TRUE(c.plugin.hybrid_parallel.sequence_over_tp());
+  c = parse_train_config(R"(
+[plugin]
+name = "hybrid_parallel"
+sp_size = 4
+enable_sequence_parallelism = true
+sequence_parallelism_mode = "ring_attn"
+inner_ring_size = 2
+)");
+  EXPECT_EQ(c.plugin.hybrid_parallel.sp_size, 4);
+  EXPECT_EQ(c.plugin.hybrid_parallel.inner_ring_size, 2);
+  EXPECT_FALSE(c.plugin.hybrid_parallel.sequence_over_tp());
+  const std::string sp = "[plugin]\nname = \"hybrid_parallel\"\nenable_sequence_parallelism = true\n";
+  EXPECT_NE(error_of(sp + "sequence_parallelism_mode = \"ring\"\n").find("tp_size > 1"), std::string::npos);
+  EXPECT_NE(error_of(sp + "sequence_parallelism_mode = \"ring_attn\"\nsp_size = 4\ninner_ring_size = 3\n")
+                .find("inner_ring_size = 3"),
+            std::string::npos);
+  EXPECT_NE(error_of(sp + "sequence_parallelism_mode = \"split_gather\"\ntp_size = 2\nsp_size = 4\n").find("sp_size = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(sp + "sequence_parallelism_mode = \"rings\"\n").find("'rings' is unknown"), std::string::npos);
+}
+
 TEST(TrainConfig, LowLevelZeroKeysMapOntoItsOptions) {
   auto c = parse_train_config(R"(
 [plugin]

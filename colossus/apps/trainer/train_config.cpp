@@ -271,6 +271,7 @@ TrainConfig from_table(const toml::table& root) {
       s.get("sp_size", h.sp_size);
       s.get("enable_sequence_parallelism", h.enable_sequence_parallelism);
       s.get("sequence_parallelism_mode", h.sequence_parallelism_mode);
+      s.get("inner_ring_size", h.inner_ring_size);
       s.get("zero_stage", h.zero_stage);
       s.get("precision", h.precision);
       s.get("max_norm", h.max_norm);

@@ -36,6 +36,7 @@ class Sharder {
   Sharder(models::CausalLM& model, cluster::ProcessGroupPtr group, const ShardOptions& options)
       : model_(model), group_(std::move(group)), tp_(group_->size()), rank_(group_->rank()), options_(options) {
     result_.tp_group = group_;
+    result_.sequence = options_.sequence;
   }
 
   void apply(const std::string& path, const Style& style) {
@@ -79,7 +80,13 @@ class Sharder {
     const int64_t out = weight.size(out_dim);
     const Shape shape = shape_of(model_.config());
     ShardSpec spec;
-    tensor::ColumnParallelOptions options{.layout = layout, .gather_output = style.gather_output};
+    tensor::ColumnParallelOptions options{
+        .layout = layout, .gather_output = style.gather_output, .sequence = options_.sequence};
+    if (style.gather_output && options_.sequence != tensor::SequenceSharding::None) {
+      throw ConfigError(fmt::format("sharding plan: '{}' is Colwise with gather_output, which sequence parallelism "
+                                    "(split_gather / ring) cannot shard along the sequence; drop gather_output",
+                                    path));
+    }
     if (style.kv_heads && out / shape.head_dim < tp_ && tp_ % (out / shape.head_dim) == 0) {
       // Fewer kv heads than ranks: rank r keeps the one kv head its query
       // heads [r*H/tp, (r+1)*H/tp) attend with; tp/KV ranks share each.
@@ -120,6 +127,11 @@ class Sharder {
       throw ConfigError(
           fmt::format("tensor parallel: '{}' has {} input features, which do not split over tp={}", path, in, tp_));
     }
+    if (!style.input_is_parallel && options_.sequence != tensor::SequenceSharding::None) {
+      throw ConfigError(fmt::format("sharding plan: '{}' is Rowwise with a replicated input, which sequence "
+                                    "parallelism (split_gather / ring) does not support; use Rowwise()",
+                                    path));
+    }
     ShardSpec spec = ShardSpec::even(in_dim, in, tp_);
     narrow_param(weight, spec, rank_);
     result_.specs[path + ".weight"] = spec;
@@ -127,7 +139,8 @@ class Sharder {
         model_, path,
         std::make_shared<tensor::RowParallelLinear>(
             weight, bias, group_,
-            tensor::RowParallelOptions{.layout = layout, .input_is_parallel = style.input_is_parallel}));
+            tensor::RowParallelOptions{
+                .layout = layout, .input_is_parallel = style.input_is_parallel, .sequence = options_.sequence}));
   }
 
   ShardSpec vocab_spec(int64_t vocab) {
@@ -150,8 +163,8 @@ class Sharder {
     result_.specs[path + ".weight"] = spec;
     embedding_sharded_ = true;
     models::replace_layer(model_, path,
-                          std::make_shared<tensor::VocabParallelEmbedding>(weight, result_.vocab.vocab_start,
-                                                                           embedding->padding_idx, group_));
+                          std::make_shared<tensor::VocabParallelEmbedding>(
+                              weight, result_.vocab.vocab_start, embedding->padding_idx, group_, options_.sequence));
   }
 
   void head(const std::string& path) {
@@ -163,7 +176,7 @@ class Sharder {
     narrow_param(weight, spec, rank_);
     result_.specs[path + ".weight"] = spec;
     result_.vocab_parallel_logits = true;
-    models::replace_layer(model_, path, std::make_shared<tensor::VocabParallelHead>(weight, group_));
+    models::replace_layer(model_, path, std::make_shared<tensor::VocabParallelHead>(weight, group_, options_.sequence));
   }
 
  public:
@@ -239,7 +252,14 @@ ShardedModel shard_model(models::CausalLM& model, const ShardingPlan& plan, clus
     throw ConfigError(fmt::format("sharding plan: pattern '{}' matches no module of {}", pattern, model.name()));
   }
   if (model.tied_embeddings() && sharder.embedding_sharded()) sharder.tie_head();
-  return std::move(sharder).finish();
+  const bool embedding_sharded = sharder.embedding_sharded();
+  ShardedModel sharded = std::move(sharder).finish();
+  if (options.sequence != tensor::SequenceSharding::None && (!embedding_sharded || !sharded.vocab_parallel_logits)) {
+    throw ConfigError(
+        "sharding plan: sequence parallelism (split_gather / ring) needs the embedding sharded by "
+        "VocabParallelEmbedding and the head by VocabParallelHead (the default plans do)");
+  }
+  return sharded;
 }
 
 }  // namespace colossus::parallel::plan

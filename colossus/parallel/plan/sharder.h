@@ -9,6 +9,7 @@
 #include "colossus/models/causal_lm.h"
 #include "colossus/parallel/plan/plan.h"
 #include "colossus/parallel/plan/shard_spec.h"
+#include "colossus/parallel/sequence/split_gather.h"
 #include "colossus/parallel/tensor/cross_entropy.h"
 
 #include <cstdint>
@@ -22,6 +23,11 @@ struct ShardOptions {
   // make-vocab-size-divisible-by): padded logits are masked out of the loss and
   // padded rows trimmed on save.
   int64_t make_vocab_size_divisible_by = 64;
+  // split_gather / ring sequence parallelism: the parallel layers take and
+  // return (B, T/tp, C) sequence shards between them (layers.h). Needs the
+  // embedding and head vocab-parallel; gather_output and replicated row
+  // inputs are refused (they would leave a full sequence between regions).
+  sequence::SequenceSharding sequence = sequence::SequenceSharding::None;
 };
 
 struct ShardedModel {
@@ -31,6 +37,10 @@ struct ShardedModel {
   bool tied_head = false;                  // the head is the vocab-parallel embedding's shard
   tensor::VocabShard vocab;                // valid with vocab_parallel_logits
   int64_t padded_vocab = 0;
+  // Not None: activations between the layers are sequence shards, and every
+  // parameter replicated over tp (not in `specs`) gets a gradient from its
+  // rank's tokens only, to be summed over tp.
+  sequence::SequenceSharding sequence = sequence::SequenceSharding::None;
 
   // How many tp ranks hold each element of the parameter (tp for replicated ones).
   int64_t replicas(const std::string& name) const;

@@ -24,8 +24,11 @@ struct RingAttentionOptions {
   // How the shards were cut (layout.h). Causal attention is load-balanced
   // only with ZigZag; Contiguous is correct but the last rank does most work.
   SequenceLayout layout = SequenceLayout::ZigZag;
-  // Two-level rings (inner rings inside nodes): not implemented; 0 or sp
-  // means one ring over the whole group, anything else is refused.
+  // Two-level rings: inner rings of this many consecutive sp ranks (a node)
+  // pass key/value blocks among themselves while each inner ring's blocks
+  // move on to the next inner ring over an outer ring (one transfer per
+  // inner pass, overlapped with it). Must divide sp; 0 (or sp) means one
+  // ring over the whole group.
   int64_t inner_ring_size = 0;
 
   // Throws ConfigError naming the bad value.
@@ -39,6 +42,16 @@ struct RingAttentionOptions {
 // are computed and accumulated in float.
 at::Tensor ring_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, cluster::ProcessGroup &group,
                           const RingAttentionOptions &options = {});
+
+// Ring attention's blockwise path on one process, for benchmarks and tests:
+// the sequence is cut into sp shards (options.layout; inner_ring_size is
+// ignored) and each shard's queries attend key block by key block in ring
+// order with the online-softmax merge, the same blocks and arithmetic
+// ring_attention runs per step, without communication.
+// q: (B, H, T, D), k, v: (B, H_kv, T, D) in sequence order, T a multiple of
+// 2*sp (zig-zag) or sp -> (B, H, T, D). Differentiable in q, k, v.
+at::Tensor blockwise_ring_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t sp,
+                                    const RingAttentionOptions &options = {});
 
 // Plain single-process attention used as the reference and by sp == 1 paths:
 // q: (B, H, T, D), k, v: (B, H_kv, T, D) -> (B, H, T, D); keys at positions >=

@@ -43,7 +43,11 @@ at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor
                                              const at::Tensor &v, double scale) {
   if (mode_ == SequenceParallelMode::RingAttention) {
     return ring_attention(q, k, v, group_,
-                          {.causal = true, .scale = scale, .seq_len = seq_len_, .layout = SequenceLayout::ZigZag});
+                          {.causal = true,
+                           .scale = scale,
+                           .seq_len = seq_len_,
+                           .layout = SequenceLayout::ZigZag,
+                           .inner_ring_size = inner_ring_size_});
   }
   return ulysses_attention(q, k, v, group_, {.causal = true, .scale = scale, .seq_len = seq_len_});
 }

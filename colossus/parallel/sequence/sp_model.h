@@ -21,11 +21,13 @@ enum class SequenceParallelMode { RingAttention, AllToAll };
 SequenceLayout layout_of(SequenceParallelMode mode);
 
 // Routes BlockContext::attention through ring/Ulysses attention, causal, over
-// `group`, for a sequence of seq_len real tokens (the rest is padding).
+// `group`, for a sequence of seq_len real tokens (the rest is padding);
+// inner_ring_size: ring attention's two-level rings (0: one ring).
 class SequenceParallelAttention : public models::AttentionHook {
  public:
-  SequenceParallelAttention(cluster::ProcessGroup &group, SequenceParallelMode mode, int64_t seq_len)
-      : group_(group), mode_(mode), seq_len_(seq_len) {}
+  SequenceParallelAttention(cluster::ProcessGroup &group, SequenceParallelMode mode, int64_t seq_len,
+                            int64_t inner_ring_size = 0)
+      : group_(group), mode_(mode), seq_len_(seq_len), inner_ring_size_(inner_ring_size) {}
   // q: (B, heads, T_local, D), k/v: (B, kv_heads, T_local, D) -> (B, heads,
   // T_local, D).
   at::Tensor attend(int64_t layer, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
@@ -35,6 +37,7 @@ class SequenceParallelAttention : public models::AttentionHook {
   cluster::ProcessGroup &group_;
   SequenceParallelMode mode_;
   int64_t seq_len_;
+  int64_t inner_ring_size_;
 };
 
 // Global positions of this rank's local tokens as a (T_local) int64 tensor on

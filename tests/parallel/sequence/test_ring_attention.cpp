@@ -1,7 +1,9 @@
 // Ring attention on sp = the world size against full single-process attention:
 // forward and q/k/v grads, causal and non-causal, zig-zag and contiguous
-// layouts, lengths not divisible by 2*sp (padded), GQA, fp64 and fp32; the
-// layout helpers round-trip; bad configurations are refused with ConfigError.
+// layouts, lengths not divisible by 2*sp (padded), GQA, fp64 and fp32,
+// two-level rings (inner_ring_size); the single-process blockwise path the
+// benchmark times; the layout helpers round-trip; bad configurations are
+// refused with ConfigError.
 #include "colossus/core/errors.h"
 #include "colossus/parallel/sequence/layout.h"
 #include "colossus/parallel/sequence/ring_attention.h"
@@ -10,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <functional>
 
 using namespace colossus;
 namespace ct = colossus::testing;
@@ -28,11 +32,13 @@ struct Case {
   at::ScalarType dtype;
   ps::SequenceLayout layout;
   double tol;
+  int64_t inner_ring_size = 0;
 };
 
 std::string describe(const Case &c) {
-  return fmt::format("causal={} T={} H={} H_kv={} dtype={} layout={}", c.causal, c.seq_len, c.heads, c.kv_heads,
-                     c10::toString(c.dtype), c.layout == ps::SequenceLayout::ZigZag ? "zigzag" : "contiguous");
+  return fmt::format("causal={} T={} H={} H_kv={} dtype={} layout={} inner_ring_size={}", c.causal, c.seq_len,
+                     c.heads, c.kv_heads, c10::toString(c.dtype),
+                     c.layout == ps::SequenceLayout::ZigZag ? "zigzag" : "contiguous", c.inner_ring_size);
 }
 
 // Runs one case on the world group and compares output and grads.
@@ -55,7 +61,8 @@ void check_case(const Case &c) {
   auto q_loc = shard(q).detach().requires_grad_(true), k_loc = shard(k).detach().requires_grad_(true),
        v_loc = shard(v).detach().requires_grad_(true);
   at::Tensor out_loc =
-      ps::ring_attention(q_loc, k_loc, v_loc, *world, {.causal = c.causal, .seq_len = c.seq_len, .layout = c.layout});
+      ps::ring_attention(q_loc, k_loc, v_loc, *world,
+                         {.causal = c.causal, .seq_len = c.seq_len, .layout = c.layout, .inner_ring_size = c.inner_ring_size});
   ASSERT_EQ(out_loc.sizes(), q_loc.sizes()) << what;
   ASSERT_EQ(out_loc.scalar_type(), c.dtype) << what;
   (out_loc * shard(g)).sum().backward();
@@ -127,6 +134,97 @@ TEST(RingAttention, Bf16RunsInFloatAccumulation) {
   check_case({true, 24, 4, 2, at::kBFloat16, ps::SequenceLayout::ZigZag, 2e-2});
 }
 
+// Two-level rings: inner rings of every size dividing sp (sp = 4: inner rings
+// of 2 joined by an outer ring of 2; 1: the outer ring alone) give the
+// single ring's result, forward and grads.
+TEST(RingAttention, TwoLevelRingsMatchFullAttention) {
+  const int64_t sp = ct::world()->size();
+  for (int64_t inner = 1; inner <= sp; ++inner) {
+    if (sp % inner != 0) continue;
+    for (bool causal : {true, false})
+      for (int64_t t : {16, 13})
+        check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::ZigZag, 1e-10, inner});
+    check_case({true, 13, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous, 1e-10, inner});
+  }
+}
+
+// The benchmark's single-process blockwise path (every simulated rank's
+// blocks in ring order) equals full attention, forward and grads.
+TEST(RingAttention, BlockwisePathMatchesFullAttention) {
+  for (int64_t sp : {1, 2, 3, 4}) {
+    for (auto layout : {ps::SequenceLayout::ZigZag, ps::SequenceLayout::Contiguous}) {
+      for (bool causal : {true, false}) {
+        const int64_t seq_len = 21, padded = ps::padded_length(seq_len, sp, layout);
+        at::Tensor q = seeded({2, 4, padded, 8}, 1, at::kDouble).requires_grad_(true);
+        at::Tensor k = seeded({2, 2, padded, 8}, 2, at::kDouble).requires_grad_(true);
+        at::Tensor v = seeded({2, 2, padded, 8}, 3, at::kDouble).requires_grad_(true);
+        at::Tensor g = seeded({2, 4, padded, 8}, 4, at::kDouble).narrow(2, 0, seq_len);
+        const std::string what = fmt::format("sp={} zigzag={} causal={}", sp, layout == ps::SequenceLayout::ZigZag, causal);
+        auto run = [&](bool blockwise) {
+          for (auto *x : {&q, &k, &v}) x->mutable_grad() = at::Tensor();
+          at::Tensor out = blockwise ? ps::blockwise_ring_attention(
+                                           q, k, v, sp, {.causal = causal, .seq_len = seq_len, .layout = layout})
+                                     : ps::reference_attention(q, k, v, causal, 0.0, seq_len);
+          out = out.narrow(2, 0, seq_len);
+          (out * g).sum().backward();
+          return std::vector<at::Tensor>{out.detach(), q.grad().narrow(2, 0, seq_len), k.grad().narrow(2, 0, seq_len),
+                                         v.grad().narrow(2, 0, seq_len)};
+        };
+        auto want = run(false), got = run(true);
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(ct::max_rel_diff(got[i], want[i]), 1e-10) << i << " " << what;
+      }
+    }
+  }
+  at::Tensor x = at::zeros({1, 2, 6, 4});
+  EXPECT_THROW(ps::blockwise_ring_attention(x, x, x, 2), ConfigError);  // 6 tokens are not 4 zig-zag chunks
+}
+
+// On a CUDA machine (scripts/device_ring_attention.sh runs this binary on one
+// rank): ring attention over the one-rank world and its blockwise path with
+// sp 2 and 4 simulated, on CUDA tensors in fp32 and bf16, equal the fp64 CPU
+// reference, forward and q/k/v grads, causal with a padded length. Skipped
+// without a GPU; MPI carries host tensors only, so one rank.
+TEST(RingAttention, RunsOnCudaTensors) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  auto world = ct::world();
+  if (world->size() != 1) GTEST_SKIP() << "CUDA tensors on one rank only";
+  const int64_t t = 64, seq_len = 61;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const double tol = dtype == at::kFloat ? 1e-4 : 3e-2;
+    at::Tensor q = seeded({2, 4, t, 16}, 1, dtype), k = seeded({2, 2, t, 16}, 2, dtype),
+               v = seeded({2, 2, t, 16}, 3, dtype), g = seeded({2, 4, t, 16}, 4, dtype).narrow(2, 0, seq_len);
+    auto leaf = [](const at::Tensor &x, c10::Device device, at::ScalarType type) {
+      return x.to(device, type).detach().requires_grad_(true);
+    };
+    auto run = [&](c10::Device device, at::ScalarType type, const std::function<at::Tensor(
+                                                                 const at::Tensor &, const at::Tensor &, const at::Tensor &)> &attend) {
+      at::Tensor ql = leaf(q, device, type), kl = leaf(k, device, type), vl = leaf(v, device, type);
+      at::Tensor out = attend(ql, kl, vl).narrow(2, 0, seq_len);
+      EXPECT_EQ(out.device().type(), device.type());
+      (out * g.to(device, type)).sum().backward();
+      return std::vector<at::Tensor>{out.detach().cpu().to(at::kDouble), ql.grad().cpu().to(at::kDouble),
+                                     kl.grad().cpu().to(at::kDouble), vl.grad().cpu().to(at::kDouble)};
+    };
+    auto want = run(c10::kCPU, at::kDouble, [&](const at::Tensor &a, const at::Tensor &b, const at::Tensor &c) {
+      return ps::reference_attention(a, b, c, true, 0.0, seq_len);
+    });
+    const c10::Device cuda(c10::kCUDA, 0);
+    std::vector<std::pair<std::string, std::vector<at::Tensor>>> paths;
+    paths.emplace_back("ring_attention", run(cuda, dtype, [&](const at::Tensor &a, const at::Tensor &b, const at::Tensor &c) {
+                         return ps::ring_attention(a, b, c, *world, {.seq_len = seq_len});
+                       }));
+    for (int64_t sp : {2, 4}) {
+      paths.emplace_back(fmt::format("blockwise sp={}", sp),
+                         run(cuda, dtype, [&](const at::Tensor &a, const at::Tensor &b, const at::Tensor &c) {
+                           return ps::blockwise_ring_attention(a, b, c, sp, {.seq_len = seq_len});
+                         }));
+    }
+    for (const auto &[name, got] : paths)
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_LE(ct::max_rel_diff(got[i], want[i]), tol) << name << " " << c10::toString(dtype) << " tensor " << i;
+  }
+}
+
 TEST(RingAttention, RefusesBadConfigs) {
   auto world = ct::world();
   const int64_t sp = world->size();
@@ -143,6 +241,15 @@ TEST(RingAttention, RefusesBadConfigs) {
                ConfigError);  // 3 heads over 2 kv heads
   at::Tensor x = at::zeros({1, 2, 4, 4});
   EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.inner_ring_size = sp + 1}), ConfigError);
+  EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.inner_ring_size = -1}), ConfigError);
+  if (sp == 4) {
+    try {
+      ps::ring_attention(x, x, x, *world, {.inner_ring_size = 3});
+      ADD_FAILURE() << "inner_ring_size 3 with sp 4 must be refused";
+    } catch (const ConfigError &e) {
+      EXPECT_NE(std::string(e.what()).find("does not divide the 4 sp ranks"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(ps::ring_attention(x, x, x, *world, {.seq_len = 4 * sp + 1}), ConfigError);
 }
 

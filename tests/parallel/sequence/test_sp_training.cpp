@@ -3,11 +3,14 @@
 // relative) for ring_attn and all_to_all over every sp that divides the world,
 // alone and with tp = 2 (GPT-2 and LLaMA with GQA); a length not divisible by
 // 2*sp (padded) gives the same loss and gradients; an sp checkpoint resumes
-// without sp; bad SP options are refused.
+// without sp; bad SP options are refused. split_gather and ring (Megatron SP
+// over the tp group) against one process the same way, for tp in {2, 4} and
+// tp2 x dp2, padded lengths included.
 #include "colossus/booster/booster.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/parallel/plan/shard_spec.h"
 #include "colossus/optim/adam.h"
 #include "colossus/optim/lr_scheduler.h"
 #include "tests/booster/booster_testing.h"
@@ -64,6 +67,7 @@ class SpRun {
 
   booster::Booster& booster() { return *booster_; }
   booster::Boosted& boosted() { return boosted_; }
+  booster::HybridParallelPlugin& plugin() { return *plugin_; }
 
  private:
   models::ModelConfig config_;
@@ -166,6 +170,89 @@ TEST(SequenceParallelTraining, SpCheckpointResumesWithoutSp) {
   }
 }
 
+booster::HybridParallelPluginOptions tp_sp_options(const std::string& mode, int tp) {
+  return {.tp_size = tp, .enable_sequence_parallelism = true, .sequence_parallelism_mode = mode};
+}
+
+// Megatron-style SP: activations between tp regions are sequence shards,
+// norms run on T/tp tokens and their gradients are summed over tp. tiny_llama
+// has 4 query / 2 kv heads, so tp = 4 also replicates kv heads.
+TEST(SequenceParallelTraining, SplitGatherAndRingMatchSingleProcess) {
+  const int world = ct::world()->size();
+  if (world < 2) GTEST_SKIP() << "split_gather / ring need tp >= 2";
+  for (const auto& config : {tiny_gpt2(), tiny_llama()}) {
+    const auto reference = reference_losses(config, kSteps);
+    for (const std::string mode : {"split_gather", "ring"}) {
+      for (int tp : {2, 4}) {
+        if (world % tp != 0) continue;
+        SpRun run(config, tp_sp_options(mode, tp));
+        std::vector<double> losses;
+        for (int64_t step = 0; step < kSteps; ++step) losses.push_back(run.train_step(step));
+        double worst = 0.0;
+        for (size_t i = 0; i < losses.size(); ++i)
+          worst = std::max(worst, std::abs(losses[i] - reference[i]) / std::abs(reference[i]));
+        const std::string what = fmt::format("{} {} tp{} x dp{}", models::model_type(config), mode, tp, world / tp);
+        EXPECT_LE(worst, 1e-5) << what;
+        if (ct::world()->rank() == 0)
+          std::printf("%s: loss %.6f -> %.6f, max rel diff vs 1 process %.2e\n", what.c_str(), losses.front(),
+                      losses.back(), worst);
+      }
+    }
+  }
+}
+
+// ring_attn with two-level rings (inner rings of 2 joined by an outer ring)
+// trains as one process.
+TEST(SequenceParallelTraining, RingAttnInnerRingMatchesSingleProcess) {
+  if (ct::world()->size() != 4) GTEST_SKIP() << "inner rings of 2 inside sp = 4";
+  const auto config = tiny_llama();
+  const auto reference = reference_losses(config, kSteps);
+  auto options = sp_options("ring_attn", 4, 1);
+  options.inner_ring_size = 2;
+  SpRun run(config, options);
+  double worst = 0.0;
+  for (int64_t step = 0; step < kSteps; ++step)
+    worst = std::max(worst, std::abs(run.train_step(step) - reference[step]) / std::abs(reference[step]));
+  EXPECT_LE(worst, 1e-5);
+  if (ct::world()->rank() == 0) std::printf("llama ring_attn sp4 inner_ring_size 2: max rel diff %.2e\n", worst);
+}
+
+// T = 13 does not divide by tp: the model pads to a multiple of tp and trims
+// the logits; loss and every gradient (sharded ones gathered over tp, the
+// tp-replicated ones summed over their sequence shards) equal one process.
+TEST(SequenceParallelTraining, SplitGatherPaddedLengthMatchesSingleProcess) {
+  const int tp = ct::world()->size();
+  if (tp < 2) GTEST_SKIP() << "split_gather / ring need tp >= 2";
+  for (const auto& config : {tiny_gpt2(), tiny_llama()}) {
+    auto ids = global_batch(config, 0).narrow(1, 0, 13).contiguous();
+    auto reference = models::create_model(config, {.seed = 7});
+    auto ref_loss = reference->loss(reference->forward(ids), ids);
+    ref_loss.backward();
+    auto ref_params = reference->named_parameters(/*recurse=*/true);
+    for (const std::string mode : {"split_gather", "ring"}) {
+      SpRun run(config, tp_sp_options(mode, tp));
+      auto& model = *run.boosted().model;
+      auto logits = model.forward(ids);
+      EXPECT_EQ(logits.size(1), 13);
+      auto loss = model.loss(logits, ids);
+      run.booster().backward(loss, *run.boosted().optimizer);
+      const std::string what = fmt::format("{} {} tp{} T=13", models::model_type(config), mode, tp);
+      EXPECT_LE(std::abs(loss.item<double>() - ref_loss.item<double>()) / ref_loss.item<double>(), 1e-5) << what;
+      const auto& sharded = dynamic_cast<booster::HybridParallelModel&>(model).sharded();
+      for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true)) {
+        const at::Tensor* want = ref_params.find(item.key());
+        ASSERT_NE(want, nullptr) << item.key();
+        ASSERT_TRUE(item.value().grad().defined()) << item.key() << " " << what;
+        auto spec = sharded.specs.find(item.key());
+        at::Tensor got = spec == sharded.specs.end()
+                             ? item.value().grad()
+                             : parallel::plan::gather_full(item.value().grad(), spec->second, *sharded.tp_group);
+        EXPECT_LE(ct::max_rel_diff(got, want->grad()), 1e-5) << item.key() << " " << what;
+      }
+    }
+  }
+}
+
 TEST(SequenceParallelTraining, RefusesBadOptions) {
   auto world = ct::world();
   EXPECT_THROW(booster::HybridParallelPlugin({.sp_size = 2}, world), ConfigError);
@@ -173,13 +260,38 @@ TEST(SequenceParallelTraining, RefusesBadOptions) {
       booster::HybridParallelPlugin(
           {.sp_size = 0, .enable_sequence_parallelism = true, .sequence_parallelism_mode = "ring_attn"}, world),
       ConfigError);
-  for (const std::string mode : {"split_gather", "ring", "ulysses", ""}) {
+  for (const std::string mode : {"ulysses", ""}) {
     try {
       booster::HybridParallelPlugin({.enable_sequence_parallelism = true, .sequence_parallelism_mode = mode}, world);
       ADD_FAILURE() << "expected ConfigError for mode '" << mode << "'";
     } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find("ring_attn"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("split_gather"), std::string::npos) << e.what();
     }
   }
+  // split_gather / ring shard over the tp group: tp_size 1 has none, and an
+  // sp_size other than 1 or tp_size names a group they do not use.
+  for (const std::string mode : {"split_gather", "ring"}) {
+    try {
+      booster::HybridParallelPlugin(tp_sp_options(mode, 1), world);
+      ADD_FAILURE() << "expected ConfigError for mode '" << mode << "' with tp_size 1";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("tp_size > 1"), std::string::npos) << e.what();
+    }
+    auto options = tp_sp_options(mode, 2);
+    options.sp_size = 4;
+    EXPECT_THROW(booster::HybridParallelPlugin(options, world), ConfigError) << mode;
+  }
   EXPECT_THROW(booster::HybridParallelPlugin(sp_options("ring_attn", world->size() + 1, 1), world), ConfigError);
+  // inner_ring_size must divide sp and belongs to ring_attn only.
+  auto inner = sp_options("ring_attn", 4, 1);
+  inner.inner_ring_size = 3;
+  try {
+    booster::HybridParallelPlugin(inner, world);
+    ADD_FAILURE() << "expected ConfigError for inner_ring_size 3 with sp 4";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide sp_size = 4"), std::string::npos) << e.what();
+  }
+  inner = sp_options("all_to_all", 1, 1);
+  inner.inner_ring_size = 1;
+  EXPECT_THROW(booster::HybridParallelPlugin(inner, world), ConfigError);
 }
