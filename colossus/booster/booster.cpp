@@ -7,6 +7,7 @@
 #include "colossus/booster/clip_grad_optimizer.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/zero/gemini/gemini_optimizer.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
@@ -268,6 +269,10 @@ void Booster::backward(const at::Tensor& loss, optim::Optimizer& optimizer) {
   }
   if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer)) {
     zero->scale_loss(loss).backward();
+    return;
+  }
+  if (auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(&optimizer)) {
+    gemini->scale_loss(loss).backward();
     return;
   }
   loss.backward();

@@ -85,7 +85,24 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
     : spec_(spec), group_(group ? group : ct::world()) {
   std::shared_ptr<booster::Plugin> plugin;
   booster::BoosterOptions booster_options;
-  if (spec.plugin == "ddp") {
+  if (spec.plugin == "gemini") {
+    plugin = std::make_shared<booster::GeminiPlugin>(
+        booster::GeminiPluginOptions{.placement_policy = spec.placement_policy,
+                                     .shard_param_frac = spec.shard_param_frac,
+                                     .offload_optim_frac = spec.offload_optim_frac,
+                                     .offload_param_frac = spec.offload_param_frac,
+                                     .gpu_margin_mem_ratio = spec.gpu_margin_mem_ratio,
+                                     .precision = spec.precision,
+                                     .master_weights = spec.master_weights,
+                                     .max_prefetch = spec.max_prefetch,
+                                     .enable_gradient_accumulation = spec.micro_batches > 1,
+                                     .search_range_m = spec.search_range_m,
+                                     .min_chunk_size_m = spec.min_chunk_size_m,
+                                     .initial_scale = spec.initial_scale,
+                                     .max_norm = spec.max_norm,
+                                     .memory_probe = spec.memory_probe},
+        group_);
+  } else if (spec.plugin == "ddp") {
     plugin = std::make_shared<booster::DDPPlugin>(booster::DDPPluginOptions{}, group_);
     booster_options.mixed_precision = spec.precision;
     booster_options.max_norm = spec.max_norm;

@@ -4,10 +4,13 @@
 // and scratch directories come from tests/booster/booster_testing.h).
 #pragma once
 #include "colossus/booster/booster.h"
+#include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
 #include "tests/booster/booster_testing.h"
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,7 +18,7 @@ namespace colossus::zero::testing {
 
 struct RunSpec {
   std::string model = "gpt2";   // "gpt2" or "llama"
-  std::string plugin = "zero";  // "zero" or "ddp"
+  std::string plugin = "zero";  // "zero", "gemini" or "ddp"
   int stage = 2;
   int micro_batches = 1;
   double max_norm = 0.0;
@@ -28,6 +31,17 @@ struct RunSpec {
   std::string communication_dtype;
   bool cpu_offload = false;
   bool master_weights = true;
+  // gemini (micro_batches > 1 turns on enable_gradient_accumulation): small
+  // chunks (min_chunk_size_m: ~1K elements) so even tiny models have several.
+  std::string placement_policy = "static";
+  double shard_param_frac = 1.0;
+  double offload_optim_frac = 0.0;
+  double offload_param_frac = 0.0;
+  double gpu_margin_mem_ratio = 0.0;
+  int max_prefetch = 0;
+  double min_chunk_size_m = 0.001;
+  double search_range_m = 0.004;
+  std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
 };
 
 std::vector<double> reference_losses(const RunSpec& spec, int64_t steps);

@@ -1,0 +1,234 @@
+// GeminiDDP: ZeRO-3 over chunks. The model's trainable parameters become views
+// of per-chunk buffers (chunk_plan.h) whose storage is allocated only while a
+// part of the model that uses the chunk runs: each dp rank keeps its shard of
+// every chunk (on the device or offloaded to host memory, placement.h), the
+// whole chunk is all-gathered before the segment that needs it and its storage
+// freed after (storage resized to zero in place, so autograd's saved views of
+// the parameters see the data again when backward re-gathers it).
+//
+// Segments: 0 = embedding, 1..L = the blocks (each wrapped by a GeminiBlock),
+// L+1 = final norm + head (tied embedding included). Forward gathers a
+// segment's chunks before it runs; a hook on the segment's output gathers them
+// again before its backward. Gradients are copied into a chunk-sized buffer
+// by post-accumulate-grad hooks and reduce-scattered (averaged over dp) as soon
+// as a chunk's last gradient arrived; each rank accumulates its part in an
+// fp32 gradient shard next to its fp32 master shard (GeminiOptimizer steps
+// them).
+#pragma once
+#include "colossus/amp/loss_scaler.h"
+#include "colossus/cluster/process_group.h"
+#include "colossus/metrics/memory.h"
+#include "colossus/models/causal_lm.h"
+#include "colossus/zero/gemini/chunk_plan.h"
+#include "colossus/zero/gemini/placement.h"
+
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace colossus::zero::gemini {
+
+struct GeminiOptions {
+  std::string placement_policy = "static"; // "static" or "auto"
+  // static: fraction of chunks sharded (the rest stay gathered), and of the
+  // sharded chunks whose optimizer side / parameter shard live on the host.
+  double shard_param_frac = 1.0;
+  double offload_optim_frac = 0.0;
+  double offload_param_frac = 0.0;
+  // auto: the share of device memory assumed non-model during the warm-up
+  // step, the share of capacity chunks may use after it, and the share of the
+  // margin left after the parameter shards given to optimizer shards.
+  double warmup_non_model_data_ratio = 0.8;
+  double steady_cuda_cap_ratio = 0.9;
+  double gpu_margin_mem_ratio = 0.0;
+  std::string precision =
+      "fp32"; // parameter dtype: fp32, bf16, fp16 (loss-scaled)
+  bool master_weights =
+      true; // fp32 master shards (false: step the bf16/fp16 shard itself)
+  bool pin_memory = false; // host shards in pinned memory (CUDA only)
+  int max_prefetch =
+      0; // chunks all-gathered ahead of the segment that needs them
+  bool enable_gradient_accumulation =
+      false; // several backwards per step sum into the gradient shards
+  ChunkSearchOptions chunk_search = {};
+  amp::LossScalerOptions loss_scaler = {};
+  double max_norm = 0.0;
+  double norm_type = 2.0;
+  // Device memory figures for the auto policy (default:
+  // metrics::device_memory()).
+  std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+};
+
+// One chunk on this rank.
+struct Chunk {
+  BucketLayout layout; // params in packing order, numel, shard_numel, dtype
+                       // (the parameters')
+  ChunkPlacement placement;
+  at::Tensor full;  // (numel) parameter dtype on the device; storage empty
+                    // unless gathered
+  at::Tensor shard; // (shard_numel) parameter dtype; a view of `full` when kept
+                    // gathered
+  at::Tensor master; // (shard_numel) master dtype; may alias `shard`
+  at::Tensor
+      grad_shard; // (shard_numel) master dtype: this rank's averaged gradient
+  at::Tensor grad_full;   // (numel) parameter dtype, while its gradients arrive
+                          // in backward
+  at::Tensor reduced;     // (shard_numel) reduce-scatter output in flight
+  at::Tensor gather_send; // the all-gather's input in flight
+  cluster::Work gather_work, reduce_work;
+  enum class State { Released, Gathering, Gathered } state = State::Released;
+  size_t grads_pending = 0;
+  bool reduce_launched = false;
+};
+
+// Bytes this rank holds, by kind and place (on CPU ranks both places are the
+// same memory: the split is the placement's accounting).
+struct GeminiMemory {
+  int64_t params_device = 0, params_host = 0; // shards + gathered chunks
+  int64_t grads_device = 0,
+          grads_host = 0; // gradient shards + in-flight buffers
+  int64_t masters_device = 0,
+          masters_host = 0; // master shards not aliasing the parameter shard
+  int64_t optim_device = 0,
+          optim_host = 0; // optimizer state (filled by GeminiOptimizer)
+  int64_t device_total() const {
+    return params_device + grads_device + masters_device + optim_device;
+  }
+  int64_t host_total() const {
+    return params_host + grads_host + masters_host + optim_host;
+  }
+};
+
+class GeminiDDP {
+public:
+  // `model`: fp32, the same values on every rank (any device; chunks are built
+  // on `device` / the host). Its blocks are replaced by GeminiBlock wrappers.
+  GeminiDDP(std::shared_ptr<models::CausalLM> model,
+            cluster::ProcessGroupPtr dp_group, c10::Device device,
+            GeminiOptions options);
+  ~GeminiDDP();
+  GeminiDDP(const GeminiDDP &) = delete;
+  GeminiDDP &operator=(const GeminiDDP &) = delete;
+
+  // input_ids: (B, T) int64 -> logits (B, T, V); every chunk released
+  // afterwards.
+  at::Tensor forward(const at::Tensor &input_ids);
+  models::CausalLM &model() { return *model_; }
+
+  // Segment boundaries (GeminiBlock calls them for segments 1..L).
+  void pre_forward(size_t segment);
+  void post_forward(size_t segment, const at::Tensor &output);
+  void pre_backward(size_t segment);
+  // Called by the hooks and the autograd-engine callback.
+  void on_grad_ready(size_t param_index);
+  void finish_backward();
+  // Booster::no_sync: only allowed with enable_gradient_accumulation (each
+  // backward is reduced anyway; the shards sum).
+  void set_grad_sync(bool enabled);
+
+  // The optimizer side.
+  const GeminiOptions &options() const { return options_; }
+  const NamedParams &params() const { return params_; }
+  const Layout &layout() const { return layout_; }
+  std::vector<Chunk> &chunks() { return chunks_; }
+  const std::vector<Chunk> &chunks() const { return chunks_; }
+  // The master view of parameter k (its own part; empty if none) with .grad a
+  // view of the gradient shard.
+  const at::Tensor &master_view(size_t param_index) const {
+    return master_views_[param_index];
+  }
+  c10::ScalarType master_dtype() const { return master_dtype_; }
+  cluster::ProcessGroupPtr dp_group() const { return dp_group_; }
+  c10::Device device() const { return device_; }
+  // After the optimizer stepped the masters: parameter shards follow them
+  // (kept-gathered chunks all-gathered again); the next backward overwrites the
+  // gradient shards.
+  void after_step();
+  // Parameter shards (and kept-gathered chunks) take the masters' values;
+  // collective over dp.
+  void shards_from_masters();
+  // Auto policy: ends the warm-up at the first step (places chunks by the
+  // traced peak); no-op after.
+  void end_warmup(int64_t optim_bytes_per_element);
+  bool warming_up() const { return warming_up_; }
+  int64_t peak_non_model_bytes() const { return peak_non_model_bytes_; }
+  // Moves chunks to a new placement (before the optimizer has state on them).
+  void apply_placement(const std::vector<ChunkPlacement> &placement);
+
+  // Materialises every chunk (collective), calls fn, releases them again
+  // (checkpoints).
+  void with_all_gathered(const std::function<void()> &fn);
+  // The parameters were overwritten in full (all gathered): shards and masters
+  // follow (not collective).
+  void refresh_from_params();
+
+  GeminiMemory memory_bytes() const;
+  int64_t device_model_bytes() const;
+  int64_t chunk_numel() const { return chunk_numel_; }
+  const std::vector<std::vector<size_t>> &segment_chunks() const {
+    return segment_chunks_;
+  }
+  // Chunks gathered so far (forward and backward; counts re-gathers), and the
+  // most gathered at once.
+  int64_t gathers() const { return gathers_; }
+  int64_t max_gathered() const { return max_gathered_; }
+
+private:
+  void gather(size_t chunk);
+  void wait_gathered(size_t chunk);
+  void release(size_t chunk);
+  void release_all();
+  void schedule(size_t segment, bool forward);
+  void start_backward();
+  void launch_reduce(Chunk &chunk);
+  void sample_memory();
+  c10::Device place_of(bool on_host) const;
+  at::Tensor host_or_device(const at::Tensor &values, bool on_host,
+                            c10::ScalarType dtype) const;
+  void point_views(size_t chunk);
+
+  std::shared_ptr<models::CausalLM> model_;
+  cluster::ProcessGroupPtr dp_group_;
+  c10::Device device_;
+  GeminiOptions options_;
+  NamedParams params_;
+  Layout layout_;
+  int64_t chunk_numel_ = 0;
+  std::vector<Chunk> chunks_;
+  std::vector<at::Tensor> master_views_;
+  c10::ScalarType dtype_, master_dtype_;
+  std::vector<std::vector<size_t>> segment_chunks_;
+  std::vector<bool> ready_;
+  bool in_backward_ = false;
+  bool grads_pending_step_ = false; // a backward finished since the last step
+  bool warming_up_ = false;
+  int64_t peak_non_model_bytes_ = 0;
+  int64_t gathers_ = 0, max_gathered_ = 0;
+};
+
+// A block whose parameters live in chunks: gathers them around its forward
+// (and, through a hook on its output, before its backward). It adopts the
+// wrapped block's children, so parameter names stay Hugging Face's.
+class GeminiBlock : public models::TransformerBlock {
+public:
+  GeminiBlock(std::shared_ptr<models::TransformerBlock> inner, GeminiDDP *ddp,
+              size_t segment);
+  // hidden: (B, T, C) -> (B, T, C)
+  at::Tensor forward(const at::Tensor &hidden,
+                     const models::BlockContext &context) override;
+  const std::shared_ptr<models::TransformerBlock> &inner() const {
+    return inner_;
+  }
+
+private:
+  std::shared_ptr<models::TransformerBlock> inner_;
+  GeminiDDP *ddp_;
+  size_t segment_;
+};
+
+} // namespace colossus::zero::gemini
