@@ -278,6 +278,27 @@ void Booster::backward(const at::Tensor& loss, optim::Optimizer& optimizer) {
   loss.backward();
 }
 
+PipelineOutput Booster::execute_pipeline(const PipelineDataIter& data_iter, ModelWrapper& model,
+                                         const PipelineCriterion& criterion, optim::Optimizer& optimizer,
+                                         bool return_loss, bool return_outputs) {
+  if (!data_iter) throw ConfigError("Booster::execute_pipeline: data_iter is empty; pass a function yielding batches");
+  const PipelineBatch batch = data_iter();
+  std::function<at::Tensor(const at::Tensor&)> scale_loss;
+  if (auto* mixed = dynamic_cast<amp::MixedPrecisionOptimizer*>(&optimizer)) {
+    scale_loss = [mixed](const at::Tensor& loss) { return mixed->scale_loss(loss); };
+  } else if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer)) {
+    scale_loss = [zero](const at::Tensor& loss) { return zero->scale_loss(loss); };
+  }
+  return model.execute_pipeline(batch, criterion, scale_loss, return_loss, return_outputs);
+}
+
+PipelineOutput ModelWrapper::execute_pipeline(const PipelineBatch&, const PipelineCriterion&,
+                                              const std::function<at::Tensor(const at::Tensor&)>&, bool, bool) {
+  throw ConfigError(
+      "execute_pipeline: this model is not pipeline-parallel; use HybridParallelPlugin with pp_size > 1, or "
+      "forward + loss + booster.backward");
+}
+
 Booster::NoSyncGuard::NoSyncGuard(ModelWrapper& model) : model_(model) { model_.set_grad_sync(false); }
 
 Booster::NoSyncGuard::~NoSyncGuard() { model_.set_grad_sync(true); }

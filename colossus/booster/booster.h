@@ -70,6 +70,16 @@ class Booster {
   // loss.backward(), scaled by the optimizer's loss scale (fp16).
   void backward(const at::Tensor& loss, optim::Optimizer& optimizer);
 
+  // Pipeline parallelism (HybridParallelPlugin with pp_size > 1): takes the
+  // next batch from data_iter, runs forward and backward over its
+  // microbatches in the plugin's schedule (criterion: each microbatch's share
+  // of the batch loss, or the model's loss when empty), scales losses for
+  // fp16, and synchronises gradients. Then step the optimizer as usual. The
+  // loss is returned on every rank, the logits on the last stage's ranks.
+  PipelineOutput execute_pipeline(const PipelineDataIter& data_iter, ModelWrapper& model,
+                                  const PipelineCriterion& criterion, optim::Optimizer& optimizer,
+                                  bool return_loss = true, bool return_outputs = false);
+
   // While the guard lives, backward only accumulates gradients locally; the
   // first backward after it synchronises the sums (gradient accumulation).
   class NoSyncGuard {

@@ -21,12 +21,7 @@ namespace colossus::booster {
 
 void HybridParallelPluginOptions::validate() const {
   if (tp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.tp_size = {} must be >= 1", tp_size));
-  if (pp_size != 1) {
-    throw ConfigError(
-        fmt::format("hybrid_parallel.pp_size = {}: pipeline parallelism has not landed yet; use "
-                    "pp_size = 1 (tensor x data parallel)",
-                    pp_size));
-  }
+  validate_pipeline_options(*this);
   if (sp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.sp_size = {} must be >= 1", sp_size));
   if (!enable_sequence_parallelism && (sp_size != 1 || !sequence_parallelism_mode.empty())) {
     throw ConfigError(
@@ -72,7 +67,7 @@ void HybridParallelPluginOptions::validate() const {
                       inner_ring_size, sp_size, sp_size));
     }
   }
-  if (zero_stage != 0) {
+  if (zero_stage != 0 && pp_size == 1) {
     throw ConfigError(
         fmt::format("hybrid_parallel.zero_stage = {}: ZeRO with tensor parallelism has not landed yet; "
                     "use zero_stage = 0 (or the low_level_zero plugin without tp)",
@@ -156,6 +151,9 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
 }
 
 at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
+  if (pipeline_) {
+    throw ConfigError("HybridParallelModel::forward: with pp_size > 1 a step is booster.execute_pipeline(...)");
+  }
   models::CausalLM& m = *model_;
   at::Tensor hidden;
   at::Tensor logits;
@@ -217,11 +215,20 @@ HybridParallelPlugin::HybridParallelPlugin(HybridParallelPluginOptions options, 
                     "product divides {}",
                     options_.tp_size, sp_axis, world->size(), world->size()));
   }
-  const int dp = world->size() / tp_sp;
+  const int pp = options_.pp_size;
+  if (world->size() % (tp_sp * pp) != 0) {
+    throw ConfigError(fmt::format(
+        "hybrid_parallel: tp_size = {} x sp_size = {} x pp_size = {} does not divide the {} ranks; use sizes whose "
+        "product divides {}",
+        options_.tp_size, sp_axis, pp, world->size(), world->size()));
+  }
+  const int dp = world->size() / (tp_sp * pp);
   cluster::MeshAxes axes = options_.dp_outside ? cluster::MeshAxes{{"dp", dp}, {"tp", options_.tp_size}}
                                                : cluster::MeshAxes{{"tp", options_.tp_size}, {"dp", dp}};
   // sp sits between dp and tp; only when used, so sp_size = 1 keeps the tp x dp mesh as it was.
   if (sp_axis > 1) axes.insert(axes.begin() + 1, {"sp", sp_axis});
+  // pp right inside dp (outermost without dp_outside); only when used.
+  if (pp > 1) axes.insert(options_.dp_outside ? axes.begin() + 1 : axes.begin(), {"pp", pp});
   mesh_ = std::make_unique<cluster::ProcessGroupMesh>(std::move(world), std::move(axes));
 }
 
@@ -250,6 +257,11 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       *model, plan, tp_group(),
       parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by,
                                    .sequence = sequence});
+  // Pipeline stages: this rank keeps its blocks' parameters (before any cast,
+  // so fp32 originals and masters of other stages' parameters are empty too).
+  std::unique_ptr<HybridPipeline> pipeline;
+  if (options_.pp_size > 1)
+    pipeline = std::make_unique<HybridPipeline>(*model, pp_group(), dp_group(), pipeline_options_of(options_));
   if (options_.precision != "fp32") {
     const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
     at::NoGradGuard no_grad;
@@ -279,6 +291,7 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       options_.sequence_over_tp() ? nullptr : sp_group(), sp_mode, options_.inner_ring_size,
       options_.sequence_over_tp() ? mesh_->group({"dp", "tp"}) : nullptr);
   model_ = wrapped.get();
+  if (pipeline) wrapped->attach_pipeline(std::move(pipeline));
   return wrapped;
 }
 
@@ -287,6 +300,7 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
   auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
   if (hybrid == nullptr)
     throw ConfigError("HybridParallelPlugin::wrap_optimizer: the model was not wrapped by this plugin");
+  if (options_.zero_stage == 1) return wrap_pipeline_zero_optimizer(*hybrid, std::move(optimizer), dp_group());
   // Each optimizer parameter's replica count over tp, in the optimizer's flat order.
   std::unordered_map<const c10::TensorImpl*, std::pair<std::string, size_t>> by_impl;
   size_t index = 0;
@@ -301,7 +315,9 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
       if (it == by_impl.end()) {
         throw ConfigError("HybridParallelPlugin: the optimizer holds a tensor that is not a parameter of the model");
       }
-      replicas.push_back(hybrid->sharded().replicas(it->second.first));
+      // A tied embedding held by the first and the last pipeline stage counts once.
+      const bool tied_twice = hybrid->pipeline() && it->second.first == hybrid->pipeline()->tied_name();
+      replicas.push_back(hybrid->sharded().replicas(it->second.first) * (tied_twice ? 2 : 1));
       if (!fp32_originals_.empty()) originals.push_back(fp32_originals_[it->second.second]);
     }
   }
@@ -309,12 +325,12 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
     optimizer = std::make_unique<TPClipOptimizer>(std::move(optimizer), TPClipOptions{.max_norm = options_.max_norm,
                                                                                       .norm_type = options_.norm_type,
                                                                                       .replicas = std::move(replicas),
-                                                                                      .tp_group = tp_group()});
+                                                                                      .tp_group = norm_group()});
   }
   if (options_.precision == "fp32") return optimizer;
-  // Gradients are partitioned over tp (identical over dp after the
+  // Gradients are partitioned over tp (and pp; identical over dp after the
   // all-reduce), so an overflow anywhere in a tp group skips the step on all.
-  auto tp = tp_group();
+  auto tp = norm_group();
   auto overflow = [tp](bool local) {
     if (tp->size() == 1) return local;
     at::Tensor flag =

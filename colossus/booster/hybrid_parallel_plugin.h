@@ -7,10 +7,14 @@
 // (ring_attn, all_to_all) shards each sequence over an sp axis of the mesh
 // (dp, sp, tp); split_gather / ring shard the activations between
 // tensor-parallel regions over the tp group itself (Megatron-style).
-// Pipeline parallelism and ZeRO stages are refused until they land.
+// Pipeline parallelism (pp_size > 1: 1f1b, interleaved, zero_bubble) splits
+// the blocks over a pp axis and trains through booster.execute_pipeline
+// (hybrid_parallel_pipeline.h); ZeRO-1 composes with it (dp x pp, fp32),
+// other ZeRO stages are refused until they land.
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
+#include "colossus/booster/hybrid_parallel_pipeline.h"
 #include "colossus/booster/plugin.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/parallel/plan/sharder.h"
@@ -29,7 +33,22 @@ namespace colossus::booster {
 
 struct HybridParallelPluginOptions {
   int tp_size = 1;
-  int pp_size = 1;                           // only 1 for now
+  // Pipeline parallelism over a pp axis of the mesh ((dp, pp, tp), or
+  // (pp, tp, dp) without dp_outside): pp_style "1f1b", "interleaved"
+  // (num_model_chunks >= 2 virtual stages per rank, Megatron order) or
+  // "zero_bubble" (ZB-H1: backward split into input and weight gradients;
+  // Colossal-AI's V-shaped "zbv" is refused for now). A step is
+  // booster.execute_pipeline over num_microbatches microbatches (or
+  // rows / microbatch_size). num_layers_per_stage: blocks per virtual stage
+  // (empty: balanced by parameter count, embedding and head included);
+  // overlap_p2p: each receive is posted one action ahead.
+  int pp_size = 1;
+  std::string pp_style = "1f1b";
+  int num_model_chunks = 1;
+  int64_t num_microbatches = 0;
+  int64_t microbatch_size = 0;
+  std::vector<int64_t> num_layers_per_stage;
+  bool overlap_p2p = true;
   // Sequence parallelism: with enable_sequence_parallelism, mode "ring_attn"
   // (ring attention, zig-zag shards) or "all_to_all" (Ulysses; heads / tp
   // must divide by sp) over sp_size ranks of their own mesh axis. forward()
@@ -98,6 +117,13 @@ class HybridParallelModel : public ModelWrapper {
     if (partial_reducer_) partial_reducer_->set_sync_enabled(enabled);
   }
   const parallel::plan::ShardedModel& sharded() const { return sharded_; }
+  // Pipeline parallelism (hybrid_parallel_pipeline.cpp): this rank's stages,
+  // set by the plugin with pp_size > 1 (forward() is refused then); null without.
+  void attach_pipeline(std::unique_ptr<HybridPipeline> pipeline);
+  HybridPipeline* pipeline() const { return pipeline_.get(); }
+  PipelineOutput execute_pipeline(const PipelineBatch& batch, const PipelineCriterion& criterion,
+                                  const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
+                                  bool return_outputs) override;
   // Set by the plugin when it wraps the optimizer with fp32 masters, so that a
   // model load can move them (the optimizer outlives the loads done with it).
   amp::MixedPrecisionOptimizer* mixed_optimizer = nullptr;
@@ -111,6 +137,10 @@ class HybridParallelModel : public ModelWrapper {
   cluster::ProcessGroupPtr sp_group_;
   parallel::sequence::SequenceParallelMode sp_mode_;
   int64_t inner_ring_size_;
+
+  std::unique_ptr<HybridPipeline> pipeline_;
+  // Final hidden (B, T, C) -> logits as forward() returns them (pipeline's last stage).
+  at::Tensor pipeline_logits(const at::Tensor& hidden);
 
   // split_gather / ring forward up to the logits (B, T, V_local).
   at::Tensor forward_sequence_sharded(const at::Tensor& input_ids);
@@ -127,6 +157,13 @@ class HybridParallelPlugin : public Plugin {
   bool control_precision() const override { return true; }
   cluster::ProcessGroupPtr dp_group() const override { return mesh_->group("dp"); }
   cluster::ProcessGroupPtr tp_group() const { return mesh_->group("tp"); }
+  // The pipeline group; null unless pp_size > 1.
+  cluster::ProcessGroupPtr pp_group() const { return options_.pp_size > 1 ? mesh_->group("pp") : nullptr; }
+  // The ranks holding disjoint parts of the gradients (global norm, fp16
+  // overflow): tp, or pp x tp with a pipeline.
+  cluster::ProcessGroupPtr norm_group() const {
+    return options_.pp_size > 1 ? mesh_->group({"pp", "tp"}) : mesh_->group("tp");
+  }
   // The sequence-parallel group: the sp axis for ring_attn / all_to_all with
   // sp_size > 1, the tp group for split_gather / ring, else null.
   cluster::ProcessGroupPtr sp_group() const;

@@ -3,6 +3,7 @@
 // asks what the plugin controls and defers to it; what the plugin does not
 // control (precision, device) the Booster handles itself.
 #pragma once
+#include "colossus/booster/pipeline_batch.h"
 #include "colossus/cluster/process_group.h"
 #include "colossus/models/causal_lm.h"
 #include "colossus/optim/optimizer.h"
@@ -33,6 +34,13 @@ class ModelWrapper {
   // Gradient accumulation: while a guard is alive, backward does not
   // synchronise gradients across ranks.
   virtual void set_grad_sync(bool enabled) = 0;
+  // One step's forward and backward over microbatches of `batch` through a
+  // pipeline (Booster::execute_pipeline); gradients are synchronised when it
+  // returns. scale_loss: applied to each microbatch loss before its backward.
+  // Only pipeline-parallel models implement it.
+  virtual PipelineOutput execute_pipeline(const PipelineBatch& batch, const PipelineCriterion& criterion,
+                                          const std::function<at::Tensor(const at::Tensor&)>& scale_loss,
+                                          bool return_loss, bool return_outputs);
 };
 
 struct SaveOptions {

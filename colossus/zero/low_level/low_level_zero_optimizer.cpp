@@ -236,6 +236,26 @@ void LowLevelZeroOptimizer::on_grad_ready(size_t param_index) {
   }
 }
 
+void LowLevelZeroOptimizer::reduce_accumulated_grads() {
+  at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) {
+    bucket.pending = 0;
+    bucket.launched = false;
+    bucket.staging = at::zeros({bucket.layout.numel}, bucket.flat_params.options().dtype(comm_dtype_));
+  }
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& slot = layout_.slots[k];
+    at::Tensor& p = params_[k].second;
+    if (!slot.managed || !p.grad().defined()) continue;  // no gradient: counts as zero
+    buckets_[slot.bucket].staging.narrow(0, slot.offset, slot.numel).copy_(p.grad().reshape({-1}));
+    if (options_.stage == 2) p.mutable_grad().reset();
+  }
+  next_to_launch_ = 0;
+  launched_during_backward_ = 0;
+  in_backward_ = true;
+  finish_backward();
+}
+
 void LowLevelZeroOptimizer::launch(Bucket& bucket) {
   if (!bucket.staging.defined()) {
     bucket.staging = at::zeros({bucket.layout.numel}, bucket.flat_params.options().dtype(comm_dtype_));

@@ -81,6 +81,11 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   int launched_during_backward() const { return launched_during_backward_; }
   size_t bucket_count() const { return buckets_.size(); }
 
+  // Reduce-scatters the gradients accumulated in param.grad while sync was
+  // off, now, outside any backward (a pipeline does this once after its
+  // schedule, whose microbatch backwards interleave). Collective over dp.
+  void reduce_accumulated_grads();
+
   // Called by the hooks and the engine callback.
   void on_grad_ready(size_t param_index);
   void finish_backward();

@@ -1,0 +1,36 @@
+// What Booster::execute_pipeline takes and returns (Colossal-AI's
+// execute_pipeline(data_iter, model, criterion, optimizer, return_loss,
+// return_outputs)): a batch per call from the data iterator, an optional
+// criterion in place of the model's loss, and the step's loss / logits.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace colossus::booster {
+
+struct PipelineBatch {
+  at::Tensor input_ids; // (B, T) int64: this data-parallel rank's rows
+  at::Tensor
+      labels; // (B, T) int64, -100 ignored; undefined: input_ids (causal LM)
+};
+
+// Yields the next batch (called once per execute_pipeline).
+using PipelineDataIter = std::function<PipelineBatch()>;
+
+// logits of one microbatch (as the model's forward returns them: this rank's
+// vocab slice under tp), its labels (B_mb, T), and the token count of the
+// whole batch -> that microbatch's share of the batch loss (the shares sum to
+// the batch loss). Empty: the model's loss with num_items (HF semantics).
+using PipelineCriterion = std::function<at::Tensor(
+    const at::Tensor &logits, const at::Tensor &labels, int64_t num_items)>;
+
+struct PipelineOutput {
+  at::Tensor loss; // scalar, the batch loss (every pp rank gets it); undefined
+                   // unless return_loss
+  at::Tensor outputs; // (B, T, V_local) logits on the last stage's ranks,
+                      // undefined elsewhere / unless asked
+};
+
+} // namespace colossus::booster
