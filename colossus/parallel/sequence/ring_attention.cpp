@@ -203,6 +203,9 @@ struct Geometry {
 };
 
 // A ring exchange in flight: our buffer goes to `to`, from's arrives in `in`.
+// Even ranks post the send first, odd ranks the receive: with NCCL a pair
+// of ranks that both receive first from each other (a ring of 2) would block
+// each other's send behind their receive on one stream; MPI does not care.
 struct Exchange {
   at::Tensor out, in;
   cluster::Work send, recv;
@@ -214,8 +217,13 @@ struct Exchange {
 
 Exchange start_exchange(const at::Tensor &out, cluster::ProcessGroup &group, int to, int from, int tag) {
   Exchange ex{out, at::empty_like(out), {}, {}};
-  ex.recv = group.recv(ex.in, from, tag);
-  ex.send = group.send(ex.out, to, tag);
+  if (group.rank() % 2 == 0) {
+    ex.send = group.send(ex.out, to, tag);
+    ex.recv = group.recv(ex.in, from, tag);
+  } else {
+    ex.recv = group.recv(ex.in, from, tag);
+    ex.send = group.send(ex.out, to, tag);
+  }
   return ex;
 }
 

@@ -87,6 +87,22 @@ int prev_of(const cluster::ProcessGroup &g) {
   return (g.rank() + g.size() - 1) % g.size();
 }
 
+// Sends `out` to the next rank and receives into `in` from the previous one.
+// Even ranks post the send first, odd ranks the receive: with NCCL two ranks
+// that both receive first from each other (tp = 2) would block each other's
+// send behind their receive on one stream; MPI does not care.
+void exchange(cluster::ProcessGroup &group, const at::Tensor &out,
+              const at::Tensor &in, int tag, cluster::Work &send,
+              cluster::Work &recv) {
+  if (group.rank() % 2 == 0) {
+    send = group.send(out, next_of(group), tag);
+    recv = group.recv(in, prev_of(group), tag);
+  } else {
+    recv = group.recv(in, prev_of(group), tag);
+    send = group.send(out, next_of(group), tag);
+  }
+}
+
 // Ring all-gather: visit(src, chunk) sees every rank's chunk, its own first,
 // while the next chunk is already on its way.
 void ring_all_gather(
@@ -99,8 +115,7 @@ void ring_all_gather(
     cluster::Work send, recv;
     if (step + 1 < n) {
       incoming = at::empty_like(current);
-      recv = group.recv(incoming, prev_of(group), kTagGather);
-      send = group.send(current, next_of(group), kTagGather);
+      exchange(group, current, incoming, kTagGather, send, recv);
     }
     visit((r - step + n) % n, current);
     if (step + 1 < n) {
@@ -138,8 +153,8 @@ ring_reduce_scatter(cluster::ProcessGroup &group,
     }
     part = part.contiguous();
     incoming = at::empty_like(part);
-    recv = group.recv(incoming, prev_of(group), kTagReduce);
-    sends.push_back(group.send(part, next_of(group), kTagReduce));
+    sends.emplace_back();
+    exchange(group, part, incoming, kTagReduce, sends.back(), recv);
     in_flight.push_back(part);
   }
 }
