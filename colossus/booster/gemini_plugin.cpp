@@ -6,6 +6,12 @@
 // the unsharded format the Booster writes for DDP (as low_level_zero's).
 #include "colossus/booster/gemini_plugin.h"
 
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+
 #include "colossus/booster/booster_impl.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/checkpoint/hf_index.h"
@@ -14,116 +20,90 @@
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
 
-#include <ATen/ATen.h>
-#include <fmt/format.h>
-
-#include <cmath>
-#include <filesystem>
-
 namespace colossus::booster {
 
 namespace {
 
 namespace fs = std::filesystem;
 
-zero::gemini::GeminiOptimizer &gemini_optimizer(optim::Optimizer &optimizer,
-                                                const char *what) {
-  auto *gemini = dynamic_cast<zero::gemini::GeminiOptimizer *>(&optimizer);
+zero::gemini::GeminiOptimizer& gemini_optimizer(optim::Optimizer& optimizer, const char* what) {
+  auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(&optimizer);
   if (!gemini) {
-    throw ConfigError(fmt::format("{}: {} is not the optimizer the gemini "
-                                  "plugin boosted; pass Boosted::optimizer",
-                                  what, optimizer.name()));
+    throw ConfigError(
+        fmt::format("{}: {} is not the optimizer the gemini "
+                    "plugin boosted; pass Boosted::optimizer",
+                    what, optimizer.name()));
   }
   return *gemini;
 }
 
-zero::gemini::GeminiDDP &gemini_ddp(ModelWrapper &model, const char *what) {
-  auto *gemini = dynamic_cast<GeminiModel *>(&model);
-  if (!gemini)
-    throw ConfigError(fmt::format(
-        "{}: the model was not boosted by the gemini plugin", what));
+zero::gemini::GeminiDDP& gemini_ddp(ModelWrapper& model, const char* what) {
+  auto* gemini = dynamic_cast<GeminiModel*>(&model);
+  if (!gemini) throw ConfigError(fmt::format("{}: the model was not boosted by the gemini plugin", what));
   return gemini->ddp();
 }
 
 class GeminiCheckpointIO : public PluginCheckpointIO {
-public:
-  explicit GeminiCheckpointIO(cluster::ProcessGroupPtr group)
-      : group_(std::move(group)) {}
+ public:
+  explicit GeminiCheckpointIO(cluster::ProcessGroupPtr group) : group_(std::move(group)) {}
 
-  void save_model(ModelWrapper &model, const std::string &dir,
-                  const SaveOptions &options) override {
+  void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
     if (options.size_per_shard_mb <= 0) {
-      throw ConfigError(fmt::format(
-          "save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024",
-          dir, options.size_per_shard_mb));
+      throw ConfigError(fmt::format("save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
+                                    options.size_per_shard_mb));
     }
     gemini_ddp(model, "save_model").with_all_gathered([&] {
       write_on_rank0(*group_, fmt::format("save_model('{}')", dir), [&] {
-        models::save_pretrained(
-            model.unwrap(), dir,
-            {.max_shard_bytes = options.size_per_shard_mb << 20});
+        models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});
       });
     });
   }
 
-  void load_model(ModelWrapper &model, const std::string &dir) override {
-    auto &ddp = gemini_ddp(model, "load_model");
+  void load_model(ModelWrapper& model, const std::string& dir) override {
+    auto& ddp = gemini_ddp(model, "load_model");
     ddp.with_all_gathered([&] {
       read_on_all(*group_, fmt::format("load_model('{}')", dir), [&] {
-        const fs::path single =
-            fs::path(dir) / checkpoint::hf::single_file_name("model");
+        const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name("model");
         const std::string source =
-            fs::exists(single)
-                ? single.string()
-                : (fs::path(dir) / checkpoint::hf::index_file_name("model"))
-                      .string();
-        models::load_state_dict(model.unwrap(),
-                                checkpoint::load_state_dict(dir), source);
+            fs::exists(single) ? single.string() : (fs::path(dir) / checkpoint::hf::index_file_name("model")).string();
+        models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
         ddp.refresh_from_params();
       });
     });
   }
 
-  void save_optimizer(optim::Optimizer &optimizer, const std::string &dir,
-                      const SaveOptions &options) override {
+  void save_optimizer(optim::Optimizer& optimizer, const std::string& dir, const SaveOptions& options) override {
     if (options.size_per_shard_mb <= 0) {
       throw ConfigError(
           fmt::format("save_optimizer('{}'): size_per_shard_mb={} must be "
                       "positive, e.g. 1024",
                       dir, options.size_per_shard_mb));
     }
-    optim::OptimizerState state = gemini_optimizer(optimizer, "save_optimizer")
-                                      .state_dict(); // collective
+    optim::OptimizerState state = gemini_optimizer(optimizer, "save_optimizer").state_dict();  // collective
     write_on_rank0(*group_, fmt::format("save_optimizer('{}')", dir), [&] {
-      checkpoint::ShardOptions shard_options{
-          .max_shard_bytes = options.size_per_shard_mb << 20,
-          .prefix = kOptimizerPrefix};
+      checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
+                                             .prefix = kOptimizerPrefix};
       shard_options.metadata[kOptimizerStateKey] = std::move(state.json);
       checkpoint::save_sharded(dir, state.tensors, shard_options);
     });
   }
 
-  void load_optimizer(optim::Optimizer &optimizer,
-                      const std::string &dir) override {
-    auto &gemini = gemini_optimizer(optimizer, "load_optimizer");
+  void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
+    auto& gemini = gemini_optimizer(optimizer, "load_optimizer");
     read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] {
-      const fs::path single =
-          fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix);
-      const fs::path index =
-          fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix);
+      const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix);
+      const fs::path index = fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix);
       std::string source = single.string();
       if (!fs::exists(single)) {
         if (!fs::exists(index)) {
-          throw CheckpointError(fmt::format(
-              "load_optimizer: '{}' holds neither {} nor {} (written by "
-              "Booster::save_optimizer)",
-              dir, single.filename().string(), index.filename().string()));
+          throw CheckpointError(
+              fmt::format("load_optimizer: '{}' holds neither {} nor {} (written by "
+                          "Booster::save_optimizer)",
+                          dir, single.filename().string(), index.filename().string()));
         }
-        const auto weight_map =
-            checkpoint::hf::read_index(index.string()).weight_map;
+        const auto weight_map = checkpoint::hf::read_index(index.string()).weight_map;
         if (weight_map.empty())
-          throw CheckpointError(fmt::format(
-              "load_optimizer: '{}' lists no tensors", index.string()));
+          throw CheckpointError(fmt::format("load_optimizer: '{}' lists no tensors", index.string()));
         source = (fs::path(dir) / weight_map.begin()->second).string();
       }
       const auto file = checkpoint::SafetensorsFile::open(source);
@@ -136,63 +116,54 @@ public:
       }
       optim::OptimizerState state;
       state.json = json->second;
-      for (auto &[name, tensor] :
-           checkpoint::load_state_dict(dir, kOptimizerPrefix))
+      for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix))
         state.tensors.emplace_back(name, tensor);
       gemini.load_state_dict(state);
     });
   }
 
-private:
+ private:
   cluster::ProcessGroupPtr group_;
 };
 
 bool is_fraction(double x) { return x >= 0.0 && x <= 1.0; }
 
-} // namespace
+}  // namespace
 
 void GeminiPluginOptions::validate() const {
   if (placement_policy != "static" && placement_policy != "auto") {
-    throw ConfigError(fmt::format(
-        "gemini: placement_policy='{}' is unknown; use 'static' or 'auto'",
-        placement_policy));
+    throw ConfigError(
+        fmt::format("gemini: placement_policy='{}' is unknown; use 'static' or 'auto'", placement_policy));
   }
   if (precision != "fp16" && precision != "bf16" && precision != "fp32") {
-    throw ConfigError(fmt::format(
-        "gemini: precision='{}' is unknown; use 'fp16', 'bf16' or 'fp32'",
-        precision));
+    throw ConfigError(fmt::format("gemini: precision='{}' is unknown; use 'fp16', 'bf16' or 'fp32'", precision));
   }
-  for (const auto &[name, value] :
-       {std::pair<const char *, double>{"shard_param_frac", shard_param_frac},
-        {"offload_optim_frac", offload_optim_frac},
-        {"offload_param_frac", offload_param_frac},
-        {"gpu_margin_mem_ratio", gpu_margin_mem_ratio}}) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"shard_param_frac", shard_param_frac},
+                                    {"offload_optim_frac", offload_optim_frac},
+                                    {"offload_param_frac", offload_param_frac},
+                                    {"gpu_margin_mem_ratio", gpu_margin_mem_ratio}}) {
     if (!is_fraction(value)) {
-      throw ConfigError(
-          fmt::format("gemini: {}={} must be in [0, 1], e.g. {}", name, value,
-                      std::string(name) == "shard_param_frac" ? "1.0" : "0.0"));
+      throw ConfigError(fmt::format("gemini: {}={} must be in [0, 1], e.g. {}", name, value,
+                                    std::string(name) == "shard_param_frac" ? "1.0" : "0.0"));
     }
   }
-  for (const auto &[name, value] :
-       {std::pair<const char *, double>{"warmup_non_model_data_ratio",
-                                        warmup_non_model_data_ratio},
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"warmup_non_model_data_ratio", warmup_non_model_data_ratio},
         {"steady_cuda_cap_ratio", steady_cuda_cap_ratio}}) {
     if (!(value > 0.0 && value <= 1.0)) {
-      throw ConfigError(fmt::format("gemini: {}={} must be in (0, 1], e.g. 0.8",
-                                    name, value));
+      throw ConfigError(fmt::format("gemini: {}={} must be in (0, 1], e.g. 0.8", name, value));
     }
   }
   if (placement_policy == "auto") {
     // Colossal-AI ignores these under auto; a setting that does nothing is
     // refused here.
-    if (shard_param_frac != 1.0 || offload_optim_frac != 0.0 ||
-        offload_param_frac != 0.0) {
-      throw ConfigError(fmt::format(
-          "gemini: shard_param_frac={} / offload_optim_frac={} / "
-          "offload_param_frac={} only apply to "
-          "placement_policy='static'; under 'auto' the traced warm-up decides "
-          "(leave them at 1.0 / 0.0 / 0.0)",
-          shard_param_frac, offload_optim_frac, offload_param_frac));
+    if (shard_param_frac != 1.0 || offload_optim_frac != 0.0 || offload_param_frac != 0.0) {
+      throw ConfigError(
+          fmt::format("gemini: shard_param_frac={} / offload_optim_frac={} / "
+                      "offload_param_frac={} only apply to "
+                      "placement_policy='static'; under 'auto' the traced warm-up decides "
+                      "(leave them at 1.0 / 0.0 / 0.0)",
+                      shard_param_frac, offload_optim_frac, offload_param_frac));
     }
   } else if (gpu_margin_mem_ratio != 0.0) {
     throw ConfigError(
@@ -208,32 +179,25 @@ void GeminiPluginOptions::validate() const {
                     "has no shard to offload",
                     offload_param_frac, shard_param_frac));
   }
-  if (max_prefetch < 0)
-    throw ConfigError(fmt::format(
-        "gemini: max_prefetch={} must be >= 0, e.g. 0", max_prefetch));
+  if (max_prefetch < 0) throw ConfigError(fmt::format("gemini: max_prefetch={} must be >= 0, e.g. 0", max_prefetch));
   if (!(search_range_m >= 0.0) || !std::isfinite(search_range_m)) {
-    throw ConfigError(fmt::format(
-        "gemini: search_range_m={} must be >= 0, e.g. 32", search_range_m));
+    throw ConfigError(fmt::format("gemini: search_range_m={} must be >= 0, e.g. 32", search_range_m));
   }
   if (!(min_chunk_size_m >= 0.0) || !std::isfinite(min_chunk_size_m)) {
-    throw ConfigError(fmt::format(
-        "gemini: min_chunk_size_m={} must be >= 0, e.g. 32", min_chunk_size_m));
+    throw ConfigError(fmt::format("gemini: min_chunk_size_m={} must be >= 0, e.g. 32", min_chunk_size_m));
   }
   if (hidden_dim < 0)
-    throw ConfigError(fmt::format(
-        "gemini: hidden_dim={} must be >= 0 (0: search by 1024)", hidden_dim));
+    throw ConfigError(fmt::format("gemini: hidden_dim={} must be >= 0 (0: search by 1024)", hidden_dim));
   if (!(max_norm >= 0.0) || !std::isfinite(max_norm)) {
-    throw ConfigError(fmt::format(
-        "gemini: max_norm={} is invalid; use 0 (no clipping) or e.g. 1.0",
-        max_norm));
+    throw ConfigError(fmt::format("gemini: max_norm={} is invalid; use 0 (no clipping) or e.g. 1.0", max_norm));
   }
   if (!(norm_type > 0.0))
-    throw ConfigError(fmt::format(
-        "gemini: norm_type={} is invalid; use 2 or infinity", norm_type));
+    throw ConfigError(fmt::format("gemini: norm_type={} is invalid; use 2 or infinity", norm_type));
   if (!master_weights && precision == "fp16") {
-    throw ConfigError("gemini: master_weights=false with precision='fp16' "
-                      "would step fp16 shards with a loss scale; use bf16 "
-                      "or keep master_weights=true");
+    throw ConfigError(
+        "gemini: master_weights=false with precision='fp16' "
+        "would step fp16 shards with a loss scale; use bf16 "
+        "or keep master_weights=true");
   }
   gemini_options().loss_scaler.validate();
 }
@@ -253,10 +217,8 @@ zero::gemini::GeminiOptions GeminiPluginOptions::gemini_options() const {
       .pin_memory = pin_memory,
       .max_prefetch = max_prefetch,
       .enable_gradient_accumulation = enable_gradient_accumulation,
-      .chunk_search = {.min_chunk_numel = static_cast<int64_t>(
-                           std::llround(min_chunk_size_m * kMi)),
-                       .search_range_numel = static_cast<int64_t>(
-                           std::llround(search_range_m * kMi)),
+      .chunk_search = {.min_chunk_numel = static_cast<int64_t>(std::llround(min_chunk_size_m * kMi)),
+                       .search_range_numel = static_cast<int64_t>(std::llround(search_range_m * kMi)),
                        .search_interval = hidden_dim > 0 ? hidden_dim : 1024},
       .loss_scaler = {.initial_scale = initial_scale,
                       .growth_factor = growth_factor,
@@ -270,34 +232,29 @@ zero::gemini::GeminiOptions GeminiPluginOptions::gemini_options() const {
       .memory_probe = memory_probe};
 }
 
-GeminiPlugin::GeminiPlugin(GeminiPluginOptions options,
-                           cluster::ProcessGroupPtr group)
-    : options_(std::move(options)),
-      group_(group ? std::move(group) : cluster::current_cluster().world) {
+GeminiPlugin::GeminiPlugin(GeminiPluginOptions options, cluster::ProcessGroupPtr group)
+    : options_(std::move(options)), group_(group ? std::move(group) : cluster::current_cluster().world) {
   options_.validate();
   io_ = std::make_unique<GeminiCheckpointIO>(group_);
 }
 
 GeminiPlugin::~GeminiPlugin() = default;
 
-std::shared_ptr<ModelWrapper>
-GeminiPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
+std::shared_ptr<ModelWrapper> GeminiPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
   c10::Device device(c10::kCPU);
   try {
     device = cluster::current_cluster().device;
-  } catch (const DistError &) { // not launched: a single CPU process
+  } catch (const DistError&) {  // not launched: a single CPU process
   }
   // Every rank starts from rank 0's weights and buffers. The model stays where
   // it was built (the chunks are made from it); where the backend needs device
   // tensors, each one travels through the device on its own.
   std::vector<at::Tensor> tensors;
-  for (const auto &item : model->named_parameters(/*recurse=*/true))
-    tensors.push_back(item.value());
-  for (const auto &item : model->named_buffers(/*recurse=*/true))
-    tensors.push_back(item.value());
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) tensors.push_back(item.value());
+  for (const auto& item : model->named_buffers(/*recurse=*/true)) tensors.push_back(item.value());
   if (group_->backend_name() == "nccl") {
     at::NoGradGuard no_grad;
-    for (auto &t : tensors) {
+    for (auto& t : tensors) {
       if (t.device() == device) {
         broadcast_tensors({t}, *group_);
         continue;
@@ -310,15 +267,12 @@ GeminiPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
     broadcast_tensors(tensors, *group_);
   }
   return std::make_shared<GeminiModel>(
-      std::make_unique<zero::gemini::GeminiDDP>(
-          std::move(model), group_, device, options_.gemini_options()));
+      std::make_unique<zero::gemini::GeminiDDP>(std::move(model), group_, device, options_.gemini_options()));
 }
 
-std::unique_ptr<optim::Optimizer>
-GeminiPlugin::wrap_optimizer(ModelWrapper &model,
-                             std::unique_ptr<optim::Optimizer> optimizer) {
-  return std::make_unique<zero::gemini::GeminiOptimizer>(
-      std::move(optimizer), gemini_ddp(model, "wrap_optimizer"));
+std::unique_ptr<optim::Optimizer> GeminiPlugin::wrap_optimizer(ModelWrapper& model,
+                                                               std::unique_ptr<optim::Optimizer> optimizer) {
+  return std::make_unique<zero::gemini::GeminiOptimizer>(std::move(optimizer), gemini_ddp(model, "wrap_optimizer"));
 }
 
-} // namespace colossus::booster
+}  // namespace colossus::booster

@@ -7,14 +7,6 @@
 // decisions, that parameters hold no memory between uses, the placement's
 // byte accounting, and the checkpoints (HF directory, resharded resume).
 // CTest runs it on 1, 2 and 4 MPI ranks.
-#include "colossus/checkpoint/safetensors.h"
-#include "colossus/core/errors.h"
-#include "colossus/models/pretrained.h"
-#include "colossus/zero/gemini/chunk_plan.h"
-#include "colossus/zero/gemini/placement.h"
-#include "tests/testing/testing.h"
-#include "tests/zero/zero_testing.h"
-
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +14,14 @@
 #include <map>
 #include <memory>
 #include <tuple>
+
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/core/errors.h"
+#include "colossus/models/pretrained.h"
+#include "colossus/zero/gemini/chunk_plan.h"
+#include "colossus/zero/gemini/placement.h"
+#include "tests/testing/testing.h"
+#include "tests/zero/zero_testing.h"
 
 using namespace colossus;
 using namespace colossus::zero::testing;
@@ -31,52 +31,43 @@ namespace gm = colossus::zero::gemini;
 
 namespace {
 
-const std::vector<double> &cached_reference(const RunSpec &spec) {
-  static std::map<std::tuple<std::string, std::string, double>,
-                  std::vector<double>>
-      cache;
+const std::vector<double>& cached_reference(const RunSpec& spec) {
+  static std::map<std::tuple<std::string, std::string, double>, std::vector<double>> cache;
   auto key = std::make_tuple(spec.model, spec.optimizer, spec.max_norm);
   auto it = cache.find(key);
-  if (it == cache.end())
-    it = cache.emplace(key, reference_losses(spec, bt::kSteps)).first;
+  if (it == cache.end()) it = cache.emplace(key, reference_losses(spec, bt::kSteps)).first;
   return it->second;
 }
 
-gm::GeminiDDP &ddp_of(ZeroRun &run) {
-  auto *model = dynamic_cast<booster::GeminiModel *>(run.boosted().model.get());
+gm::GeminiDDP& ddp_of(ZeroRun& run) {
+  auto* model = dynamic_cast<booster::GeminiModel*>(run.boosted().model.get());
   EXPECT_NE(model, nullptr);
   return model->ddp();
 }
 
-gm::GeminiOptimizer &optimizer_of(ZeroRun &run) {
-  auto *optimizer =
-      dynamic_cast<gm::GeminiOptimizer *>(run.boosted().optimizer.get());
+gm::GeminiOptimizer& optimizer_of(ZeroRun& run) {
+  auto* optimizer = dynamic_cast<gm::GeminiOptimizer*>(run.boosted().optimizer.get());
   EXPECT_NE(optimizer, nullptr);
   return *optimizer;
 }
 
-double expect_matches_reference(const RunSpec &spec, const std::string &what,
-                                double tolerance = 1e-5) {
-  const auto &reference = cached_reference(spec);
+double expect_matches_reference(const RunSpec& spec, const std::string& what, double tolerance = 1e-5) {
+  const auto& reference = cached_reference(spec);
   ZeroRun run(spec);
   const auto losses = run.train(0, bt::kSteps);
   EXPECT_EQ(losses.size(), reference.size());
-  for (size_t step = 0; step < losses.size() && step < reference.size();
-       ++step) {
-    EXPECT_LE(std::abs(losses[step] - reference[step]) /
-                  std::abs(reference[step]),
-              tolerance)
-        << what << " step " << step << ": " << losses[step] << " vs "
-        << reference[step];
+  for (size_t step = 0; step < losses.size() && step < reference.size(); ++step) {
+    EXPECT_LE(std::abs(losses[step] - reference[step]) / std::abs(reference[step]), tolerance)
+        << what << " step " << step << ": " << losses[step] << " vs " << reference[step];
   }
   EXPECT_LT(losses.back(), losses.front()) << "the run should learn something";
   const double worst = worst_rel_diff(losses, reference);
   if (ct::world()->rank() == 0) {
-    std::printf("%s %s, %d micro, max_norm %.1f, %d rank(s), %zu chunks: loss "
-                "%.5f -> %.5f, max rel diff %.2e\n",
-                spec.model.c_str(), what.c_str(), spec.micro_batches,
-                spec.max_norm, ct::world()->size(), ddp_of(run).chunks().size(),
-                losses.front(), losses.back(), worst);
+    std::printf(
+        "%s %s, %d micro, max_norm %.1f, %d rank(s), %zu chunks: loss "
+        "%.5f -> %.5f, max rel diff %.2e\n",
+        spec.model.c_str(), what.c_str(), spec.micro_batches, spec.max_norm, ct::world()->size(),
+        ddp_of(run).chunks().size(), losses.front(), losses.back(), worst);
   }
   return worst;
 }
@@ -84,62 +75,52 @@ double expect_matches_reference(const RunSpec &spec, const std::string &what,
 // A device-memory probe for CPU ranks: the chunks' device bytes plus a fixed
 // non-model amount, out of `capacity`.
 struct FakeDevice {
-  gm::GeminiDDP *ddp = nullptr;
+  gm::GeminiDDP* ddp = nullptr;
   int64_t non_model = 0;
   int64_t capacity = 0;
 };
 
-} // namespace
+}  // namespace
 
 TEST(GeminiChunks, SearchPicksTheLeastWastefulSize) {
   // From max(min, largest) = 400 up by 100: 400 packs [300][300][400] (200
   // wasted), 1000 packs all three with none wasted; within 200 of the start the
   // first of the equally good 400 and 600 wins.
-  const auto best = gm::search_chunk_size(
-      {300, 300, 400},
-      {.min_chunk_numel = 0, .search_range_numel = 600, .search_interval = 100},
-      1);
+  const auto best = gm::search_chunk_size({300, 300, 400},
+                                          {.min_chunk_numel = 0, .search_range_numel = 600, .search_interval = 100}, 1);
   EXPECT_EQ(best.chunk_numel, 1000);
   EXPECT_EQ(best.wasted_numel, 0);
-  const auto near = gm::search_chunk_size(
-      {300, 300, 400},
-      {.min_chunk_numel = 0, .search_range_numel = 200, .search_interval = 100},
-      1);
+  const auto near = gm::search_chunk_size({300, 300, 400},
+                                          {.min_chunk_numel = 0, .search_range_numel = 200, .search_interval = 100}, 1);
   EXPECT_EQ(near.chunk_numel, 400);
   EXPECT_EQ(near.wasted_numel, 200);
   // dp rounds sizes up; a parameter never straddles chunks.
-  const auto two = gm::search_chunk_size(
-      {7, 7},
-      {.min_chunk_numel = 0, .search_range_numel = 0, .search_interval = 1}, 4);
+  const auto two =
+      gm::search_chunk_size({7, 7}, {.min_chunk_numel = 0, .search_range_numel = 0, .search_interval = 1}, 4);
   EXPECT_EQ(two.chunk_numel, 8);
   zero::NamedParams params;
-  for (int64_t n : {5, 3, 6})
-    params.emplace_back("p", at::zeros({n}).requires_grad_(true));
-  const auto layout =
-      gm::plan_chunks(params, 8, 2, 1); // rank 1 owns [4, 8) of each chunk
+  for (int64_t n : {5, 3, 6}) params.emplace_back("p", at::zeros({n}).requires_grad_(true));
+  const auto layout = gm::plan_chunks(params, 8, 2, 1);  // rank 1 owns [4, 8) of each chunk
   ASSERT_EQ(layout.buckets.size(), 2u);
   EXPECT_EQ(layout.buckets[0].params, (std::vector<size_t>{0, 1}));
-  EXPECT_EQ(layout.slots[0].own_numel, 1); // element 4 of the first parameter
+  EXPECT_EQ(layout.slots[0].own_numel, 1);  // element 4 of the first parameter
   EXPECT_EQ(layout.slots[1].own_begin, 0);
   EXPECT_EQ(layout.slots[1].own_numel, 3);
   EXPECT_EQ(layout.slots[2].own_begin, 4);
   EXPECT_EQ(layout.slots[2].own_numel, 2);
-  EXPECT_THROW(gm::plan_chunks(params, 4, 2, 0), ConfigError); // 5 > 4
+  EXPECT_THROW(gm::plan_chunks(params, 4, 2, 0), ConfigError);  // 5 > 4
 }
 
 TEST(GeminiChunks, StaticAndAutoPlacement) {
   const auto all_off = gm::static_placement(4, 1.0, 1.0, 1.0);
-  for (const auto &c : all_off)
-    EXPECT_TRUE(c.param_on_host && c.optim_on_host && !c.keep_gathered);
+  for (const auto& c : all_off) EXPECT_TRUE(c.param_on_host && c.optim_on_host && !c.keep_gathered);
   const auto half = gm::static_placement(4, 0.5, 0.5, 0.0);
   EXPECT_TRUE(half[2].keep_gathered && half[3].keep_gathered);
   EXPECT_TRUE(half[0].optim_on_host);
-  EXPECT_FALSE(half[1].optim_on_host); // ceil(0.5 * 2 sharded) = 1
-  EXPECT_FALSE(
-      half[2].optim_on_host); // gathered chunks keep theirs on the device
+  EXPECT_FALSE(half[1].optim_on_host);  // ceil(0.5 * 2 sharded) = 1
+  EXPECT_FALSE(half[2].optim_on_host);  // gathered chunks keep theirs on the device
   const auto none = gm::static_placement(3, 1.0, 0.0, 0.0);
-  for (const auto &c : none)
-    EXPECT_EQ(c, gm::ChunkPlacement{});
+  for (const auto& c : none) EXPECT_EQ(c, gm::ChunkPlacement{});
   // auto: 100 bytes of budget, 20 of working set, shards of 30: two fit; margin
   // 20, optimizer side 16 each.
   const auto a = gm::auto_placement(4, {.device_budget_bytes = 100,
@@ -155,17 +136,13 @@ TEST(GeminiChunks, StaticAndAutoPlacement) {
 }
 
 // model, micro-batches, max_norm, variant
-class GeminiMatchesSingleProcess
-    : public ::testing::TestWithParam<
-          std::tuple<const char *, int, double, const char *>> {};
+class GeminiMatchesSingleProcess : public ::testing::TestWithParam<std::tuple<const char*, int, double, const char*>> {
+};
 
 TEST_P(GeminiMatchesSingleProcess, LossCurveFp32AdamW) {
   const auto [model_name, micro, max_norm, variant_name] = GetParam();
   const std::string model = model_name, variant = variant_name;
-  RunSpec spec{.model = model,
-               .plugin = "gemini",
-               .micro_batches = micro,
-               .max_norm = max_norm};
+  RunSpec spec{.model = model, .plugin = "gemini", .micro_batches = micro, .max_norm = max_norm};
   if (variant == "offload") {
     spec.offload_optim_frac = 1.0;
     spec.offload_param_frac = 1.0;
@@ -178,10 +155,8 @@ TEST_P(GeminiMatchesSingleProcess, LossCurveFp32AdamW) {
     // the host.
     spec.placement_policy = "auto";
     spec.gpu_margin_mem_ratio = 1.0;
-    spec.memory_probe = [calls = std::make_shared<int>(
-                             0)]() -> std::optional<metrics::DeviceMemory> {
-      return metrics::DeviceMemory{.total_bytes =
-                                       (*calls)++ == 0 ? int64_t{1} << 40 : 0};
+    spec.memory_probe = [calls = std::make_shared<int>(0)]() -> std::optional<metrics::DeviceMemory> {
+      return metrics::DeviceMemory{.total_bytes = (*calls)++ == 0 ? int64_t{1} << 40 : 0};
     };
   }
   expect_matches_reference(spec, "gemini-" + variant);
@@ -191,70 +166,49 @@ TEST_P(GeminiMatchesSingleProcess, LossCurveFp32AdamW) {
 // for both models (pairs, to keep CI fast: every rank count runs all of it).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, GeminiMatchesSingleProcess,
-    ::testing::Values(std::make_tuple("gpt2", 1, 0.0, "static"),
-                      std::make_tuple("gpt2", 2, 0.5, "static"),
-                      std::make_tuple("gpt2", 1, 0.0, "offload"),
-                      std::make_tuple("gpt2", 2, 0.5, "offload"),
-                      std::make_tuple("gpt2", 2, 0.5, "auto"),
-                      std::make_tuple("llama", 1, 0.0, "static"),
-                      std::make_tuple("llama", 2, 0.5, "static"),
-                      std::make_tuple("llama", 2, 0.5, "offload"),
-                      std::make_tuple("llama", 1, 0.0, "auto"),
-                      std::make_tuple("llama", 2, 0.5, "partial")),
-    [](const auto &info) {
-      return std::string(std::get<0>(info.param)) + "_micro" +
-             std::to_string(std::get<1>(info.param)) +
-             (std::get<2>(info.param) > 0 ? "_clip_" : "_noclip_") +
-             std::get<3>(info.param);
+    ::testing::Values(std::make_tuple("gpt2", 1, 0.0, "static"), std::make_tuple("gpt2", 2, 0.5, "static"),
+                      std::make_tuple("gpt2", 1, 0.0, "offload"), std::make_tuple("gpt2", 2, 0.5, "offload"),
+                      std::make_tuple("gpt2", 2, 0.5, "auto"), std::make_tuple("llama", 1, 0.0, "static"),
+                      std::make_tuple("llama", 2, 0.5, "static"), std::make_tuple("llama", 2, 0.5, "offload"),
+                      std::make_tuple("llama", 1, 0.0, "auto"), std::make_tuple("llama", 2, 0.5, "partial")),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param)) + "_micro" + std::to_string(std::get<1>(info.param)) +
+             (std::get<2>(info.param) > 0 ? "_clip_" : "_noclip_") + std::get<3>(info.param);
     });
 
 TEST(Gemini, ParametersHoldNoMemoryBetweenUses) {
   ZeroRun run({.model = "llama", .plugin = "gemini", .max_prefetch = 0});
-  auto &ddp = ddp_of(run);
+  auto& ddp = ddp_of(run);
   const size_t chunks = ddp.chunks().size();
   ASSERT_GE(chunks, 4u) << "small chunks: several per model";
   auto ids = bt::global_batch(bt::tiny_llama(), 0).narrow(0, 0, 2);
-  auto &model = *run.boosted().model;
+  auto& model = *run.boosted().model;
   auto logits = model.forward(ids);
   // After forward every chunk is released: the parameters' storage is empty.
-  for (const auto &chunk : ddp.chunks())
-    EXPECT_EQ(chunk.state, gm::Chunk::State::Released);
-  for (const auto &p : model.unwrap().parameters())
-    EXPECT_EQ(p.storage().nbytes(), 0u);
-  EXPECT_LT(ddp.max_gathered(), static_cast<int64_t>(chunks))
-      << "never the whole model at once";
+  for (const auto& chunk : ddp.chunks()) EXPECT_EQ(chunk.state, gm::Chunk::State::Released);
+  for (const auto& p : model.unwrap().parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);
+  EXPECT_LT(ddp.max_gathered(), static_cast<int64_t>(chunks)) << "never the whole model at once";
   const int64_t forward_gathers = ddp.gathers();
   EXPECT_GE(forward_gathers, static_cast<int64_t>(chunks));
-  run.booster().backward(model.unwrap().loss(logits, ids),
-                         *run.boosted().optimizer);
+  run.booster().backward(model.unwrap().loss(logits, ids), *run.boosted().optimizer);
   EXPECT_GT(ddp.gathers(), forward_gathers) << "backward gathers again";
-  for (const auto &chunk : ddp.chunks())
-    EXPECT_EQ(chunk.state, gm::Chunk::State::Released);
-  for (const auto &p : model.unwrap().parameters())
-    EXPECT_FALSE(p.grad().defined()) << "no full gradient kept";
+  for (const auto& chunk : ddp.chunks()) EXPECT_EQ(chunk.state, gm::Chunk::State::Released);
+  for (const auto& p : model.unwrap().parameters()) EXPECT_FALSE(p.grad().defined()) << "no full gradient kept";
   const auto bytes = ddp.memory_bytes();
   const int64_t shard_bytes = ddp.chunk_numel() / ct::world()->size() * 4;
-  EXPECT_EQ(bytes.params_device, static_cast<int64_t>(chunks) * shard_bytes)
-      << "only this rank's shards";
-  EXPECT_EQ(bytes.grads_device, static_cast<int64_t>(chunks) * shard_bytes)
-      << "fp32 gradient shards";
-  EXPECT_EQ(bytes.masters_device, 0)
-      << "fp32 masters are the shards themselves";
+  EXPECT_EQ(bytes.params_device, static_cast<int64_t>(chunks) * shard_bytes) << "only this rank's shards";
+  EXPECT_EQ(bytes.grads_device, static_cast<int64_t>(chunks) * shard_bytes) << "fp32 gradient shards";
+  EXPECT_EQ(bytes.masters_device, 0) << "fp32 masters are the shards themselves";
 }
 
 TEST(Gemini, StaticOffloadAccounting) {
-  ZeroRun run({.model = "gpt2",
-               .plugin = "gemini",
-               .offload_optim_frac = 0.5,
-               .offload_param_frac = 0.5});
-  auto &ddp = ddp_of(run);
+  ZeroRun run({.model = "gpt2", .plugin = "gemini", .offload_optim_frac = 0.5, .offload_param_frac = 0.5});
+  auto& ddp = ddp_of(run);
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());
   const int64_t off = (n + 1) / 2;
   for (int64_t c = 0; c < n; ++c) {
-    EXPECT_EQ(ddp.chunks()[c].placement.param_on_host, c < off)
-        << "chunk " << c;
-    EXPECT_EQ(ddp.chunks()[c].placement.optim_on_host, c < off)
-        << "chunk " << c;
+    EXPECT_EQ(ddp.chunks()[c].placement.param_on_host, c < off) << "chunk " << c;
+    EXPECT_EQ(ddp.chunks()[c].placement.optim_on_host, c < off) << "chunk " << c;
   }
   run.train(0, 2);
   const auto bytes = optimizer_of(run).memory_bytes();
@@ -262,22 +216,17 @@ TEST(Gemini, StaticOffloadAccounting) {
   EXPECT_EQ(bytes.params_host, off * shard);
   EXPECT_EQ(bytes.params_device, (n - off) * shard);
   EXPECT_EQ(bytes.grads_host, off * shard);
-  EXPECT_EQ(bytes.masters_host + bytes.masters_device, 0)
-      << "fp32: master = shard where both sides agree";
+  EXPECT_EQ(bytes.masters_host + bytes.masters_device, 0) << "fp32: master = shard where both sides agree";
   // AdamW: two moments per element of each rank's part of each parameter.
   EXPECT_GT(bytes.optim_host, 0);
   EXPECT_GT(bytes.optim_device, 0);
   EXPECT_LE(bytes.optim_host, off * shard * 2);
   EXPECT_LE(bytes.optim_device, (n - off) * shard * 2);
 
-  ZeroRun full({.model = "gpt2",
-                .plugin = "gemini",
-                .offload_optim_frac = 1.0,
-                .offload_param_frac = 1.0});
+  ZeroRun full({.model = "gpt2", .plugin = "gemini", .offload_optim_frac = 1.0, .offload_param_frac = 1.0});
   full.train(0, 2);
   const auto all = optimizer_of(full).memory_bytes();
-  EXPECT_EQ(all.device_total(), 0)
-      << "full offload: nothing stays on the device between steps";
+  EXPECT_EQ(all.device_total(), 0) << "full offload: nothing stays on the device between steps";
   EXPECT_GT(all.optim_host, 0);
 }
 
@@ -285,51 +234,36 @@ TEST(Gemini, AutoPolicyPlacesByTracedWarmup) {
   // Capacity for half the parameter shards after the working set and a fixed
   // non-model amount; optimizer shards into what is left.
   FakeDevice device{.non_model = 4096};
-  RunSpec spec{.model = "llama",
-               .plugin = "gemini",
-               .placement_policy = "auto",
-               .gpu_margin_mem_ratio = 1.0};
+  RunSpec spec{.model = "llama", .plugin = "gemini", .placement_policy = "auto", .gpu_margin_mem_ratio = 1.0};
   spec.memory_probe = [&device]() -> std::optional<metrics::DeviceMemory> {
-    if (!device.ddp)
-      return metrics::DeviceMemory{
-          .total_bytes = int64_t{1} << 40}; // construction: all fits
-    return metrics::DeviceMemory{
-        .allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
-        .total_bytes = device.capacity};
+    if (!device.ddp) return metrics::DeviceMemory{.total_bytes = int64_t{1} << 40};  // construction: all fits
+    return metrics::DeviceMemory{.allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
+                                 .total_bytes = device.capacity};
   };
   ZeroRun run(spec);
-  auto &ddp = ddp_of(run);
+  auto& ddp = ddp_of(run);
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());
-  const int64_t chunk_bytes = ddp.chunk_numel() * 4,
-                shard = chunk_bytes / ct::world()->size();
+  const int64_t chunk_bytes = ddp.chunk_numel() * 4, shard = chunk_bytes / ct::world()->size();
   size_t widest = 0;
-  for (const auto &s : ddp.segment_chunks())
-    widest = std::max(widest, s.size());
+  for (const auto& s : ddp.segment_chunks()) widest = std::max(widest, s.size());
   const int64_t working = static_cast<int64_t>(2 * widest) * chunk_bytes;
   const int64_t keep = n / 2;
   // budget = 0.9 * capacity - non_model = working + keep shards (+ half a shard
   // of slack)
   device.capacity =
-      static_cast<int64_t>(static_cast<double>(working + keep * shard +
-                                               shard / 2 + device.non_model) /
-                           0.9) +
-      1;
+      static_cast<int64_t>(static_cast<double>(working + keep * shard + shard / 2 + device.non_model) / 0.9) + 1;
   device.ddp = &ddp;
   EXPECT_TRUE(ddp.warming_up());
   const auto first = run.train(0, 1);
   EXPECT_FALSE(ddp.warming_up());
   EXPECT_EQ(ddp.peak_non_model_bytes(), device.non_model);
-  for (int64_t c = 0; c < n; ++c)
-    EXPECT_EQ(ddp.chunks()[c].placement.param_on_host, c >= keep)
-        << "chunk " << c;
+  for (int64_t c = 0; c < n; ++c) EXPECT_EQ(ddp.chunks()[c].placement.param_on_host, c >= keep) << "chunk " << c;
   // The margin (half a shard) holds no optimizer side (16 bytes per element).
-  for (const auto &chunk : ddp.chunks())
-    EXPECT_TRUE(chunk.placement.optim_on_host);
+  for (const auto& chunk : ddp.chunks()) EXPECT_TRUE(chunk.placement.optim_on_host);
   // And it still trains as one process.
-  const auto &reference = cached_reference(spec);
+  const auto& reference = cached_reference(spec);
   auto losses = first;
-  for (double loss : run.train(1, bt::kSteps))
-    losses.push_back(loss);
+  for (double loss : run.train(1, bt::kSteps)) losses.push_back(loss);
   EXPECT_LE(worst_rel_diff(losses, reference), 1e-5);
 }
 
@@ -341,41 +275,32 @@ TEST(Gemini, CpuAdamStepsOffloadedChunksAndBf16Trains) {
                             .optimizer = "hybrid_adam",
                             .offload_optim_frac = 1.0},
                            "gemini-offload hybrid_adam");
-  const auto &reference = cached_reference({.model = "gpt2"});
-  ZeroRun run({.model = "gpt2",
-               .plugin = "gemini",
-               .precision = "bf16",
-               .offload_optim_frac = 1.0});
+  const auto& reference = cached_reference({.model = "gpt2"});
+  ZeroRun run({.model = "gpt2", .plugin = "gemini", .precision = "bf16", .offload_optim_frac = 1.0});
   const auto losses = run.train(0, bt::kSteps);
   EXPECT_LE(worst_rel_diff(losses, reference), 3e-2);
   EXPECT_LT(losses.back(), losses.front());
 }
 
 TEST(Gemini, BadOptionsAreConfigErrors) {
-  auto expect_error = [](booster::GeminiPluginOptions options,
-                         const std::string &needle) {
+  auto expect_error = [](booster::GeminiPluginOptions options, const std::string& needle) {
     try {
       options.validate();
       ADD_FAILURE() << "no ConfigError for " << needle;
-    } catch (const ConfigError &e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-          << e.what();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
   expect_error({.placement_policy = "cuda"}, "placement_policy='cuda'");
   expect_error({.shard_param_frac = 1.5}, "shard_param_frac=1.5");
   expect_error({.offload_optim_frac = -0.1}, "offload_optim_frac=-0.1");
-  expect_error({.placement_policy = "auto", .offload_optim_frac = 1.0},
-               "only apply to placement_policy='static'");
-  expect_error({.gpu_margin_mem_ratio = 0.5},
-               "only applies to placement_policy='auto'");
-  expect_error({.shard_param_frac = 0.5, .offload_param_frac = 0.5},
-               "needs shard_param_frac=1.0");
+  expect_error({.placement_policy = "auto", .offload_optim_frac = 1.0}, "only apply to placement_policy='static'");
+  expect_error({.gpu_margin_mem_ratio = 0.5}, "only applies to placement_policy='auto'");
+  expect_error({.shard_param_frac = 0.5, .offload_param_frac = 0.5}, "needs shard_param_frac=1.0");
   expect_error({.steady_cuda_cap_ratio = 0.0}, "steady_cuda_cap_ratio=0");
   expect_error({.precision = "fp8"}, "precision='fp8'");
   expect_error({.max_prefetch = -1}, "max_prefetch=-1");
-  expect_error({.precision = "fp16", .master_weights = false},
-               "master_weights=false");
+  expect_error({.precision = "fp16", .master_weights = false}, "master_weights=false");
   expect_error({.initial_scale = 0}, "initial_scale");
   // Accumulating without the option is refused, not silently wrong.
   ZeroRun run({.model = "gpt2", .plugin = "gemini"});
@@ -385,11 +310,8 @@ TEST(Gemini, BadOptionsAreConfigErrors) {
 TEST(Gemini, CheckpointIsHfAndReshards) {
   constexpr int64_t kSaveAt = 10;
   bt::SharedScratch scratch("gemini_ckpt");
-  const RunSpec spec{.model = "llama",
-                     .plugin = "gemini",
-                     .micro_batches = 2,
-                     .max_norm = 0.5,
-                     .offload_optim_frac = 0.5};
+  const RunSpec spec{
+      .model = "llama", .plugin = "gemini", .micro_batches = 2, .max_norm = 0.5, .offload_optim_frac = 0.5};
   const auto uninterrupted = ZeroRun(spec).train(0, bt::kSteps);
   const std::string dir = scratch.path("gemini");
   {
@@ -398,20 +320,16 @@ TEST(Gemini, CheckpointIsHfAndReshards) {
     saver.save(dir);
   }
   const auto model_state = checkpoint::load_state_dict(dir);
-  EXPECT_EQ(model_state.at("model.embed_tokens.weight").sizes(),
+  EXPECT_EQ(model_state.at("model.embed_tokens.weight").sizes(), (std::vector<int64_t>{96, 32}));
+  EXPECT_EQ(checkpoint::load_state_dict(dir, "optimizer").at("state.0.exp_avg").sizes(),
             (std::vector<int64_t>{96, 32}));
-  EXPECT_EQ(checkpoint::load_state_dict(dir, "optimizer")
-                .at("state.0.exp_avg")
-                .sizes(),
-            (std::vector<int64_t>{96, 32}));
-  { // Same layout: bit for bit.
+  {  // Same layout: bit for bit.
     ZeroRun same(spec);
     same.load(dir);
     const auto resumed = same.train(kSaveAt, bt::kSteps);
-    for (size_t i = 0; i < resumed.size(); ++i)
-      EXPECT_EQ(resumed[i], uninterrupted[kSaveAt + i]) << "step " << i;
+    for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], uninterrupted[kSaveAt + i]) << "step " << i;
   }
-  { // Gemini on each rank alone, fully offloaded.
+  {  // Gemini on each rank alone, fully offloaded.
     auto self = ct::world()->split(ct::world()->rank(), 0, "self");
     RunSpec one = spec;
     one.offload_optim_frac = 1.0;
@@ -419,20 +337,18 @@ TEST(Gemini, CheckpointIsHfAndReshards) {
     ZeroRun alone(one, self);
     alone.load(dir);
     const auto resumed = alone.train(kSaveAt, bt::kSteps);
-    const std::vector<double> tail(uninterrupted.begin() + kSaveAt,
-                                   uninterrupted.end());
+    const std::vector<double> tail(uninterrupted.begin() + kSaveAt, uninterrupted.end());
     EXPECT_LE(worst_rel_diff(resumed, tail), 1e-5);
   }
-  { // ZeRO-2 and the plain model read it too.
+  {  // ZeRO-2 and the plain model read it too.
     RunSpec zero = spec;
     zero.plugin = "zero";
     ZeroRun run(zero);
     run.load(dir);
     const auto resumed = run.train(kSaveAt, bt::kSteps);
-    const std::vector<double> tail(uninterrupted.begin() + kSaveAt,
-                                   uninterrupted.end());
+    const std::vector<double> tail(uninterrupted.begin() + kSaveAt, uninterrupted.end());
     EXPECT_LE(worst_rel_diff(resumed, tail), 1e-5);
   }
 }
 
-int main(int argc, char **argv) { return ct::run_all_tests(argc, argv); }
+int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }

@@ -1,9 +1,7 @@
-// GeminiDDP: chunk construction and placement, the gather/release schedule
-// around segments, and the per-chunk gradient reduce-scatter (see
-// gemini_ddp.h).
+// GeminiDDP: chunk construction, the gather/release schedule around segments
+// and the per-chunk gradient reduce-scatter (see gemini_ddp.h); placement
+// changes and the byte accounting are in gemini_memory.cpp.
 #include "colossus/zero/gemini/gemini_ddp.h"
-
-#include "colossus/core/errors.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
@@ -16,103 +14,82 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "colossus/core/errors.h"
+
 namespace colossus::zero::gemini {
 
 namespace {
 
 class ReadyHook : public torch::autograd::PostAccumulateGradHook {
-public:
-  ReadyHook(GeminiDDP *owner, size_t index) : owner_(owner), index_(index) {}
-  void operator()(const torch::autograd::Variable &) override {
-    owner_->on_grad_ready(index_);
-  }
+ public:
+  ReadyHook(GeminiDDP* owner, size_t index) : owner_(owner), index_(index) {}
+  void operator()(const torch::autograd::Variable&) override { owner_->on_grad_ready(index_); }
 
-private:
-  GeminiDDP *owner_;
+ private:
+  GeminiDDP* owner_;
   size_t index_;
 };
 
-c10::ScalarType dtype_of(const std::string &precision) {
-  if (precision == "fp32")
-    return at::kFloat;
-  if (precision == "bf16")
-    return at::kBFloat16;
-  if (precision == "fp16")
-    return at::kHalf;
-  throw ConfigError(fmt::format(
-      "gemini: precision='{}' is unknown; use fp32, bf16 or fp16", precision));
+c10::ScalarType dtype_of(const std::string& precision) {
+  if (precision == "fp32") return at::kFloat;
+  if (precision == "bf16") return at::kBFloat16;
+  if (precision == "fp16") return at::kHalf;
+  throw ConfigError(fmt::format("gemini: precision='{}' is unknown; use fp32, bf16 or fp16", precision));
 }
 
 // A released chunk keeps its tensor (and every parameter view of it) but no
 // memory: the storage is emptied in place and refilled by the next gather.
-void free_storage(const at::Tensor &t) {
-  c10::StorageImpl *storage = t.storage().unsafeGetStorageImpl();
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   storage->set_nbytes(0);
 }
 
-void alloc_storage(const at::Tensor &t) {
-  c10::StorageImpl *storage = t.storage().unsafeGetStorageImpl();
+void alloc_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (storage->nbytes() == nbytes && storage->data() != nullptr)
-    return;
+  if (storage->nbytes() == nbytes && storage->data() != nullptr) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
 }
 
-int64_t chunk_bytes(const at::Tensor &t) {
-  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
-}
+}  // namespace
 
-} // namespace
-
-GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model,
-                     cluster::ProcessGroupPtr dp_group, c10::Device device,
+GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGroupPtr dp_group, c10::Device device,
                      GeminiOptions options)
-    : model_(std::move(model)), dp_group_(std::move(dp_group)), device_(device),
-      options_(std::move(options)) {
-  if (!model_)
-    throw ConfigError("gemini: the model is null");
-  if (!dp_group_)
-    throw ConfigError("gemini: the dp group is null");
+    : model_(std::move(model)), dp_group_(std::move(dp_group)), device_(device), options_(std::move(options)) {
+  if (!model_) throw ConfigError("gemini: the model is null");
+  if (!dp_group_) throw ConfigError("gemini: the dp group is null");
   dtype_ = dtype_of(options_.precision);
   master_dtype_ = options_.master_weights ? at::kFloat : dtype_;
-  for (const auto &item : model_->named_parameters(/*recurse=*/true))
-    params_.emplace_back(item.key(), item.value());
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) params_.emplace_back(item.key(), item.value());
   std::vector<int64_t> numels;
-  for (const auto &[name, p] : params_) {
-    if (p.requires_grad())
-      numels.push_back(p.numel());
+  for (const auto& [name, p] : params_) {
+    if (p.requires_grad()) numels.push_back(p.numel());
   }
-  if (numels.empty())
-    throw ConfigError("gemini: the model has no trainable parameters");
+  if (numels.empty()) throw ConfigError("gemini: the model has no trainable parameters");
   const int dp = dp_group_->size(), rank = dp_group_->rank();
-  chunk_numel_ =
-      search_chunk_size(numels, options_.chunk_search, dp).chunk_numel;
+  chunk_numel_ = search_chunk_size(numels, options_.chunk_search, dp).chunk_numel;
   layout_ = plan_chunks(params_, chunk_numel_, dp, rank);
   const size_t n = layout_.buckets.size();
 
   // Segments: 0 embedding, 1..L blocks, L+1 final norm + head (+ tied
   // embedding).
   const size_t blocks = model_->blocks().size();
-  std::unordered_map<const c10::TensorImpl *, bool> in_head;
-  for (const auto &p : model_->norm().parameters())
-    in_head[p.unsafeGetTensorImpl()] = true;
-  if (auto *head = model_->lm_head()) {
-    for (const auto &p : head->parameters())
-      in_head[p.unsafeGetTensorImpl()] = true;
+  std::unordered_map<const c10::TensorImpl*, bool> in_head;
+  for (const auto& p : model_->norm().parameters()) in_head[p.unsafeGetTensorImpl()] = true;
+  if (auto* head = model_->lm_head()) {
+    for (const auto& p : head->parameters()) in_head[p.unsafeGetTensorImpl()] = true;
   }
   const bool tied = model_->tied_embeddings();
-  const at::Tensor tied_weight =
-      tied ? model_->embedding().weight : at::Tensor();
+  const at::Tensor tied_weight = tied ? model_->embedding().weight : at::Tensor();
   std::vector<std::set<size_t>> segments(blocks + 2);
   const std::string block_prefix = model_->blocks_path() + ".";
   for (size_t k = 0; k < params_.size(); ++k) {
-    const auto &slot = layout_.slots[k];
-    if (!slot.managed)
-      continue;
-    const std::string &name = params_[k].first;
-    const at::Tensor &p = params_[k].second;
+    const auto& slot = layout_.slots[k];
+    if (!slot.managed) continue;
+    const std::string& name = params_[k].first;
+    const at::Tensor& p = params_[k].second;
     if (name.rfind(block_prefix, 0) == 0) {
       const size_t index = std::stoul(name.substr(block_prefix.size()));
       segments.at(index + 1).insert(slot.bucket);
@@ -120,71 +97,59 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model,
       segments[blocks + 1].insert(slot.bucket);
     } else {
       segments[0].insert(slot.bucket);
-      if (tied && p.is_same(tied_weight))
-        segments[blocks + 1].insert(slot.bucket);
+      if (tied && p.is_same(tied_weight)) segments[blocks + 1].insert(slot.bucket);
     }
   }
-  for (const auto &s : segments)
-    segment_chunks_.emplace_back(s.begin(), s.end());
+  for (const auto& s : segments) segment_chunks_.emplace_back(s.begin(), s.end());
 
   // Placement: static now; auto starts from the warm-up budget.
   std::vector<ChunkPlacement> placement;
   if (options_.placement_policy == "static") {
-    placement = static_placement(n, options_.shard_param_frac,
-                                 options_.offload_optim_frac,
-                                 options_.offload_param_frac);
+    placement =
+        static_placement(n, options_.shard_param_frac, options_.offload_optim_frac, options_.offload_param_frac);
   } else if (options_.placement_policy == "auto") {
     warming_up_ = true;
-    const auto memory = options_.memory_probe ? options_.memory_probe()
-                                              : metrics::device_memory();
+    const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
     if (memory) {
       const int64_t elem = c10::elementSize(dtype_);
       placement =
-          auto_placement(n, {.device_budget_bytes = static_cast<int64_t>(
-                                 static_cast<double>(memory->total_bytes) *
-                                 (1.0 - options_.warmup_non_model_data_ratio)),
+          auto_placement(n, {.device_budget_bytes = static_cast<int64_t>(static_cast<double>(memory->total_bytes) *
+                                                                         (1.0 - options_.warmup_non_model_data_ratio)),
                              .param_shard_bytes = chunk_numel_ / dp * elem,
                              .optim_shard_bytes = 0,
                              .working_bytes = 0,
                              .gpu_margin_mem_ratio = 0.0});
-      for (auto &chunk : placement)
-        chunk.optim_on_host =
-            true; // optimizer side on the host while warming up
+      for (auto& chunk : placement) chunk.optim_on_host = true;  // optimizer side on the host while warming up
     } else {
-      placement.assign(
-          n, ChunkPlacement{}); // no device figures: nothing to offload from
+      placement.assign(n, ChunkPlacement{});  // no device figures: nothing to offload from
     }
   } else {
-    throw ConfigError(fmt::format(
-        "gemini: placement_policy='{}' is unknown; use 'static' or 'auto'",
-        options_.placement_policy));
+    throw ConfigError(
+        fmt::format("gemini: placement_policy='{}' is unknown; use 'static' or 'auto'", options_.placement_policy));
   }
 
   at::NoGradGuard no_grad;
   chunks_.resize(n);
   master_views_.resize(params_.size());
   for (size_t c = 0; c < n; ++c) {
-    Chunk &chunk = chunks_[c];
+    Chunk& chunk = chunks_[c];
     chunk.layout = layout_.buckets[c];
     chunk.placement = placement[c];
-    const at::Tensor &first = params_[chunk.layout.params.front()].second;
+    const at::Tensor& first = params_[chunk.layout.params.front()].second;
     // Flatten in the original dtype: masters start at the exact values.
-    at::Tensor flat =
-        at::zeros({chunk_numel_}, first.options().requires_grad(false));
+    at::Tensor flat = at::zeros({chunk_numel_}, first.options().requires_grad(false));
     for (size_t k : chunk.layout.params) {
-      const auto &slot = layout_.slots[k];
-      flat.narrow(0, slot.offset, slot.numel)
-          .copy_(params_[k].second.detach().reshape({-1}));
+      const auto& slot = layout_.slots[k];
+      flat.narrow(0, slot.offset, slot.numel).copy_(params_[k].second.detach().reshape({-1}));
     }
     const int64_t shard = chunk.layout.shard_numel;
     at::Tensor own = flat.narrow(0, int64_t{rank} * shard, shard);
-    chunk.full = at::empty({chunk_numel_},
-                           at::TensorOptions().device(device_).dtype(dtype_));
+    chunk.full = at::empty({chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
     // Views first: slicing checks the storage bounds, which a released chunk
     // has not.
     for (size_t k : chunk.layout.params) {
-      const auto &slot = layout_.slots[k];
-      at::Tensor &p = params_[k].second;
+      const auto& slot = layout_.slots[k];
+      at::Tensor& p = params_[k].second;
       p.set_data(chunk.full.narrow(0, slot.offset, slot.numel).view(p.sizes()));
     }
     if (chunk.placement.keep_gathered) {
@@ -195,52 +160,40 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model,
       free_storage(chunk.full);
       chunk.shard = host_or_device(own, chunk.placement.param_on_host, dtype_);
     }
-    const bool alias =
-        master_dtype_ == dtype_ &&
-        chunk.placement.param_on_host == chunk.placement.optim_on_host;
-    chunk.master = alias ? chunk.shard
-                         : host_or_device(own, chunk.placement.optim_on_host,
-                                          master_dtype_);
+    const bool alias = master_dtype_ == dtype_ && chunk.placement.param_on_host == chunk.placement.optim_on_host;
+    chunk.master = alias ? chunk.shard : host_or_device(own, chunk.placement.optim_on_host, master_dtype_);
     chunk.grad_shard = at::zeros_like(chunk.master);
     chunk.layout.dtype = dtype_;
     point_views(c);
   }
   // Everything else (frozen parameters, buffers) moves to the device in the
   // model's precision.
-  for (auto &[name, p] : params_) {
-    if (p.requires_grad())
-      continue;
-    p.set_data(p.detach().to(device_, at::isFloatingType(p.scalar_type())
-                                          ? dtype_
-                                          : p.scalar_type()));
+  for (auto& [name, p] : params_) {
+    if (p.requires_grad()) continue;
+    p.set_data(p.detach().to(device_, at::isFloatingType(p.scalar_type()) ? dtype_ : p.scalar_type()));
   }
-  for (auto &item : model_->named_buffers(/*recurse=*/true)) {
-    at::Tensor &b = item.value();
-    b.set_data(b.to(device_, at::isFloatingType(b.scalar_type())
-                                 ? dtype_
-                                 : b.scalar_type()));
+  for (auto& item : model_->named_buffers(/*recurse=*/true)) {
+    at::Tensor& b = item.value();
+    b.set_data(b.to(device_, at::isFloatingType(b.scalar_type()) ? dtype_ : b.scalar_type()));
   }
   ready_.assign(params_.size(), false);
   for (size_t k = 0; k < params_.size(); ++k) {
     if (layout_.slots[k].managed) {
-      torch::autograd::impl::set_post_acc_grad_hooks(
-          params_[k].second, std::make_unique<ReadyHook>(this, k));
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[k].second, std::make_unique<ReadyHook>(this, k));
     }
   }
   for (size_t i = 0; i < blocks; ++i) {
-    model_->replace_block(
-        i, std::make_shared<GeminiBlock>(model_->blocks()[i], this, i + 1));
+    model_->replace_block(i, std::make_shared<GeminiBlock>(model_->blocks()[i], this, i + 1));
   }
 }
 
 GeminiDDP::~GeminiDDP() {
   for (size_t k = 0; k < params_.size(); ++k) {
-    if (layout_.slots[k].managed)
-      torch::autograd::impl::post_acc_grad_hooks(params_[k].second).reset();
+    if (layout_.slots[k].managed) torch::autograd::impl::post_acc_grad_hooks(params_[k].second).reset();
   }
   // Put the plain blocks back: the wrappers point at this object.
   for (size_t i = 0; i < model_->blocks().size(); ++i) {
-    if (auto *block = dynamic_cast<GeminiBlock *>(model_->blocks()[i].get())) {
+    if (auto* block = dynamic_cast<GeminiBlock*>(model_->blocks()[i].get())) {
       model_->replace_block(i, block->inner());
     }
   }
@@ -249,93 +202,75 @@ GeminiDDP::~GeminiDDP() {
       chunks_[c].gather_work.wait();
       chunks_[c].reduce_work.wait();
     }
-  } catch (...) { // a destructor must not throw; the job is ending anyway
+  } catch (...) {  // a destructor must not throw; the job is ending anyway
   }
 }
 
-c10::Device GeminiDDP::place_of(bool on_host) const {
-  return on_host ? c10::Device(c10::kCPU) : device_;
-}
+c10::Device GeminiDDP::place_of(bool on_host) const { return on_host ? c10::Device(c10::kCPU) : device_; }
 
-at::Tensor GeminiDDP::host_or_device(const at::Tensor &values, bool on_host,
-                                     c10::ScalarType dtype) const {
-  if (!on_host)
-    return values.to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
+at::Tensor GeminiDDP::host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const {
+  if (!on_host) return values.to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
   const bool pin = options_.pin_memory && device_.is_cuda();
-  at::Tensor out = at::empty(
-      values.sizes(),
-      at::TensorOptions().device(c10::kCPU).dtype(dtype).pinned_memory(pin));
+  at::Tensor out = at::empty(values.sizes(), at::TensorOptions().device(c10::kCPU).dtype(dtype).pinned_memory(pin));
   out.copy_(values);
   return out;
 }
 
 void GeminiDDP::point_views(size_t c) {
-  Chunk &chunk = chunks_[c];
+  Chunk& chunk = chunks_[c];
   for (size_t k : chunk.layout.params) {
-    const auto &slot = layout_.slots[k];
+    const auto& slot = layout_.slots[k];
     master_views_[k] = chunk.master.narrow(0, slot.own_offset, slot.own_numel);
-    master_views_[k].mutable_grad() =
-        chunk.grad_shard.narrow(0, slot.own_offset, slot.own_numel);
+    master_views_[k].mutable_grad() = chunk.grad_shard.narrow(0, slot.own_offset, slot.own_numel);
   }
 }
 
 void GeminiDDP::gather(size_t c) {
-  Chunk &chunk = chunks_[c];
-  if (chunk.state != Chunk::State::Released)
-    return;
+  Chunk& chunk = chunks_[c];
+  if (chunk.state != Chunk::State::Released) return;
   alloc_storage(chunk.full);
   // A separate send buffer on the device (the shard may be on the host).
-  chunk.gather_send =
-      chunk.shard.device() == device_
-          ? chunk.shard
-          : chunk.shard.to(device_, dtype_, /*non_blocking=*/true,
-                           /*copy=*/true);
+  chunk.gather_send = chunk.shard.device() == device_ ? chunk.shard
+                                                      : chunk.shard.to(device_, dtype_, /*non_blocking=*/true,
+                                                                       /*copy=*/true);
   chunk.gather_work = dp_group_->all_gather_into(chunk.full, chunk.gather_send);
   chunk.state = Chunk::State::Gathering;
   ++gathers_;
 }
 
 void GeminiDDP::wait_gathered(size_t c) {
-  Chunk &chunk = chunks_[c];
-  if (chunk.state != Chunk::State::Gathering)
-    return;
+  Chunk& chunk = chunks_[c];
+  if (chunk.state != Chunk::State::Gathering) return;
   chunk.gather_work.wait();
   chunk.gather_send.reset();
   chunk.state = Chunk::State::Gathered;
 }
 
 void GeminiDDP::release(size_t c) {
-  Chunk &chunk = chunks_[c];
-  if (chunk.placement.keep_gathered || chunk.state == Chunk::State::Released)
-    return;
+  Chunk& chunk = chunks_[c];
+  if (chunk.placement.keep_gathered || chunk.state == Chunk::State::Released) return;
   wait_gathered(c);
   free_storage(chunk.full);
   chunk.state = Chunk::State::Released;
 }
 
 void GeminiDDP::release_all() {
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    release(c);
+  for (size_t c = 0; c < chunks_.size(); ++c) release(c);
 }
 
 void GeminiDDP::schedule(size_t segment, bool forward) {
-  const auto &need = segment_chunks_.at(segment);
+  const auto& need = segment_chunks_.at(segment);
   // Prefetch: the next chunks in execution order that this segment does not
   // use.
   std::vector<size_t> ahead;
   if (options_.max_prefetch > 0) {
     const auto next = [&](size_t s) -> std::optional<size_t> {
-      if (forward)
-        return s + 1 < segment_chunks_.size() ? std::optional<size_t>(s + 1)
-                                              : std::nullopt;
+      if (forward) return s + 1 < segment_chunks_.size() ? std::optional<size_t>(s + 1) : std::nullopt;
       return s > 0 ? std::optional<size_t>(s - 1) : std::nullopt;
     };
-    for (auto s = next(segment);
-         s && static_cast<int>(ahead.size()) < options_.max_prefetch;
-         s = next(*s)) {
+    for (auto s = next(segment); s && static_cast<int>(ahead.size()) < options_.max_prefetch; s = next(*s)) {
       for (size_t c : segment_chunks_[*s]) {
-        if (static_cast<int>(ahead.size()) >= options_.max_prefetch)
-          break;
+        if (static_cast<int>(ahead.size()) >= options_.max_prefetch) break;
         if (std::find(need.begin(), need.end(), c) == need.end() &&
             std::find(ahead.begin(), ahead.end(), c) == ahead.end()) {
           ahead.push_back(c);
@@ -344,43 +279,32 @@ void GeminiDDP::schedule(size_t segment, bool forward) {
     }
   }
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    const bool wanted = std::find(need.begin(), need.end(), c) != need.end() ||
-                        std::find(ahead.begin(), ahead.end(), c) != ahead.end();
-    if (!wanted)
-      release(c);
+    const bool wanted =
+        std::find(need.begin(), need.end(), c) != need.end() || std::find(ahead.begin(), ahead.end(), c) != ahead.end();
+    if (!wanted) release(c);
   }
-  for (size_t c : need)
-    gather(c);
-  for (size_t c : ahead)
-    gather(c);
-  for (size_t c : need)
-    wait_gathered(c);
+  for (size_t c : need) gather(c);
+  for (size_t c : ahead) gather(c);
+  for (size_t c : need) wait_gathered(c);
   int64_t gathered = 0;
-  for (const auto &chunk : chunks_)
-    gathered += chunk.state != Chunk::State::Released ? 1 : 0;
+  for (const auto& chunk : chunks_) gathered += chunk.state != Chunk::State::Released ? 1 : 0;
   max_gathered_ = std::max(max_gathered_, gathered);
-  if (warming_up_)
-    sample_memory();
+  if (warming_up_) sample_memory();
 }
 
-void GeminiDDP::pre_forward(size_t segment) {
-  schedule(segment, /*forward=*/true);
-}
+void GeminiDDP::pre_forward(size_t segment) { schedule(segment, /*forward=*/true); }
 
-void GeminiDDP::post_forward(size_t segment, const at::Tensor &output) {
-  if (!at::GradMode::is_enabled() || !output.requires_grad())
-    return;
-  output.register_hook(
-      [this, segment](const at::TensorBase &) { pre_backward(segment); });
+void GeminiDDP::post_forward(size_t segment, const at::Tensor& output) {
+  if (!at::GradMode::is_enabled() || !output.requires_grad()) return;
+  output.register_hook([this, segment](const at::TensorBase&) { pre_backward(segment); });
 }
 
 void GeminiDDP::pre_backward(size_t segment) {
-  if (!in_backward_)
-    start_backward();
+  if (!in_backward_) start_backward();
   schedule(segment, /*forward=*/false);
 }
 
-at::Tensor GeminiDDP::forward(const at::Tensor &input_ids) {
+at::Tensor GeminiDDP::forward(const at::Tensor& input_ids) {
   models::check_input_ids(input_ids);
   const size_t last = segment_chunks_.size() - 1;
   pre_forward(0);
@@ -397,72 +321,63 @@ at::Tensor GeminiDDP::forward(const at::Tensor &input_ids) {
 
 void GeminiDDP::start_backward() {
   if (grads_pending_step_ && !options_.enable_gradient_accumulation) {
-    throw DistError("gemini: a second backward before optimizer.step(); set "
-                    "enable_gradient_accumulation = true to "
-                    "accumulate gradients over micro-batches");
+    throw DistError(
+        "gemini: a second backward before optimizer.step(); set "
+        "enable_gradient_accumulation = true to "
+        "accumulate gradients over micro-batches");
   }
   in_backward_ = true;
   std::fill(ready_.begin(), ready_.end(), false);
-  for (auto &chunk : chunks_) {
+  for (auto& chunk : chunks_) {
     chunk.grads_pending = chunk.layout.params.size();
     chunk.reduce_launched = false;
   }
-  torch::autograd::Engine::get_default_engine().queue_callback(
-      [this] { finish_backward(); });
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
 void GeminiDDP::on_grad_ready(size_t k) {
-  if (!in_backward_)
-    start_backward();
+  if (!in_backward_) start_backward();
   if (ready_[k]) {
-    throw DistError(fmt::format("gemini: parameter '{}' received its gradient "
-                                "twice in one backward; each parameter must be "
-                                "used once per forward",
-                                params_[k].first));
+    throw DistError(
+        fmt::format("gemini: parameter '{}' received its gradient "
+                    "twice in one backward; each parameter must be "
+                    "used once per forward",
+                    params_[k].first));
   }
   ready_[k] = true;
-  const auto &slot = layout_.slots[k];
-  Chunk &chunk = chunks_[slot.bucket];
-  at::Tensor &p = params_[k].second;
+  const auto& slot = layout_.slots[k];
+  Chunk& chunk = chunks_[slot.bucket];
+  at::Tensor& p = params_[k].second;
   at::NoGradGuard no_grad;
   if (!chunk.grad_full.defined()) {
-    chunk.grad_full = at::zeros(
-        {chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
+    chunk.grad_full = at::zeros({chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
   }
-  chunk.grad_full.narrow(0, slot.offset, slot.numel)
-      .copy_(p.grad().reshape({-1}));
-  p.mutable_grad().reset(); // no full gradient stays behind
-  if (--chunk.grads_pending == 0)
-    launch_reduce(chunk);
+  chunk.grad_full.narrow(0, slot.offset, slot.numel).copy_(p.grad().reshape({-1}));
+  p.mutable_grad().reset();  // no full gradient stays behind
+  if (--chunk.grads_pending == 0) launch_reduce(chunk);
 }
 
-void GeminiDDP::launch_reduce(Chunk &chunk) {
+void GeminiDDP::launch_reduce(Chunk& chunk) {
   if (!chunk.grad_full.defined()) {
-    chunk.grad_full = at::zeros(
-        {chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
+    chunk.grad_full = at::zeros({chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
   }
-  chunk.reduced =
-      at::empty({chunk.layout.shard_numel}, chunk.grad_full.options());
-  chunk.reduce_work = dp_group_->reduce_scatter(chunk.reduced, chunk.grad_full,
-                                                cluster::ReduceOp::Avg);
+  chunk.reduced = at::empty({chunk.layout.shard_numel}, chunk.grad_full.options());
+  chunk.reduce_work = dp_group_->reduce_scatter(chunk.reduced, chunk.grad_full, cluster::ReduceOp::Avg);
   chunk.reduce_launched = true;
 }
 
 void GeminiDDP::finish_backward() {
-  if (!in_backward_)
-    return;
+  if (!in_backward_) return;
   in_backward_ = false;
   // Chunks whose gradients did not all arrive count the missing ones as zero
   // (same order on every rank).
-  for (auto &chunk : chunks_) {
-    if (!chunk.reduce_launched)
-      launch_reduce(chunk);
+  for (auto& chunk : chunks_) {
+    if (!chunk.reduce_launched) launch_reduce(chunk);
   }
   at::NoGradGuard no_grad;
-  for (auto &chunk : chunks_) {
+  for (auto& chunk : chunks_) {
     chunk.reduce_work.wait();
-    at::Tensor part = chunk.reduced.to(chunk.grad_shard.device(),
-                                       chunk.grad_shard.scalar_type());
+    at::Tensor part = chunk.reduced.to(chunk.grad_shard.device(), chunk.grad_shard.scalar_type());
     if (grads_pending_step_) {
       chunk.grad_shard.add_(part);
     } else {
@@ -472,8 +387,7 @@ void GeminiDDP::finish_backward() {
     chunk.grad_full.reset();
   }
   grads_pending_step_ = true;
-  if (warming_up_)
-    sample_memory();
+  if (warming_up_) sample_memory();
   release_all();
 }
 
@@ -494,96 +408,19 @@ void GeminiDDP::after_step() {
 void GeminiDDP::shards_from_masters() {
   at::NoGradGuard no_grad;
   const int rank = dp_group_->rank();
-  for (auto &chunk : chunks_) {
-    if (!chunk.master.is_same(chunk.shard))
-      chunk.shard.copy_(chunk.master);
+  for (auto& chunk : chunks_) {
+    if (!chunk.master.is_same(chunk.shard)) chunk.shard.copy_(chunk.master);
     if (chunk.placement.keep_gathered) {
       const int64_t shard = chunk.layout.shard_numel;
-      at::Tensor send =
-          chunk.full.narrow(0, int64_t{rank} * shard, shard).clone();
+      at::Tensor send = chunk.full.narrow(0, int64_t{rank} * shard, shard).clone();
       dp_group_->all_gather_into(chunk.full, send).wait();
     }
   }
 }
 
-void GeminiDDP::sample_memory() {
-  const auto memory = options_.memory_probe ? options_.memory_probe()
-                                            : metrics::device_memory();
-  if (!memory)
-    return;
-  peak_non_model_bytes_ = std::max(
-      peak_non_model_bytes_, memory->allocated_bytes - device_model_bytes());
-}
-
-void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
-  if (!warming_up_)
-    return;
-  warming_up_ = false;
-  const auto memory = options_.memory_probe ? options_.memory_probe()
-                                            : metrics::device_memory();
-  if (!memory)
-    return; // no device figures: the warm-up placement stays
-  size_t widest = 0;
-  for (const auto &s : segment_chunks_)
-    widest = std::max(widest, s.size());
-  const int64_t elem = c10::elementSize(dtype_);
-  const int64_t shard = chunk_numel_ / dp_group_->size();
-  const double cap =
-      options_.steady_cuda_cap_ratio * static_cast<double>(memory->total_bytes);
-  const auto placement = auto_placement(
-      chunks_.size(),
-      {.device_budget_bytes = static_cast<int64_t>(cap) - peak_non_model_bytes_,
-       .param_shard_bytes = shard * elem,
-       .optim_shard_bytes = shard * optim_bytes_per_element,
-       // Gathered chunks of two segments (plus prefetch) and their gradient
-       // buffers.
-       .working_bytes =
-           static_cast<int64_t>(2 * widest +
-                                static_cast<size_t>(options_.max_prefetch)) *
-           chunk_numel_ * elem,
-       .gpu_margin_mem_ratio = options_.gpu_margin_mem_ratio});
-  apply_placement(placement);
-}
-
-void GeminiDDP::apply_placement(const std::vector<ChunkPlacement> &placement) {
-  TORCH_CHECK(placement.size() == chunks_.size(), "gemini: placement for ",
-              placement.size(), " chunks, have ", chunks_.size());
-  at::NoGradGuard no_grad;
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    Chunk &chunk = chunks_[c];
-    if (placement[c] == chunk.placement)
-      continue;
-    if (placement[c].keep_gathered != chunk.placement.keep_gathered) {
-      throw ConfigError("gemini: a chunk cannot change between sharded and "
-                        "kept gathered after construction");
-    }
-    const at::Tensor master = chunk.master; // the exact values
-    chunk.placement = placement[c];
-    if (!chunk.placement.keep_gathered) {
-      chunk.shard =
-          host_or_device(chunk.shard, chunk.placement.param_on_host, dtype_);
-    }
-    const bool alias =
-        master_dtype_ == dtype_ &&
-        chunk.placement.param_on_host == chunk.placement.optim_on_host;
-    if (alias) {
-      chunk.shard.copy_(master);
-      chunk.master = chunk.shard;
-    } else {
-      chunk.master =
-          host_or_device(master, chunk.placement.optim_on_host, master_dtype_);
-    }
-    chunk.grad_shard = host_or_device(
-        chunk.grad_shard, chunk.placement.optim_on_host, master_dtype_);
-    point_views(c);
-  }
-}
-
-void GeminiDDP::with_all_gathered(const std::function<void()> &fn) {
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    gather(c);
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    wait_gathered(c);
+void GeminiDDP::with_all_gathered(const std::function<void()>& fn) {
+  for (size_t c = 0; c < chunks_.size(); ++c) gather(c);
+  for (size_t c = 0; c < chunks_.size(); ++c) wait_gathered(c);
   try {
     fn();
   } catch (...) {
@@ -596,15 +433,12 @@ void GeminiDDP::with_all_gathered(const std::function<void()> &fn) {
 void GeminiDDP::refresh_from_params() {
   at::NoGradGuard no_grad;
   const int rank = dp_group_->rank();
-  for (auto &chunk : chunks_) {
-    TORCH_CHECK(chunk.state == Chunk::State::Gathered,
-                "gemini: refresh_from_params needs every chunk gathered");
+  for (auto& chunk : chunks_) {
+    TORCH_CHECK(chunk.state == Chunk::State::Gathered, "gemini: refresh_from_params needs every chunk gathered");
     const int64_t shard = chunk.layout.shard_numel;
     at::Tensor own = chunk.full.narrow(0, int64_t{rank} * shard, shard);
-    if (!chunk.placement.keep_gathered)
-      chunk.shard.copy_(own);
-    if (chunk.master.is_same(chunk.shard))
-      continue;
+    if (!chunk.placement.keep_gathered) chunk.shard.copy_(own);
+    if (chunk.master.is_same(chunk.shard)) continue;
     if (master_dtype_ == dtype_) {
       chunk.master.copy_(own);
       continue;
@@ -612,50 +446,20 @@ void GeminiDDP::refresh_from_params() {
     // Keep exact masters where they still round to the parameter.
     at::Tensor own_here = own.to(chunk.master.device());
     at::Tensor same = chunk.master.to(dtype_).eq(own_here);
-    chunk.master.copy_(
-        at::where(same, chunk.master, own_here.to(master_dtype_)));
+    chunk.master.copy_(at::where(same, chunk.master, own_here.to(master_dtype_)));
   }
 }
 
-GeminiMemory GeminiDDP::memory_bytes() const {
-  GeminiMemory m;
-  for (const auto &chunk : chunks_) {
-    const bool gathered = chunk.state != Chunk::State::Released;
-    if (gathered)
-      m.params_device += chunk_bytes(chunk.full);
-    if (!chunk.placement.keep_gathered)
-      (chunk.placement.param_on_host ? m.params_host : m.params_device) +=
-          chunk_bytes(chunk.shard);
-    m.grads_device += chunk_bytes(chunk.grad_full) + chunk_bytes(chunk.reduced);
-    (chunk.placement.optim_on_host ? m.grads_host : m.grads_device) +=
-        chunk_bytes(chunk.grad_shard);
-    if (!chunk.master.is_same(chunk.shard)) {
-      (chunk.placement.optim_on_host ? m.masters_host : m.masters_device) +=
-          chunk_bytes(chunk.master);
-    }
-  }
-  return m;
+GeminiBlock::GeminiBlock(std::shared_ptr<models::TransformerBlock> inner, GeminiDDP* ddp, size_t segment)
+    : TransformerBlock("GeminiBlock"), inner_(std::move(inner)), ddp_(ddp), segment_(segment) {
+  for (const auto& child : inner_->named_children()) register_module(child.key(), child.value());
 }
 
-int64_t GeminiDDP::device_model_bytes() const {
-  const auto m = memory_bytes();
-  return m.params_device + m.grads_device + m.masters_device;
-}
-
-GeminiBlock::GeminiBlock(std::shared_ptr<models::TransformerBlock> inner,
-                         GeminiDDP *ddp, size_t segment)
-    : TransformerBlock("GeminiBlock"), inner_(std::move(inner)), ddp_(ddp),
-      segment_(segment) {
-  for (const auto &child : inner_->named_children())
-    register_module(child.key(), child.value());
-}
-
-at::Tensor GeminiBlock::forward(const at::Tensor &hidden,
-                                const models::BlockContext &context) {
+at::Tensor GeminiBlock::forward(const at::Tensor& hidden, const models::BlockContext& context) {
   ddp_->pre_forward(segment_);
   at::Tensor out = inner_->forward(hidden, context);
   ddp_->post_forward(segment_, out);
   return out;
 }
 
-} // namespace colossus::zero::gemini
+}  // namespace colossus::zero::gemini

@@ -15,13 +15,6 @@
 // fp32 gradient shard next to its fp32 master shard (GeminiOptimizer steps
 // them).
 #pragma once
-#include "colossus/amp/loss_scaler.h"
-#include "colossus/cluster/process_group.h"
-#include "colossus/metrics/memory.h"
-#include "colossus/models/causal_lm.h"
-#include "colossus/zero/gemini/chunk_plan.h"
-#include "colossus/zero/gemini/placement.h"
-
 #include <c10/core/Device.h>
 
 #include <functional>
@@ -31,10 +24,17 @@
 #include <string>
 #include <vector>
 
+#include "colossus/amp/loss_scaler.h"
+#include "colossus/cluster/process_group.h"
+#include "colossus/metrics/memory.h"
+#include "colossus/models/causal_lm.h"
+#include "colossus/zero/gemini/chunk_plan.h"
+#include "colossus/zero/gemini/placement.h"
+
 namespace colossus::zero::gemini {
 
 struct GeminiOptions {
-  std::string placement_policy = "static"; // "static" or "auto"
+  std::string placement_policy = "static";  // "static" or "auto"
   // static: fraction of chunks sharded (the rest stay gathered), and of the
   // sharded chunks whose optimizer side / parameter shard live on the host.
   double shard_param_frac = 1.0;
@@ -46,15 +46,11 @@ struct GeminiOptions {
   double warmup_non_model_data_ratio = 0.8;
   double steady_cuda_cap_ratio = 0.9;
   double gpu_margin_mem_ratio = 0.0;
-  std::string precision =
-      "fp32"; // parameter dtype: fp32, bf16, fp16 (loss-scaled)
-  bool master_weights =
-      true; // fp32 master shards (false: step the bf16/fp16 shard itself)
-  bool pin_memory = false; // host shards in pinned memory (CUDA only)
-  int max_prefetch =
-      0; // chunks all-gathered ahead of the segment that needs them
-  bool enable_gradient_accumulation =
-      false; // several backwards per step sum into the gradient shards
+  std::string precision = "fp32";             // parameter dtype: fp32, bf16, fp16 (loss-scaled)
+  bool master_weights = true;                 // fp32 master shards (false: step the bf16/fp16 shard itself)
+  bool pin_memory = false;                    // host shards in pinned memory (CUDA only)
+  int max_prefetch = 0;                       // chunks all-gathered ahead of the segment that needs them
+  bool enable_gradient_accumulation = false;  // several backwards per step sum into the gradient shards
   ChunkSearchOptions chunk_search = {};
   amp::LossScalerOptions loss_scaler = {};
   double max_norm = 0.0;
@@ -66,20 +62,19 @@ struct GeminiOptions {
 
 // One chunk on this rank.
 struct Chunk {
-  BucketLayout layout; // params in packing order, numel, shard_numel, dtype
-                       // (the parameters')
+  BucketLayout layout;  // params in packing order, numel, shard_numel, dtype
+                        // (the parameters')
   ChunkPlacement placement;
-  at::Tensor full;  // (numel) parameter dtype on the device; storage empty
-                    // unless gathered
-  at::Tensor shard; // (shard_numel) parameter dtype; a view of `full` when kept
-                    // gathered
-  at::Tensor master; // (shard_numel) master dtype; may alias `shard`
-  at::Tensor
-      grad_shard; // (shard_numel) master dtype: this rank's averaged gradient
-  at::Tensor grad_full;   // (numel) parameter dtype, while its gradients arrive
-                          // in backward
-  at::Tensor reduced;     // (shard_numel) reduce-scatter output in flight
-  at::Tensor gather_send; // the all-gather's input in flight
+  at::Tensor full;         // (numel) parameter dtype on the device; storage empty
+                           // unless gathered
+  at::Tensor shard;        // (shard_numel) parameter dtype; a view of `full` when kept
+                           // gathered
+  at::Tensor master;       // (shard_numel) master dtype; may alias `shard`
+  at::Tensor grad_shard;   // (shard_numel) master dtype: this rank's averaged gradient
+  at::Tensor grad_full;    // (numel) parameter dtype, while its gradients arrive
+                           // in backward
+  at::Tensor reduced;      // (shard_numel) reduce-scatter output in flight
+  at::Tensor gather_send;  // the all-gather's input in flight
   cluster::Work gather_work, reduce_work;
   enum class State { Released, Gathering, Gathered } state = State::Released;
   size_t grads_pending = 0;
@@ -89,40 +84,35 @@ struct Chunk {
 // Bytes this rank holds, by kind and place (on CPU ranks both places are the
 // same memory: the split is the placement's accounting).
 struct GeminiMemory {
-  int64_t params_device = 0, params_host = 0; // shards + gathered chunks
+  int64_t params_device = 0, params_host = 0;  // shards + gathered chunks
   int64_t grads_device = 0,
-          grads_host = 0; // gradient shards + in-flight buffers
+          grads_host = 0;  // gradient shards + in-flight buffers
   int64_t masters_device = 0,
-          masters_host = 0; // master shards not aliasing the parameter shard
+          masters_host = 0;  // master shards not aliasing the parameter shard
   int64_t optim_device = 0,
-          optim_host = 0; // optimizer state (filled by GeminiOptimizer)
-  int64_t device_total() const {
-    return params_device + grads_device + masters_device + optim_device;
-  }
-  int64_t host_total() const {
-    return params_host + grads_host + masters_host + optim_host;
-  }
+          optim_host = 0;  // optimizer state (filled by GeminiOptimizer)
+  int64_t device_total() const { return params_device + grads_device + masters_device + optim_device; }
+  int64_t host_total() const { return params_host + grads_host + masters_host + optim_host; }
 };
 
 class GeminiDDP {
-public:
+ public:
   // `model`: fp32, the same values on every rank (any device; chunks are built
   // on `device` / the host). Its blocks are replaced by GeminiBlock wrappers.
-  GeminiDDP(std::shared_ptr<models::CausalLM> model,
-            cluster::ProcessGroupPtr dp_group, c10::Device device,
+  GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGroupPtr dp_group, c10::Device device,
             GeminiOptions options);
   ~GeminiDDP();
-  GeminiDDP(const GeminiDDP &) = delete;
-  GeminiDDP &operator=(const GeminiDDP &) = delete;
+  GeminiDDP(const GeminiDDP&) = delete;
+  GeminiDDP& operator=(const GeminiDDP&) = delete;
 
   // input_ids: (B, T) int64 -> logits (B, T, V); every chunk released
   // afterwards.
-  at::Tensor forward(const at::Tensor &input_ids);
-  models::CausalLM &model() { return *model_; }
+  at::Tensor forward(const at::Tensor& input_ids);
+  models::CausalLM& model() { return *model_; }
 
   // Segment boundaries (GeminiBlock calls them for segments 1..L).
   void pre_forward(size_t segment);
-  void post_forward(size_t segment, const at::Tensor &output);
+  void post_forward(size_t segment, const at::Tensor& output);
   void pre_backward(size_t segment);
   // Called by the hooks and the autograd-engine callback.
   void on_grad_ready(size_t param_index);
@@ -132,16 +122,14 @@ public:
   void set_grad_sync(bool enabled);
 
   // The optimizer side.
-  const GeminiOptions &options() const { return options_; }
-  const NamedParams &params() const { return params_; }
-  const Layout &layout() const { return layout_; }
-  std::vector<Chunk> &chunks() { return chunks_; }
-  const std::vector<Chunk> &chunks() const { return chunks_; }
+  const GeminiOptions& options() const { return options_; }
+  const NamedParams& params() const { return params_; }
+  const Layout& layout() const { return layout_; }
+  std::vector<Chunk>& chunks() { return chunks_; }
+  const std::vector<Chunk>& chunks() const { return chunks_; }
   // The master view of parameter k (its own part; empty if none) with .grad a
   // view of the gradient shard.
-  const at::Tensor &master_view(size_t param_index) const {
-    return master_views_[param_index];
-  }
+  const at::Tensor& master_view(size_t param_index) const { return master_views_[param_index]; }
   c10::ScalarType master_dtype() const { return master_dtype_; }
   cluster::ProcessGroupPtr dp_group() const { return dp_group_; }
   c10::Device device() const { return device_; }
@@ -158,11 +146,11 @@ public:
   bool warming_up() const { return warming_up_; }
   int64_t peak_non_model_bytes() const { return peak_non_model_bytes_; }
   // Moves chunks to a new placement (before the optimizer has state on them).
-  void apply_placement(const std::vector<ChunkPlacement> &placement);
+  void apply_placement(const std::vector<ChunkPlacement>& placement);
 
   // Materialises every chunk (collective), calls fn, releases them again
   // (checkpoints).
-  void with_all_gathered(const std::function<void()> &fn);
+  void with_all_gathered(const std::function<void()>& fn);
   // The parameters were overwritten in full (all gathered): shards and masters
   // follow (not collective).
   void refresh_from_params();
@@ -170,26 +158,23 @@ public:
   GeminiMemory memory_bytes() const;
   int64_t device_model_bytes() const;
   int64_t chunk_numel() const { return chunk_numel_; }
-  const std::vector<std::vector<size_t>> &segment_chunks() const {
-    return segment_chunks_;
-  }
+  const std::vector<std::vector<size_t>>& segment_chunks() const { return segment_chunks_; }
   // Chunks gathered so far (forward and backward; counts re-gathers), and the
   // most gathered at once.
   int64_t gathers() const { return gathers_; }
   int64_t max_gathered() const { return max_gathered_; }
 
-private:
+ private:
   void gather(size_t chunk);
   void wait_gathered(size_t chunk);
   void release(size_t chunk);
   void release_all();
   void schedule(size_t segment, bool forward);
   void start_backward();
-  void launch_reduce(Chunk &chunk);
+  void launch_reduce(Chunk& chunk);
   void sample_memory();
   c10::Device place_of(bool on_host) const;
-  at::Tensor host_or_device(const at::Tensor &values, bool on_host,
-                            c10::ScalarType dtype) const;
+  at::Tensor host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const;
   void point_views(size_t chunk);
 
   std::shared_ptr<models::CausalLM> model_;
@@ -205,7 +190,7 @@ private:
   std::vector<std::vector<size_t>> segment_chunks_;
   std::vector<bool> ready_;
   bool in_backward_ = false;
-  bool grads_pending_step_ = false; // a backward finished since the last step
+  bool grads_pending_step_ = false;  // a backward finished since the last step
   bool warming_up_ = false;
   int64_t peak_non_model_bytes_ = 0;
   int64_t gathers_ = 0, max_gathered_ = 0;
@@ -215,20 +200,16 @@ private:
 // (and, through a hook on its output, before its backward). It adopts the
 // wrapped block's children, so parameter names stay Hugging Face's.
 class GeminiBlock : public models::TransformerBlock {
-public:
-  GeminiBlock(std::shared_ptr<models::TransformerBlock> inner, GeminiDDP *ddp,
-              size_t segment);
+ public:
+  GeminiBlock(std::shared_ptr<models::TransformerBlock> inner, GeminiDDP* ddp, size_t segment);
   // hidden: (B, T, C) -> (B, T, C)
-  at::Tensor forward(const at::Tensor &hidden,
-                     const models::BlockContext &context) override;
-  const std::shared_ptr<models::TransformerBlock> &inner() const {
-    return inner_;
-  }
+  at::Tensor forward(const at::Tensor& hidden, const models::BlockContext& context) override;
+  const std::shared_ptr<models::TransformerBlock>& inner() const { return inner_; }
 
-private:
+ private:
   std::shared_ptr<models::TransformerBlock> inner_;
-  GeminiDDP *ddp_;
+  GeminiDDP* ddp_;
   size_t segment_;
 };
 
-} // namespace colossus::zero::gemini
+}  // namespace colossus::zero::gemini

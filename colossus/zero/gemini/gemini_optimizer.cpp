@@ -2,12 +2,6 @@
 // unsharded state_dict lives in gemini_state.cpp.
 #include "colossus/zero/gemini/gemini_optimizer.h"
 
-#include "colossus/amp/clip_grad.h"
-#include "colossus/amp/unscale.h"
-#include "colossus/cluster/launch.h"
-#include "colossus/core/errors.h"
-#include "colossus/optim/lamb.h"
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -15,45 +9,51 @@
 #include <limits>
 #include <unordered_map>
 
+#include "colossus/amp/clip_grad.h"
+#include "colossus/amp/unscale.h"
+#include "colossus/cluster/launch.h"
+#include "colossus/core/errors.h"
+#include "colossus/optim/lamb.h"
+
 namespace colossus::zero::gemini {
 
 namespace {
 
-const optim::Optimizer &
-require(const std::unique_ptr<optim::Optimizer> &inner) {
+const optim::Optimizer& require(const std::unique_ptr<optim::Optimizer>& inner) {
   if (!inner)
-    throw ConfigError("GeminiOptimizer: the inner optimizer is null; pass e.g. "
-                      "std::make_unique<AdamW>(...)");
+    throw ConfigError(
+        "GeminiOptimizer: the inner optimizer is null; pass e.g. "
+        "std::make_unique<AdamW>(...)");
   return *inner;
 }
 
-c10::Device collective_device(const cluster::ProcessGroup &group) {
-  return group.backend_name() == "nccl" ? cluster::current_cluster().device
-                                        : c10::Device(c10::kCPU);
+c10::Device collective_device(const cluster::ProcessGroup& group) {
+  return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
 }
 
 // Master + gradient shard + two moments, per element (the auto policy's
 // estimate).
 constexpr int64_t kOptimBytesPerElement = 16;
 
-} // namespace
+}  // namespace
 
-GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner,
-                                 GeminiDDP &ddp)
-    : Optimizer(require(inner).param_groups()), inner_(std::move(inner)),
-      ddp_(ddp), last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
+GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, GeminiDDP& ddp)
+    : Optimizer(require(inner).param_groups()),
+      inner_(std::move(inner)),
+      ddp_(ddp),
+      last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
   if (!inner_->state_dict().tensors.empty()) {
-    throw ConfigError(fmt::format("GeminiOptimizer: {} has already stepped; "
-                                  "wrap it before its first step",
-                                  inner_->name()));
+    throw ConfigError(
+        fmt::format("GeminiOptimizer: {} has already stepped; "
+                    "wrap it before its first step",
+                    inner_->name()));
   }
-  const auto &params = ddp_.params();
-  std::unordered_map<const c10::TensorImpl *, size_t> index_of;
-  for (size_t k = 0; k < params.size(); ++k)
-    index_of[params[k].second.unsafeGetTensorImpl()] = k;
+  const auto& params = ddp_.params();
+  std::unordered_map<const c10::TensorImpl*, size_t> index_of;
+  for (size_t k = 0; k < params.size(); ++k) index_of[params[k].second.unsafeGetTensorImpl()] = k;
   std::vector<bool> in_optimizer(params.size(), false);
-  for (const auto &group : inner_->param_groups()) {
-    for (const auto &p : group.params) {
+  for (const auto& group : inner_->param_groups()) {
+    for (const auto& p : group.params) {
       auto it = index_of.find(p.unsafeGetTensorImpl());
       if (it == index_of.end() || !p.requires_grad()) {
         throw ConfigError(
@@ -81,36 +81,32 @@ GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner,
     scaler_.emplace(scaler_options);
   }
   rebind_masters();
-  if (auto *lamb = dynamic_cast<optim::Lamb *>(inner_.get())) {
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(inner_.get())) {
     if (ddp_.master_dtype() != at::kFloat) {
-      throw ConfigError("GeminiOptimizer: Lamb under Gemini needs fp32 "
-                        "masters; set master_weights = true");
+      throw ConfigError(
+          "GeminiOptimizer: Lamb under Gemini needs fp32 "
+          "masters; set master_weights = true");
     }
-    lamb->set_partition_reducer(
-        [group = ddp_.dp_group()](std::vector<double> &sums) {
-          if (group->size() == 1 || sums.empty())
-            return;
-          at::Tensor t =
-              at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())},
-                            at::kDouble)
-                  .to(collective_device(*group), /*non_blocking=*/false,
-                      /*copy=*/true);
-          group->all_reduce(t, cluster::ReduceOp::Sum).wait();
-          at::Tensor host = t.cpu();
-          std::copy_n(host.data_ptr<double>(), sums.size(), sums.data());
-        });
+    lamb->set_partition_reducer([group = ddp_.dp_group()](std::vector<double>& sums) {
+      if (group->size() == 1 || sums.empty()) return;
+      at::Tensor t = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
+                         .to(collective_device(*group), /*non_blocking=*/false,
+                             /*copy=*/true);
+      group->all_reduce(t, cluster::ReduceOp::Sum).wait();
+      at::Tensor host = t.cpu();
+      std::copy_n(host.data_ptr<double>(), sums.size(), sums.data());
+    });
   }
 }
 
 void GeminiOptimizer::rebind_masters() {
   size_t flat = 0;
-  for (auto &group : inner_->param_groups()) {
-    for (auto &p : group.params)
-      p = ddp_.master_view(inner_order_[flat++]);
+  for (auto& group : inner_->param_groups()) {
+    for (auto& p : group.params) p = ddp_.master_view(inner_order_[flat++]);
   }
 }
 
-at::Tensor GeminiOptimizer::scale_loss(const at::Tensor &loss) const {
+at::Tensor GeminiOptimizer::scale_loss(const at::Tensor& loss) const {
   return scaler_ ? loss * scaler_->scale() : loss;
 }
 
@@ -120,23 +116,20 @@ void GeminiOptimizer::step() {
     ddp_.end_warmup(kOptimBytesPerElement);
     rebind_masters();
   }
-  auto &inner_groups = inner_->param_groups();
+  auto& inner_groups = inner_->param_groups();
   for (size_t g = 0; g < groups_.size() && g < inner_groups.size(); ++g) {
     inner_groups[g].lr = groups_[g].lr;
     inner_groups[g].weight_decay = groups_[g].weight_decay;
     inner_groups[g].options = groups_[g].options;
   }
   std::vector<at::Tensor> grads;
-  for (const auto &chunk : ddp_.chunks())
-    grads.push_back(chunk.grad_shard);
+  for (const auto& chunk : ddp_.chunks()) grads.push_back(chunk.grad_shard);
   const auto group = ddp_.dp_group();
   bool overflow = false;
   if (ddp_.options().precision != "fp32") {
     overflow = amp::unscale_and_check_finite(grads, 1.0 / loss_scale());
     if (group->size() > 1) {
-      at::Tensor flag =
-          at::full({1}, overflow ? 1.0f : 0.0f,
-                   at::TensorOptions().device(collective_device(*group)));
+      at::Tensor flag = at::full({1}, overflow ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*group)));
       group->all_reduce(flag, cluster::ReduceOp::Max).wait();
       overflow = flag.item<float>() > 0.0f;
     }
@@ -144,10 +137,9 @@ void GeminiOptimizer::step() {
   last_step_skipped_ = overflow;
   if (overflow) {
     ++skipped_steps_;
-    if (scaler_)
-      scaler_->update(true);
-    ddp_.after_step(); // the masters did not move; the next backward starts
-                       // fresh gradients
+    if (scaler_) scaler_->update(true);
+    ddp_.after_step();  // the masters did not move; the next backward starts
+                        // fresh gradients
     return;
   }
   const double max_norm = ddp_.options().max_norm;
@@ -156,22 +148,17 @@ void GeminiOptimizer::step() {
     // dp.
     amp::NormReducer reducer;
     if (group->size() > 1) {
-      reducer = [group](const at::Tensor &local, double norm_type) {
+      reducer = [group](const at::Tensor& local, double norm_type) {
         at::Tensor total = local.to(collective_device(*group),
                                     /*non_blocking=*/false, /*copy=*/true);
-        group
-            ->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max
-                                                      : cluster::ReduceOp::Sum)
-            .wait();
+        group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
         return total.to(local.device());
       };
     }
-    last_grad_norm_ =
-        amp::clip_grad_norm(grads, max_norm, ddp_.options().norm_type, reducer);
+    last_grad_norm_ = amp::clip_grad_norm(grads, max_norm, ddp_.options().norm_type, reducer);
   }
   inner_->step();
-  if (scaler_)
-    scaler_->update(false);
+  if (scaler_) scaler_->update(false);
   ddp_.after_step();
 }
 
@@ -179,15 +166,14 @@ GeminiMemory GeminiOptimizer::memory_bytes() const {
   GeminiMemory m = ddp_.memory_bytes();
   // Inner state tensors are "state.<flat index>.<slot>"; their place is their
   // chunk's.
-  for (const auto &[name, t] : inner_->state_dict().tensors) {
+  for (const auto& [name, t] : inner_->state_dict().tensors) {
     const size_t dot1 = name.find('.'), dot2 = name.find('.', dot1 + 1);
     const size_t flat = std::stoul(name.substr(dot1 + 1, dot2 - dot1 - 1));
-    const auto &slot = ddp_.layout().slots[inner_order_.at(flat)];
+    const auto& slot = ddp_.layout().slots[inner_order_.at(flat)];
     const bool host = ddp_.chunks()[slot.bucket].placement.optim_on_host;
-    (host ? m.optim_host : m.optim_device) +=
-        t.numel() * static_cast<int64_t>(t.element_size());
+    (host ? m.optim_host : m.optim_device) += t.numel() * static_cast<int64_t>(t.element_size());
   }
   return m;
 }
 
-} // namespace colossus::zero::gemini
+}  // namespace colossus::zero::gemini

@@ -7,50 +7,50 @@
 // follow the masters. state_dict() is the unsharded format the Booster writes
 // for DDP, so it loads with any dp size and into DDP/ZeRO-1/2.
 #pragma once
-#include "colossus/amp/loss_scaler.h"
-#include "colossus/optim/optimizer.h"
-#include "colossus/zero/gemini/gemini_ddp.h"
-
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "colossus/amp/loss_scaler.h"
+#include "colossus/optim/optimizer.h"
+#include "colossus/zero/gemini/gemini_ddp.h"
+
 namespace colossus::zero::gemini {
 
 class GeminiOptimizer : public optim::Optimizer {
-public:
+ public:
   // `inner` must hold exactly the trainable parameters of ddp's model and not
   // have stepped.
-  GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, GeminiDDP &ddp);
+  GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, GeminiDDP& ddp);
 
   void step() override;
   std::string name() const override { return "Gemini[" + inner_->name() + "]"; }
   // Collective over dp.
   optim::OptimizerState state_dict() const override;
   // Each rank takes its parts of an unsharded state (not collective).
-  void load_state_dict(const optim::OptimizerState &state) override;
+  void load_state_dict(const optim::OptimizerState& state) override;
 
-  at::Tensor scale_loss(const at::Tensor &loss) const;
+  at::Tensor scale_loss(const at::Tensor& loss) const;
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   bool last_step_skipped() const { return last_step_skipped_; }
   double last_grad_norm() const { return last_grad_norm_; }
   // The chunks' bytes plus the optimizer state by place (host / device).
   GeminiMemory memory_bytes() const;
-  optim::Optimizer &inner() { return *inner_; }
-  GeminiDDP &ddp() { return ddp_; }
+  optim::Optimizer& inner() { return *inner_; }
+  GeminiDDP& ddp() { return ddp_; }
   // Points the inner optimizer at the DDP's master views again (after a
   // placement change).
   void rebind_masters();
 
-private:
+ private:
   std::unique_ptr<optim::Optimizer> inner_;
-  GeminiDDP &ddp_;
-  std::vector<size_t> inner_order_; // inner flat index -> parameter index
+  GeminiDDP& ddp_;
+  std::vector<size_t> inner_order_;  // inner flat index -> parameter index
   std::optional<amp::DynamicLossScaler> scaler_;
   bool last_step_skipped_ = false;
   int64_t skipped_steps_ = 0;
   double last_grad_norm_;
 };
 
-} // namespace colossus::zero::gemini
+}  // namespace colossus::zero::gemini

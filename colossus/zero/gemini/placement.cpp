@@ -14,33 +14,27 @@ size_t count_of(double frac, size_t n) {
   return std::min(n, static_cast<size_t>(std::ceil(x - 1e-9)));
 }
 
-} // namespace
+}  // namespace
 
-std::vector<ChunkPlacement> static_placement(size_t chunks,
-                                             double shard_param_frac,
-                                             double offload_optim_frac,
+std::vector<ChunkPlacement> static_placement(size_t chunks, double shard_param_frac, double offload_optim_frac,
                                              double offload_param_frac) {
   std::vector<ChunkPlacement> placement(chunks);
   const size_t sharded = count_of(shard_param_frac, chunks);
-  for (size_t c = sharded; c < chunks; ++c)
-    placement[c].keep_gathered = true;
+  for (size_t c = sharded; c < chunks; ++c) placement[c].keep_gathered = true;
   // Gathered chunks keep their optimizer side on the device (as Colossal-AI).
   const size_t offload_optim = count_of(offload_optim_frac, sharded);
   const size_t offload_param = count_of(offload_param_frac, sharded);
-  for (size_t c = 0; c < offload_optim; ++c)
-    placement[c].optim_on_host = true;
-  for (size_t c = 0; c < offload_param; ++c)
-    placement[c].param_on_host = true;
+  for (size_t c = 0; c < offload_optim; ++c) placement[c].optim_on_host = true;
+  for (size_t c = 0; c < offload_param; ++c) placement[c].param_on_host = true;
   return placement;
 }
 
-std::vector<ChunkPlacement> auto_placement(size_t chunks,
-                                           const AutoPlacementInput &input) {
+std::vector<ChunkPlacement> auto_placement(size_t chunks, const AutoPlacementInput& input) {
   std::vector<ChunkPlacement> placement(chunks);
   // In chunk order: once one does not fit, the rest go to the host too.
   int64_t left = input.device_budget_bytes - input.working_bytes;
   bool full = false;
-  for (auto &chunk : placement) {
+  for (auto& chunk : placement) {
     full = full || left < input.param_shard_bytes;
     if (full) {
       chunk.param_on_host = true;
@@ -48,11 +42,10 @@ std::vector<ChunkPlacement> auto_placement(size_t chunks,
       left -= input.param_shard_bytes;
     }
   }
-  int64_t margin = static_cast<int64_t>(
-      std::floor(static_cast<double>(std::max<int64_t>(left, 0)) *
-                 input.gpu_margin_mem_ratio));
+  int64_t margin =
+      static_cast<int64_t>(std::floor(static_cast<double>(std::max<int64_t>(left, 0)) * input.gpu_margin_mem_ratio));
   full = false;
-  for (auto &chunk : placement) {
+  for (auto& chunk : placement) {
     full = full || margin < input.optim_shard_bytes;
     if (full) {
       chunk.optim_on_host = true;
@@ -63,4 +56,4 @@ std::vector<ChunkPlacement> auto_placement(size_t chunks,
   return placement;
 }
 
-} // namespace colossus::zero::gemini
+}  // namespace colossus::zero::gemini

@@ -10,41 +10,33 @@
 namespace colossus::zero::gemini {
 
 struct ChunkPlacement {
-  bool param_on_host =
-      false; // parameter shard offloaded (gathered onto the device for use)
-  bool optim_on_host = false; // master, gradient shard and optimizer state
-                              // offloaded (CPU Adam steps them)
-  bool keep_gathered =
-      false; // whole chunk resident on every rank (ZeRO-2 style for this chunk)
-  bool operator==(const ChunkPlacement &) const = default;
+  bool param_on_host = false;  // parameter shard offloaded (gathered onto the device for use)
+  bool optim_on_host = false;  // master, gradient shard and optimizer state
+                               // offloaded (CPU Adam steps them)
+  bool keep_gathered = false;  // whole chunk resident on every rank (ZeRO-2 style for this chunk)
+  bool operator==(const ChunkPlacement&) const = default;
 };
 
 // Colossal-AI's static policy over `chunks` equal chunks: the last
 // (1 - shard_param_frac) of them stay gathered; of the rest, the first
 // ceil(offload_optim_frac * n) have their optimizer side on the host and the
 // first ceil(offload_param_frac * n) their parameter shard.
-std::vector<ChunkPlacement> static_placement(size_t chunks,
-                                             double shard_param_frac,
-                                             double offload_optim_frac,
+std::vector<ChunkPlacement> static_placement(size_t chunks, double shard_param_frac, double offload_optim_frac,
                                              double offload_param_frac);
 
 struct AutoPlacementInput {
-  int64_t device_budget_bytes = 0; // what chunks may use on the device (cap
-                                   // ratio x capacity - non-model peak)
-  int64_t param_shard_bytes = 0;   // one chunk's parameter shard
-  int64_t optim_shard_bytes =
-      0; // one chunk's master + gradient shard + optimizer state (estimate)
-  int64_t working_bytes =
-      0; // gathered chunks in use at once (device memory the schedule needs)
-  double gpu_margin_mem_ratio =
-      0.0; // share of what is left after the parameters for optimizer shards
+  int64_t device_budget_bytes = 0;    // what chunks may use on the device (cap
+                                      // ratio x capacity - non-model peak)
+  int64_t param_shard_bytes = 0;      // one chunk's parameter shard
+  int64_t optim_shard_bytes = 0;      // one chunk's master + gradient shard + optimizer state (estimate)
+  int64_t working_bytes = 0;          // gathered chunks in use at once (device memory the schedule needs)
+  double gpu_margin_mem_ratio = 0.0;  // share of what is left after the parameters for optimizer shards
 };
 
 // The auto policy: parameter shards stay on the device in chunk order while
 // they fit the budget (after the working set), the rest go to the host; the
 // optimizer side goes to the device, again in order, only into
 // gpu_margin_mem_ratio of the margin left after the parameters.
-std::vector<ChunkPlacement> auto_placement(size_t chunks,
-                                           const AutoPlacementInput &input);
+std::vector<ChunkPlacement> auto_placement(size_t chunks, const AutoPlacementInput& input);
 
-} // namespace colossus::zero::gemini
+}  // namespace colossus::zero::gemini

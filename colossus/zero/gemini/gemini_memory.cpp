@@ -1,0 +1,99 @@
+// GeminiDDP, where chunks live: the auto policy's memory samples during the
+// warm-up step and its placement at the first step, moving chunks between
+// device and host, and the byte accounting by place (see gemini_ddp.h).
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "colossus/core/errors.h"
+#include "colossus/zero/gemini/gemini_ddp.h"
+
+namespace colossus::zero::gemini {
+
+namespace {
+
+int64_t chunk_bytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+}  // namespace
+
+void GeminiDDP::sample_memory() {
+  const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
+  if (!memory) return;
+  peak_non_model_bytes_ = std::max(peak_non_model_bytes_, memory->allocated_bytes - device_model_bytes());
+}
+
+void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
+  if (!warming_up_) return;
+  warming_up_ = false;
+  const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
+  if (!memory) return;  // no device figures: the warm-up placement stays
+  size_t widest = 0;
+  for (const auto& s : segment_chunks_) widest = std::max(widest, s.size());
+  const int64_t elem = c10::elementSize(dtype_);
+  const int64_t shard = chunk_numel_ / dp_group_->size();
+  const double cap = options_.steady_cuda_cap_ratio * static_cast<double>(memory->total_bytes);
+  const auto placement = auto_placement(
+      chunks_.size(), {.device_budget_bytes = static_cast<int64_t>(cap) - peak_non_model_bytes_,
+                       .param_shard_bytes = shard * elem,
+                       .optim_shard_bytes = shard * optim_bytes_per_element,
+                       // Gathered chunks of two segments (plus prefetch) and their gradient
+                       // buffers.
+                       .working_bytes = static_cast<int64_t>(2 * widest + static_cast<size_t>(options_.max_prefetch)) *
+                                        chunk_numel_ * elem,
+                       .gpu_margin_mem_ratio = options_.gpu_margin_mem_ratio});
+  apply_placement(placement);
+}
+
+void GeminiDDP::apply_placement(const std::vector<ChunkPlacement>& placement) {
+  TORCH_CHECK(placement.size() == chunks_.size(), "gemini: placement for ", placement.size(), " chunks, have ",
+              chunks_.size());
+  at::NoGradGuard no_grad;
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Chunk& chunk = chunks_[c];
+    if (placement[c] == chunk.placement) continue;
+    if (placement[c].keep_gathered != chunk.placement.keep_gathered) {
+      throw ConfigError(
+          "gemini: a chunk cannot change between sharded and "
+          "kept gathered after construction");
+    }
+    const at::Tensor master = chunk.master;  // the exact values
+    chunk.placement = placement[c];
+    if (!chunk.placement.keep_gathered) {
+      chunk.shard = host_or_device(chunk.shard, chunk.placement.param_on_host, dtype_);
+    }
+    const bool alias = master_dtype_ == dtype_ && chunk.placement.param_on_host == chunk.placement.optim_on_host;
+    if (alias) {
+      chunk.shard.copy_(master);
+      chunk.master = chunk.shard;
+    } else {
+      chunk.master = host_or_device(master, chunk.placement.optim_on_host, master_dtype_);
+    }
+    chunk.grad_shard = host_or_device(chunk.grad_shard, chunk.placement.optim_on_host, master_dtype_);
+    point_views(c);
+  }
+}
+
+GeminiMemory GeminiDDP::memory_bytes() const {
+  GeminiMemory m;
+  for (const auto& chunk : chunks_) {
+    const bool gathered = chunk.state != Chunk::State::Released;
+    if (gathered) m.params_device += chunk_bytes(chunk.full);
+    if (!chunk.placement.keep_gathered)
+      (chunk.placement.param_on_host ? m.params_host : m.params_device) += chunk_bytes(chunk.shard);
+    m.grads_device += chunk_bytes(chunk.grad_full) + chunk_bytes(chunk.reduced);
+    (chunk.placement.optim_on_host ? m.grads_host : m.grads_device) += chunk_bytes(chunk.grad_shard);
+    if (!chunk.master.is_same(chunk.shard)) {
+      (chunk.placement.optim_on_host ? m.masters_host : m.masters_device) += chunk_bytes(chunk.master);
+    }
+  }
+  return m;
+}
+
+int64_t GeminiDDP::device_model_bytes() const {
+  const auto m = memory_bytes();
+  return m.params_device + m.grads_device + m.masters_device;
+}
+
+}  // namespace colossus::zero::gemini
