@@ -2,7 +2,8 @@
 // and resumed continues the loss curve of an uninterrupted run bit for bit
 // (fp32, dropout on, gradient accumulation on); the checkpoint layout, the
 // `latest` pointer and pruning; a resume under another data layout is refused;
-// transformers loads the saved model and tokenizer.
+// transformers loads the saved model and tokenizer; the split_gather / ring
+// sequence-parallel keys train as plain tensor parallelism.
 #include "colossus/apps/trainer/checkpoint_dirs.h"
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -155,6 +157,32 @@ TEST(Trainer, ResumeUnderAnotherLayoutIsRefused) {
     EXPECT_NE(std::string(e.what()).find("batch_size=2"), std::string::npos) << e.what();
   }
   EXPECT_THROW(apps::train(tiny_config(dir), {.resume = (dir / "nowhere").string()}), CheckpointError);
+}
+
+// Megatron-style sequence parallelism from the TOML keys: on 2 ranks,
+// hybrid_parallel tp = 2 with sequence_parallelism_mode split_gather or ring
+// trains the loss curve of plain tp = 2 (dropout off: sequence shards draw
+// their own masks), eval and checkpoint included.
+TEST(Trainer, SequenceParallelModesTrainAsPlainTensorParallel) {
+  if (ct::world()->size() != 2) GTEST_SKIP() << "tp = 2 needs 2 ranks";
+  auto run = [](const std::string& name, const std::vector<std::string>& sp) {
+    std::vector<std::string> extra{"train.steps=6",
+                                   "model.config.resid_pdrop=0.0",
+                                   "model.config.embd_pdrop=0.0",
+                                   "plugin.name=\"hybrid_parallel\"",
+                                   "plugin.tp_size=2"};
+    extra.insert(extra.end(), sp.begin(), sp.end());
+    return losses_of(apps::train(tiny_config(job_dir(name), extra)));
+  };
+  const auto plain = run("tp2", {});
+  ASSERT_EQ(plain.size(), 6u);
+  for (const std::string mode : {"split_gather", "ring"}) {
+    const auto got = run("tp2_" + mode, {"plugin.enable_sequence_parallelism=true",
+                                         "plugin.sequence_parallelism_mode=\"" + mode + "\""});
+    ASSERT_EQ(got.size(), plain.size()) << mode;
+    for (size_t i = 0; i < plain.size(); ++i)
+      EXPECT_NEAR(got[i], plain[i], 1e-5 * std::abs(plain[i])) << mode << " step " << i + 1;
+  }
 }
 
 TEST(Trainer, TransformersLoadsTheCheckpoint) {
