@@ -1,12 +1,14 @@
-// Memory per rank of DDP, ZeRO-1 and ZeRO-2 on one model: bytes of the tensors
-// each layout holds (parameters, gradients, fp32 masters, optimizer state)
-// after one AdamW step, before zero_grad, plus the process RSS. Run it under
-// mpirun (scripts/bench_zero_memory.sh does 1, 2 and 4 CPU ranks); rank 0
-// prints one JSON object.
-//   bench_zero_memory --plugin ddp|zero1|zero2 [--precision fp32|bf16]
+// Memory per rank of DDP, ZeRO-1, ZeRO-2, Gemini (ZeRO-3 chunks) and Gemini
+// with full CPU offload on one model: bytes of the tensors each layout holds
+// (parameters, gradients, fp32 masters, optimizer state) after one AdamW step,
+// before zero_grad, split into device and host by the layout's placement, plus
+// the process RSS. Run it under mpirun (scripts/bench_zero_memory.sh does 1, 2
+// and 4 CPU ranks); rank 0 prints one JSON object.
+//   bench_zero_memory --plugin ddp|zero1|zero2|gemini|gemini_offload [--precision fp32|bf16]
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/metrics/memory.h"
@@ -65,6 +67,14 @@ int main(int argc, char** argv) {
     // Gradients as bucket views: DDP's leanest layout, one full gradient copy.
     plugin = std::make_shared<booster::DDPPlugin>(booster::DDPPluginOptions{.gradient_as_bucket_view = true}, world);
     booster_options.mixed_precision = precision;
+  } else if (plugin_name == "gemini" || plugin_name == "gemini_offload") {
+    const double offload = plugin_name == "gemini_offload" ? 1.0 : 0.0;
+    plugin = std::make_shared<booster::GeminiPlugin>(booster::GeminiPluginOptions{.offload_optim_frac = offload,
+                                                                                  .offload_param_frac = offload,
+                                                                                  .precision = precision,
+                                                                                  .search_range_m = 1.0,
+                                                                                  .min_chunk_size_m = 0.25},
+                                                     world);
   } else {
     plugin = std::make_shared<booster::LowLevelZeroPlugin>(
         booster::LowLevelZeroPluginOptions{
@@ -86,8 +96,18 @@ int main(int argc, char** argv) {
   booster.backward(loss, *boosted.optimizer);
   boosted.optimizer->step();
 
-  int64_t params = 0, grads = 0, masters = 0, state = 0;
-  if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(boosted.optimizer.get())) {
+  int64_t params = 0, grads = 0, masters = 0, state = 0, host = 0, gathered_peak = 0;
+  if (auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(boosted.optimizer.get())) {
+    const auto bytes = gemini->memory_bytes();
+    params = bytes.params_device + bytes.params_host;
+    grads = bytes.grads_device + bytes.grads_host;
+    masters = bytes.masters_device + bytes.masters_host;
+    state = bytes.optim_device + bytes.optim_host;
+    host = bytes.host_total();
+    const auto& ddp = gemini->ddp();
+    gathered_peak = ddp.max_gathered() * ddp.chunk_numel() * static_cast<int64_t>(c10::elementSize(
+                                                                ddp.chunks().front().layout.dtype));
+  } else if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(boosted.optimizer.get())) {
     const auto bytes = zero->memory_bytes();
     params = bytes.params;
     grads = bytes.grads;
@@ -112,16 +132,18 @@ int main(int argc, char** argv) {
   }
   const int64_t rss = metrics::host_rss_bytes();
   // Largest per-rank figures (ranks differ by the padding of the last chunk).
-  auto worst = at::tensor({params, grads, masters, state, rss}, at::kLong);
+  auto worst = at::tensor({params, grads, masters, state, rss, host, gathered_peak}, at::kLong);
   world->all_reduce(worst, cluster::ReduceOp::Max).wait();
   const auto* w = worst.data_ptr<int64_t>();
   if (world->rank() == 0) {
     std::printf(
         "{\"plugin\":\"%s\",\"precision\":\"%s\",\"ranks\":%d,\"model_params\":%lld,\"params_bytes\":%lld,"
-        "\"grads_bytes\":%lld,\"masters_bytes\":%lld,\"optimizer_state_bytes\":%lld,\"rss_bytes\":%lld}\n",
+        "\"grads_bytes\":%lld,\"masters_bytes\":%lld,\"optimizer_state_bytes\":%lld,\"rss_bytes\":%lld,"
+        "\"host_bytes\":%lld,\"gathered_peak_bytes\":%lld}\n",
         plugin_name.c_str(), precision.c_str(), world->size(), static_cast<long long>(numel),
         static_cast<long long>(w[0]), static_cast<long long>(w[1]), static_cast<long long>(w[2]),
-        static_cast<long long>(w[3]), static_cast<long long>(w[4]));
+        static_cast<long long>(w[3]), static_cast<long long>(w[4]), static_cast<long long>(w[5]),
+        static_cast<long long>(w[6]));
   }
   return 0;
 }
