@@ -24,23 +24,19 @@ namespace pp = parallel::pipeline;
 
 namespace {
 
-constexpr int kTiedGradTag = 30000; // above every schedule channel's tag
-constexpr int64_t kGradBucketNumel = 16 << 20; // elements per dp all-reduce
+constexpr int kTiedGradTag = 30000;             // above every schedule channel's tag
+constexpr int64_t kGradBucketNumel = 16 << 20;  // elements per dp all-reduce
 
-std::unordered_set<const c10::TensorImpl *>
-impls_of(const std::vector<at::Tensor> &tensors) {
-  std::unordered_set<const c10::TensorImpl *> impls;
-  for (const auto &t : tensors)
-    impls.insert(t.unsafeGetTensorImpl());
+std::unordered_set<const c10::TensorImpl*> impls_of(const std::vector<at::Tensor>& tensors) {
+  std::unordered_set<const c10::TensorImpl*> impls;
+  for (const auto& t : tensors) impls.insert(t.unsafeGetTensorImpl());
   return impls;
 }
 
-} // namespace
+}  // namespace
 
-void validate_pipeline_options(const HybridParallelPluginOptions &o) {
-  if (o.pp_size < 1)
-    throw ConfigError(
-        fmt::format("hybrid_parallel.pp_size = {} must be >= 1", o.pp_size));
+void validate_pipeline_options(const HybridParallelPluginOptions& o) {
+  if (o.pp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.pp_size = {} must be >= 1", o.pp_size));
   if (o.pp_size == 1) {
     if (o.num_model_chunks != 1) {
       throw ConfigError(
@@ -51,22 +47,23 @@ void validate_pipeline_options(const HybridParallelPluginOptions &o) {
     return;
   }
   if (o.pp_style == "zbv") {
-    throw ConfigError("hybrid_parallel.pp_style = 'zbv' (V-shaped zero bubble) "
-                      "has not landed yet; use 'zero_bubble' (ZB-H1 order, "
-                      "same B/W split) or 'interleaved'");
+    throw ConfigError(
+        "hybrid_parallel.pp_style = 'zbv' (V-shaped zero bubble) "
+        "has not landed yet; use 'zero_bubble' (ZB-H1 order, "
+        "same B/W split) or 'interleaved'");
   }
-  if (o.pp_style != "1f1b" && o.pp_style != "interleaved" &&
-      o.pp_style != "zero_bubble") {
-    throw ConfigError(fmt::format("hybrid_parallel.pp_style = '{}' is unknown; "
-                                  "use '1f1b', 'interleaved' or 'zero_bubble'",
-                                  o.pp_style));
+  if (o.pp_style != "1f1b" && o.pp_style != "interleaved" && o.pp_style != "zero_bubble") {
+    throw ConfigError(
+        fmt::format("hybrid_parallel.pp_style = '{}' is unknown; "
+                    "use '1f1b', 'interleaved' or 'zero_bubble'",
+                    o.pp_style));
   }
   if (o.pp_style == "interleaved" && o.num_model_chunks < 2) {
-    throw ConfigError(fmt::format(
-        "hybrid_parallel.pp_style = 'interleaved' with num_model_chunks = {}; "
-        "use num_model_chunks = 2 (or more), "
-        "or pp_style '1f1b'",
-        o.num_model_chunks));
+    throw ConfigError(
+        fmt::format("hybrid_parallel.pp_style = 'interleaved' with num_model_chunks = {}; "
+                    "use num_model_chunks = 2 (or more), "
+                    "or pp_style '1f1b'",
+                    o.num_model_chunks));
   }
   if (o.pp_style != "interleaved" && o.num_model_chunks != 1) {
     throw ConfigError(
@@ -76,25 +73,24 @@ void validate_pipeline_options(const HybridParallelPluginOptions &o) {
                     o.pp_style, o.num_model_chunks));
   }
   if ((o.num_microbatches > 0) == (o.microbatch_size > 0)) {
-    throw ConfigError(fmt::format(
-        "hybrid_parallel: with pp_size = {} set exactly one of "
-        "num_microbatches (= {}) and microbatch_size (= {}), "
-        "e.g. num_microbatches = {}",
-        o.pp_size, o.num_microbatches, o.microbatch_size, 2 * o.pp_size));
+    throw ConfigError(
+        fmt::format("hybrid_parallel: with pp_size = {} set exactly one of "
+                    "num_microbatches (= {}) and microbatch_size (= {}), "
+                    "e.g. num_microbatches = {}",
+                    o.pp_size, o.num_microbatches, o.microbatch_size, 2 * o.pp_size));
   }
   if (o.num_microbatches < 0 || o.microbatch_size < 0) {
-    throw ConfigError(fmt::format("hybrid_parallel: num_microbatches = {} / "
-                                  "microbatch_size = {} must not be negative",
-                                  o.num_microbatches, o.microbatch_size));
+    throw ConfigError(
+        fmt::format("hybrid_parallel: num_microbatches = {} / "
+                    "microbatch_size = {} must not be negative",
+                    o.num_microbatches, o.microbatch_size));
   }
-  if (o.pp_style == "interleaved" && o.num_microbatches > 0 &&
-      o.num_microbatches % o.pp_size != 0) {
+  if (o.pp_style == "interleaved" && o.num_microbatches > 0 && o.num_microbatches % o.pp_size != 0) {
     throw ConfigError(
         fmt::format("hybrid_parallel: the interleaved schedule needs "
                     "num_microbatches to be a multiple of pp_size, got "
                     "num_microbatches = {} with pp_size = {}; use {}",
-                    o.num_microbatches, o.pp_size,
-                    (o.num_microbatches / o.pp_size + 1) * o.pp_size));
+                    o.num_microbatches, o.pp_size, (o.num_microbatches / o.pp_size + 1) * o.pp_size));
   }
   if (o.zero_stage != 0) {
     if (o.zero_stage != 1) {
@@ -105,12 +101,12 @@ void validate_pipeline_options(const HybridParallelPluginOptions &o) {
                       o.zero_stage, o.pp_size));
     }
     if (o.tp_size != 1 || o.precision != "fp32" || o.max_norm > 0.0) {
-      throw ConfigError(fmt::format(
-          "hybrid_parallel.zero_stage = 1 with pp_size = {} supports tp_size = "
-          "1, precision fp32, max_norm = 0 so far "
-          "(got tp_size = {}, precision {}, max_norm = {}); use zero_stage = 0 "
-          "for those",
-          o.pp_size, o.tp_size, o.precision, o.max_norm));
+      throw ConfigError(
+          fmt::format("hybrid_parallel.zero_stage = 1 with pp_size = {} supports tp_size = "
+                      "1, precision fp32, max_norm = 0 so far "
+                      "(got tp_size = {}, precision {}, max_norm = {}); use zero_stage = 0 "
+                      "for those",
+                      o.pp_size, o.tp_size, o.precision, o.max_norm));
     }
   }
   if (o.enable_sequence_parallelism) {
@@ -121,142 +117,120 @@ void validate_pipeline_options(const HybridParallelPluginOptions &o) {
                     o.sequence_parallelism_mode, o.pp_size));
   }
   if (!o.num_layers_per_stage.empty() &&
-      o.num_layers_per_stage.size() !=
-          static_cast<size_t>(o.pp_size * o.num_model_chunks)) {
+      o.num_layers_per_stage.size() != static_cast<size_t>(o.pp_size * o.num_model_chunks)) {
     throw ConfigError(
         fmt::format("hybrid_parallel.num_layers_per_stage has {} entries; "
                     "pp_size {} x num_model_chunks {} needs {} (or leave it "
                     "empty to balance by parameter count)",
-                    o.num_layers_per_stage.size(), o.pp_size,
-                    o.num_model_chunks, o.pp_size * o.num_model_chunks));
+                    o.num_layers_per_stage.size(), o.pp_size, o.num_model_chunks, o.pp_size * o.num_model_chunks));
   }
 }
 
-HybridPipelineOptions
-pipeline_options_of(const HybridParallelPluginOptions &o) {
-  return HybridPipelineOptions{
-      .schedule = o.pp_style == "interleaved"   ? pp::ScheduleKind::Interleaved
-                  : o.pp_style == "zero_bubble" ? pp::ScheduleKind::ZeroBubble
-                                                : pp::ScheduleKind::OneFOneB,
-      .num_model_chunks = o.num_model_chunks,
-      .num_microbatches = o.num_microbatches,
-      .microbatch_size = o.microbatch_size,
-      .overlap_p2p = o.overlap_p2p,
-      .num_layers_per_stage = o.num_layers_per_stage};
+HybridPipelineOptions pipeline_options_of(const HybridParallelPluginOptions& o) {
+  return HybridPipelineOptions{.schedule = o.pp_style == "interleaved"   ? pp::ScheduleKind::Interleaved
+                                           : o.pp_style == "zero_bubble" ? pp::ScheduleKind::ZeroBubble
+                                                                         : pp::ScheduleKind::OneFOneB,
+                               .num_model_chunks = o.num_model_chunks,
+                               .num_microbatches = o.num_microbatches,
+                               .microbatch_size = o.microbatch_size,
+                               .overlap_p2p = o.overlap_p2p,
+                               .num_layers_per_stage = o.num_layers_per_stage};
 }
 
-std::unique_ptr<optim::Optimizer>
-wrap_pipeline_zero_optimizer(HybridParallelModel &model,
-                             std::unique_ptr<optim::Optimizer> optimizer,
-                             cluster::ProcessGroupPtr dp_group) {
-  if (model.pipeline() == nullptr)
-    throw ConfigError("hybrid_parallel: zero_stage = 1 here needs pp_size > 1");
+std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelModel& model,
+                                                               std::unique_ptr<optim::Optimizer> optimizer,
+                                                               cluster::ProcessGroupPtr dp_group) {
+  if (model.pipeline() == nullptr) throw ConfigError("hybrid_parallel: zero_stage = 1 here needs pp_size > 1");
   zero::NamedParams params;
-  for (const auto &item : model.unwrap().named_parameters(/*recurse=*/true))
+  for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
     params.emplace_back(item.key(), item.value());
   auto zero_optimizer = std::make_unique<zero::LowLevelZeroOptimizer>(
       std::move(optimizer), std::move(params), std::move(dp_group), nullptr,
       zero::LowLevelZeroOptions{.stage = 1, .precision = "fp32"});
-  zero_optimizer->set_grad_sync(false); // reduced once per schedule
+  zero_optimizer->set_grad_sync(false);  // reduced once per schedule
   model.pipeline()->set_zero_optimizer(zero_optimizer.get());
   return zero_optimizer;
 }
 
-void HybridParallelModel::attach_pipeline(
-    std::unique_ptr<HybridPipeline> pipeline) {
+void HybridParallelModel::attach_pipeline(std::unique_ptr<HybridPipeline> pipeline) {
   pipeline_ = std::move(pipeline);
   // Gradients are synchronised once after the schedule, not from backward
   // hooks.
   reducer_->set_sync_enabled(false);
 }
 
-at::Tensor HybridParallelModel::pipeline_logits(const at::Tensor &hidden) {
-  models::CausalLM &m = *model_;
+at::Tensor HybridParallelModel::pipeline_logits(const at::Tensor& hidden) {
+  models::CausalLM& m = *model_;
   // As forward(): a tied head reads the embedding's vocab shard with its
   // copy-to-region.
-  at::Tensor logits =
-      sharded_.tied_head ? parallel::tensor::vocab_parallel_logits(
-                               hidden, m.embedding().weight, *sharded_.tp_group)
-                         : m.head(hidden);
-  if (!sharded_.vocab_parallel_logits || parallel_output_)
-    return logits;
-  return parallel::tensor::gather_last_dim(logits, *sharded_.tp_group)
-      .narrow(-1, 0, sharded_.vocab.true_vocab);
+  at::Tensor logits = sharded_.tied_head
+                          ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, *sharded_.tp_group)
+                          : m.head(hidden);
+  if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;
+  return parallel::tensor::gather_last_dim(logits, *sharded_.tp_group).narrow(-1, 0, sharded_.vocab.true_vocab);
 }
 
-PipelineOutput HybridParallelModel::execute_pipeline(
-    const PipelineBatch &batch, const PipelineCriterion &criterion,
-    const std::function<at::Tensor(const at::Tensor &)> &scale_loss,
-    bool return_loss, bool return_outputs) {
+PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch, const PipelineCriterion& criterion,
+                                                     const std::function<at::Tensor(const at::Tensor&)>& scale_loss,
+                                                     bool return_loss, bool return_outputs) {
   if (!pipeline_) {
-    throw ConfigError("execute_pipeline: this HybridParallelPlugin has pp_size "
-                      "= 1; use forward + loss + booster.backward, or "
-                      "pp_size > 1");
+    throw ConfigError(
+        "execute_pipeline: this HybridParallelPlugin has pp_size "
+        "= 1; use forward + loss + booster.backward, or "
+        "pp_size > 1");
   }
-  reducer_->set_sync_enabled(
-      false); // a no_sync guard may have turned it back on
+  reducer_->set_sync_enabled(false);  // a no_sync guard may have turned it back on
   PipelineCriterion loss_fn = criterion;
   if (!loss_fn) {
-    loss_fn = [this](const at::Tensor &logits, const at::Tensor &labels,
-                     int64_t num_items) {
+    loss_fn = [this](const at::Tensor& logits, const at::Tensor& labels, int64_t num_items) {
       return loss(logits, labels, num_items);
     };
   }
   return pipeline_->execute(
-      batch,
-      [this](const at::Tensor &hidden) { return pipeline_logits(hidden); },
-      loss_fn, scale_loss, return_loss, return_outputs);
+      batch, [this](const at::Tensor& hidden) { return pipeline_logits(hidden); }, loss_fn, scale_loss, return_loss,
+      return_outputs);
 }
 
-HybridPipeline::HybridPipeline(models::CausalLM &model,
-                               cluster::ProcessGroupPtr pp_group,
-                               cluster::ProcessGroupPtr grad_group,
-                               HybridPipelineOptions options)
-    : model_(model), pp_group_(std::move(pp_group)),
-      grad_group_(std::move(grad_group)), options_(std::move(options)) {
+HybridPipeline::HybridPipeline(models::CausalLM& model, cluster::ProcessGroupPtr pp_group,
+                               cluster::ProcessGroupPtr grad_group, HybridPipelineOptions options)
+    : model_(model), pp_group_(std::move(pp_group)), grad_group_(std::move(grad_group)), options_(std::move(options)) {
   const int P = pp_group_->size();
   const int r = pp_group_->rank();
   const int C = options_.num_model_chunks;
-  const auto &blocks = model_.blocks();
+  const auto& blocks = model_.blocks();
   const auto norm = impls_of(model_.norm().parameters());
-  const auto head = model_.lm_head() ? impls_of(model_.lm_head()->parameters())
-                                     : decltype(norm){};
+  const auto head = model_.lm_head() ? impls_of(model_.lm_head()->parameters()) : decltype(norm){};
   const bool tied = model_.tied_embeddings();
-  const c10::TensorImpl *embedding_weight =
-      model_.embedding().weight.unsafeGetTensorImpl();
+  const c10::TensorImpl* embedding_weight = model_.embedding().weight.unsafeGetTensorImpl();
 
   // Stage weights in parameters: blocks, the embedding group on the first
   // stage, norm + head (the tied embedding's matmul counts as the head) on the
   // last.
   std::vector<int64_t> block_weights;
-  std::unordered_set<const c10::TensorImpl *> in_blocks;
-  for (const auto &block : blocks) {
+  std::unordered_set<const c10::TensorImpl*> in_blocks;
+  for (const auto& block : blocks) {
     int64_t numel = 0;
-    for (const auto &p : block->parameters()) {
+    for (const auto& p : block->parameters()) {
       numel += p.numel();
       in_blocks.insert(p.unsafeGetTensorImpl());
     }
     block_weights.push_back(numel);
   }
   int64_t first_extra = 0, last_extra = 0;
-  for (const auto &p : model_.parameters()) {
-    const auto *impl = p.unsafeGetTensorImpl();
-    if (in_blocks.contains(impl))
-      continue;
+  for (const auto& p : model_.parameters()) {
+    const auto* impl = p.unsafeGetTensorImpl();
+    if (in_blocks.contains(impl)) continue;
     if (norm.contains(impl) || head.contains(impl)) {
       last_extra += p.numel();
     } else {
       first_extra += p.numel();
-      if (tied && impl == embedding_weight)
-        last_extra += p.numel();
+      if (tied && impl == embedding_weight) last_extra += p.numel();
     }
   }
   const int V = P * C;
-  auto ranges =
-      options_.num_layers_per_stage.empty()
-          ? pp::balance_blocks(block_weights, V, first_extra, last_extra)
-          : pp::ranges_from_counts(options_.num_layers_per_stage,
-                                   static_cast<int64_t>(blocks.size()));
+  auto ranges = options_.num_layers_per_stage.empty()
+                    ? pp::balance_blocks(block_weights, V, first_extra, last_extra)
+                    : pp::ranges_from_counts(options_.num_layers_per_stage, static_cast<int64_t>(blocks.size()));
   if (static_cast<int>(ranges.size()) != V) {
     throw ConfigError(
         fmt::format("hybrid_parallel.num_layers_per_stage has {} entries; "
@@ -264,25 +238,22 @@ HybridPipeline::HybridPipeline(models::CausalLM &model,
                     ranges.size(), P, C, V));
   }
   stages_ = std::make_unique<pp::StageManager>(P, r, C, std::move(ranges));
-  runtime_ = std::make_unique<pp::PipelineRuntime>(*stages_, pp_group_,
-                                                   options_.overlap_p2p);
+  runtime_ = std::make_unique<pp::PipelineRuntime>(*stages_, pp_group_, options_.overlap_p2p);
 
   // Each parameter's owner; this rank keeps its own and frees the rest.
   chunk_params_.assign(static_cast<size_t>(C), {});
   const std::string prefix = model_.blocks_path() + ".";
   at::NoGradGuard no_grad;
-  for (auto &item : model_.named_parameters(/*recurse=*/true)) {
-    const std::string &name = item.key();
-    at::Tensor &p = item.value();
-    const auto *impl = p.unsafeGetTensorImpl();
+  for (auto& item : model_.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    const auto* impl = p.unsafeGetTensorImpl();
     int virtual_stage = 0;
     if (name.starts_with(prefix)) {
-      const int64_t index = std::stoll(name.substr(
-          prefix.size(), name.find('.', prefix.size()) - prefix.size()));
+      const int64_t index = std::stoll(name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size()));
       for (int v = 0; v < V; ++v) {
-        const auto &range = stages_->all_ranges()[static_cast<size_t>(v)];
-        if (index >= range.begin && index < range.end)
-          virtual_stage = v;
+        const auto& range = stages_->all_ranges()[static_cast<size_t>(v)];
+        if (index >= range.begin && index < range.end) virtual_stage = v;
       }
     } else if (norm.contains(impl) || head.contains(impl)) {
       virtual_stage = V - 1;
@@ -290,14 +261,11 @@ HybridPipeline::HybridPipeline(models::CausalLM &model,
     const int owner = stages_->rank_of(virtual_stage);
     placements_[name] = ParamPlacement{owner, p.sizes().vec()};
     const bool tied_here = tied && impl == embedding_weight && r == P - 1;
-    if (tied && impl == embedding_weight)
-      tied_name_ = name;
+    if (tied && impl == embedding_weight) tied_name_ = name;
     if (owner == r || tied_here) {
       held_[name] = p;
-      if (owner == r)
-        chunk_params_[static_cast<size_t>(virtual_stage / P)].push_back(p);
-      if (tied_here)
-        chunk_params_[static_cast<size_t>(C - 1)].push_back(p);
+      if (owner == r) chunk_params_[static_cast<size_t>(virtual_stage / P)].push_back(p);
+      if (tied_here) chunk_params_[static_cast<size_t>(C - 1)].push_back(p);
     } else {
       p.set_data(at::empty({0}, p.options()));
     }
@@ -311,34 +279,30 @@ int64_t HybridPipeline::microbatches_for(int64_t rows) const {
           "execute_pipeline: the batch has {} rows, which num_microbatches = "
           "{} does not divide; use a batch of {} "
           "rows or num_microbatches dividing {}",
-          rows, options_.num_microbatches,
-          (rows / options_.num_microbatches + 1) * options_.num_microbatches,
-          rows));
+          rows, options_.num_microbatches, (rows / options_.num_microbatches + 1) * options_.num_microbatches, rows));
     }
     return options_.num_microbatches;
   }
   if (rows % options_.microbatch_size != 0) {
-    throw ConfigError(fmt::format(
-        "execute_pipeline: the batch has {} rows, which microbatch_size = {} "
-        "does not divide; use a microbatch_size "
-        "dividing {} (e.g. 1)",
-        rows, options_.microbatch_size, rows));
+    throw ConfigError(
+        fmt::format("execute_pipeline: the batch has {} rows, which microbatch_size = {} "
+                    "does not divide; use a microbatch_size "
+                    "dividing {} (e.g. 1)",
+                    rows, options_.microbatch_size, rows));
   }
   return rows / options_.microbatch_size;
 }
 
-PipelineOutput HybridPipeline::execute(
-    const PipelineBatch &batch, const LogitsFn &logits_of,
-    const PipelineCriterion &criterion,
-    const std::function<at::Tensor(const at::Tensor &)> &scale_loss,
-    bool return_loss, bool return_outputs) {
+PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const LogitsFn& logits_of,
+                                       const PipelineCriterion& criterion,
+                                       const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
+                                       bool return_outputs) {
   models::check_input_ids(batch.input_ids);
-  const at::Tensor &ids = batch.input_ids;
+  const at::Tensor& ids = batch.input_ids;
   const at::Tensor labels = batch.labels.defined() ? batch.labels : ids;
   if (labels.sizes() != ids.sizes()) {
-    throw ConfigError(fmt::format(
-        "execute_pipeline: labels {} must have the shape of input_ids {}",
-        c10::str(labels.sizes()), c10::str(ids.sizes())));
+    throw ConfigError(fmt::format("execute_pipeline: labels {} must have the shape of input_ids {}",
+                                  c10::str(labels.sizes()), c10::str(ids.sizes())));
   }
   const int64_t rows = ids.size(0), seq_len = ids.size(1);
   const int64_t M = microbatches_for(rows);
@@ -347,39 +311,26 @@ PipelineOutput HybridPipeline::execute(
   const auto labels_mb = labels.split(mb_rows, 0);
   // Every microbatch's loss is its token sum over the whole batch's count, so
   // the shares add up to the batch mean (HF's num_items_in_batch).
-  const int64_t num_items =
-      seq_len > 1
-          ? labels.narrow(1, 1, seq_len - 1).ne(-100).sum().item<int64_t>()
-          : 0;
+  const int64_t num_items = seq_len > 1 ? labels.narrow(1, 1, seq_len - 1).ne(-100).sum().item<int64_t>() : 0;
   const auto actions =
-      pp::make_schedule(options_.schedule, stages_->pp_size(),
-                        stages_->pp_rank(), M, stages_->num_model_chunks());
+      pp::make_schedule(options_.schedule, stages_->pp_size(), stages_->pp_rank(), M, stages_->num_model_chunks());
 
   std::vector<at::Tensor> outputs(static_cast<size_t>(M));
   pp::StageFunctions functions;
-  functions.forward = [&](int chunk, int64_t m, const at::Tensor &input) {
-    const auto &range = stages_->blocks(chunk);
-    at::Tensor hidden = stages_->is_first(chunk)
-                            ? model_.embed(ids_mb[static_cast<size_t>(m)])
-                            : input;
+  functions.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
+    const auto& range = stages_->blocks(chunk);
+    at::Tensor hidden = stages_->is_first(chunk) ? model_.embed(ids_mb[static_cast<size_t>(m)]) : input;
     const models::BlockContext context = model_.block_context(hidden);
-    hidden =
-        model_.forward_blocks(hidden, context, static_cast<size_t>(range.begin),
-                              static_cast<size_t>(range.end));
-    if (!stages_->is_last(chunk))
-      return hidden;
+    hidden = model_.forward_blocks(hidden, context, static_cast<size_t>(range.begin), static_cast<size_t>(range.end));
+    if (!stages_->is_last(chunk)) return hidden;
     at::Tensor logits = logits_of(model_.final_norm(hidden));
-    if (return_outputs)
-      outputs[static_cast<size_t>(m)] = logits.detach();
+    if (return_outputs) outputs[static_cast<size_t>(m)] = logits.detach();
     return criterion(logits, labels_mb[static_cast<size_t>(m)], num_items);
   };
-  functions.parameters = [this](int chunk) {
-    return chunk_params_.at(static_cast<size_t>(chunk));
-  };
+  functions.parameters = [this](int chunk) { return chunk_params_.at(static_cast<size_t>(chunk)); };
   functions.scale_loss = scale_loss;
 
-  auto result =
-      runtime_->run(actions, functions, M, {mb_rows, seq_len}, ids.device());
+  auto result = runtime_->run(actions, functions, M, {mb_rows, seq_len}, ids.device());
   last_timeline_ = std::move(result.timeline);
   sync_gradients();
 
@@ -387,17 +338,12 @@ PipelineOutput HybridPipeline::execute(
   const int last_rank = stages_->pp_size() - 1;
   const bool last_here = stages_->pp_rank() == last_rank;
   if (return_loss) {
-    at::Tensor total =
-        last_here
-            ? at::stack(result.losses).sum().to(at::kFloat).reshape({1})
-            : at::zeros(
-                  {1},
-                  at::TensorOptions().dtype(at::kFloat).device(ids.device()));
+    at::Tensor total = last_here ? at::stack(result.losses).sum().to(at::kFloat).reshape({1})
+                                 : at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(ids.device()));
     pp_group_->broadcast(total, last_rank).wait();
     out.loss = total.squeeze(0);
   }
-  if (return_outputs && last_here)
-    out.outputs = at::cat(outputs, 0);
+  if (return_outputs && last_here) out.outputs = at::cat(outputs, 0);
   return out;
 }
 
@@ -407,9 +353,8 @@ void HybridPipeline::sync_gradients() {
     // The embedding (first stage) and the tied head (last stage) each hold
     // part of the weight's gradient: both end with the sum (a + b == b + a
     // exactly, so the two copies stay bit-identical).
-    at::Tensor &weight = held_.at(tied_name_);
-    if (!weight.grad().defined())
-      weight.mutable_grad() = at::zeros_like(weight);
+    at::Tensor& weight = held_.at(tied_name_);
+    if (!weight.grad().defined()) weight.mutable_grad() = at::zeros_like(weight);
     const int peer = stages_->pp_rank() == 0 ? stages_->pp_size() - 1 : 0;
     at::Tensor mine = weight.grad().clone();
     at::Tensor theirs = at::empty_like(mine);
@@ -423,22 +368,19 @@ void HybridPipeline::sync_gradients() {
     zero_->reduce_accumulated_grads();
     return;
   }
-  if (!grad_group_ || grad_group_->size() == 1)
-    return;
+  if (!grad_group_ || grad_group_->size() == 1) return;
   // Average over dp in buckets of one dtype (names in map order: the same on
   // every dp rank of this stage).
   std::vector<at::Tensor> grads;
-  for (auto &entry : held_) {
-    if (entry.second.grad().defined())
-      grads.push_back(entry.second.grad());
+  for (auto& entry : held_) {
+    if (entry.second.grad().defined()) grads.push_back(entry.second.grad());
   }
   size_t i = 0;
   while (i < grads.size()) {
     std::vector<at::Tensor> bucket{grads[i].reshape(-1)};
     int64_t numel = grads[i].numel();
     size_t j = i + 1;
-    while (j < grads.size() &&
-           grads[j].scalar_type() == grads[i].scalar_type() &&
+    while (j < grads.size() && grads[j].scalar_type() == grads[i].scalar_type() &&
            numel + grads[j].numel() <= kGradBucketNumel) {
       bucket.push_back(grads[j].reshape(-1));
       numel += grads[j].numel();
@@ -448,12 +390,11 @@ void HybridPipeline::sync_gradients() {
     grad_group_->all_reduce(flat, cluster::ReduceOp::Avg).wait();
     int64_t offset = 0;
     for (size_t k = i; k < j; ++k) {
-      grads[k].copy_(
-          flat.narrow(0, offset, grads[k].numel()).view(grads[k].sizes()));
+      grads[k].copy_(flat.narrow(0, offset, grads[k].numel()).view(grads[k].sizes()));
       offset += grads[k].numel();
     }
     i = j;
   }
 }
 
-} // namespace colossus::booster
+}  // namespace colossus::booster

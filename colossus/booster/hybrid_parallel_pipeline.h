@@ -29,32 +29,27 @@ struct HybridParallelPluginOptions;
 // The pipeline checks of HybridParallelPluginOptions::validate(): pp_size,
 // pp_style, num_model_chunks, microbatching; each ConfigError names the
 // numbers and a valid alternative.
-void validate_pipeline_options(const HybridParallelPluginOptions &options);
+void validate_pipeline_options(const HybridParallelPluginOptions& options);
 
 struct HybridPipelineOptions {
-  parallel::pipeline::ScheduleKind schedule =
-      parallel::pipeline::ScheduleKind::OneFOneB;
+  parallel::pipeline::ScheduleKind schedule = parallel::pipeline::ScheduleKind::OneFOneB;
   int num_model_chunks = 1;
-  int64_t num_microbatches =
-      0; // > 0: this many per step; else microbatch_size decides
+  int64_t num_microbatches = 0;  // > 0: this many per step; else microbatch_size decides
   int64_t microbatch_size = 0;
   bool overlap_p2p = true;
-  std::vector<int64_t>
-      num_layers_per_stage; // empty: balanced by parameter count
+  std::vector<int64_t> num_layers_per_stage;  // empty: balanced by parameter count
 };
 
-HybridPipelineOptions
-pipeline_options_of(const HybridParallelPluginOptions &options);
+HybridPipelineOptions pipeline_options_of(const HybridParallelPluginOptions& options);
 
 class HybridParallelModel;
 // zero_stage = 1 with a pipeline (dp x pp, fp32): `optimizer` inside a
 // LowLevelZeroOptimizer over dp holding the whole model (other stages'
 // parameters are empty); the pipeline reduce-scatters its accumulated
 // gradients once after each schedule instead of all-reducing them.
-std::unique_ptr<optim::Optimizer>
-wrap_pipeline_zero_optimizer(HybridParallelModel &model,
-                             std::unique_ptr<optim::Optimizer> optimizer,
-                             cluster::ProcessGroupPtr dp_group);
+std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelModel& model,
+                                                               std::unique_ptr<optim::Optimizer> optimizer,
+                                                               cluster::ProcessGroupPtr dp_group);
 
 // Where a parameter lives: the pp rank that holds it (the first stage's for a
 // tied embedding, which the last stage holds too) and its local (tp) shape.
@@ -64,60 +59,52 @@ struct ParamPlacement {
 };
 
 class HybridPipeline {
-public:
+ public:
   // Collective-free. `model` holds every parameter (tp-sharded); those of
   // other stages become empty tensors here (their placements keep the shapes).
-  HybridPipeline(models::CausalLM &model, cluster::ProcessGroupPtr pp_group,
-                 cluster::ProcessGroupPtr grad_group,
+  HybridPipeline(models::CausalLM& model, cluster::ProcessGroupPtr pp_group, cluster::ProcessGroupPtr grad_group,
                  HybridPipelineOptions options);
 
   // hidden (B_mb, T, C) after the final norm -> logits as the wrapper's forward
   // returns them.
-  using LogitsFn = std::function<at::Tensor(const at::Tensor &hidden)>;
+  using LogitsFn = std::function<at::Tensor(const at::Tensor& hidden)>;
   // batch.input_ids: (B, T) -> the batch loss (mean over its counted tokens,
   // as one forward would give) and, on the last stage, the logits.
-  PipelineOutput
-  execute(const PipelineBatch &batch, const LogitsFn &logits,
-          const PipelineCriterion &criterion,
-          const std::function<at::Tensor(const at::Tensor &)> &scale_loss,
-          bool return_loss, bool return_outputs);
+  PipelineOutput execute(const PipelineBatch& batch, const LogitsFn& logits, const PipelineCriterion& criterion,
+                         const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
+                         bool return_outputs);
 
-  const parallel::pipeline::StageManager &stages() const { return *stages_; }
-  const std::map<std::string, ParamPlacement> &placements() const {
-    return placements_;
-  }
+  const parallel::pipeline::StageManager& stages() const { return *stages_; }
+  const std::map<std::string, ParamPlacement>& placements() const { return placements_; }
   // Whether this rank holds the parameter (its values are real here).
-  bool holds(const std::string &name) const { return held_.contains(name); }
+  bool holds(const std::string& name) const { return held_.contains(name); }
   // The embedding weight is used by the first and the last stage (tied head on
   // another rank).
   bool tied_across_stages() const { return !tied_name_.empty(); }
-  const std::string &tied_name() const { return tied_name_; }
+  const std::string& tied_name() const { return tied_name_; }
   // The last step's actions with their times (for Chrome traces and bubble
   // measurements).
-  const std::vector<parallel::pipeline::TimedAction> &last_timeline() const {
-    return last_timeline_;
-  }
+  const std::vector<parallel::pipeline::TimedAction>& last_timeline() const { return last_timeline_; }
   int64_t microbatches_for(int64_t batch_rows) const;
   // ZeRO-1 over dp: gradients are reduce-scattered into its shards after each
   // schedule.
-  void set_zero_optimizer(zero::LowLevelZeroOptimizer *zero) { zero_ = zero; }
+  void set_zero_optimizer(zero::LowLevelZeroOptimizer* zero) { zero_ = zero; }
 
-private:
+ private:
   void sync_gradients();
 
-  models::CausalLM &model_;
+  models::CausalLM& model_;
   cluster::ProcessGroupPtr pp_group_;
   cluster::ProcessGroupPtr grad_group_;
   HybridPipelineOptions options_;
   std::unique_ptr<parallel::pipeline::StageManager> stages_;
   std::unique_ptr<parallel::pipeline::PipelineRuntime> runtime_;
   std::map<std::string, ParamPlacement> placements_;
-  std::map<std::string, at::Tensor> held_; // this rank's parameters by name
-  std::vector<std::vector<at::Tensor>>
-      chunk_params_; // per chunk: what its W pass differentiates
+  std::map<std::string, at::Tensor> held_;             // this rank's parameters by name
+  std::vector<std::vector<at::Tensor>> chunk_params_;  // per chunk: what its W pass differentiates
   std::string tied_name_;
   std::vector<parallel::pipeline::TimedAction> last_timeline_;
-  zero::LowLevelZeroOptimizer *zero_ = nullptr;
+  zero::LowLevelZeroOptimizer* zero_ = nullptr;
 };
 
-} // namespace colossus::booster
+}  // namespace colossus::booster

@@ -11,9 +11,8 @@
 namespace colossus::booster {
 
 struct PipelineBatch {
-  at::Tensor input_ids; // (B, T) int64: this data-parallel rank's rows
-  at::Tensor
-      labels; // (B, T) int64, -100 ignored; undefined: input_ids (causal LM)
+  at::Tensor input_ids;  // (B, T) int64: this data-parallel rank's rows
+  at::Tensor labels;     // (B, T) int64, -100 ignored; undefined: input_ids (causal LM)
 };
 
 // Yields the next batch (called once per execute_pipeline).
@@ -23,14 +22,14 @@ using PipelineDataIter = std::function<PipelineBatch()>;
 // vocab slice under tp), its labels (B_mb, T), and the token count of the
 // whole batch -> that microbatch's share of the batch loss (the shares sum to
 // the batch loss). Empty: the model's loss with num_items (HF semantics).
-using PipelineCriterion = std::function<at::Tensor(
-    const at::Tensor &logits, const at::Tensor &labels, int64_t num_items)>;
+using PipelineCriterion =
+    std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& labels, int64_t num_items)>;
 
 struct PipelineOutput {
-  at::Tensor loss; // scalar, the batch loss (every pp rank gets it); undefined
-                   // unless return_loss
-  at::Tensor outputs; // (B, T, V_local) logits on the last stage's ranks,
-                      // undefined elsewhere / unless asked
+  at::Tensor loss;     // scalar, the batch loss (every pp rank gets it); undefined
+                       // unless return_loss
+  at::Tensor outputs;  // (B, T, V_local) logits on the last stage's ranks,
+                       // undefined elsewhere / unless asked
 };
 
-} // namespace colossus::booster
+}  // namespace colossus::booster

@@ -18,12 +18,12 @@
 namespace colossus::parallel::pipeline {
 
 class PipelineP2P {
-public:
+ public:
   explicit PipelineP2P(cluster::ProcessGroupPtr pp_group);
 
   // Starts sending `tensor` (contiguous, any shape) to pp rank `dst` on
   // `channel` (>= 0).
-  void send(const at::Tensor &tensor, int dst, int channel);
+  void send(const at::Tensor& tensor, int dst, int channel);
 
   struct Pending {
     at::Tensor tensor;
@@ -32,25 +32,23 @@ public:
   // Posts the receive of the next tensor on `channel` from pp rank `src`.
   // Blocks only the first time on a channel (for its shape).
   Pending post_recv(int src, int channel, c10::Device device);
-  bool shape_known(int src, int channel) const {
-    return recv_shapes_.contains({src, channel});
-  }
+  bool shape_known(int src, int channel) const { return recv_shapes_.contains({src, channel}); }
 
   // Waits for every send started so far.
   void flush();
   // Forgets cached shapes (every rank must call it at the same point).
   void reset_shapes();
-  const cluster::ProcessGroup &group() const { return *group_; }
+  const cluster::ProcessGroup& group() const { return *group_; }
 
-private:
+ private:
   struct Meta {
     std::vector<int64_t> sizes;
     c10::ScalarType dtype = c10::ScalarType::Float;
   };
   cluster::ProcessGroupPtr group_;
-  std::map<std::pair<int, int>, Meta> send_shapes_; // (dst, channel)
-  std::map<std::pair<int, int>, Meta> recv_shapes_; // (src, channel)
+  std::map<std::pair<int, int>, Meta> send_shapes_;  // (dst, channel)
+  std::map<std::pair<int, int>, Meta> recv_shapes_;  // (src, channel)
   std::vector<cluster::Work> sends_;
 };
 
-} // namespace colossus::parallel::pipeline
+}  // namespace colossus::parallel::pipeline

@@ -19,40 +19,31 @@ namespace {
 
 double now_us() {
   using namespace std::chrono;
-  return static_cast<double>(
-      duration_cast<microseconds>(system_clock::now().time_since_epoch())
-          .count());
+  return static_cast<double>(duration_cast<microseconds>(system_clock::now().time_since_epoch()).count());
 }
 
 // What a (microbatch, chunk) keeps between its forward and its backward.
 struct InFlight {
-  at::Tensor input; // leaf requiring grad; undefined on the first virtual stage
-  at::Tensor output; // hidden state, or the (scaled, at backward) loss on the
-                     // last virtual stage
-  at::Tensor output_grad; // zero-bubble: kept from B for W; undefined on the
-                          // last virtual stage
+  at::Tensor input;        // leaf requiring grad; undefined on the first virtual stage
+  at::Tensor output;       // hidden state, or the (scaled, at backward) loss on the
+                           // last virtual stage
+  at::Tensor output_grad;  // zero-bubble: kept from B for W; undefined on the
+                           // last virtual stage
 };
 
-bool needs_recv(const StageManager &stages, const Action &a) {
-  if (a.kind == ActionKind::Forward)
-    return !stages.is_first(a.chunk);
-  if (a.kind == ActionKind::BackwardWeight)
-    return false;
+bool needs_recv(const StageManager& stages, const Action& a) {
+  if (a.kind == ActionKind::Forward) return !stages.is_first(a.chunk);
+  if (a.kind == ActionKind::BackwardWeight) return false;
   return !stages.is_last(a.chunk);
 }
 
-} // namespace
+}  // namespace
 
-PipelineRuntime::PipelineRuntime(const StageManager &stages,
-                                 cluster::ProcessGroupPtr pp_group,
-                                 bool overlap_p2p)
+PipelineRuntime::PipelineRuntime(const StageManager& stages, cluster::ProcessGroupPtr pp_group, bool overlap_p2p)
     : stages_(stages), p2p_(std::move(pp_group)), overlap_p2p_(overlap_p2p) {}
 
-RunResult PipelineRuntime::run(const std::vector<Action> &actions,
-                               const StageFunctions &functions,
-                               int64_t num_microbatches,
-                               const std::vector<int64_t> &shape_key,
-                               c10::Device device) {
+RunResult PipelineRuntime::run(const std::vector<Action>& actions, const StageFunctions& functions,
+                               int64_t num_microbatches, const std::vector<int64_t>& shape_key, c10::Device device) {
   if (shape_key != last_shape_key_) {
     p2p_.reset_shapes();
     last_shape_key_ = shape_key;
@@ -62,21 +53,19 @@ RunResult PipelineRuntime::run(const std::vector<Action> &actions,
   auto activation_channel = [](int v) { return v; };
   auto gradient_channel = [V](int v) { return V + v; };
   // The channel and peer an action receives on.
-  auto source = [&](const Action &a) {
+  auto source = [&](const Action& a) {
     const int v = stages_.virtual_stage(a.chunk);
-    if (a.kind == ActionKind::Forward)
-      return std::make_pair(stages_.rank_of(v - 1), activation_channel(v));
+    if (a.kind == ActionKind::Forward) return std::make_pair(stages_.rank_of(v - 1), activation_channel(v));
     return std::make_pair(stages_.rank_of(v + 1), gradient_channel(v));
   };
 
-  std::map<std::pair<int64_t, int>, InFlight> in_flight; // (microbatch, chunk)
-  std::map<size_t, PipelineP2P::Pending> posted; // action index -> its receive
+  std::map<std::pair<int64_t, int>, InFlight> in_flight;  // (microbatch, chunk)
+  std::map<size_t, PipelineP2P::Pending> posted;          // action index -> its receive
   RunResult result;
   result.losses.resize(static_cast<size_t>(num_microbatches));
 
   auto post = [&](size_t index) {
-    if (posted.contains(index))
-      return;
+    if (posted.contains(index)) return;
     const auto [peer, channel] = source(actions[index]);
     posted.emplace(index, p2p_.post_recv(peer, channel, device));
   };
@@ -89,26 +78,21 @@ RunResult PipelineRuntime::run(const std::vector<Action> &actions,
   };
 
   for (size_t i = 0; i < actions.size(); ++i) {
-    const Action &a = actions[i];
-    if (a.microbatch < 0 || a.microbatch >= num_microbatches || a.chunk < 0 ||
-        a.chunk >= stages_.num_model_chunks()) {
-      throw ConfigError(fmt::format(
-          "pipeline: action {} is outside {} microbatches x {} chunks",
-          to_string(a), num_microbatches, stages_.num_model_chunks()));
+    const Action& a = actions[i];
+    if (a.microbatch < 0 || a.microbatch >= num_microbatches || a.chunk < 0 || a.chunk >= stages_.num_model_chunks()) {
+      throw ConfigError(fmt::format("pipeline: action {} is outside {} microbatches x {} chunks", to_string(a),
+                                    num_microbatches, stages_.num_model_chunks()));
     }
     at::Tensor received;
-    if (needs_recv(stages_, a))
-      received = receive(i);
+    if (needs_recv(stages_, a)) received = receive(i);
     if (overlap_p2p_) {
       // Post the next receive now, so it lands while this action computes. Only
       // once its shape is cached: the first message's shape is a blocking
       // receive.
       for (size_t j = i + 1; j < actions.size(); ++j) {
-        if (!needs_recv(stages_, actions[j]))
-          continue;
+        if (!needs_recv(stages_, actions[j])) continue;
         const auto [peer, channel] = source(actions[j]);
-        if (p2p_.shape_known(peer, channel))
-          post(j);
+        if (p2p_.shape_known(peer, channel)) post(j);
         break;
       }
     }
@@ -119,62 +103,50 @@ RunResult PipelineRuntime::run(const std::vector<Action> &actions,
     TimedAction timed{a, now_us(), 0.0};
 
     if (a.kind == ActionKind::Forward) {
-      if (in_flight.contains(key))
-        throw ConfigError(fmt::format("pipeline: {} runs twice", to_string(a)));
+      if (in_flight.contains(key)) throw ConfigError(fmt::format("pipeline: {} runs twice", to_string(a)));
       InFlight state;
-      if (!first)
-        state.input = received.requires_grad_(true);
+      if (!first) state.input = received.requires_grad_(true);
       state.output = functions.forward(a.chunk, a.microbatch, state.input);
       if (last) {
-        result.losses[static_cast<size_t>(a.microbatch)] =
-            state.output.detach();
-        if (functions.scale_loss)
-          state.output = functions.scale_loss(state.output);
+        result.losses[static_cast<size_t>(a.microbatch)] = state.output.detach();
+        if (functions.scale_loss) state.output = functions.scale_loss(state.output);
       } else {
-        p2p_.send(state.output.detach(), stages_.rank_of(v + 1),
-                  activation_channel(v + 1));
+        p2p_.send(state.output.detach(), stages_.rank_of(v + 1), activation_channel(v + 1));
       }
       in_flight.emplace(key, std::move(state));
     } else {
       auto it = in_flight.find(key);
       if (it == in_flight.end()) {
         throw ConfigError(
-            fmt::format("pipeline: {} has no forward before it on pp rank {}",
-                        to_string(a), stages_.pp_rank()));
+            fmt::format("pipeline: {} has no forward before it on pp rank {}", to_string(a), stages_.pp_rank()));
       }
-      InFlight &state = it->second;
+      InFlight& state = it->second;
       if (a.kind == ActionKind::Backward) {
         if (last) {
           torch::autograd::backward({state.output});
         } else {
           torch::autograd::backward({state.output}, {received});
         }
-        if (!first)
-          p2p_.send(state.input.grad(), stages_.rank_of(v - 1),
-                    gradient_channel(v - 1));
+        if (!first) p2p_.send(state.input.grad(), stages_.rank_of(v - 1), gradient_channel(v - 1));
         in_flight.erase(it);
       } else if (a.kind == ActionKind::BackwardInput) {
-        if (!last)
-          state.output_grad = received;
+        if (!last) state.output_grad = received;
         if (!first) {
-          auto grads = torch::autograd::grad(
-              {state.output}, {state.input},
-              last ? torch::autograd::variable_list{}
-                   : torch::autograd::variable_list{received},
-              /*retain_graph=*/true);
+          auto grads =
+              torch::autograd::grad({state.output}, {state.input},
+                                    last ? torch::autograd::variable_list{} : torch::autograd::variable_list{received},
+                                    /*retain_graph=*/true);
           p2p_.send(grads[0], stages_.rank_of(v - 1), gradient_channel(v - 1));
         }
-      } else { // BackwardWeight
+      } else {  // BackwardWeight
         std::vector<at::Tensor> params;
-        for (const auto &p : functions.parameters(a.chunk)) {
-          if (p.requires_grad())
-            params.push_back(p);
+        for (const auto& p : functions.parameters(a.chunk)) {
+          if (p.requires_grad()) params.push_back(p);
         }
         if (!params.empty()) {
           torch::autograd::backward(
               {state.output},
-              last ? torch::autograd::variable_list{}
-                   : torch::autograd::variable_list{state.output_grad},
+              last ? torch::autograd::variable_list{} : torch::autograd::variable_list{state.output_grad},
               /*retain_graph=*/false, /*create_graph=*/false, params);
         }
         in_flight.erase(it);
@@ -185,20 +157,19 @@ RunResult PipelineRuntime::run(const std::vector<Action> &actions,
   }
   p2p_.flush();
   if (!in_flight.empty()) {
-    const auto &[mb, chunk] = in_flight.begin()->first;
-    throw ConfigError(fmt::format("pipeline: the schedule left microbatch {} "
-                                  "of chunk {} without its backward",
-                                  mb, chunk));
+    const auto& [mb, chunk] = in_flight.begin()->first;
+    throw ConfigError(
+        fmt::format("pipeline: the schedule left microbatch {} "
+                    "of chunk {} without its backward",
+                    mb, chunk));
   }
   return result;
 }
 
-std::string
-chrome_trace_json(const std::vector<std::vector<TimedAction>> &timelines) {
+std::string chrome_trace_json(const std::vector<std::vector<TimedAction>>& timelines) {
   double origin = std::numeric_limits<double>::max();
-  for (const auto &t : timelines) {
-    for (const auto &e : t)
-      origin = std::min(origin, e.start_us);
+  for (const auto& t : timelines) {
+    for (const auto& e : t) origin = std::min(origin, e.start_us);
   }
   nlohmann::json events = nlohmann::json::array();
   for (size_t rank = 0; rank < timelines.size(); ++rank) {
@@ -207,25 +178,21 @@ chrome_trace_json(const std::vector<std::vector<TimedAction>> &timelines) {
                       {"pid", 0},
                       {"tid", rank},
                       {"args", {{"name", fmt::format("pp rank {}", rank)}}}});
-    for (const auto &e : timelines[rank]) {
-      const char *category = e.action.kind == ActionKind::Forward ? "forward"
-                             : e.action.kind == ActionKind::BackwardWeight
-                                 ? "weight_backward"
-                                 : "backward";
-      events.push_back(
-          {{"name", to_string(e.action)},
-           {"cat", category},
-           {"ph", "X"},
-           {"pid", 0},
-           {"tid", rank},
-           {"ts", e.start_us - origin},
-           {"dur", e.end_us - e.start_us},
-           {"args",
-            {{"microbatch", e.action.microbatch}, {"chunk", e.action.chunk}}}});
+    for (const auto& e : timelines[rank]) {
+      const char* category = e.action.kind == ActionKind::Forward          ? "forward"
+                             : e.action.kind == ActionKind::BackwardWeight ? "weight_backward"
+                                                                           : "backward";
+      events.push_back({{"name", to_string(e.action)},
+                        {"cat", category},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", rank},
+                        {"ts", e.start_us - origin},
+                        {"dur", e.end_us - e.start_us},
+                        {"args", {{"microbatch", e.action.microbatch}, {"chunk", e.action.chunk}}}});
     }
   }
-  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}
-      .dump();
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
-} // namespace colossus::parallel::pipeline
+}  // namespace colossus::parallel::pipeline

@@ -23,36 +23,32 @@ struct StageFunctions {
   // chunk c of this rank, microbatch m, input (B_mb, T, C) from the previous
   // virtual stage (undefined on the first) -> the hidden state for the next
   // virtual stage, or on the last one the microbatch's scalar loss.
-  std::function<at::Tensor(int chunk, int64_t microbatch,
-                           const at::Tensor &input)>
-      forward;
+  std::function<at::Tensor(int chunk, int64_t microbatch, const at::Tensor& input)> forward;
   // The parameters whose gradients chunk c's W pass computes (zero-bubble
   // only).
   std::function<std::vector<at::Tensor>(int chunk)> parameters;
   // Applied to a loss before its backward (fp16 loss scaling); may be empty.
-  std::function<at::Tensor(const at::Tensor &loss)> scale_loss;
+  std::function<at::Tensor(const at::Tensor& loss)> scale_loss;
 };
 
 struct RunResult {
-  std::vector<at::Tensor> losses; // per microbatch, detached; on the rank
-                                  // holding the last virtual stage
+  std::vector<at::Tensor> losses;  // per microbatch, detached; on the rank
+                                   // holding the last virtual stage
   std::vector<TimedAction> timeline;
 };
 
 class PipelineRuntime {
-public:
-  PipelineRuntime(const StageManager &stages, cluster::ProcessGroupPtr pp_group,
-                  bool overlap_p2p);
+ public:
+  PipelineRuntime(const StageManager& stages, cluster::ProcessGroupPtr pp_group, bool overlap_p2p);
 
   // Runs `actions` for `num_microbatches` microbatches whose activations live
   // on `device`. `shape_key` identifies the microbatch shape: when it differs
   // from the previous run's, cached p2p shapes are dropped.
-  RunResult run(const std::vector<Action> &actions,
-                const StageFunctions &functions, int64_t num_microbatches,
-                const std::vector<int64_t> &shape_key, c10::Device device);
+  RunResult run(const std::vector<Action>& actions, const StageFunctions& functions, int64_t num_microbatches,
+                const std::vector<int64_t>& shape_key, c10::Device device);
 
-private:
-  const StageManager &stages_;
+ private:
+  const StageManager& stages_;
   PipelineP2P p2p_;
   bool overlap_p2p_;
   std::vector<int64_t> last_shape_key_;
@@ -60,7 +56,6 @@ private:
 
 // Chrome trace JSON (chrome://tracing, Perfetto) of every rank's timeline:
 // one row per pp rank, one slice per action. `timelines[r]` is pp rank r's.
-std::string
-chrome_trace_json(const std::vector<std::vector<TimedAction>> &timelines);
+std::string chrome_trace_json(const std::vector<std::vector<TimedAction>>& timelines);
 
-} // namespace colossus::parallel::pipeline
+}  // namespace colossus::parallel::pipeline

@@ -38,42 +38,33 @@ namespace {
 
 // The booster tests' tiny models with 8 blocks (pp 4 x 2 chunks = 8 stages).
 models::ModelConfig deep(models::ModelConfig config) {
-  if (auto *gpt2 = std::get_if<models::GPT2Config>(&config))
-    gpt2->n_layer = 8;
-  if (auto *llama = std::get_if<models::LlamaConfig>(&config))
-    llama->num_hidden_layers = 8;
+  if (auto* gpt2 = std::get_if<models::GPT2Config>(&config)) gpt2->n_layer = 8;
+  if (auto* llama = std::get_if<models::LlamaConfig>(&config)) llama->num_hidden_layers = 8;
   return config;
 }
 
-const std::vector<double> &reference(const models::ModelConfig &config,
-                                     double max_norm = 0.0) {
+const std::vector<double>& reference(const models::ModelConfig& config, double max_norm = 0.0) {
   static std::map<std::pair<std::string, double>, std::vector<double>> cache;
   const auto key = std::make_pair(models::model_type(config), max_norm);
   auto it = cache.find(key);
-  if (it == cache.end())
-    it = cache.emplace(key, reference_losses(config, kSteps, max_norm)).first;
+  if (it == cache.end()) it = cache.emplace(key, reference_losses(config, kSteps, max_norm)).first;
   return it->second;
 }
 
 class PpRun {
-public:
-  PpRun(const models::ModelConfig &config,
-        booster::HybridParallelPluginOptions options)
-      : config_(config) {
-    plugin_ = std::make_shared<booster::HybridParallelPlugin>(
-        std::move(options), ct::world());
+ public:
+  PpRun(const models::ModelConfig& config, booster::HybridParallelPluginOptions options) : config_(config) {
+    plugin_ = std::make_shared<booster::HybridParallelPlugin>(std::move(options), ct::world());
     booster_ = std::make_unique<booster::Booster>(plugin_);
     auto model = models::create_model(config, {.seed = 7});
-    auto optimizer = std::make_unique<optim::AdamW>(
-        model->parameters(),
-        optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
+    auto optimizer =
+        std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
     auto scheduler = std::make_shared<optim::CosineWarmupLR>(
-        *optimizer,
-        optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
+        *optimizer, optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
     boosted_ = booster_->boost(model, std::move(optimizer), scheduler);
   }
 
-  at::Tensor rows(const at::Tensor &batch) const {
+  at::Tensor rows(const at::Tensor& batch) const {
     auto dp = plugin_->dp_group();
     const int64_t n = batch.size(0) / dp->size();
     return batch.narrow(0, dp->rank() * n, n);
@@ -81,9 +72,8 @@ public:
 
   double train_step(int64_t step) {
     auto ids = rows(global_batch(config_, step));
-    auto out = booster_->execute_pipeline(
-        [&] { return booster::PipelineBatch{.input_ids = ids}; },
-        *boosted_.model, {}, *boosted_.optimizer);
+    auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, *boosted_.model, {},
+                                          *boosted_.optimizer);
     boosted_.optimizer->step();
     boosted_.lr_scheduler->step();
     boosted_.optimizer->zero_grad();
@@ -94,148 +84,105 @@ public:
   }
   std::vector<double> train(int64_t first, int64_t end) {
     std::vector<double> losses;
-    for (int64_t step = first; step < end; ++step)
-      losses.push_back(train_step(step));
+    for (int64_t step = first; step < end; ++step) losses.push_back(train_step(step));
     return losses;
   }
 
-  booster::HybridParallelPlugin &plugin() { return *plugin_; }
-  booster::Booster &booster() { return *booster_; }
-  booster::Boosted &boosted() { return boosted_; }
-  booster::HybridParallelModel &model() {
-    return dynamic_cast<booster::HybridParallelModel &>(*boosted_.model);
-  }
+  booster::HybridParallelPlugin& plugin() { return *plugin_; }
+  booster::Booster& booster() { return *booster_; }
+  booster::Boosted& boosted() { return boosted_; }
+  booster::HybridParallelModel& model() { return dynamic_cast<booster::HybridParallelModel&>(*boosted_.model); }
 
-private:
+ private:
   models::ModelConfig config_;
   std::shared_ptr<booster::HybridParallelPlugin> plugin_;
   std::unique_ptr<booster::Booster> booster_;
   booster::Boosted boosted_;
 };
 
-double worst_rel_diff(const std::vector<double> &got,
-                      const std::vector<double> &ref) {
+double worst_rel_diff(const std::vector<double>& got, const std::vector<double>& ref) {
   double worst = 0.0;
   for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
     worst = std::max(worst, std::abs(got[i] - ref[i]) / std::abs(ref[i]));
   return worst;
 }
 
-void expect_curve(const std::vector<double> &got,
-                  const std::vector<double> &ref, const std::string &what) {
+void expect_curve(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   const double worst = worst_rel_diff(got, ref);
   EXPECT_LE(worst, 1e-5) << what;
   if (ct::world()->rank() == 0) {
-    std::printf("%s: loss %.6f -> %.6f, max rel diff vs 1 process %.2e\n",
-                what.c_str(), got.front(), got.back(), worst);
+    std::printf("%s: loss %.6f -> %.6f, max rel diff vs 1 process %.2e\n", what.c_str(), got.front(), got.back(),
+                worst);
   }
 }
 
 // Both models, one layout.
-void expect_layout_matches(booster::HybridParallelPluginOptions options,
-                           const std::string &what, double max_norm = 0.0) {
+void expect_layout_matches(booster::HybridParallelPluginOptions options, const std::string& what,
+                           double max_norm = 0.0) {
   options.max_norm = max_norm;
-  for (const auto &base : {tiny_gpt2(), tiny_llama()}) {
+  for (const auto& base : {tiny_gpt2(), tiny_llama()}) {
     const auto config = deep(base);
-    const auto &ref = reference(config, max_norm);
+    const auto& ref = reference(config, max_norm);
     PpRun run(config, options);
-    expect_curve(run.train(0, kSteps), ref,
-                 fmt::format("{} {}", models::model_type(config), what));
+    expect_curve(run.train(0, kSteps), ref, fmt::format("{} {}", models::model_type(config), what));
   }
 }
 
 bool four_ranks() { return ct::world()->size() == 4; }
 
-} // namespace
+}  // namespace
 
 TEST(PipelineParallel, Pp4OneFOneB) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches(
-      {.pp_size = 4, .pp_style = "1f1b", .num_microbatches = 4}, "pp4 1f1b m4");
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.pp_size = 4, .pp_style = "1f1b", .num_microbatches = 4}, "pp4 1f1b m4");
 }
 
 TEST(PipelineParallel, Pp2Dp2OneFOneB) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches(
-      {.pp_size = 2, .pp_style = "1f1b", .microbatch_size = 1},
-      "pp2 x dp2 1f1b mbs1");
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.pp_size = 2, .pp_style = "1f1b", .microbatch_size = 1}, "pp2 x dp2 1f1b mbs1");
 }
 
+// pp 2 x dp 2 interleaved runs in Dp2Pp2Zero1, tp 2 x pp 2 1f1b in ClippingOverStages.
 TEST(PipelineParallel, Interleaved) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches({.pp_size = 4,
-                         .pp_style = "interleaved",
-                         .num_model_chunks = 2,
-                         .num_microbatches = 4},
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.pp_size = 4, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 4},
                         "pp4 interleaved c2 m4");
-  expect_layout_matches({.pp_size = 2,
-                         .pp_style = "interleaved",
-                         .num_model_chunks = 2,
-                         .num_microbatches = 2},
-                        "pp2 x dp2 interleaved c2 m2");
 }
 
 TEST(PipelineParallel, ZeroBubble) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches(
-      {.pp_size = 4, .pp_style = "zero_bubble", .num_microbatches = 4},
-      "pp4 zero_bubble m4");
-  expect_layout_matches({.pp_size = 2,
-                         .pp_style = "zero_bubble",
-                         .num_microbatches = 4,
-                         .overlap_p2p = false},
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.pp_size = 4, .pp_style = "zero_bubble", .num_microbatches = 4}, "pp4 zero_bubble m4");
+  expect_layout_matches({.pp_size = 2, .pp_style = "zero_bubble", .num_microbatches = 4, .overlap_p2p = false},
                         "pp2 x dp2 zero_bubble m4 (no overlap)");
 }
 
 TEST(PipelineParallel, Tp2Pp2) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches(
-      {.tp_size = 2, .pp_size = 2, .pp_style = "1f1b", .num_microbatches = 4},
-      "tp2 x pp2 1f1b m4");
-  expect_layout_matches({.tp_size = 2,
-                         .pp_size = 2,
-                         .pp_style = "zero_bubble",
-                         .num_microbatches = 2},
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.tp_size = 2, .pp_size = 2, .pp_style = "zero_bubble", .num_microbatches = 2},
                         "tp2 x pp2 zero_bubble m2");
 }
 
 // ZeRO-1 over dp inside each stage: the pipeline's accumulated gradients are
 // reduce-scattered into the dp shards once per step.
 TEST(PipelineParallel, Dp2Pp2Zero1) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches({.pp_size = 2,
-                         .pp_style = "interleaved",
-                         .num_model_chunks = 2,
-                         .num_microbatches = 2,
-                         .zero_stage = 1},
-                        "dp2 x pp2 zero1 interleaved c2 m2");
-  PpRun run(deep(tiny_gpt2()),
-            {.pp_size = 2, .num_microbatches = 2, .zero_stage = 1});
-  EXPECT_NE(dynamic_cast<zero::LowLevelZeroOptimizer *>(
-                run.boosted().optimizer.get()),
-            nullptr);
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches(
+      {.pp_size = 2, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 2, .zero_stage = 1},
+      "dp2 x pp2 zero1 interleaved c2 m2");
+  PpRun run(deep(tiny_gpt2()), {.pp_size = 2, .num_microbatches = 2, .zero_stage = 1});
+  EXPECT_NE(dynamic_cast<zero::LowLevelZeroOptimizer*>(run.boosted().optimizer.get()), nullptr);
   EXPECT_THROW(
-      booster::HybridParallelPlugin(
-          {.tp_size = 2, .pp_size = 2, .num_microbatches = 2, .zero_stage = 1},
-          ct::world()),
+      booster::HybridParallelPlugin({.tp_size = 2, .pp_size = 2, .num_microbatches = 2, .zero_stage = 1}, ct::world()),
       ConfigError);
 }
 
 // The global norm sums every stage's (and tp shard's) terms, the tied
 // embedding (on the first and the last stage) counted once.
 TEST(PipelineParallel, ClippingOverStages) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  expect_layout_matches(
-      {.tp_size = 2, .pp_size = 2, .pp_style = "1f1b", .num_microbatches = 2},
-      "tp2 x pp2 clipped 0.3", /*max_norm=*/0.3);
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.tp_size = 2, .pp_size = 2, .pp_style = "1f1b", .num_microbatches = 2},
+                        "tp2 x pp2 clipped 0.3", /*max_norm=*/0.3);
 }
 
 // Each rank's timeline of the last step as a Chrome trace: one row per pp
@@ -243,20 +190,17 @@ TEST(PipelineParallel, ClippingOverStages) {
 // analytic one (on this oversubscribed CI machine the ranks share 2 cores, so
 // only the trace's shape is asserted).
 TEST(PipelineParallel, ChromeTraceOfAStep) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
   for (const std::string style : {"1f1b", "zero_bubble"}) {
-    PpRun run(deep(tiny_llama()),
-              {.pp_size = 4, .pp_style = style, .num_microbatches = 8});
+    PpRun run(deep(tiny_llama()), {.pp_size = 4, .pp_style = style, .num_microbatches = 8});
     run.train(0, 2);
-    const auto &local = run.model().pipeline()->last_timeline();
+    const auto& local = run.model().pipeline()->last_timeline();
     ASSERT_EQ(local.size(), style == "1f1b" ? 16u : 24u);
     // Gather (kind, microbatch, chunk, start, end) rows over pp.
     auto pp_group = run.plugin().pp_group();
-    at::Tensor mine =
-        at::empty({static_cast<int64_t>(local.size()), 5}, at::kDouble);
-    double *row = mine.data_ptr<double>();
-    for (const auto &e : local) {
+    at::Tensor mine = at::empty({static_cast<int64_t>(local.size()), 5}, at::kDouble);
+    double* row = mine.data_ptr<double>();
+    for (const auto& e : local) {
       *row++ = static_cast<double>(e.action.kind);
       *row++ = static_cast<double>(e.action.microbatch);
       *row++ = e.action.chunk;
@@ -264,91 +208,61 @@ TEST(PipelineParallel, ChromeTraceOfAStep) {
       *row++ = e.end_us;
     }
     std::vector<at::Tensor> all;
-    for (int r = 0; r < 4; ++r)
-      all.push_back(at::empty_like(mine));
+    for (int r = 0; r < 4; ++r) all.push_back(at::empty_like(mine));
     pp_group->all_gather(all, mine).wait();
     std::vector<std::vector<pp::TimedAction>> timelines(4);
     for (int r = 0; r < 4; ++r) {
       auto acc = all[r].accessor<double, 2>();
       for (int64_t i = 0; i < all[r].size(0); ++i) {
-        timelines[r].push_back(
-            {{static_cast<pp::ActionKind>(static_cast<int>(acc[i][0])),
-              static_cast<int64_t>(acc[i][1]), static_cast<int>(acc[i][2])},
-             acc[i][3],
-             acc[i][4]});
+        timelines[r].push_back({{static_cast<pp::ActionKind>(static_cast<int>(acc[i][0])),
+                                 static_cast<int64_t>(acc[i][1]), static_cast<int>(acc[i][2])},
+                                acc[i][3],
+                                acc[i][4]});
       }
       EXPECT_EQ(timelines[r].size(), local.size());
     }
     const auto trace = nlohmann::json::parse(pp::chrome_trace_json(timelines));
     int slices = 0;
-    for (const auto &e : trace["traceEvents"])
-      slices += e["ph"] == "X";
+    for (const auto& e : trace["traceEvents"]) slices += e["ph"] == "X";
     EXPECT_EQ(slices, static_cast<int>(4 * local.size()));
     const double measured = pp::bubble_fraction(timelines);
     EXPECT_GE(measured, 0.0);
     EXPECT_LT(measured, 1.0);
     if (ct::world()->rank() == 0) {
-      const auto kind = style == "1f1b" ? pp::ScheduleKind::OneFOneB
-                                        : pp::ScheduleKind::ZeroBubble;
-      std::printf(
-          "%s pp4 m8: measured bubble %.3f, analytic %.3f (%zu trace events)\n",
-          style.c_str(), measured, pp::analytic_bubble_fraction(kind, 4, 8, 1),
-          trace["traceEvents"].size());
+      const auto kind = style == "1f1b" ? pp::ScheduleKind::OneFOneB : pp::ScheduleKind::ZeroBubble;
+      std::printf("%s pp4 m8: measured bubble %.3f, analytic %.3f (%zu trace events)\n", style.c_str(), measured,
+                  pp::analytic_bubble_fraction(kind, 4, 8, 1), trace["traceEvents"].size());
     }
   }
 }
 
 TEST(PipelineParallel, BadSettingsAreConfigErrors) {
   auto make = [](booster::HybridParallelPluginOptions o) {
-    return std::make_shared<booster::HybridParallelPlugin>(std::move(o),
-                                                           ct::world());
+    return std::make_shared<booster::HybridParallelPlugin>(std::move(o), ct::world());
   };
-  EXPECT_THROW(make({.pp_size = 2, .pp_style = "zbv", .num_microbatches = 2}),
-               ConfigError);
-  EXPECT_THROW(make({.pp_size = 2, .pp_style = "gpipe", .num_microbatches = 2}),
-               ConfigError);
-  EXPECT_THROW(
-      make({.pp_size = 2, .num_microbatches = 2, .microbatch_size = 1}),
-      ConfigError);
+  EXPECT_THROW(make({.pp_size = 2, .pp_style = "zbv", .num_microbatches = 2}), ConfigError);
+  EXPECT_THROW(make({.pp_size = 2, .pp_style = "gpipe", .num_microbatches = 2}), ConfigError);
+  EXPECT_THROW(make({.pp_size = 2, .num_microbatches = 2, .microbatch_size = 1}), ConfigError);
   EXPECT_THROW(make({.pp_size = 2}), ConfigError);
-  EXPECT_THROW(make({.pp_size = 2,
-                     .pp_style = "interleaved",
-                     .num_model_chunks = 2,
-                     .num_microbatches = 3}),
+  EXPECT_THROW(make({.pp_size = 2, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 3}),
                ConfigError);
-  EXPECT_THROW(
-      make({.pp_size = 2, .pp_style = "interleaved", .num_microbatches = 2}),
-      ConfigError);
-  EXPECT_THROW(
-      make({.pp_size = 2, .num_model_chunks = 2, .num_microbatches = 2}),
-      ConfigError);
-  EXPECT_THROW(make({.pp_size = 2,
-                     .num_microbatches = 2,
-                     .num_layers_per_stage = {1, 2, 3}}),
-               ConfigError);
+  EXPECT_THROW(make({.pp_size = 2, .pp_style = "interleaved", .num_microbatches = 2}), ConfigError);
+  EXPECT_THROW(make({.pp_size = 2, .num_model_chunks = 2, .num_microbatches = 2}), ConfigError);
+  EXPECT_THROW(make({.pp_size = 2, .num_microbatches = 2, .num_layers_per_stage = {1, 2, 3}}), ConfigError);
   try {
-    make({.pp_size = 2,
-          .pp_style = "interleaved",
-          .num_model_chunks = 2,
-          .num_microbatches = 3});
-  } catch (const ConfigError &e) {
-    EXPECT_NE(std::string(e.what()).find("use 4"), std::string::npos)
-        << e.what();
+    make({.pp_size = 2, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 3});
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use 4"), std::string::npos) << e.what();
   }
-  if (!four_ranks())
-    return;
+  if (!four_ranks()) return;
   EXPECT_THROW(make({.pp_size = 3, .num_microbatches = 3}),
-               ConfigError); // 3 does not divide 4 ranks
+               ConfigError);  // 3 does not divide 4 ranks
   // Two blocks cannot fill pp 4 x 2 chunks.
   {
-    auto plugin = make({.pp_size = 4,
-                        .pp_style = "interleaved",
-                        .num_model_chunks = 2,
-                        .num_microbatches = 4});
+    auto plugin = make({.pp_size = 4, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 4});
     booster::Booster booster(plugin);
     auto model = models::create_model(tiny_gpt2(), {.seed = 7});
-    auto optimizer = std::make_unique<optim::AdamW>(model->parameters(),
-                                                    optim::AdamWOptions{});
+    auto optimizer = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{});
     EXPECT_THROW(booster.boost(model, std::move(optimizer)), ConfigError);
   }
   // The batch must divide into microbatches; forward() is refused under pp.
@@ -357,10 +271,8 @@ TEST(PipelineParallel, BadSettingsAreConfigErrors) {
   EXPECT_THROW(run.train_step(0), ConfigError);
   EXPECT_THROW(run.boosted().model->forward(ids), ConfigError);
   // An explicit layout is used as given.
-  PpRun layered(deep(tiny_gpt2()), {.pp_size = 4,
-                                    .num_microbatches = 4,
-                                    .num_layers_per_stage = {1, 3, 3, 1}});
-  const auto &range = layered.model().pipeline()->stages().blocks(0);
+  PpRun layered(deep(tiny_gpt2()), {.pp_size = 4, .num_microbatches = 4, .num_layers_per_stage = {1, 3, 3, 1}});
+  const auto& range = layered.model().pipeline()->stages().blocks(0);
   const int r = layered.plugin().pp_group()->rank();
   EXPECT_EQ(range.size(), (r == 0 || r == 3) ? 1 : 3);
 }
@@ -368,14 +280,10 @@ TEST(PipelineParallel, BadSettingsAreConfigErrors) {
 namespace {
 
 // One process, `steps` steps as reference_losses: the trained model.
-std::shared_ptr<models::CausalLM>
-trained_single_process(const models::ModelConfig &config, int64_t steps) {
+std::shared_ptr<models::CausalLM> trained_single_process(const models::ModelConfig& config, int64_t steps) {
   auto model = models::create_model(config, {.seed = 7});
-  optim::AdamW optimizer(model->parameters(),
-                         optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
-  optim::CosineWarmupLR scheduler(
-      optimizer,
-      optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
+  optim::AdamW optimizer(model->parameters(), optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
+  optim::CosineWarmupLR scheduler(optimizer, optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
   for (int64_t step = 0; step < steps; ++step) {
     auto ids = global_batch(config, step);
     model->loss(model->forward(ids), ids).backward();
@@ -386,21 +294,20 @@ trained_single_process(const models::ModelConfig &config, int64_t steps) {
   return model;
 }
 
-double loss_on(models::CausalLM &model, const at::Tensor &ids) {
+double loss_on(models::CausalLM& model, const at::Tensor& ids) {
   at::NoGradGuard no_grad;
   return model.loss(model.forward(ids), ids).item<double>();
 }
 
-} // namespace
+}  // namespace
 
 // Saved from pp 2 x dp 2 after 10 steps: a full HF directory (every stage's
 // parameters, the tied embedding once) that one process loads with the
 // weights of the single-process run, transformers computes our loss on, and
 // pp 4 x 2 chunks loads back (its pipeline loss equals the loaded model's).
 TEST(PipelineParallel, Pp2CheckpointLoadsInOneProcessTransformersAndPp4) {
-  if (!four_ranks())
-    GTEST_SKIP() << "needs 4 ranks";
-  for (const auto &base : {tiny_gpt2(), tiny_llama()}) {
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  for (const auto& base : {tiny_gpt2(), tiny_llama()}) {
     const auto config = deep(base);
     const std::string kind = models::model_type(config);
     SharedScratch scratch("pp_" + kind);
@@ -409,8 +316,7 @@ TEST(PipelineParallel, Pp2CheckpointLoadsInOneProcessTransformersAndPp4) {
       PpRun run(config, {.pp_size = 2, .num_microbatches = 2});
       run.train(0, 10);
       run.booster().save_model(*run.boosted().model, dir);
-      EXPECT_THROW(run.booster().save_optimizer(*run.boosted().optimizer, dir),
-                   ConfigError);
+      EXPECT_THROW(run.booster().save_optimizer(*run.boosted().optimizer, dir), ConfigError);
     }
     auto loaded = models::load_pretrained(dir);
     auto expected = trained_single_process(config, 10);
@@ -420,33 +326,23 @@ TEST(PipelineParallel, Pp2CheckpointLoadsInOneProcessTransformersAndPp4) {
     if (ct::world()->rank() == 0 && kind == "gpt2") {
       nlohmann::json rows = nlohmann::json::array();
       for (int64_t r = 0; r < ids.size(0); ++r) {
-        std::vector<int64_t> row(ids[r].data_ptr<int64_t>(),
-                                 ids[r].data_ptr<int64_t>() + ids.size(1));
+        std::vector<int64_t> row(ids[r].data_ptr<int64_t>(), ids[r].data_ptr<int64_t>() + ids.size(1));
         rows.push_back(row);
       }
-      const auto result = ct::run_command(
-          fmt::format("{} {} {} '{}' 2>&1", COLOSSUS_PYTHON,
-                      COLOSSUS_HF_LOSS_CHECK, dir, rows.dump()));
+      const auto result =
+          ct::run_command(fmt::format("{} {} {} '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_HF_LOSS_CHECK, dir, rows.dump()));
       ASSERT_EQ(result.exit_code, 0) << result.output;
-      const double theirs = nlohmann::json::parse(result.output.substr(
-          result.output.rfind('{')))["loss"]
-                                .get<double>();
+      const double theirs = nlohmann::json::parse(result.output.substr(result.output.rfind('{')))["loss"].get<double>();
       EXPECT_NEAR(theirs, ours, 1e-4 * ours);
-      std::printf("%s pp2 checkpoint: transformers loss %.6f, ours %.6f\n",
-                  kind.c_str(), theirs, ours);
+      std::printf("%s pp2 checkpoint: transformers loss %.6f, ours %.6f\n", kind.c_str(), theirs, ours);
     }
-    PpRun other(config, {.pp_size = 4,
-                         .pp_style = "interleaved",
-                         .num_model_chunks = 2,
-                         .num_microbatches = 4});
+    PpRun other(config, {.pp_size = 4, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 4});
     other.booster().load_model(*other.boosted().model, dir);
-    auto out = other.booster().execute_pipeline(
-        [&] { return booster::PipelineBatch{.input_ids = ids}; },
-        *other.boosted().model, {}, *other.boosted().optimizer);
-    EXPECT_NEAR(out.loss.item<double>(), ours, 1e-5 * ours)
-        << kind << " loaded with pp4 x 2 chunks";
+    auto out = other.booster().execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; },
+                                                *other.boosted().model, {}, *other.boosted().optimizer);
+    EXPECT_NEAR(out.loss.item<double>(), ours, 1e-5 * ours) << kind << " loaded with pp4 x 2 chunks";
     barrier();
   }
 }
 
-int main(int argc, char **argv) { return ct::run_all_tests(argc, argv); }
+int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }

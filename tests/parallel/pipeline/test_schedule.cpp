@@ -18,77 +18,59 @@ using namespace colossus::parallel::pipeline;
 
 namespace {
 
-std::vector<std::vector<Action>> all_ranks(ScheduleKind kind, int pp, int64_t m,
-                                           int chunks) {
+std::vector<std::vector<Action>> all_ranks(ScheduleKind kind, int pp, int64_t m, int chunks) {
   std::vector<std::vector<Action>> lists;
-  for (int r = 0; r < pp; ++r)
-    lists.push_back(make_schedule(kind, pp, r, m, chunks));
+  for (int r = 0; r < pp; ++r) lists.push_back(make_schedule(kind, pp, r, m, chunks));
   return lists;
 }
 
 // Each (microbatch, chunk) has one F and either one full B or one B + one W.
-void expect_complete(const std::vector<std::vector<Action>> &lists, int64_t m,
-                     int chunks, bool split) {
+void expect_complete(const std::vector<std::vector<Action>>& lists, int64_t m, int chunks, bool split) {
   for (size_t r = 0; r < lists.size(); ++r) {
     std::map<std::tuple<int, int64_t, int>, int> count;
-    for (const auto &a : lists[r])
-      ++count[{static_cast<int>(a.kind), a.microbatch, a.chunk}];
+    for (const auto& a : lists[r]) ++count[{static_cast<int>(a.kind), a.microbatch, a.chunk}];
     for (int64_t mb = 0; mb < m; ++mb) {
       for (int c = 0; c < chunks; ++c) {
-        EXPECT_EQ((count[{static_cast<int>(ActionKind::Forward), mb, c}]), 1)
-            << "rank " << r;
+        EXPECT_EQ((count[{static_cast<int>(ActionKind::Forward), mb, c}]), 1) << "rank " << r;
         if (split) {
-          EXPECT_EQ(
-              (count[{static_cast<int>(ActionKind::BackwardInput), mb, c}]), 1)
-              << "rank " << r;
-          EXPECT_EQ(
-              (count[{static_cast<int>(ActionKind::BackwardWeight), mb, c}]), 1)
-              << "rank " << r;
+          EXPECT_EQ((count[{static_cast<int>(ActionKind::BackwardInput), mb, c}]), 1) << "rank " << r;
+          EXPECT_EQ((count[{static_cast<int>(ActionKind::BackwardWeight), mb, c}]), 1) << "rank " << r;
         } else {
-          EXPECT_EQ((count[{static_cast<int>(ActionKind::Backward), mb, c}]), 1)
-              << "rank " << r;
+          EXPECT_EQ((count[{static_cast<int>(ActionKind::Backward), mb, c}]), 1) << "rank " << r;
         }
       }
     }
-    EXPECT_EQ(lists[r].size(),
-              static_cast<size_t>(m * chunks * (split ? 3 : 2)));
+    EXPECT_EQ(lists[r].size(), static_cast<size_t>(m * chunks * (split ? 3 : 2)));
   }
 }
 
 // Most microbatches whose forward ran and whose weight gradient has not
 // (activations held).
-int64_t peak_in_flight(const std::vector<Action> &list) {
+int64_t peak_in_flight(const std::vector<Action>& list) {
   int64_t live = 0, peak = 0;
-  for (const auto &a : list) {
-    if (a.kind == ActionKind::Forward)
-      peak = std::max(peak, ++live);
-    if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight)
-      --live;
+  for (const auto& a : list) {
+    if (a.kind == ActionKind::Forward) peak = std::max(peak, ++live);
+    if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) --live;
   }
   return peak;
 }
 
-} // namespace
+}  // namespace
 
 TEST(PipelineSchedule, OneFOneBOrderAndBubble) {
-  EXPECT_EQ(one_f_one_b(2, 0, 3),
-            (std::vector<Action>{{ActionKind::Forward, 0, 0},
-                                 {ActionKind::Forward, 1, 0},
-                                 {ActionKind::Backward, 0, 0},
-                                 {ActionKind::Forward, 2, 0},
-                                 {ActionKind::Backward, 1, 0},
-                                 {ActionKind::Backward, 2, 0}}));
+  EXPECT_EQ(one_f_one_b(2, 0, 3), (std::vector<Action>{{ActionKind::Forward, 0, 0},
+                                                       {ActionKind::Forward, 1, 0},
+                                                       {ActionKind::Backward, 0, 0},
+                                                       {ActionKind::Forward, 2, 0},
+                                                       {ActionKind::Backward, 1, 0},
+                                                       {ActionKind::Backward, 2, 0}}));
   for (int pp : {2, 3, 4, 8}) {
     for (int64_t m : {1, 2, 4, 5, 8, 16}) {
       const auto lists = all_ranks(ScheduleKind::OneFOneB, pp, m, 1);
       expect_complete(lists, m, 1, false);
-      for (int r = 0; r < pp; ++r)
-        EXPECT_LE(peak_in_flight(lists[r]), pp - r);
-      const double simulated =
-          bubble_fraction(simulate(lists, 1, 1.0, 1.0, 1.0));
-      EXPECT_NEAR(simulated,
-                  analytic_bubble_fraction(ScheduleKind::OneFOneB, pp, m, 1),
-                  1e-12)
+      for (int r = 0; r < pp; ++r) EXPECT_LE(peak_in_flight(lists[r]), pp - r);
+      const double simulated = bubble_fraction(simulate(lists, 1, 1.0, 1.0, 1.0));
+      EXPECT_NEAR(simulated, analytic_bubble_fraction(ScheduleKind::OneFOneB, pp, m, 1), 1e-12)
           << "pp " << pp << " m " << m;
     }
   }
@@ -100,12 +82,8 @@ TEST(PipelineSchedule, InterleavedOrderAndBubble) {
       for (int64_t m : {pp, 2 * pp, 4 * pp}) {
         const auto lists = all_ranks(ScheduleKind::Interleaved, pp, m, chunks);
         expect_complete(lists, m, chunks, false);
-        const double simulated =
-            bubble_fraction(simulate(lists, chunks, 1.0, 2.0, 0.0));
-        EXPECT_NEAR(
-            simulated,
-            analytic_bubble_fraction(ScheduleKind::Interleaved, pp, m, chunks),
-            1e-12)
+        const double simulated = bubble_fraction(simulate(lists, chunks, 1.0, 2.0, 0.0));
+        EXPECT_NEAR(simulated, analytic_bubble_fraction(ScheduleKind::Interleaved, pp, m, chunks), 1e-12)
             << fmt::format("pp {} chunks {} m {}", pp, chunks, m);
       }
     }
@@ -117,59 +95,47 @@ TEST(PipelineSchedule, ZeroBubbleH1OrderBubbleAndMemory) {
     for (int64_t m : {1, 2, 4, 8, 9, 16}) {
       const auto lists = all_ranks(ScheduleKind::ZeroBubble, pp, m, 1);
       expect_complete(lists, m, 1, true);
-      for (int r = 0; r < pp; ++r)
-        EXPECT_LE(peak_in_flight(lists[r]), pp);
+      for (int r = 0; r < pp; ++r) EXPECT_LE(peak_in_flight(lists[r]), pp);
       if (m < pp) {
         EXPECT_NO_THROW(simulate(lists, 1));
         continue;
       }
-      const double simulated =
-          bubble_fraction(simulate(lists, 1, 1.0, 1.0, 1.0));
-      EXPECT_NEAR(simulated,
-                  analytic_bubble_fraction(ScheduleKind::ZeroBubble, pp, m, 1),
-                  1e-12)
+      const double simulated = bubble_fraction(simulate(lists, 1, 1.0, 1.0, 1.0));
+      EXPECT_NEAR(simulated, analytic_bubble_fraction(ScheduleKind::ZeroBubble, pp, m, 1), 1e-12)
           << "pp " << pp << " m " << m;
       // A third of 1F1B's idle time: under half its fraction whenever M >= pp.
-      EXPECT_LT(simulated,
-                analytic_bubble_fraction(ScheduleKind::OneFOneB, pp, m, 1) / 2);
+      EXPECT_LT(simulated, analytic_bubble_fraction(ScheduleKind::OneFOneB, pp, m, 1) / 2);
     }
   }
 }
 
 TEST(PipelineSchedule, SimulateCatchesDeadlocksAndMissingForwards) {
   // Both ranks wait for the other's backward first: a deadlock.
-  std::vector<std::vector<Action>> stuck = {
-      {{ActionKind::Forward, 0, 0}, {ActionKind::Backward, 0, 0}},
-      {{ActionKind::Backward, 0, 0}, {ActionKind::Forward, 0, 0}}};
+  std::vector<std::vector<Action>> stuck = {{{ActionKind::Forward, 0, 0}, {ActionKind::Backward, 0, 0}},
+                                            {{ActionKind::Backward, 0, 0}, {ActionKind::Forward, 0, 0}}};
   EXPECT_THROW(simulate(stuck, 1), ConfigError);
   // Backward before forward on rank 1.
-  EXPECT_THROW(
-      simulate({{{ActionKind::Forward, 0, 0}}, {{ActionKind::Backward, 0, 0}}},
-               1),
-      ConfigError);
+  EXPECT_THROW(simulate({{{ActionKind::Forward, 0, 0}}, {{ActionKind::Backward, 0, 0}}}, 1), ConfigError);
 }
 
 TEST(PipelineSchedule, InvalidSettingsAreConfigErrors) {
   EXPECT_THROW(make_schedule(ScheduleKind::Interleaved, 4, 0, 6, 2),
-               ConfigError); // 6 % 4
+               ConfigError);  // 6 % 4
   EXPECT_THROW(make_schedule(ScheduleKind::Interleaved, 2, 0, 4, 1),
-               ConfigError); // one chunk
+               ConfigError);  // one chunk
   EXPECT_THROW(make_schedule(ScheduleKind::OneFOneB, 2, 0, 4, 2), ConfigError);
-  EXPECT_THROW(make_schedule(ScheduleKind::ZeroBubble, 2, 0, 0, 1),
-               ConfigError);
+  EXPECT_THROW(make_schedule(ScheduleKind::ZeroBubble, 2, 0, 0, 1), ConfigError);
   try {
     make_schedule(ScheduleKind::Interleaved, 4, 0, 6, 2);
-  } catch (const ConfigError &e) {
-    EXPECT_NE(std::string(e.what()).find("use 8"), std::string::npos)
-        << e.what();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use 8"), std::string::npos) << e.what();
   }
 }
 
 TEST(StageManager, BalancesByParameterCount) {
   // Equal blocks, no extras: even split.
   auto ranges = balance_blocks(std::vector<int64_t>(8, 10), 4);
-  for (int s = 0; s < 4; ++s)
-    EXPECT_EQ(ranges[s].size(), 2);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(ranges[s].size(), 2);
   // A heavy embedding on the first stage pushes blocks to the later ones.
   ranges = balance_blocks(std::vector<int64_t>(8, 10), 2, /*first_extra=*/40);
   EXPECT_EQ(ranges[0].size(), 2);
@@ -178,8 +144,7 @@ TEST(StageManager, BalancesByParameterCount) {
   ranges = balance_blocks({5, 1, 1, 1, 9, 1, 1}, 3);
   EXPECT_EQ(ranges.front().begin, 0);
   EXPECT_EQ(ranges.back().end, 7);
-  for (size_t s = 1; s < ranges.size(); ++s)
-    EXPECT_EQ(ranges[s].begin, ranges[s - 1].end);
+  for (size_t s = 1; s < ranges.size(); ++s) EXPECT_EQ(ranges[s].begin, ranges[s - 1].end);
   EXPECT_THROW(balance_blocks(std::vector<int64_t>(3, 1), 4), ConfigError);
   EXPECT_THROW(ranges_from_counts({3, 3}, 7), ConfigError);
   EXPECT_THROW(ranges_from_counts({7, 0}, 7), ConfigError);
