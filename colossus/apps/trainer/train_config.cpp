@@ -263,6 +263,33 @@ TrainConfig from_table(const toml::table& root) {
       s.get("cpu_offload", z.cpu_offload);
       s.get("master_weights", z.master_weights);
       s.get("extra_dp_size", z.extra_dp_size);
+    } else if (p.name == "gemini") {
+      // Keys match GeminiPluginOptions one to one (Colossal-AI's GeminiPlugin names).
+      auto& g = p.gemini;
+      s.get("placement_policy", g.placement_policy);
+      s.get("shard_param_frac", g.shard_param_frac);
+      s.get("offload_optim_frac", g.offload_optim_frac);
+      s.get("offload_param_frac", g.offload_param_frac);
+      s.get("warmup_non_model_data_ratio", g.warmup_non_model_data_ratio);
+      s.get("steady_cuda_cap_ratio", g.steady_cuda_cap_ratio);
+      s.get("gpu_margin_mem_ratio", g.gpu_margin_mem_ratio);
+      s.get("precision", g.precision);
+      s.get("master_weights", g.master_weights);
+      s.get("pin_memory", g.pin_memory);
+      s.get("max_prefetch", g.max_prefetch);
+      s.get("enable_gradient_accumulation", g.enable_gradient_accumulation);
+      s.get("search_range_m", g.search_range_m);
+      s.get("min_chunk_size_m", g.min_chunk_size_m);
+      s.get("hidden_dim", g.hidden_dim);
+      s.get("initial_scale", g.initial_scale);
+      s.get("min_scale", g.min_scale);
+      s.get("growth_factor", g.growth_factor);
+      s.get("backoff_factor", g.backoff_factor);
+      s.get("growth_interval", g.growth_interval);
+      s.get("hysteresis", g.hysteresis);
+      s.get("max_scale", g.max_scale);
+      s.get("max_norm", g.max_norm);
+      s.get("norm_type", g.norm_type);
     } else if (p.name == "hybrid_parallel") {
       // Keys match HybridParallelPluginOptions one to one (loss scaler keys flat, as low_level_zero's).
       auto& h = p.hybrid_parallel;
@@ -376,9 +403,23 @@ void TrainConfig::validate() const {
   }
   require_non_negative("lr_scheduler.warmup_steps", lr_scheduler.warmup_steps);
   require_non_negative("lr_scheduler.total_steps", lr_scheduler.total_steps);
-  if (plugin.name != "ddp" && plugin.name != "low_level_zero" && plugin.name != "hybrid_parallel") {
-    throw ConfigError(
-        fmt::format("plugin.name = '{}' is unknown; available: ddp, low_level_zero, hybrid_parallel", plugin.name));
+  if (plugin.name != "ddp" && plugin.name != "low_level_zero" && plugin.name != "gemini" &&
+      plugin.name != "hybrid_parallel") {
+    throw ConfigError(fmt::format(
+        "plugin.name = '{}' is unknown; available: ddp, low_level_zero, gemini, hybrid_parallel", plugin.name));
+  }
+  if (plugin.name == "gemini") {
+    plugin.gemini.validate();
+    if (booster.mixed_precision != "fp32" || booster.max_norm > 0.0) {
+      throw ConfigError(fmt::format("booster.mixed_precision = '{}' / booster.max_norm = {} are not used with plugin "
+                                    "gemini; set plugin.precision and plugin.max_norm instead",
+                                    booster.mixed_precision, booster.max_norm));
+    }
+    if (train.grad_accum > 1 && !plugin.gemini.enable_gradient_accumulation) {
+      throw ConfigError(fmt::format("train.grad_accum = {} with plugin gemini needs plugin.enable_gradient_accumulation "
+                                    "= true",
+                                    train.grad_accum));
+    }
   }
   if (plugin.name == "ddp") plugin.ddp.validate();
   if (plugin.name == "hybrid_parallel") {

@@ -6,6 +6,7 @@
 #pragma once
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
 
@@ -62,10 +63,13 @@ struct SchedulerSection {
 };
 
 struct PluginSection {
-  std::string name = "ddp";  // ddp | low_level_zero | hybrid_parallel
+  std::string name = "ddp";  // ddp | low_level_zero | gemini | hybrid_parallel
   booster::DDPPluginOptions ddp = {};
   // name = "low_level_zero": its precision and max_norm replace the booster's.
   booster::LowLevelZeroPluginOptions low_level_zero = {};
+  // name = "gemini": ZeRO-3 chunks with offload; its precision and max_norm
+  // replace the booster's (memory_probe is C++ only).
+  booster::GeminiPluginOptions gemini = {};
   // name = "hybrid_parallel": tensor x data parallel; its precision and
   // max_norm replace the booster's (custom_policy is C++ only).
   booster::HybridParallelPluginOptions hybrid_parallel = {};

@@ -8,6 +8,7 @@
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
+#include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
@@ -36,6 +37,7 @@ const cluster::Logger log("train");
 // The [plugin] section's plugin over `world` (validated with the config).
 std::shared_ptr<booster::Plugin> make_plugin(const PluginSection& section, cluster::ProcessGroupPtr world) {
   if (section.name == "low_level_zero") return std::make_shared<booster::LowLevelZeroPlugin>(section.low_level_zero, world);
+  if (section.name == "gemini") return std::make_shared<booster::GeminiPlugin>(section.gemini, world);
   if (section.name == "hybrid_parallel") {
     return std::make_shared<booster::HybridParallelPlugin>(section.hybrid_parallel, world);
   }
@@ -362,9 +364,12 @@ TrainResult Trainer::run() {
   // needs its whole tp group for a forward, so its sample is left to `colossus generate`.
   const auto* hybrid = dynamic_cast<const booster::HybridParallelPlugin*>(plugin_.get());
   const bool tp_sharded = hybrid != nullptr && hybrid->options().tp_size > 1;
+  // Gemini's parameters are sharded chunks gathered collectively: the same.
+  const bool chunked = dynamic_cast<const booster::GeminiPlugin*>(plugin_.get()) != nullptr;
   if (world_->rank() == 0 && !config_.train.sample_prompt.empty() && config_.train.sample_tokens > 0) {
-    if (tp_sharded) {
-      log.info("no sample with tp_size > 1: run `colossus generate` on the saved checkpoint");
+    if (tp_sharded || chunked) {
+      log.info(fmt::format("no sample with {}: run `colossus generate` on the saved checkpoint",
+                           chunked ? "plugin gemini" : "tp_size > 1"));
     } else {
       print_sample();
     }
