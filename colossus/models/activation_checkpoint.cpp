@@ -1,0 +1,90 @@
+#include "colossus/models/activation_checkpoint.h"
+
+#include "colossus/core/errors.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+namespace colossus::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// forward: block(hidden) without a graph; backward: rerun with a graph and
+// backpropagate through it (parameter gradients accumulate there).
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, TransformerBlock* block,
+                            const BlockContext* context) {
+    ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
+    ctx->saved_data["layer"] = context->layer;
+    if (context->rope_cos.defined()) ctx->saved_data["rope_cos"] = context->rope_cos;
+    if (context->rope_sin.defined()) ctx->saved_data["rope_sin"] = context->rope_sin;
+    ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    ctx->save_for_backward({hidden});
+    at::NoGradGuard no_grad;
+    return block->forward(hidden, *context);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto* block = reinterpret_cast<TransformerBlock*>(ctx->saved_data["block"].toInt());
+    BlockContext context;
+    context.layer = ctx->saved_data["layer"].toInt();
+    if (ctx->saved_data.count("rope_cos") > 0) context.rope_cos = ctx->saved_data["rope_cos"].toTensor();
+    if (ctx->saved_data.count("rope_sin") > 0) context.rope_sin = ctx->saved_data["rope_sin"].toTensor();
+    at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    // Replay the forward's random draws (dropout), then restore the stream.
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor now = generator.get_state();
+    generator.set_state(ctx->saved_data["rng"].toTensor());
+    at::Tensor output;
+    {
+      at::AutoGradMode grad(true);
+      output = block->forward(input, context);
+    }
+    generator.set_state(now);
+    torch::autograd::backward({output}, {grad_outputs[0]});
+    return {input.grad(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+CheckpointedBlock::CheckpointedBlock(std::shared_ptr<TransformerBlock> inner)
+    : TransformerBlock("CheckpointedBlock"), inner_(std::move(inner)) {
+  if (!inner_) throw ConfigError("CheckpointedBlock: the block is null");
+  for (const auto& child : inner_->named_children()) register_module(child.key(), child.value());
+}
+
+at::Tensor CheckpointedBlock::forward(const at::Tensor& hidden, const BlockContext& context) {
+  // Nothing to save without a graph; an input outside the graph would cut the
+  // parameters off (the function's output needs a differentiable input).
+  if (!at::GradMode::is_enabled() || context.attention != nullptr || !hidden.requires_grad()) {
+    return inner_->forward(hidden, context);
+  }
+  return CheckpointFunction::apply(hidden, inner_.get(), &context);
+}
+
+int64_t enable_activation_checkpointing(CausalLM& model, double ratio) {
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {
+    throw ConfigError(fmt::format(
+        "gradient_checkpoint_config: gradient_checkpointing_ratio = {} must be in [0, 1]; use 1.0 (every block)",
+        ratio));
+  }
+  const auto n = static_cast<int64_t>(model.blocks().size());
+  const auto count = static_cast<int64_t>(std::llround(ratio * static_cast<double>(n)));
+  for (int64_t i = 0; i < count; ++i) {
+    const auto& block = model.blocks()[static_cast<size_t>(i)];
+    if (std::dynamic_pointer_cast<CheckpointedBlock>(block)) continue;
+    model.replace_block(static_cast<size_t>(i), std::make_shared<CheckpointedBlock>(block));
+  }
+  return count;
+}
+
+}  // namespace colossus::models
