@@ -163,6 +163,44 @@ inner_ring_size = 2
   EXPECT_NE(error_of(sp + "sequence_parallelism_mode = \"rings\"\n").find("'rings' is unknown"), std::string::npos);
 }
 
+TEST(TrainConfig, GeminiKeysMapOntoItsOptions) {
+  auto c = parse_train_config(R"(
+[plugin]
+name = "gemini"
+placement_policy = "static"
+shard_param_frac = 0.5
+offload_optim_frac = 1.0
+precision = "fp32"
+pin_memory = true
+max_prefetch = 2
+enable_gradient_accumulation = true
+search_range_m = 8.0
+min_chunk_size_m = 4.0
+hidden_dim = 768
+max_norm = 1.0
+[train]
+grad_accum = 2
+)");
+  const auto& g = c.plugin.gemini;
+  EXPECT_EQ(c.plugin.name, "gemini");
+  EXPECT_EQ(g.shard_param_frac, 0.5);
+  EXPECT_EQ(g.offload_optim_frac, 1.0);
+  EXPECT_EQ(g.precision, "fp32");
+  EXPECT_TRUE(g.pin_memory);
+  EXPECT_EQ(g.max_prefetch, 2);
+  EXPECT_TRUE(g.enable_gradient_accumulation);
+  EXPECT_EQ(g.search_range_m, 8.0);
+  EXPECT_EQ(g.min_chunk_size_m, 4.0);
+  EXPECT_EQ(g.hidden_dim, 768);
+  EXPECT_EQ(g.max_norm, 1.0);
+  const std::string gemini = "[plugin]\nname = \"gemini\"\n";
+  EXPECT_NE(error_of(gemini + "placement_policy = \"auto\"\noffload_optim_frac = 1.0\n").find("only apply"),
+            std::string::npos);
+  EXPECT_NE(error_of(gemini + "stage = 3\n").find("stage"), std::string::npos);
+  EXPECT_NE(error_of(gemini + "[train]\ngrad_accum = 2\n").find("enable_gradient_accumulation"), std::string::npos);
+  EXPECT_NE(error_of(gemini + "[booster]\nmax_norm = 1.0\n").find("plugin.max_norm"), std::string::npos);
+}
+
 TEST(TrainConfig, LowLevelZeroKeysMapOntoItsOptions) {
   auto c = parse_train_config(R"(
 [plugin]
