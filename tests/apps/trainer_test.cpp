@@ -185,6 +185,35 @@ TEST(Trainer, SequenceParallelModesTrainAsPlainTensorParallel) {
   }
 }
 
+// The gemini plugin from the TOML keys: ZeRO-3 chunks with the optimizer side
+// offloaded train DDP's loss curve (fp32, accumulation 2, dropout off), and a
+// run stopped at step 4 resumes from its checkpoint onto the same curve exactly.
+TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
+  const std::vector<std::string> base{"train.steps=8", "model.config.resid_pdrop=0.0", "model.config.embd_pdrop=0.0"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    return extra;
+  };
+  const std::vector<std::string> gemini{"plugin.name=\"gemini\"",
+                                        "plugin.precision=\"fp32\"",
+                                        "plugin.enable_gradient_accumulation=true",
+                                        "plugin.offload_optim_frac=1.0",
+                                        "plugin.min_chunk_size_m=0.01",
+                                        "plugin.search_range_m=0.02"};
+  const auto ddp = losses_of(apps::train(tiny_config(job_dir("gemini_ddp"), with({}))));
+  const auto full = losses_of(apps::train(tiny_config(job_dir("gemini_full"), with(gemini))));
+  ASSERT_EQ(full.size(), ddp.size());
+  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_NEAR(full[i], ddp[i], 1e-5 * std::abs(ddp[i])) << "step " << i + 1;
+  const auto split_dir = job_dir("gemini_split");
+  auto first_steps = gemini;
+  first_steps.push_back("train.steps=4");
+  auto resumed = losses_of(apps::train(tiny_config(split_dir, with(first_steps))));
+  const auto rest = losses_of(apps::train(tiny_config(split_dir, with(gemini)), {.resume = "auto"}));
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  ASSERT_EQ(resumed.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << "step " << i + 1;
+}
+
 TEST(Trainer, TransformersLoadsTheCheckpoint) {
   auto world = ct::world();
   auto dir = job_dir("hf");
