@@ -5,6 +5,7 @@
 #include "colossus/booster/tp_clip_optimizer.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/parallel/tensor/comm.h"
 #include "colossus/parallel/tensor/layers.h"
 
@@ -22,6 +23,16 @@ namespace colossus::booster {
 void HybridParallelPluginOptions::validate() const {
   if (tp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.tp_size = {} must be >= 1", tp_size));
   validate_pipeline_options(*this);
+  if (!(gradient_checkpointing_ratio >= 0.0 && gradient_checkpointing_ratio <= 1.0)) {
+    throw ConfigError(fmt::format(
+        "hybrid_parallel.gradient_checkpointing_ratio = {} must be in [0, 1]; use 1.0 (every block) or 0 (off)",
+        gradient_checkpointing_ratio));
+  }
+  if (gradient_checkpointing_ratio > 0.0 && pp_size > 1 && pp_style == "zero_bubble") {
+    throw ConfigError(
+        "hybrid_parallel: gradient_checkpointing_ratio > 0 with pp_style 'zero_bubble' is not supported (the rerun "
+        "computes weight gradients in B); use pp_style '1f1b' or 'interleaved'");
+  }
   if (sp_size < 1) throw ConfigError(fmt::format("hybrid_parallel.sp_size = {} must be >= 1", sp_size));
   if (!enable_sequence_parallelism && (sp_size != 1 || !sequence_parallelism_mode.empty())) {
     throw ConfigError(
@@ -257,6 +268,9 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       *model, plan, tp_group(),
       parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by,
                                    .sequence = sequence});
+  // After sharding, so the wrappers adopt the tensor-parallel layers.
+  if (options_.gradient_checkpointing_ratio > 0.0)
+    models::enable_activation_checkpointing(*model, options_.gradient_checkpointing_ratio);
   // Pipeline stages: this rank keeps its blocks' parameters (before any cast,
   // so fp32 originals and masters of other stages' parameters are empty too).
   std::unique_ptr<HybridPipeline> pipeline;

@@ -49,6 +49,11 @@ struct HybridParallelPluginOptions {
   int64_t microbatch_size = 0;
   std::vector<int64_t> num_layers_per_stage;
   bool overlap_p2p = true;
+  // Activation checkpointing (Colossal-AI's gradient_checkpoint_config
+  // gradient_checkpointing_ratio): the first round(ratio x blocks) blocks
+  // rerun their forward in backward. 0: off. Not with pp_style zero_bubble
+  // (the rerun's backward would compute weight gradients in B and again in W).
+  double gradient_checkpointing_ratio = 0.0;
   // Sequence parallelism: with enable_sequence_parallelism, mode "ring_attn"
   // (ring attention, zig-zag shards) or "all_to_all" (Ulysses; heads / tp
   // must divide by sp) over sp_size ranks of their own mesh axis. forward()

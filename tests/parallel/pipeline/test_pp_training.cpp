@@ -10,6 +10,7 @@
 #include "colossus/booster/booster.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/adam.h"
 #include "colossus/optim/lr_scheduler.h"
@@ -174,6 +175,29 @@ TEST(PipelineParallel, Dp2Pp2Zero1) {
   EXPECT_NE(dynamic_cast<zero::LowLevelZeroOptimizer*>(run.boosted().optimizer.get()), nullptr);
   EXPECT_THROW(
       booster::HybridParallelPlugin({.tp_size = 2, .pp_size = 2, .num_microbatches = 2, .zero_stage = 1}, ct::world()),
+      ConfigError);
+}
+
+// Activation checkpointing inside the stages (every block reruns in
+// backward) keeps the curve; it is refused with the B/W-split schedule.
+TEST(PipelineParallel, ActivationCheckpointing) {
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  expect_layout_matches({.tp_size = 2,
+                         .pp_size = 2,
+                         .pp_style = "interleaved",
+                         .num_model_chunks = 2,
+                         .num_microbatches = 2,
+                         .gradient_checkpointing_ratio = 1.0},
+                        "tp2 x pp2 interleaved c2 m2 checkpointed");
+  PpRun half(deep(tiny_llama()), {.pp_size = 2, .num_microbatches = 2, .gradient_checkpointing_ratio = 0.5});
+  int wrapped = 0;
+  for (const auto& block : half.model().unwrap().blocks())
+    wrapped += dynamic_cast<models::CheckpointedBlock*>(block.get()) != nullptr;
+  EXPECT_EQ(wrapped, 4);
+  EXPECT_THROW(
+      booster::HybridParallelPlugin(
+          {.pp_size = 2, .pp_style = "zero_bubble", .num_microbatches = 2, .gradient_checkpointing_ratio = 1.0},
+          ct::world()),
       ConfigError);
 }
 
