@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
@@ -76,6 +77,54 @@ at::Tensor combine(const at::Tensor& expert_out, const DispatchPlan& plan, int64
 
 namespace colossus::models {
 
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A packed buffer as one differentiable tensor, without a copy: forward aliases
+// the memory the parameters are views of; backward hands each parameter its
+// rows of the gradient.
+struct PackedWeights : torch::autograd::Function<PackedWeights> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& buffer, at::TensorList parts) {
+    std::vector<int64_t> rows;
+    for (const at::Tensor& part : parts) rows.push_back(part.size(0));
+    ctx->saved_data["rows"] = rows;
+    // A new tensor over the same storage, not an autograd view of `buffer`.
+    return at::empty({0}, buffer.options())
+        .set_(buffer.storage(), buffer.storage_offset(), buffer.sizes(), buffer.strides());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const std::vector<int64_t> rows = ctx->saved_data["rows"].toIntVector();
+    variable_list out{at::Tensor()};
+    if (!grads[0].defined()) {
+      out.resize(rows.size() + 1);
+      return out;
+    }
+    at::Tensor flat = grads[0].reshape({-1, grads[0].size(-1)});
+    int64_t offset = 0;
+    for (const int64_t r : rows) {
+      out.push_back(flat.narrow(0, offset, r));
+      offset += r;
+    }
+    return out;
+  }
+};
+
+const at::Tensor& weight_of(const MixtralExpert& expert, const std::string& name) {
+  return expert.layer_as<Linear>(name).weight;
+}
+
+bool is_view_at(const at::Tensor& part, const at::Tensor& buffer, int64_t element_offset,
+                at::IntArrayRef expected_sizes) {
+  return part.defined() && part.device() == buffer.device() && part.scalar_type() == buffer.scalar_type() &&
+         part.is_contiguous() && part.sizes() == expected_sizes &&
+         part.const_data_ptr() ==
+             static_cast<const char*>(buffer.const_data_ptr()) + element_offset * buffer.element_size();
+}
+
+}  // namespace
+
 MixtralExpert::MixtralExpert(int64_t hidden_size, int64_t intermediate_size, const at::TensorOptions& options)
     : LayerHost("MixtralBlockSparseTop2MLP") {
   add_layer("w1", std::make_shared<Linear>(hidden_size, intermediate_size, false, options));
@@ -105,6 +154,103 @@ SparseMoeBlock::SparseMoeBlock(const MixtralConfig& config, const at::TensorOpti
     experts_->register_module(std::to_string(e),
                               std::make_shared<MixtralExpert>(config.hidden_size, config.intermediate_size, options));
   }
+  pack_experts();
+}
+
+std::vector<at::Tensor> SparseMoeBlock::gate_up_parts() const {
+  std::vector<at::Tensor> parts;
+  for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {
+    parts.push_back(weight_of(expert(e), "w1"));
+    parts.push_back(weight_of(expert(e), "w3"));
+  }
+  return parts;
+}
+
+std::vector<at::Tensor> SparseMoeBlock::down_parts() const {
+  std::vector<at::Tensor> parts;
+  for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) parts.push_back(weight_of(expert(e), "w2"));
+  return parts;
+}
+
+void SparseMoeBlock::pack_experts() {
+  gate_up_ = at::Tensor();
+  down_ = at::Tensor();
+  if (local_experts_ == 0) return;
+  std::vector<at::Tensor> gate_up = gate_up_parts(), down = down_parts();
+  const int64_t inner = gate_up[0].size(0), width = gate_up[0].size(1);
+  at::NoGradGuard no_grad;
+  at::Tensor gate_up_buffer = at::empty({local_experts_, 2 * inner, width}, gate_up[0].options());
+  at::Tensor down_buffer = at::empty({local_experts_, width, inner}, down[0].options());
+  for (int64_t l = 0; l < local_experts_; ++l) {
+    at::Tensor w1 = gate_up_buffer[l].narrow(0, 0, inner), w3 = gate_up_buffer[l].narrow(0, inner, inner);
+    w1.copy_(gate_up[2 * l]);
+    w3.copy_(gate_up[2 * l + 1]);
+    down_buffer[l].copy_(down[l]);
+    // set_data keeps each parameter's identity (optimizer state, reducer hooks).
+    gate_up[2 * l].set_data(w1);
+    gate_up[2 * l + 1].set_data(w3);
+    down[l].set_data(down_buffer[l]);
+  }
+  gate_up_ = gate_up_buffer;
+  down_ = down_buffer;
+}
+
+bool SparseMoeBlock::grouped_gemm_ready() const {
+  if (!grouped_gemm_enabled_ || !gate_up_.defined()) return false;
+  const at::ScalarType dtype = gate_up_.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  const int64_t inner = down_.size(2), width = down_.size(1), element = gate_up_.element_size();
+  // _grouped_mm wants every row stride a multiple of 16 bytes.
+  if ((inner * element) % 16 != 0 || (width * element) % 16 != 0) return false;
+  return packed_layout_intact();
+}
+
+bool SparseMoeBlock::packed_layout_intact() const {
+  if (!gate_up_.defined() || local_experts_ == 0) return false;
+  const int64_t inner = down_.size(2), width = down_.size(1);
+  std::vector<at::Tensor> gate_up = gate_up_parts(), down = down_parts();
+  for (int64_t l = 0; l < local_experts_; ++l) {
+    if (!is_view_at(gate_up[2 * l], gate_up_, l * 2 * inner * width, {inner, width}) ||
+        !is_view_at(gate_up[2 * l + 1], gate_up_, (l * 2 + 1) * inner * width, {inner, width}) ||
+        !is_view_at(down[l], down_, l * width * inner, {width, inner})) {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor SparseMoeBlock::run_local_experts(const at::Tensor& x, const std::vector<int64_t>& rows) {
+  TORCH_CHECK(static_cast<int64_t>(rows.size()) == local_experts_, "run_local_experts: ", rows.size(),
+              " row counts for ", local_experts_, " local experts");
+  if (gate_up_.defined() && !packed_layout_intact()) {
+    // Something re-pointed the parameters (a ZeRO bucket, a cast): the buffers
+    // would only hold a stale second copy of the experts.
+    gate_up_ = at::Tensor();
+    down_ = at::Tensor();
+  }
+  // Grouped GEMMs only without autograd (inference, evaluation): the weight
+  // gradients of at::_grouped_mm's backward through the packed views did not
+  // match the per-expert loop in our tests (torch 2.11), so training keeps the loop.
+  if (!at::GradMode::is_enabled() && x.size(0) > 0 && x.scalar_type() == gate_up_.scalar_type() &&
+      x.device() == gate_up_.device() && grouped_gemm_ready()) {
+    std::vector<int32_t> ends;
+    int64_t total = 0;
+    for (const int64_t r : rows) ends.push_back(static_cast<int32_t>(total += r));
+    at::Tensor offsets = at::tensor(ends, at::kInt).to(x.device());
+    const int64_t inner = down_.size(2);
+    at::Tensor gate_up = PackedWeights::apply(gate_up_, gate_up_parts());  // (L, 2I, H)
+    at::Tensor down = PackedWeights::apply(down_, down_parts());           // (L, H, I)
+    at::Tensor h = at::_grouped_mm(x.contiguous(), gate_up.transpose(1, 2), offsets);  // (M, 2I): w1 x | w3 x
+    at::Tensor activated = at::silu(h.narrow(1, 0, inner)) * h.narrow(1, inner, inner);
+    return at::_grouped_mm(activated, down.transpose(1, 2), offsets);
+  }
+  std::vector<at::Tensor> outputs;
+  int64_t offset = 0;
+  for (int64_t l = 0; l < local_experts_; ++l) {
+    outputs.push_back(expert(first_expert_ + l).forward(x.narrow(0, offset, rows[l])));
+    offset += rows[l];
+  }
+  return at::cat(outputs, 0);
 }
 
 MixtralExpert& SparseMoeBlock::expert(int64_t global_index) const {
@@ -118,15 +264,7 @@ MixtralExpert& SparseMoeBlock::expert(int64_t global_index) const {
 at::Tensor SparseMoeBlock::run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts) {
   TORCH_CHECK(local_experts_ == num_experts_, "SparseMoeBlock holds experts [", first_expert_, ", ",
               first_expert_ + local_experts_, ") only; an expert-parallel block must override run_experts");
-  std::vector<at::Tensor> outputs;
-  int64_t offset = 0;
-  // Every expert runs, even on zero rows, so its parameters always get a (zero)
-  // gradient and data-parallel reducers see the same ready set on every rank.
-  for (int64_t e = 0; e < num_experts_; ++e) {
-    outputs.push_back(expert(e).forward(x_sorted.narrow(0, offset, counts[e])));
-    offset += counts[e];
-  }
-  return at::cat(outputs, 0);
+  return run_local_experts(x_sorted, counts);
 }
 
 at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {

@@ -2,7 +2,10 @@
 // top-k routing with renormalised weights, SwiGLU experts, and the pieces a
 // parallel version reuses: the dispatch plan (assignments sorted by expert
 // into contiguous segments, optional capacity dropping) and the weighted
-// combine. Expert compute is a loop over experts, never over tokens.
+// combine. The experts' weights live in two packed buffers (w1|w3 and w2,
+// the parameters being views of them), so all experts run as grouped GEMMs
+// (at::_grouped_mm, one launch per projection) over the rows sorted by
+// expert; a loop over experts (never over tokens) is the fallback.
 #pragma once
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
@@ -83,6 +86,17 @@ class SparseMoeBlock : public LayerHost {
   // by expert, counts: (E) rows per expert -> (M, H) in the same row order.
   virtual at::Tensor run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts);
 
+  // Lays this block's experts' weights out as two buffers, w1|w3 as (local, 2I, H) and w2 as (local, H, I),
+  // and makes the parameters views of them: the same tensors (set_data), so an optimizer or a reducer built
+  // earlier keeps them. The constructor does this; call it again after experts were adopted from another
+  // block. Anything that later re-points a parameter (a ZeRO bucket, a dtype cast) only turns the grouped
+  // path off (the next forward frees the stale buffers), it never makes it wrong.
+  void pack_experts();
+  // Whether the experts run as grouped GEMMs: packed layout intact, float/bf16/fp16 rows of 16-byte
+  // multiples, and not switched off by set_grouped_gemm(false) (benchmarks and tests compare both paths).
+  bool grouped_gemm_ready() const;
+  void set_grouped_gemm(bool enabled) { grouped_gemm_enabled_ = enabled; }
+
   MixtralExpert& expert(int64_t global_index) const;
   int64_t num_experts() const { return num_experts_; }
   int64_t top_k() const { return top_k_; }
@@ -91,13 +105,26 @@ class SparseMoeBlock : public LayerHost {
   const at::Tensor& last_router_logits() const { return last_router_logits_; }
   int64_t last_dropped() const { return last_dropped_; }
 
+ protected:
+  // This block's experts over their segments: x (M, H) rows grouped by local expert, rows[l] of them for
+  // local expert l -> (M, H) in the same order. Every expert runs, even on zero rows, so its parameters
+  // always get a (zero) gradient and data-parallel reducers see the same ready set on every rank.
+  at::Tensor run_local_experts(const at::Tensor& x, const std::vector<int64_t>& rows);
+
  private:
+  // The parameters in packed order: per local expert w1, w3 (gate_up_) and w2 (down_).
+  std::vector<at::Tensor> gate_up_parts() const;
+  std::vector<at::Tensor> down_parts() const;
+  bool packed_layout_intact() const;
+
   int64_t num_experts_, top_k_, first_expert_, local_experts_;
   double jitter_noise_;
   std::optional<double> capacity_factor_;
   std::shared_ptr<torch::nn::Module> experts_;
   at::Tensor last_router_logits_;
   int64_t last_dropped_ = 0;
+  at::Tensor gate_up_, down_;  // packed buffers (local, 2I, H) and (local, H, I)
+  bool grouped_gemm_enabled_ = true;
 };
 
 }  // namespace colossus::models

@@ -97,6 +97,9 @@ void ExpertParallelMoeBlock::adopt_from(const models::SparseMoeBlock& full) {
     TORCH_CHECK(their_experts.contains(name), "adopt_from: the full block has no expert ", e);
     my_experts->replace_module(name, their_experts[name]);
   }
+  // The adopted experts view the full block's buffers: give them their own,
+  // so the other ranks' experts can really be freed.
+  pack_experts();
 }
 
 at::Tensor ExpertParallelMoeBlock::run_experts(const at::Tensor& x_sorted, const std::vector<int64_t>& counts) {
@@ -129,15 +132,7 @@ at::Tensor ExpertParallelMoeBlock::run_experts(const at::Tensor& x_sorted, const
   }
   at::Tensor by_expert = pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces);  // regrouped row -> received row
   at::Tensor grouped = received.index_select(0, by_expert.to(received.device()));
-  // Every local expert runs, even on zero rows, so its parameters always get a
-  // (zero) gradient: data-parallel reducers then see the same ready set on every rank.
-  std::vector<at::Tensor> outputs;
-  int64_t offset = 0;
-  for (int64_t l = 0; l < local; ++l) {
-    outputs.push_back(expert(first_expert() + l).forward(grouped.narrow(0, offset, expert_rows[l])));
-    offset += expert_rows[l];
-  }
-  at::Tensor computed = at::cat(outputs, 0);
+  at::Tensor computed = run_local_experts(grouped, expert_rows);
   // Back to the received order, then to the senders.
   at::Tensor inverse = at::argsort(by_expert).to(computed.device());
   at::Tensor unsorted = computed.index_select(0, inverse);

@@ -142,6 +142,48 @@ TEST(SparseMoeBlock, SortedDispatchMatchesPerTokenReferenceDroplessAndWithCapaci
   }
 }
 
+TEST(SparseMoeBlock, GroupedGemmPathEqualsThePerExpertLoopIncludingEmptyExperts) {
+  // 8 experts, top-1, 6 tokens: some experts get no rows. The grouped path runs without autograd.
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    MixtralConfig c = tiny(8, 1);
+    SparseMoeBlock moe(c, at::TensorOptions().dtype(dtype));
+    at::NoGradGuard no_grad;
+    for (auto& p : moe.parameters()) p.zero_();
+    testing::perturb_parameters(moe, 11, 0.3);
+    ASSERT_TRUE(moe.grouped_gemm_ready()) << "hidden " << c.hidden_size << ", intermediate " << c.intermediate_size;
+    at::Tensor x = at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(5)).to(dtype);
+    at::Tensor grouped = moe.forward(x).to(at::kFloat);
+    moe.set_grouped_gemm(false);
+    at::Tensor looped = moe.forward(x).to(at::kFloat);
+    moe.set_grouped_gemm(true);
+    const double tolerance = dtype == at::kFloat ? 1e-5 : 2e-2;
+    EXPECT_TRUE(at::isfinite(grouped).all().item<bool>());
+    EXPECT_GT(looped.abs().max().item<double>(), 0.0);
+    EXPECT_LE(max_abs_diff(grouped, looped), tolerance * std::max(1.0, looped.abs().max().item<double>()))
+        << "dtype " << dtype;
+    // A parameter re-pointed elsewhere (as a ZeRO bucket does) turns the grouped path off, never wrong.
+    at::Tensor& w1 = moe.expert(0).layer_as<Linear>("w1").weight;
+    w1.set_data(w1.clone());
+    EXPECT_FALSE(moe.grouped_gemm_ready());
+    EXPECT_LE(max_abs_diff(moe.forward(x).to(at::kFloat), looped), 1e-6);
+    moe.pack_experts();
+    EXPECT_TRUE(moe.grouped_gemm_ready());
+  }
+}
+
+TEST(SparseMoeBlock, OddWidthsAndDoubleFallBackToTheLoop) {
+  MixtralConfig c = tiny(4, 2);
+  c.intermediate_size = 18;  // 72-byte fp32 rows: not a 16-byte multiple
+  SparseMoeBlock odd(c, at::TensorOptions().dtype(at::kFloat));
+  EXPECT_FALSE(odd.grouped_gemm_ready());
+  SparseMoeBlock dbl(tiny(4, 2), at::TensorOptions().dtype(at::kDouble));
+  EXPECT_FALSE(dbl.grouped_gemm_ready());
+  at::NoGradGuard no_grad;
+  for (auto& p : dbl.parameters()) p.zero_();  // constructed uninitialised
+  testing::perturb_parameters(dbl, 3, 0.3);
+  EXPECT_TRUE(at::isfinite(dbl.forward(at::randn({1, 5, tiny().hidden_size}, at::kDouble))).all().item<bool>());
+}
+
 TEST(MixtralForCausalLM, TrainingStepsReduceTheLossAndEveryParameterGetsAGradient) {
   MixtralConfig c = tiny(4, 2);
   c.initializer_range = 0.02;
