@@ -119,7 +119,7 @@ dp_outside = false
   EXPECT_EQ(c.plugin.hybrid_parallel.make_vocab_size_divisible_by, 128);
   EXPECT_FALSE(c.plugin.hybrid_parallel.dp_outside);
   // Not landed yet: refused with the reason, before anything is allocated.
-  EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\npp_size = 2\n").find("pipeline parallelism"),
+  EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\npp_size = 2\n").find("does not drive pipeline parallelism"),
             std::string::npos);
   EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\nsp_size = 2\n").find("sequence parallelism"),
             std::string::npos);

@@ -295,6 +295,13 @@ TrainConfig from_table(const toml::table& root) {
       auto& h = p.hybrid_parallel;
       s.get("tp_size", h.tp_size);
       s.get("pp_size", h.pp_size);
+      if (h.pp_size > 1) {
+        // The trainer's step is forward/backward; pipeline schedules run through booster.execute_pipeline.
+        throw ConfigError(fmt::format(
+            "plugin.pp_size = {}: colossus train does not drive pipeline parallelism schedules yet; use pp_size = 1 "
+            "here, or booster.execute_pipeline from the C++ API (docs/training.md)",
+            h.pp_size));
+      }
       s.get("sp_size", h.sp_size);
       s.get("enable_sequence_parallelism", h.enable_sequence_parallelism);
       s.get("sequence_parallelism_mode", h.sequence_parallelism_mode);
