@@ -243,7 +243,10 @@ int main(int argc, char **argv) try {
   Config cfg = parse(argc, argv);
   if (cfg.device.empty())
     cfg.device = at::hasCUDA() ? "cuda" : "cpu";
-  const c10::Device device(cfg.device);
+  c10::Device device(cfg.device);
+  // "cuda" names no index; the synchronisation and properties need one.
+  if (device.is_cuda() && !device.has_index())
+    device.set_index(0);
   if (device.is_cuda() && !at::hasCUDA())
     throw std::runtime_error("no CUDA device (use --device cpu --quick)");
   // bf16 where SDPA runs flash attention; the CPU runs fp32.

@@ -29,10 +29,14 @@
 //          [--batches 8] [--seed 0] [--device cuda|cpu]
 //          [--peers eager-amp,eager-bf16,compile-amp | --no-python]
 //          [--python PATH] [--peer-timeout 300] [--workdir DIR] [--json PATH]
+//          [--profile-steps 3]
+// --profile-steps N (CUDA): N more steps under the Kineto profiler, ours and
+// each peer's; prints device time per kernel category and the top kernels.
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/hybrid_adam.h"
+#include "kernel_profile.h"
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -66,6 +70,7 @@ struct Config {
   int warmup = 10;
   int check_steps = 10;
   int phase_steps = 5;
+  int profile_steps = 3;
   int64_t batches = 8;  // distinct random batches, cycled
   uint64_t seed = 0;
   std::string device = "cuda";
@@ -103,6 +108,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--warmup") c.warmup = std::stoi(next());
     else if (a == "--check-steps") c.check_steps = std::stoi(next());
     else if (a == "--phase-steps") c.phase_steps = std::stoi(next());
+    else if (a == "--profile-steps") c.profile_steps = std::stoi(next());
     else if (a == "--batches") c.batches = std::stoll(next());
     else if (a == "--seed") c.seed = std::stoull(next());
     else if (a == "--device") c.device = next();
@@ -117,6 +123,7 @@ Config parse(int argc, char** argv) {
   if (c.steps < 1 || c.warmup < 1 || c.batch < 1 || c.seq < 2 || c.batches < 1 || c.phase_steps < 0) {
     throw std::runtime_error("--steps, --warmup, --batch, --batches must be >= 1, --seq >= 2, --phase-steps >= 0");
   }
+  if (c.device != "cuda") c.profile_steps = 0;
   if (c.device != "cuda" && c.device != "cpu") throw std::runtime_error("--device is '" + c.device + "'; use cuda or cpu");
   c.check_steps = std::min(c.check_steps, c.warmup + c.steps);
   return c;
@@ -177,6 +184,7 @@ struct Result {
   double peak_reserved_gib = 0;
   std::vector<double> losses;  // every step, warm-up included
   Phases phases;
+  std::vector<bench::KernelStat> kernels;  // per step, with --profile-steps
 };
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
@@ -245,6 +253,15 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
       r.phases.host_ms[name] += host_ms(*span.first, *span.second) / cfg.phase_steps;
     }
   }
+  if (cfg.profile_steps > 0) {
+    r.kernels = bench::profile_kernels(
+        [&] {
+          at::Tensor loss = forward(step++);
+          loss.backward();
+          update();
+        },
+        cfg.profile_steps, (fs::path(cfg.workdir) / "colossus_trace.json").string());
+  }
   if (device.is_cuda()) {
     const auto stats = at::accelerator::getDeviceStats(device.index());
     const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
@@ -269,7 +286,56 @@ json result_json(const Result& r, double mfu) {
   return {{"ms_per_step", r.ms_per_step},          {"tokens_per_s", r.tokens_per_s},
           {"mfu", mfu},                            {"peak_allocated_gib", r.peak_allocated_gib},
           {"peak_reserved_gib", r.peak_reserved_gib}, {"losses", r.losses},
-          {"phases_device_ms", r.phases.device_ms}, {"phases_host_ms", r.phases.host_ms}};
+          {"phases_device_ms", r.phases.device_ms}, {"phases_host_ms", r.phases.host_ms},
+          {"kernels", bench::kernels_json(r.kernels)}};
+}
+
+// Device ms per step by kernel category, ours beside each profiled peer, then
+// our top kernels and the fastest peer's.
+void print_kernel_breakdown(const Result& ours, const std::map<std::string, json>& peers) {
+  std::map<std::string, std::vector<bench::KernelStat>> runs = {{"colossus", ours.kernels}};
+  for (const auto& [variant, p] : peers) {
+    if (p.contains("kernels")) runs[variant] = bench::kernels_from_json(p["kernels"]);
+  }
+  std::map<std::string, std::map<std::string, double>> categories;
+  std::vector<std::string> names;
+  for (const auto& [run, kernels] : runs) {
+    categories[run] = bench::by_category(kernels);
+    for (const auto& [category, ms] : categories[run]) {
+      if (std::find(names.begin(), names.end(), category) == names.end()) names.push_back(category);
+    }
+  }
+  fmt::print("\ndevice ms per step by kernel category (Kineto; categories guessed from kernel names):\n| category |");
+  for (const auto& [run, kernels] : runs) fmt::print(" {} |", run);
+  fmt::print("\n|---|");
+  for (size_t i = 0; i < runs.size(); ++i) fmt::print("---|");
+  fmt::print("\n");
+  names.push_back("total");
+  for (const auto& category : names) {
+    fmt::print("| {} |", category);
+    for (const auto& [run, kernels] : runs) {
+      double ms = 0;
+      if (category == "total") {
+        for (const auto& [c, v] : categories[run]) ms += v;
+      } else if (categories[run].contains(category)) {
+        ms = categories[run][category];
+      }
+      fmt::print(" {:.2f} |", ms);
+    }
+    fmt::print("\n");
+  }
+  auto top = [](const std::string& run, const std::vector<bench::KernelStat>& kernels) {
+    fmt::print("\ntop kernels, {} (device ms per step, calls per step, category):\n", run);
+    for (size_t i = 0; i < kernels.size() && i < 25; ++i) {
+      std::string name = kernels[i].name.substr(0, 110);
+      fmt::print("  {:7.2f} ms {:6.0f}x  {:<14} {}\n", kernels[i].device_ms, kernels[i].calls,
+                 bench::kernel_category(kernels[i].name), name);
+    }
+  };
+  top("colossus", ours.kernels);
+  for (const auto& [run, kernels] : runs) {
+    if (run.starts_with("compile")) top(run, kernels);
+  }
 }
 
 }  // namespace
@@ -332,9 +398,9 @@ int main(int argc, char** argv) try {
   for (const auto& variant : cfg.peers) {
     const std::string out = run_command(fmt::format(
         "timeout {} '{}' '{}' --init '{}' --data '{}' --batch {} --seq {} --steps {} --warmup {} --phase-steps {} --variant {} "
-        "--device {}",
+        "--device {} --profile-steps {}",
         cfg.peer_timeout_s, python, (repo / "bench/bench_train_gpt2.py").string(), init_dir.string(), data_path.string(), cfg.batch,
-        cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device));
+        cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device, cfg.profile_steps));
     const size_t brace = out.rfind("\n{");
     try {
       peers[variant] = json::parse(out.substr(brace == std::string::npos ? 0 : brace + 1));
@@ -378,6 +444,8 @@ int main(int argc, char** argv) try {
     }
     fmt::print("\n");
   }
+
+  if (cfg.profile_steps > 0) print_kernel_breakdown(ours, peers);
 
   const std::string workload = fmt::format("{} B={} T={} bf16", cfg.model, cfg.batch, cfg.seq);
   fmt::print("\n| {:<28} | {:<38} | {:>9} | {:>8} | {:>6} | {:>9} | {:>15} |\n", "workload", "impl", "tok/s",

@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--phase-steps", type=int, default=0)
     ap.add_argument("--variant", choices=sorted(IMPLS), required=True)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--profile-steps", type=int, default=0)
     args = ap.parse_args()
     # Keep the log to what matters: no load progress bars or config warnings.
     transformers.logging.set_verbosity_error()
@@ -130,6 +131,29 @@ def main():
             device_ms[name] += marks.device_ms(a, b) / args.phase_steps
             host_ms[name] += (b[1] - a[1]) * 1e3 / args.phase_steps
 
+    kernels = []
+    if args.profile_steps > 0 and device.type == "cuda":
+        # Device time per kernel name over a few more steps (the C++ side
+        # categorises and prints them beside ours).
+        sync()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.profile_steps):
+                loss = forward(step)
+                loss.backward()
+                update()
+                step += 1
+            sync()
+        totals = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                t = totals.setdefault(e.name, [0.0, 0])
+                t[0] += e.time_range.elapsed_us() / 1e3
+                t[1] += 1
+        kernels = sorted(
+            ({"name": n, "device_ms": ms / args.profile_steps, "calls": c / args.profile_steps} for n, (ms, c) in totals.items()),
+            key=lambda k: -k["device_ms"],
+        )
+
     result = {
         "variant": args.variant,
         "impl": IMPLS[args.variant],
@@ -140,6 +164,7 @@ def main():
         "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else 0.0,
         "phases_device_ms": device_ms if args.phase_steps else {},
         "phases_host_ms": host_ms if args.phase_steps else {},
+        "kernels": kernels,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }

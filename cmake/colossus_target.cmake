@@ -48,6 +48,12 @@ function(colossus_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;RANKS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE colossus_options colossus_testing ${ARG_DEPS} GTest::gtest)
+  # In CUDA builds every test links the CUDA library and the full `torch`
+  # target: torch_cuda registers the CUDA hooks only when it is loaded, and a
+  # test whose own code names no CUDA symbol would otherwise see no device.
+  if(COLOSSUS_WITH_CUDA)
+    target_link_libraries(${name} PRIVATE colossus)
+  endif()
   colossus_use_pch(${name})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
