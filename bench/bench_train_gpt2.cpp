@@ -207,7 +207,8 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
   const int64_t num_batches = data.size(0);
   auto forward = [&](int64_t step) {
     const at::Tensor ids = data[step % num_batches];  // (B, T) int64, labels are the inputs (shifted inside)
-    return models::causal_lm_loss(model->forward(ids), ids);
+    // The head fused with the cross-entropy (models/linear_cross_entropy.h).
+    return model->forward_loss(ids, ids);
   };
   auto update = [&] {
     opt.step();

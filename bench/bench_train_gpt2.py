@@ -74,7 +74,8 @@ def main():
 
     amp = args.variant.endswith("-amp")
     param_dtype = torch.float32 if amp else torch.bfloat16
-    model = transformers.GPT2LMHeadModel.from_pretrained(args.init, dtype=param_dtype, attn_implementation="sdpa")
+    # GPT-2 or LLaMA: whichever config.json the C++ side saved.
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.init, dtype=param_dtype, attn_implementation="sdpa")
     model.to(device).train()
     tokens = np.fromfile(args.data, dtype="<i4").reshape(-1, args.batch, args.seq)
     data = torch.from_numpy(tokens.astype(np.int64)).to(device)

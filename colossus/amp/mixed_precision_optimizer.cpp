@@ -89,6 +89,7 @@ void MixedPrecisionOptimizer::step() {
     inner_groups[g].weight_decay = groups_[g].weight_decay;
     inner_groups[g].options = groups_[g].options;
   }
+  if (step_fused()) return;
   // Model grads into fp32 master grads.
   std::vector<at::Tensor> master_grads;
   size_t flat = 0;
@@ -132,6 +133,36 @@ void MixedPrecisionOptimizer::step() {
       if (has_master_copy_[i]) param.copy_(masters_[i]);
     }
   }
+}
+
+bool MixedPrecisionOptimizer::step_fused() {
+  // bf16 without clipping, every parameter a CUDA bf16 copy with a gradient:
+  // check the model's gradients in place (one multi-tensor pass, one sync, as
+  // the copy path's check) and let the inner optimizer step from them.
+  if (scaler_ || options_.max_norm > 0.0) return false;
+  std::vector<at::Tensor> low_precision, grads;
+  size_t flat = 0;
+  for (const auto& group : groups_) {
+    for (const auto& param : group.params) {
+      if (!has_master_copy_[flat++] || !param.is_cuda() || !param.grad().defined()) return false;
+      low_precision.push_back(param);
+      grads.push_back(param.grad());
+    }
+  }
+  if (grads.empty() || !inner_->can_step_from_low_precision(low_precision)) return false;
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
+  at::Tensor found_nonfinite = at::zeros({1}, options);
+  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_nonfinite, at::ones({1}, options));
+  bool overflow = found_nonfinite.item<float>() != 0.0f;
+  if (options_.overflow_reducer) overflow = options_.overflow_reducer(overflow);
+  if (overflow) {
+    last_step_skipped_ = true;
+    ++skipped_steps_;
+    return true;
+  }
+  inner_->step_from_low_precision(low_precision);
+  last_step_skipped_ = false;
+  return true;
 }
 
 optim::OptimizerState MixedPrecisionOptimizer::state_dict() const {

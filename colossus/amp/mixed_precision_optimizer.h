@@ -58,6 +58,9 @@ class MixedPrecisionOptimizer : public optim::Optimizer {
 
  private:
   static std::vector<optim::ParamGroup> groups_of(const optim::Optimizer& inner);
+  // The one-pass path (optim::Optimizer::step_from_low_precision); false
+  // when it does not apply and step() takes the copy path.
+  bool step_fused();
   std::unique_ptr<optim::Optimizer> inner_;
   MixedPrecisionOptions options_;
   std::optional<DynamicLossScaler> scaler_;

@@ -57,12 +57,30 @@ std::string isa_name(CpuIsa isa);
 void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads = 0);
 void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads, CpuIsa isa);
 
+// Mixed precision in one pass: the same update of the fp32 master `param`,
+// with the gradient read from the model's bf16 gradient `grad_bf16` (numel
+// values) and the updated master also written, rounded to nearest-even bf16,
+// into the model's parameter `param_bf16`. Saves the fp32 master-gradient
+// copy and the copy back (14 + 14 bytes per element instead of 16 + 12 plus
+// 2 + 8 + 4 + 2 for the copies).
+struct AdamMixedPtrs {
+  float* param;
+  const void* grad_bf16;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* param_bf16;
+  int64_t numel;
+};
+
 #ifdef COLOSSUS_WITH_CUDA
 // Same update on device memory, one launch per table of up to 32 tensors and
 // 320 chunks of 64K elements (usually one launch for a whole model's group).
 // Uses round-to-nearest intrinsics (no FMA contraction), so it matches the
 // reference bit for bit. Runs on `stream` (a cudaStream_t).
 void adam_step_cuda(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, void* stream);
+// AdamMixedPtrs on device memory: bit for bit adam_step_reference on
+// float(grad_bf16), then param_bf16 = bf16(param).
+void adam_step_mixed_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, void* stream);
 #endif
 
 }  // namespace colossus::kernels

@@ -4,6 +4,7 @@
 // build has no CUDA kernels. This keeps the CPU libraries free of #ifdef.
 #pragma once
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/cross_entropy.h"
 #include "colossus/kernels/device_graph.h"
 #include "colossus/kernels/paged_attention.h"
 
@@ -14,6 +15,9 @@ namespace colossus::kernels {
 // Fused Adam over `count` tensors, all on CUDA device `device_index`, on that
 // device's current stream (asynchronous).
 using CudaAdamFn = void (*)(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& hyper, int device_index);
+// Fused mixed-precision Adam (AdamMixedPtrs), same conventions.
+using CudaAdamMixedFn = void (*)(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& hyper,
+                                 int device_index);
 
 // Multiplies each of `count` fp32 device buffers by `scale` in place and
 // returns whether any input value was inf/NaN (synchronises the device's
@@ -28,9 +32,16 @@ using CudaScaleCheckFn = bool (*)(float* const* data, const int64_t* numel, int6
 using CudaPagedAttentionFn = bool (*)(const PagedAttentionArgs& args, int device_index);
 using CudaReshapeAndCacheFn = bool (*)(const ReshapeAndCacheArgs& args, int device_index);
 
+// Cross-entropy rows with the gradient in place (cross_entropy.h) on CUDA
+// device `device_index`, on its current stream (asynchronous). Returns false,
+// launching nothing, when the kernel does not handle the arguments.
+using CudaCrossEntropyRowsFn = bool (*)(const CrossEntropyRowsArgs& args, int device_index);
+
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
+  CudaAdamMixedFn adam_mixed = nullptr;
   CudaScaleCheckFn scale_and_check_finite = nullptr;
+  CudaCrossEntropyRowsFn cross_entropy_rows = nullptr;
   CudaPagedAttentionFn paged_attention = nullptr;
   CudaReshapeAndCacheFn reshape_and_cache = nullptr;
   MakeDeviceGraphFn make_device_graph = nullptr;

@@ -1,6 +1,7 @@
 #include "colossus/models/causal_lm.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/models/linear_cross_entropy.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -43,6 +44,21 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids) {
   BlockContext context = block_context(hidden);
   hidden = forward_blocks(hidden, context, 0, blocks_.size());
   return head(final_norm(hidden));
+}
+
+at::Tensor CausalLM::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels, std::optional<int64_t> num_items) {
+  at::Tensor hidden = embed(input_ids);
+  BlockContext context = block_context(hidden);
+  hidden = final_norm(forward_blocks(hidden, context, 0, blocks_.size()));
+  const at::Tensor* weight = nullptr;
+  if (Layer* projection = lm_head()) {
+    auto* linear = dynamic_cast<Linear*>(projection);
+    if (linear != nullptr && !linear->bias.defined()) weight = &linear->weight;
+  } else {
+    weight = &embedding().weight;
+  }
+  if (weight == nullptr) return loss(head(hidden), labels, num_items);
+  return causal_lm_linear_cross_entropy(hidden, *weight, labels, num_items);
 }
 
 at::Tensor CausalLM::forward_blocks(at::Tensor hidden, const BlockContext& context, size_t begin, size_t end) {

@@ -97,6 +97,12 @@ class CausalLM : public LayerHost {
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels, std::optional<int64_t> num_items = std::nullopt) const {
     return causal_lm_loss(logits, labels, num_items);
   }
+  // input_ids, labels: (B, T) -> loss(forward(input_ids), labels, num_items)
+  // with the head fused into the cross-entropy (linear_cross_entropy.h): the
+  // (B, T, V) logits are never materialised. Falls back to the unfused form
+  // when the head is not a bias-free projection of this model's own.
+  at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                          std::optional<int64_t> num_items = std::nullopt);
 
   const std::vector<std::shared_ptr<TransformerBlock>>& blocks() const { return blocks_; }
   // Puts `block` (e.g. a wrapper that gathers ZeRO-3 shards) at index i, under

@@ -132,4 +132,61 @@ void HybridAdam::step() {
   }
 }
 
+bool HybridAdam::can_step_from_low_precision(const std::vector<at::Tensor>& low_precision) const {
+  if (kernels::cuda_slots().adam_mixed == nullptr) return false;
+  size_t flat = 0;
+  for (const ParamGroup& group : groups_) {
+    for (const at::Tensor& master : group.params) {
+      if (flat >= low_precision.size()) return false;
+      const at::Tensor& low = low_precision[flat++];
+      if (!low.defined() || !low.grad().defined()) return false;
+      const at::Tensor& grad = low.grad();
+      if (!master.is_cuda() || master.scalar_type() != at::kFloat || !master.is_contiguous() ||
+          low.scalar_type() != at::kBFloat16 || !low.is_contiguous() || grad.scalar_type() != at::kBFloat16 ||
+          !grad.is_contiguous() || grad.is_sparse() || low.device() != master.device() ||
+          grad.device() != master.device() || low.numel() != master.numel()) {
+        return false;
+      }
+    }
+  }
+  return flat == low_precision.size();
+}
+
+void HybridAdam::step_from_low_precision(const std::vector<at::Tensor>& low_precision) {
+  if (!can_step_from_low_precision(low_precision)) {
+    throw ConfigError("HybridAdam: step_from_low_precision needs CUDA fp32 masters with bf16 model copies and "
+                      "gradients for every parameter; use step() after copying the gradients");
+  }
+  at::NoGradGuard no_grad;
+  size_t flat = 0;
+  for (const ParamGroup& group : groups_) {
+    const AdamMath math{.lr = group.lr,
+                        .beta1 = option(group, "beta1"),
+                        .beta2 = option(group, "beta2"),
+                        .eps = option(group, "eps"),
+                        .weight_decay = group.weight_decay,
+                        .decoupled = option(group, "adamw_mode") != 0.0,
+                        .bias_correction = option(group, "bias_correction") != 0.0};
+    std::map<std::pair<int, int64_t>, std::vector<kernels::AdamMixedPtrs>> batches;
+    for (const at::Tensor& master : group.params) {
+      const int64_t index = static_cast<int64_t>(flat);
+      const at::Tensor& low = low_precision[flat++];
+      ParamState& st = state_at(index);
+      st.step += 1;
+      at::Tensor& m = slot(st, "exp_avg", master);
+      at::Tensor& v = slot(st, "exp_avg_sq", master);
+      if (!m.is_contiguous()) m = m.contiguous();
+      if (!v.is_contiguous()) v = v.contiguous();
+      batches[{master.get_device(), st.step}].push_back({master.data_ptr<float>(), low.grad().data_ptr(),
+                                                         m.data_ptr<float>(), v.data_ptr<float>(), low.data_ptr(),
+                                                         master.numel()});
+    }
+    for (const auto& [key, table] : batches) {
+      const auto hyper = kernels::make_adam_hyper(math.lr, math.beta1, math.beta2, math.eps, math.weight_decay,
+                                                  math.decoupled, math.bias_correction, key.second);
+      kernels::cuda_slots().adam_mixed(table.data(), static_cast<int64_t>(table.size()), hyper, key.first);
+    }
+  }
+}
+
 }  // namespace colossus::optim

@@ -30,6 +30,11 @@ class HybridAdam : public StatefulOptimizer {
   explicit HybridAdam(std::vector<ParamGroup> groups, HybridAdamOptions options = {});
   void step() override;
   std::string name() const override { return "HybridAdam"; }
+  // CUDA, bf16 model parameters, fp32 masters (this optimizer's parameters),
+  // every gradient present: one fused launch per step count
+  // (kernels::adam_step_mixed_cuda). Otherwise false.
+  bool can_step_from_low_precision(const std::vector<at::Tensor>& low_precision) const override;
+  void step_from_low_precision(const std::vector<at::Tensor>& low_precision) override;
 
   // The CPU ISA the kernel uses (best supported by default); tests and
   // benchmarks pin one. Throws ConfigError if this CPU lacks it.

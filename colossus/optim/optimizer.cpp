@@ -1,6 +1,9 @@
 #include "colossus/optim/optimizer.h"
 
+#include "colossus/core/errors.h"
+
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 namespace colossus::optim {
 
@@ -23,6 +26,10 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 void Optimizer::set_lr(double lr) {
   for (auto& group : groups_) group.lr = lr;
+}
+
+void Optimizer::step_from_low_precision(const std::vector<at::Tensor>& /*low_precision*/) {
+  throw ConfigError(fmt::format("{} has no fused mixed-precision step; ask can_step_from_low_precision first", name()));
 }
 
 }  // namespace colossus::optim

@@ -41,6 +41,18 @@ class Optimizer {
   // Throws CheckpointError when the state does not fit the parameters (count, shapes).
   virtual void load_state_dict(const OptimizerState& state) = 0;
 
+  // Mixed precision in one pass, for optimizers that have a fused form:
+  // steps this optimizer's fp32 parameters (the masters) with the gradients
+  // of `low_precision[i]` (the model's bf16 copy of flat parameter i) and
+  // writes each updated master, rounded, into low_precision[i]. Callers ask
+  // can_step_from_low_precision first; where it says no, they copy gradients
+  // into the masters and call step().
+  virtual bool can_step_from_low_precision(const std::vector<at::Tensor>& low_precision) const {
+    (void)low_precision;
+    return false;
+  }
+  virtual void step_from_low_precision(const std::vector<at::Tensor>& low_precision);
+
   void zero_grad(bool set_to_none = true);
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

@@ -6,6 +6,7 @@
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/core/errors.h"
 #include "colossus/optim/adam.h"
+#include "colossus/optim/hybrid_adam.h"
 #include "colossus/optim/lr_scheduler.h"
 #include "colossus/optim/sgd.h"
 #include "tests/optim/torch_oracle.h"
@@ -269,6 +270,42 @@ TEST(MixedPrecision, InvalidSetupsAreConfigErrors) {
   for (auto& p : params) p.mutable_grad() = at::ones_like(p);
   stepped->step();
   EXPECT_THROW(MixedPrecisionOptimizer(std::move(stepped), {}), ConfigError);
+}
+
+// bf16 model parameters on CUDA with HybridAdam: the one-pass step (the
+// inner optimizer reads the bf16 grads and writes the bf16 params) equals
+// the copy path on the CPU bit for bit (both equal the Adam reference on
+// float(grad)), skips a NaN step the same way, and leaves the masters'
+// gradients unset (so the copy path provably did not run).
+TEST(MixedPrecision, FusedCudaStepEqualsTheCopyPathBitForBit) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const optim::HybridAdamOptions adam{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1, .adamw_mode = true};
+  auto host = random_params(at::kBFloat16, 9);
+  host.pop_back();  // every parameter bf16: the fused path's condition
+  std::vector<at::Tensor> device;
+  for (const auto& p : host) device.push_back(p.cuda());
+  MixedPrecisionOptimizer cpu(std::make_unique<optim::HybridAdam>(host, adam), {.precision = "bf16"});
+  MixedPrecisionOptimizer gpu(std::make_unique<optim::HybridAdam>(device, adam), {.precision = "bf16"});
+  for (int step = 0; step < 4; ++step) {
+    for (size_t i = 0; i < host.size(); ++i) {
+      host[i].mutable_grad() = random_grad(host[i], step, i);
+      device[i].mutable_grad() = host[i].grad().cuda();
+    }
+    if (step == 2) {
+      host[1].mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
+      device[1].mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
+    }
+    cpu.step();
+    gpu.step();
+    ASSERT_EQ(gpu.last_step_skipped(), step == 2) << "step " << step;
+    ASSERT_EQ(cpu.last_step_skipped(), step == 2) << "step " << step;
+    for (size_t i = 0; i < host.size(); ++i) {
+      ASSERT_TRUE(at::equal(device[i].cpu(), host[i])) << "step " << step << " param " << i;
+      ASSERT_TRUE(at::equal(gpu.master_params()[i].cpu(), cpu.master_params()[i])) << "step " << step << " master " << i;
+      EXPECT_FALSE(gpu.master_params()[i].grad().defined()) << "the copy path ran for param " << i;
+    }
+  }
+  EXPECT_EQ(gpu.skipped_steps(), 1);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 // (adam_step_reference) bit for bit.
 #include "colossus/kernels/adam.h"
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 namespace colossus::kernels {
@@ -81,7 +82,102 @@ __global__ void __launch_bounds__(kThreads) adam_multi_tensor_kernel(AdamTable t
   }
 }
 
+// The mixed-precision table has two more pointer arrays, so fewer blocks per
+// launch keep it under the same 4 KB.
+constexpr int kMaxMixedBlocks = 256;
+
+struct AdamMixedTable {
+  float* param[kMaxTensors];
+  const __nv_bfloat16* grad[kMaxTensors];
+  float* exp_avg[kMaxTensors];
+  float* exp_avg_sq[kMaxTensors];
+  __nv_bfloat16* param_bf16[kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t block_tensor[kMaxMixedBlocks];
+  int32_t block_chunk[kMaxMixedBlocks];
+};
+static_assert(sizeof(AdamMixedTable) + sizeof(AdamHyper) <= 4096, "kernel parameters must fit the 4 KB limit");
+
+__global__ void __launch_bounds__(kThreads) adam_mixed_multi_tensor_kernel(AdamMixedTable table, AdamHyper h) {
+  const int t = table.block_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunkElements;
+  const int64_t n = table.numel[t];
+  const int64_t end = begin + kChunkElements < n ? begin + kChunkElements : n;
+  float* __restrict__ param = table.param[t];
+  const __nv_bfloat16* __restrict__ grad = table.grad[t];
+  float* __restrict__ exp_avg = table.exp_avg[t];
+  float* __restrict__ exp_avg_sq = table.exp_avg_sq[t];
+  __nv_bfloat16* __restrict__ model = table.param_bf16[t];
+  // 4 elements per thread: 16-byte fp32 and 8-byte bf16 accesses when aligned.
+  const bool vec = aligned16(param) && aligned16(exp_avg) && aligned16(exp_avg_sq) &&
+                   (reinterpret_cast<uintptr_t>(grad) & 7u) == 0 && (reinterpret_cast<uintptr_t>(model) & 7u) == 0;
+  int64_t scalar_begin = begin;
+  if (vec) {
+    const int64_t vec_end = begin + (end - begin) / 4 * 4;
+    for (int64_t i = begin + static_cast<int64_t>(threadIdx.x) * 4; i < vec_end; i += kThreads * 4) {
+      float4 p = *reinterpret_cast<float4*>(param + i);
+      const uint2 graw = *reinterpret_cast<const uint2*>(grad + i);
+      const __nv_bfloat16* g = reinterpret_cast<const __nv_bfloat16*>(&graw);
+      float4 m = *reinterpret_cast<float4*>(exp_avg + i);
+      float4 v = *reinterpret_cast<float4*>(exp_avg_sq + i);
+      adam_element(p.x, __bfloat162float(g[0]), m.x, v.x, h);
+      adam_element(p.y, __bfloat162float(g[1]), m.y, v.y, h);
+      adam_element(p.z, __bfloat162float(g[2]), m.z, v.z, h);
+      adam_element(p.w, __bfloat162float(g[3]), m.w, v.w, h);
+      *reinterpret_cast<float4*>(param + i) = p;
+      *reinterpret_cast<float4*>(exp_avg + i) = m;
+      *reinterpret_cast<float4*>(exp_avg_sq + i) = v;
+      uint2 out;
+      __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&out);
+      o[0] = __float2bfloat16_rn(p.x);
+      o[1] = __float2bfloat16_rn(p.y);
+      o[2] = __float2bfloat16_rn(p.z);
+      o[3] = __float2bfloat16_rn(p.w);
+      *reinterpret_cast<uint2*>(model + i) = out;
+    }
+    scalar_begin = vec_end;
+  }
+  for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads) {
+    adam_element(param[i], __bfloat162float(grad[i]), exp_avg[i], exp_avg_sq[i], h);
+    model[i] = __float2bfloat16_rn(param[i]);
+  }
+}
+
 }  // namespace
+
+void adam_step_mixed_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, void* stream) {
+  AdamMixedTable table;
+  int entries = 0, blocks = 0;
+  auto launch = [&] {
+    if (blocks > 0) {
+      adam_mixed_multi_tensor_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(table, h);
+    }
+    entries = 0;
+    blocks = 0;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const AdamMixedPtrs& t = tensors[i];
+    if (t.numel == 0) continue;
+    const int64_t chunks = (t.numel + kChunkElements - 1) / kChunkElements;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (c == 0 || blocks == 0) {
+        if (entries == kMaxTensors) launch();
+        table.param[entries] = t.param;
+        table.grad[entries] = static_cast<const __nv_bfloat16*>(t.grad_bf16);
+        table.exp_avg[entries] = t.exp_avg;
+        table.exp_avg_sq[entries] = t.exp_avg_sq;
+        table.param_bf16[entries] = static_cast<__nv_bfloat16*>(t.param_bf16);
+        table.numel[entries] = t.numel;
+        ++entries;
+      }
+      table.block_tensor[blocks] = entries - 1;
+      table.block_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      if (blocks == kMaxMixedBlocks) launch();
+    }
+  }
+  launch();
+}
 
 void adam_step_cuda(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, void* stream) {
   AdamTable table;

@@ -21,6 +21,11 @@ void cuda_adam(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& hy
   adam_step_cuda(tensors, count, hyper, at::cuda::getCurrentCUDAStream(device_index).stream());
 }
 
+void cuda_adam_mixed(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& hyper, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  adam_step_mixed_cuda(tensors, count, hyper, at::cuda::getCurrentCUDAStream(device_index).stream());
+}
+
 bool cuda_scale_and_check(float* const* data, const int64_t* numel, int64_t count, float scale, int device_index) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   auto flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_index));
@@ -67,8 +72,55 @@ std::string check_adam_cuda() {
   return {};
 }
 
+// The mixed form against the reference on float(bf16 grad), bit for bit, and
+// the bf16 copy against round-to-nearest of the reference master. Sizes span
+// the vector and scalar paths, misaligned views and several launches.
+std::string check_adam_mixed_cuda() {
+  if (!at::hasCUDA()) return "no CUDA device";
+  std::vector<int64_t> sizes = {1, 3, 4, 5, 1023, 65536, 65537, 257 * 65536 + 3};
+  for (int i = 0; i < 34; ++i) sizes.push_back(13 * i + 2);
+  const AdamHyper h = make_adam_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, true, true, 3);
+  std::vector<at::Tensor> host_p, host_g, host_m, host_v, dev_p, dev_g, dev_m, dev_v, dev_low;
+  std::vector<AdamMixedPtrs> table;
+  for (int64_t n : sizes) {
+    host_p.push_back(at::randn({n}));
+    host_g.push_back((at::randn({n}) * 1e-2).to(at::kBFloat16));
+    host_m.push_back(at::randn({n}) * 1e-3);
+    host_v.push_back(at::rand({n}) * 1e-4);
+    dev_p.push_back(host_p.back().cuda());
+    // One element in: a 2-byte offset, so the bf16 pointers are misaligned.
+    dev_g.push_back(at::cat({at::zeros({1}, at::kBFloat16), host_g.back()}).cuda().narrow(0, 1, n));
+    dev_m.push_back(host_m.back().cuda());
+    dev_v.push_back(host_v.back().cuda());
+    dev_low.push_back(at::full({n + 1}, NAN, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA)).narrow(0, 1, n));
+    table.push_back({dev_p.back().data_ptr<float>(), dev_g.back().data_ptr(), dev_m.back().data_ptr<float>(),
+                     dev_v.back().data_ptr<float>(), dev_low.back().data_ptr(), n});
+  }
+  // Half the table aligned: the small sizes get fresh aligned buffers.
+  for (size_t i = 0; i < sizes.size(); i += 2) {
+    dev_g[i] = host_g[i].cuda();
+    dev_low[i] = at::full({sizes[i]}, NAN, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
+    table[i].grad_bf16 = dev_g[i].data_ptr();
+    table[i].param_bf16 = dev_low[i].data_ptr();
+  }
+  cuda_adam_mixed(table.data(), static_cast<int64_t>(table.size()), h, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const at::Tensor g = host_g[i].to(at::kFloat);
+    adam_step_reference({host_p[i].data_ptr<float>(), g.data_ptr<float>(), host_m[i].data_ptr<float>(),
+                         host_v[i].data_ptr<float>(), sizes[i]},
+                        h);
+    if (!at::equal(dev_p[i].cpu(), host_p[i]) || !at::equal(dev_m[i].cpu(), host_m[i]) ||
+        !at::equal(dev_v[i].cpu(), host_v[i]) || !at::equal(dev_low[i].cpu(), host_p[i].to(at::kBFloat16))) {
+      return fmt::format("tensor {} ({} elements) differs from the CPU reference", i, sizes[i]);
+    }
+  }
+  return {};
+}
+
 const bool registered = [] {
   cuda_slots().adam = cuda_adam;
+  cuda_slots().adam_mixed = cuda_adam_mixed;
+  register_kernel({"adam_mixed_bf16", "cuda", check_adam_mixed_cuda});
   cuda_slots().scale_and_check_finite = cuda_scale_and_check;
   register_kernel({"adam", "cuda", check_adam_cuda});
   return true;
