@@ -53,19 +53,71 @@ c10::Device collective_device(const cluster::ProcessGroup& group) {
   return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
 }
 
+// One layout over all shard groups: each group's parameters packed by
+// plan_layout over its own ranks, the groups' buckets one after another.
+Layout plan_grouped_layout(const NamedParams& params, const std::vector<size_t>& group_of,
+                           const std::vector<ShardGroup>& groups, int64_t bucket_numel,
+                           std::vector<size_t>& bucket_group) {
+  Layout layout;
+  layout.slots.resize(params.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    NamedParams part_params;
+    std::vector<size_t> global;  // part index -> parameter index
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (group_of[k] != g) continue;
+      part_params.push_back(params[k]);
+      global.push_back(k);
+    }
+    Layout part = plan_layout(part_params, bucket_numel, groups[g].dp_group->size(), groups[g].dp_group->rank());
+    const size_t base = layout.buckets.size();
+    for (auto& bucket : part.buckets) {
+      for (size_t& i : bucket.params) i = global[i];
+      layout.buckets.push_back(std::move(bucket));
+      bucket_group.push_back(g);
+    }
+    for (size_t i = 0; i < global.size(); ++i) {
+      if (!part.slots[i].managed) continue;
+      layout.slots[global[i]] = part.slots[i];
+      layout.slots[global[i]].bucket += base;
+    }
+  }
+  return layout;
+}
+
 }  // namespace
 
 LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, NamedParams params,
                                              cluster::ProcessGroupPtr dp_group, cluster::ProcessGroupPtr extra_dp_group,
                                              LowLevelZeroOptions options)
+    : LowLevelZeroOptimizer(std::move(inner), std::move(params),
+                            std::vector<ShardGroup>{{.dp_group = std::move(dp_group),
+                                                     .extra_dp_group = std::move(extra_dp_group)}},
+                            /*group_of=*/{}, std::move(options)) {}
+
+LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, NamedParams params,
+                                             std::vector<ShardGroup> groups, std::vector<size_t> group_of,
+                                             LowLevelZeroOptions options)
     : Optimizer(require(inner).param_groups()),
       inner_(std::move(inner)),
       params_(std::move(params)),
-      dp_group_(std::move(dp_group)),
-      extra_dp_group_(std::move(extra_dp_group)),
+      shard_groups_(std::move(groups)),
       options_(std::move(options)),
       last_grad_norm_(std::numeric_limits<double>::quiet_NaN()) {
-  if (!dp_group_) throw ConfigError("LowLevelZeroOptimizer: the dp group is null");
+  if (shard_groups_.empty()) throw ConfigError("LowLevelZeroOptimizer: no shard group given; pass the dp group");
+  for (const auto& group : shard_groups_) {
+    if (!group.dp_group) throw ConfigError("LowLevelZeroOptimizer: a dp group is null");
+  }
+  dp_group_ = shard_groups_.front().dp_group;
+  if (group_of.empty()) group_of.assign(params_.size(), 0);
+  if (group_of.size() != params_.size()) {
+    throw ConfigError(fmt::format("LowLevelZeroOptimizer: group_of has {} entries for {} parameters", group_of.size(),
+                                  params_.size()));
+  }
+  for (size_t g : group_of) {
+    if (g >= shard_groups_.size()) {
+      throw ConfigError(fmt::format("LowLevelZeroOptimizer: group_of names group {} of {}", g, shard_groups_.size()));
+    }
+  }
   if (options_.stage != 1 && options_.stage != 2) {
     throw ConfigError(fmt::format("LowLevelZeroOptimizer: stage={} is not ZeRO-1/2; use 1 or 2", options_.stage));
   }
@@ -110,10 +162,16 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
   }
 
   at::NoGradGuard no_grad;
-  const int dp = dp_group_->size(), rank = dp_group_->rank();
-  layout_ = plan_layout(params_, options_.bucket_numel, dp, rank);
-  for (const auto& bucket_layout : layout_.buckets) {
-    Bucket bucket{.layout = bucket_layout};
+  std::vector<size_t> bucket_group;
+  layout_ = plan_grouped_layout(params_, group_of, shard_groups_, options_.bucket_numel, bucket_group);
+  group_begin_.assign(shard_groups_.size() + 1, 0);
+  for (size_t g : bucket_group) ++group_begin_[g + 1];
+  for (size_t g = 0; g < shard_groups_.size(); ++g) group_begin_[g + 1] += group_begin_[g];
+  next_to_launch_.assign(group_begin_.begin(), group_begin_.end() - 1);
+  for (size_t b = 0; b < layout_.buckets.size(); ++b) {
+    const auto& bucket_layout = layout_.buckets[b];
+    Bucket bucket{.layout = bucket_layout, .group = bucket_group[b]};
+    const int rank = shard_groups_[bucket.group].dp_group->rank();
     const at::Tensor& first = params_[bucket_layout.params.front()].second;
     const auto device = first.device();
     const auto master_device = options_.cpu_offload ? c10::Device(c10::kCPU) : device;
@@ -163,6 +221,11 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     if (master_dtype_ != at::kFloat) {
       throw ConfigError("LowLevelZeroOptimizer: Lamb under ZeRO needs fp32 masters; set master_weights = true");
     }
+    if (shard_groups_.size() > 1) {
+      throw ConfigError(
+          "LowLevelZeroOptimizer: Lamb's per-parameter norms are reduced over one dp group, but the "
+          "parameters are sharded over several (MoE experts); use AdamW");
+    }
     // A parameter's norm is the sum of its parts' squares over the dp ranks.
     lamb->set_partition_reducer([group = dp_group_](std::vector<double>& sums) {
       if (group->size() == 1 || sums.empty()) return;
@@ -206,7 +269,7 @@ void LowLevelZeroOptimizer::start_backward() {
     bucket.pending = bucket.layout.params.size();
     bucket.launched = false;
   }
-  next_to_launch_ = 0;
+  next_to_launch_.assign(group_begin_.begin(), group_begin_.end() - 1);
   launched_during_backward_ = 0;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
@@ -232,7 +295,10 @@ void LowLevelZeroOptimizer::on_grad_ready(size_t param_index) {
   if (options_.stage == 2) p.mutable_grad().reset();
   if (--bucket.pending == 0 && options_.overlap_communication) {
     launch_in_order(false);
-    launched_during_backward_ = static_cast<int>(next_to_launch_);
+    launched_during_backward_ = 0;
+    for (size_t g = 0; g < shard_groups_.size(); ++g) {
+      launched_during_backward_ += static_cast<int>(next_to_launch_[g] - group_begin_[g]);
+    }
   }
 }
 
@@ -250,7 +316,7 @@ void LowLevelZeroOptimizer::reduce_accumulated_grads() {
     buckets_[slot.bucket].staging.narrow(0, slot.offset, slot.numel).copy_(p.grad().reshape({-1}));
     if (options_.stage == 2) p.mutable_grad().reset();
   }
-  next_to_launch_ = 0;
+  next_to_launch_.assign(group_begin_.begin(), group_begin_.end() - 1);
   launched_during_backward_ = 0;
   in_backward_ = true;
   finish_backward();
@@ -262,13 +328,15 @@ void LowLevelZeroOptimizer::launch(Bucket& bucket) {
   }
   const bool direct = comm_dtype_ == master_dtype_ && bucket.master_grad.device() == bucket.staging.device();
   bucket.reduced = direct ? bucket.master_grad : at::empty({bucket.layout.shard_numel}, bucket.staging.options());
-  bucket.reduce_work = dp_group_->reduce_scatter(bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
+  auto& group = *shard_groups_[bucket.group].dp_group;
+  bucket.reduce_work = group.reduce_scatter(bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
   bucket.launched = true;
 }
 
 void LowLevelZeroOptimizer::launch_in_order(bool all) {
-  while (next_to_launch_ < buckets_.size() && (all || buckets_[next_to_launch_].pending == 0)) {
-    launch(buckets_[next_to_launch_++]);
+  for (size_t g = 0; g < shard_groups_.size(); ++g) {
+    size_t& next = next_to_launch_[g];
+    while (next < group_begin_[g + 1] && (all || buckets_[next].pending == 0)) launch(buckets_[next++]);
   }
 }
 
@@ -279,25 +347,28 @@ void LowLevelZeroOptimizer::finish_backward() {
   at::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     bucket.reduce_work.wait();
-    if (extra_dp_group_ && extra_dp_group_->size() > 1) {
-      extra_dp_group_->all_reduce(bucket.reduced, cluster::ReduceOp::Avg).wait();
+    const ShardGroup& group = shard_groups_[bucket.group];
+    if (group.extra_dp_group && group.extra_dp_group->size() > 1) {
+      group.extra_dp_group->all_reduce(bucket.reduced, cluster::ReduceOp::Avg).wait();
     }
     if (!bucket.reduced.is_same(bucket.master_grad)) bucket.master_grad.copy_(bucket.reduced);
+    if (group.grad_scale != 1.0) bucket.master_grad.mul_(group.grad_scale);
     bucket.reduced.reset();
     bucket.staging.reset();
   }
 }
 
 void LowLevelZeroOptimizer::gather_params() {
-  const int rank = dp_group_->rank();
   for (auto& bucket : buckets_) {
+    const auto& group = shard_groups_[bucket.group].dp_group;
+    const int rank = group->rank();
     const int64_t shard = bucket.layout.shard_numel;
     // A separate send buffer: MPI forbids an input inside the output.
     at::Tensor send = bucket.master.to(bucket.flat_params.device(), bucket.layout.dtype, /*non_blocking=*/false,
                                        /*copy=*/true);
     if (!aliases_params(bucket)) bucket.flat_params.narrow(0, int64_t{rank} * shard, shard).copy_(send);
     bucket.reduced = send;  // kept alive until the gather is waited for
-    bucket.gather_work = dp_group_->all_gather_into(bucket.flat_params, send);
+    bucket.gather_work = group->all_gather_into(bucket.flat_params, send);
   }
   gather_pending_ = true;
   if (!options_.overlap_allgather) wait_for_params();
@@ -340,7 +411,8 @@ void LowLevelZeroOptimizer::step() {
     return;
   }
   if (options_.max_norm > 0.0) {
-    // Each rank holds a disjoint part of the whole gradient: sum (or max) over dp.
+    // Each rank holds a disjoint part of the whole gradient: sum (or max) over
+    // dp (with several shard groups: over the first, see the constructor).
     amp::NormReducer reducer;
     if (dp_group_->size() > 1) {
       reducer = [group = dp_group_](const at::Tensor& local, double norm_type) {
@@ -359,8 +431,8 @@ void LowLevelZeroOptimizer::step() {
 void LowLevelZeroOptimizer::refresh_masters_from_params() {
   wait_for_params();
   at::NoGradGuard no_grad;
-  const int rank = dp_group_->rank();
   for (auto& bucket : buckets_) {
+    const int rank = shard_groups_[bucket.group].dp_group->rank();
     const int64_t shard = bucket.layout.shard_numel;
     at::Tensor own = bucket.flat_params.narrow(0, int64_t{rank} * shard, shard).to(bucket.master.device());
     if (aliases_params(bucket)) continue;  // the master is the parameters' own chunk

@@ -35,6 +35,16 @@ struct LowLevelZeroOptions {
   bool master_weights = true;         // false: step the bf16/fp16 chunk itself
 };
 
+// A part of the parameters sharded over its own ranks. MoE: the dense part
+// over the whole dp, the experts over moe_dp (each ep rank holds other experts).
+struct ShardGroup {
+  cluster::ProcessGroupPtr dp_group;        // shards this part's gradients and state
+  cluster::ProcessGroupPtr extra_dp_group;  // may be null: replicas, gradients averaged over it too
+  // Applied to the averaged gradient: MoE experts' gradients already sum their
+  // ep group's tokens (the all-to-all's backward), so they take 1/ep.
+  double grad_scale = 1.0;
+};
+
 class LowLevelZeroOptimizer : public optim::Optimizer {
  public:
   // `inner` must hold exactly the parameters of `params` that require grad
@@ -45,6 +55,12 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   // over both, state is sharded over dp only.
   LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, NamedParams params, cluster::ProcessGroupPtr dp_group,
                         cluster::ProcessGroupPtr extra_dp_group, LowLevelZeroOptions options);
+  // Parameter k is sharded over groups[group_of[k]]. Norms and the overflow
+  // flag are reduced over groups[0].dp_group, so every managed gradient
+  // element must be held by exactly one of its ranks (MoE: experts over
+  // moe_dp x ep = the dense dp). Lamb needs a single group.
+  LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> inner, NamedParams params, std::vector<ShardGroup> groups,
+                        std::vector<size_t> group_of, LowLevelZeroOptions options);
   ~LowLevelZeroOptimizer() override;
   LowLevelZeroOptimizer(const LowLevelZeroOptimizer&) = delete;
   LowLevelZeroOptimizer& operator=(const LowLevelZeroOptimizer&) = delete;
@@ -93,6 +109,7 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
  private:
   struct Bucket {
     BucketLayout layout;
+    size_t group = 0;  // index into shard_groups_
     at::Tensor flat_params;  // (numel) model dtype; the parameters are views of it
     at::Tensor master;       // (shard_numel) master dtype, on the master device
     at::Tensor master_grad;  // (shard_numel), the .grad of the master views
@@ -112,7 +129,8 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
 
   std::unique_ptr<optim::Optimizer> inner_;
   NamedParams params_;
-  cluster::ProcessGroupPtr dp_group_, extra_dp_group_;
+  std::vector<ShardGroup> shard_groups_;
+  cluster::ProcessGroupPtr dp_group_;  // shard_groups_[0]'s: norms and overflow flags
   LowLevelZeroOptions options_;
   Layout layout_;
   std::vector<Bucket> buckets_;
@@ -122,7 +140,9 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   c10::ScalarType master_dtype_;
   std::optional<amp::DynamicLossScaler> scaler_;
   std::vector<bool> ready_;
-  size_t next_to_launch_ = 0;
+  // Buckets of shard group g are [group_begin_[g], group_begin_[g + 1]); each
+  // group launches its own in order (one communicator each).
+  std::vector<size_t> group_begin_, next_to_launch_;
   bool in_backward_ = false;
   bool sync_enabled_ = true;
   bool gather_pending_ = false;

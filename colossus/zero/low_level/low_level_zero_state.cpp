@@ -65,7 +65,7 @@ optim::OptimizerState LowLevelZeroOptimizer::state_dict() const {
       if (slot.own_numel > 0) chunk.narrow(0, slot.own_offset, slot.own_numel).copy_(part_of(k).reshape({-1}));
     }
     at::Tensor full = at::empty({layout.numel}, chunk.options());
-    dp_group_->all_gather_into(full, chunk).wait();
+    shard_groups_[bucket.group].dp_group->all_gather_into(full, chunk).wait();  // experts: over moe_dp
     for (size_t k : layout.params) {
       const auto& slot = layout_.slots[k];
       emit(k, full.narrow(0, slot.offset, slot.numel).view(params_[k].second.sizes()).cpu().clone());
