@@ -2,6 +2,7 @@
 
 #include "colossus/amp/unscale.h"
 #include "colossus/core/errors.h"
+#include "colossus/kernels/cuda_slots.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -149,11 +150,16 @@ bool MixedPrecisionOptimizer::step_fused() {
       grads.push_back(param.grad());
     }
   }
-  if (grads.empty() || !inner_->can_step_from_low_precision(low_precision)) return false;
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(grads.front().device());
-  at::Tensor found_nonfinite = at::zeros({1}, options);
-  at::_amp_foreach_non_finite_check_and_unscale_(grads, found_nonfinite, at::ones({1}, options));
-  bool overflow = found_nonfinite.item<float>() != 0.0f;
+  const auto check = kernels::cuda_slots().nonfinite_bf16;
+  if (grads.empty() || check == nullptr || !inner_->can_step_from_low_precision(low_precision)) return false;
+  std::vector<const void*> data;
+  std::vector<int64_t> numel;
+  for (const at::Tensor& g : grads) {
+    if (g.get_device() != grads.front().get_device()) return false;
+    data.push_back(g.data_ptr());
+    numel.push_back(g.numel());
+  }
+  bool overflow = check(data.data(), numel.data(), static_cast<int64_t>(data.size()), grads.front().get_device());
   if (options_.overflow_reducer) overflow = options_.overflow_reducer(overflow);
   if (overflow) {
     last_step_skipped_ = true;

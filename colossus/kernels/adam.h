@@ -81,6 +81,11 @@ void adam_step_cuda(const AdamTensorPtrs* tensors, int64_t count, const AdamHype
 // AdamMixedPtrs on device memory: bit for bit adam_step_reference on
 // float(grad_bf16), then param_bf16 = bf16(param).
 void adam_step_mixed_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, void* stream);
+// Sets *found_nonfinite (device int32, left alone otherwise) to 1 when any of
+// the `count` bf16 buffers holds an inf or NaN: the mixed-precision step's
+// overflow check, one launch per 32 tensors, on `stream`.
+void bf16_nonfinite_check_cuda(const void* const* data, const int64_t* numel, int64_t count, int32_t* found_nonfinite,
+                               void* stream);
 #endif
 
 }  // namespace colossus::kernels

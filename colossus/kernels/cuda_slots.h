@@ -19,6 +19,10 @@ using CudaAdamFn = void (*)(const AdamTensorPtrs* tensors, int64_t count, const 
 using CudaAdamMixedFn = void (*)(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& hyper,
                                  int device_index);
 
+// Whether any of `count` bf16 device buffers holds an inf or NaN
+// (synchronises the device's current stream once, at the end).
+using CudaNonfiniteBf16Fn = bool (*)(const void* const* data, const int64_t* numel, int64_t count, int device_index);
+
 // Multiplies each of `count` fp32 device buffers by `scale` in place and
 // returns whether any input value was inf/NaN (synchronises the device's
 // current stream once, at the end).
@@ -40,6 +44,7 @@ using CudaCrossEntropyRowsFn = bool (*)(const CrossEntropyRowsArgs& args, int de
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaAdamMixedFn adam_mixed = nullptr;
+  CudaNonfiniteBf16Fn nonfinite_bf16 = nullptr;
   CudaScaleCheckFn scale_and_check_finite = nullptr;
   CudaCrossEntropyRowsFn cross_entropy_rows = nullptr;
   CudaPagedAttentionFn paged_attention = nullptr;

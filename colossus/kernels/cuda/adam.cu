@@ -143,7 +143,58 @@ __global__ void __launch_bounds__(kThreads) adam_mixed_multi_tensor_kernel(AdamM
   }
 }
 
+struct CheckTable {
+  const __nv_bfloat16* data[kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t block_tensor[kMaxBlocks];
+  int32_t block_chunk[kMaxBlocks];
+};
+
+__global__ void __launch_bounds__(kThreads) bf16_nonfinite_kernel(CheckTable table, int32_t* found) {
+  const int t = table.block_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunkElements;
+  const int64_t n = table.numel[t];
+  const int64_t end = begin + kChunkElements < n ? begin + kChunkElements : n;
+  const __nv_bfloat16* __restrict__ data = table.data[t];
+  bool bad = false;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const float v = __bfloat162float(data[i]);
+    bad |= !isfinite(v);
+  }
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x % 32) == 0) *found = 1;
+}
+
 }  // namespace
+
+void bf16_nonfinite_check_cuda(const void* const* data, const int64_t* numel, int64_t count, int32_t* found_nonfinite,
+                               void* stream) {
+  CheckTable table;
+  int entries = 0, blocks = 0;
+  auto launch = [&] {
+    if (blocks > 0) {
+      bf16_nonfinite_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(table, found_nonfinite);
+    }
+    entries = 0;
+    blocks = 0;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    if (numel[i] == 0) continue;
+    const int64_t chunks = (numel[i] + kChunkElements - 1) / kChunkElements;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (c == 0 || blocks == 0) {
+        if (entries == kMaxTensors) launch();
+        table.data[entries] = static_cast<const __nv_bfloat16*>(data[i]);
+        table.numel[entries] = numel[i];
+        ++entries;
+      }
+      table.block_tensor[blocks] = entries - 1;
+      table.block_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      if (blocks == kMaxBlocks) launch();
+    }
+  }
+  launch();
+}
 
 void adam_step_mixed_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, void* stream) {
   AdamMixedTable table;

@@ -26,6 +26,14 @@ void cuda_adam_mixed(const AdamMixedPtrs* tensors, int64_t count, const AdamHype
   adam_step_mixed_cuda(tensors, count, hyper, at::cuda::getCurrentCUDAStream(device_index).stream());
 }
 
+bool cuda_nonfinite_bf16(const void* const* data, const int64_t* numel, int64_t count, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  auto flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_index));
+  bf16_nonfinite_check_cuda(data, numel, count, flag.data_ptr<int32_t>(),
+                            at::cuda::getCurrentCUDAStream(device_index).stream());
+  return flag.item<int32_t>() != 0;  // the one synchronisation
+}
+
 bool cuda_scale_and_check(float* const* data, const int64_t* numel, int64_t count, float scale, int device_index) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   auto flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_index));
@@ -103,6 +111,19 @@ std::string check_adam_mixed_cuda() {
     table[i].grad_bf16 = dev_g[i].data_ptr();
     table[i].param_bf16 = dev_low[i].data_ptr();
   }
+  // The overflow check over the same (finite) gradients, then with one inf
+  // and one NaN planted past the first launch's 32 tensors.
+  std::vector<const void*> grads;
+  for (const auto& t : table) grads.push_back(t.grad_bf16);
+  const int64_t count = static_cast<int64_t>(sizes.size());
+  if (cuda_nonfinite_bf16(grads.data(), sizes.data(), count, 0)) return "nonfinite_bf16 flagged finite gradients";
+  for (float bad : {INFINITY, NAN}) {
+    at::Tensor saved = dev_g[35].clone();
+    dev_g[35][dev_g[35].numel() - 1] = bad;
+    const bool flagged = cuda_nonfinite_bf16(grads.data(), sizes.data(), count, 0);
+    dev_g[35].copy_(saved);
+    if (!flagged) return fmt::format("nonfinite_bf16 missed a planted {}", bad);
+  }
   cuda_adam_mixed(table.data(), static_cast<int64_t>(table.size()), h, 0);
   for (size_t i = 0; i < sizes.size(); ++i) {
     const at::Tensor g = host_g[i].to(at::kFloat);
@@ -120,6 +141,7 @@ std::string check_adam_mixed_cuda() {
 const bool registered = [] {
   cuda_slots().adam = cuda_adam;
   cuda_slots().adam_mixed = cuda_adam_mixed;
+  cuda_slots().nonfinite_bf16 = cuda_nonfinite_bf16;
   register_kernel({"adam_mixed_bf16", "cuda", check_adam_mixed_cuda});
   cuda_slots().scale_and_check_finite = cuda_scale_and_check;
   register_kernel({"adam", "cuda", check_adam_cuda});
