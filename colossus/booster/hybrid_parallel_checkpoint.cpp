@@ -4,6 +4,10 @@
 // directory and an optimizer file in the replicated layout. Loads read the full
 // tensors on every rank and slice this rank's part (padding added back), so
 // any tp x dp layout, DDP and transformers read what any other layout wrote.
+// With pp > 1 each stage steps only its own parameters, so the optimizer file
+// is merged over pp (each tensor from the stage holding its parameter; global
+// parameter indices, which do not depend on the layout) and a load keeps the
+// entries of the parameters this stage holds.
 // Every call is collective over the world; an error anywhere throws on all.
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster_impl.h"
@@ -11,14 +15,23 @@
 #include "colossus/checkpoint/file_io.h"
 #include "colossus/checkpoint/hf_index.h"
 #include "colossus/checkpoint/safetensors.h"
+#include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <filesystem>
 #include <set>
 #include <unordered_map>
@@ -139,9 +152,10 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     std::exception_ptr error;
     try {
       auto& hybrid = current_model("save_optimizer");
-      refuse_pipeline_optimizer(hybrid, "save_optimizer");
+      refuse_pipeline_zero(hybrid, "save_optimizer");
       const auto names = param_names(hybrid, optimizer);
       optim::OptimizerState state = optimizer.state_dict();
+      if (hybrid.pipeline() != nullptr) state = merge_over_pp(hybrid, names, std::move(state));
       checkpoint::NamedTensors full;
       for (auto& [name, tensor] : state.tensors) full.emplace_back(name, full_state(hybrid, names, name, tensor));
       if (world.rank() == 0) {
@@ -160,7 +174,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     std::exception_ptr error;
     try {
       auto& hybrid = current_model("load_optimizer");
-      refuse_pipeline_optimizer(hybrid, "load_optimizer");
+      refuse_pipeline_zero(hybrid, "load_optimizer");
       const auto names = param_names(hybrid, optimizer);
       const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
       std::string source = single;
@@ -181,6 +195,13 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
       state.json = json->second;
       for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix)) {
         const int64_t index = param_index(name);
+        // Pipeline: another stage steps this parameter (its JSON step count
+        // stays, harmless for a parameter that never gets a gradient here).
+        if (hybrid.pipeline() != nullptr && index >= 0 && index < static_cast<int64_t>(names.size()) &&
+            hybrid.pipeline()->placements().contains(names[index].first) &&
+            !hybrid.pipeline()->holds(names[index].first)) {
+          continue;
+        }
         const bool sharded = index >= 0 && index < static_cast<int64_t>(names.size()) &&
                              hybrid.sharded().specs.contains(names[index].first);
         if (sharded) {
@@ -226,13 +247,111 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     pp->broadcast(tensor, it->second.pp_rank).wait();
     return tensor;
   }
-  void refuse_pipeline_optimizer(HybridParallelModel& hybrid, const char* what) {
-    if (hybrid.pipeline() != nullptr) {
+  // ZeRO-1 inside pipeline stages shards each stage's state over dp; its
+  // state_dict under pp does not resume exactly yet (tested), so refuse it.
+  void refuse_pipeline_zero(HybridParallelModel& hybrid, const char* what) const {
+    if (hybrid.pipeline() != nullptr && plugin_.options().zero_stage > 0) {
       throw ConfigError(fmt::format(
-          "{}: optimizer checkpoints with pp_size > 1 have not landed yet; save the model (a full HF directory, any "
-          "layout loads it) or train with pp_size = 1",
-          what));
+          "{}: optimizer checkpoints with pp_size > 1 and zero_stage = {} have not landed yet; use zero_stage = 0 "
+          "with pp (its optimizer state saves and resumes), or save the model only",
+          what, plugin_.options().zero_stage));
     }
+  }
+
+  c10::Device comm_device(const cluster::ProcessGroup& group) const {
+    return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
+  }
+
+  // Every rank's `mine`, in rank order (lengths first, then padded bytes).
+  std::vector<std::string> all_gather_strings(cluster::ProcessGroup& group, const std::string& mine) {
+    const auto device = comm_device(group);
+    at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::TensorOptions(at::kLong).device(device));
+    std::vector<at::Tensor> lengths;
+    for (int r = 0; r < group.size(); ++r) lengths.push_back(at::empty_like(length));
+    group.all_gather(lengths, length).wait();
+    int64_t longest = 1;
+    for (auto& l : lengths) longest = std::max(longest, l.cpu().item<int64_t>());
+    at::Tensor bytes = at::zeros({longest}, at::kByte);
+    std::memcpy(bytes.data_ptr<uint8_t>(), mine.data(), mine.size());
+    bytes = bytes.to(device);
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < group.size(); ++r) all.push_back(at::empty_like(bytes));
+    group.all_gather(all, bytes).wait();
+    std::vector<std::string> out;
+    for (int r = 0; r < group.size(); ++r) {
+      at::Tensor host = all[static_cast<size_t>(r)].cpu();
+      out.emplace_back(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()),
+                       static_cast<size_t>(lengths[static_cast<size_t>(r)].cpu().item<int64_t>()));
+    }
+    return out;
+  }
+
+  // Objects merge key by key (the first writer of a key wins): each stage's
+  // "state" lists only the parameters it steps.
+  static void merge_json(nlohmann::json& into, const nlohmann::json& from) {
+    if (!into.is_object() || !from.is_object()) return;
+    for (const auto& [key, value] : from.items()) {
+      if (!into.contains(key)) {
+        into[key] = value;
+      } else {
+        merge_json(into[key], value);
+      }
+    }
+  }
+
+  // The pp rank whose state tensor `name` is: the stage holding its parameter
+  // (a tied embedding's first stage); pp rank 0 for state of no parameter.
+  int owner_of(HybridParallelModel& hybrid, const std::vector<std::pair<std::string, std::vector<int64_t>>>& names,
+               const std::string& name) {
+    const int64_t index = param_index(name);
+    if (index < 0 || index >= static_cast<int64_t>(names.size())) return 0;
+    const auto& placements = hybrid.pipeline()->placements();
+    const auto it = placements.find(names[static_cast<size_t>(index)].first);
+    return it == placements.end() ? 0 : it->second.pp_rank;
+  }
+
+  // Every stage's optimizer state on every pp rank (collective over pp): the
+  // JSON merged, each tensor broadcast from its owner. Every rank ends with
+  // the same tensor list in the same order, as the tp gather needs.
+  optim::OptimizerState merge_over_pp(HybridParallelModel& hybrid,
+                                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& names,
+                                      optim::OptimizerState local) {
+    auto pp = plugin_.pp_group();
+    nlohmann::json manifest = {{"json", local.json}, {"tensors", nlohmann::json::array()}};
+    std::map<std::string, at::Tensor> mine;
+    for (auto& [name, tensor] : local.tensors) {
+      if (owner_of(hybrid, names, name) != pp->rank()) continue;
+      manifest["tensors"].push_back(
+          {{"name", name}, {"shape", tensor.sizes().vec()}, {"dtype", static_cast<int>(tensor.scalar_type())}});
+      mine.emplace(name, tensor);
+    }
+    optim::OptimizerState merged;
+    nlohmann::json json;
+    const auto manifests = all_gather_strings(*pp, manifest.dump());
+    for (int r = 0; r < pp->size(); ++r) {
+      const auto other = nlohmann::json::parse(manifests[static_cast<size_t>(r)]);
+      const auto state = nlohmann::json::parse(other.at("json").get<std::string>());
+      if (r == 0) {
+        json = state;
+      } else {
+        merge_json(json, state);
+      }
+      for (const auto& entry : other.at("tensors")) {
+        const auto name = entry.at("name").get<std::string>();
+        at::Tensor tensor;
+        if (r == pp->rank()) {
+          tensor = mine.at(name).contiguous();
+        } else {
+          const auto device = mine.empty() ? comm_device(*pp) : mine.begin()->second.device();
+          tensor = at::empty(entry.at("shape").get<std::vector<int64_t>>(),
+                             at::TensorOptions(static_cast<c10::ScalarType>(entry.at("dtype").get<int>())).device(device));
+        }
+        pp->broadcast(tensor, r).wait();
+        merged.tensors.emplace_back(name, tensor);
+      }
+    }
+    merged.json = json.dump();
+    return merged;
   }
 
   at::Tensor full_of(HybridParallelModel& hybrid, const std::string& name, const at::Tensor& local) {

@@ -1,8 +1,12 @@
 #include "colossus/parallel/pipeline/runtime.h"
 
+#include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/autograd.h>
@@ -193,6 +197,46 @@ std::string chrome_trace_json(const std::vector<std::vector<TimedAction>>& timel
     }
   }
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+std::vector<std::vector<TimedAction>> gather_timelines(cluster::ProcessGroup& pp_group,
+                                                       const std::vector<TimedAction>& local) {
+  // Rows of (kind, microbatch, chunk, start, end) in doubles (exact for these
+  // integers and microsecond times), padded to the longest timeline.
+  const auto device =
+      pp_group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
+  at::Tensor count = at::full({1}, static_cast<double>(local.size()), at::TensorOptions(at::kDouble).device(device));
+  std::vector<at::Tensor> counts;
+  for (int r = 0; r < pp_group.size(); ++r) counts.push_back(at::empty_like(count));
+  pp_group.all_gather(counts, count).wait();
+  int64_t longest = 1;
+  for (auto& c : counts) longest = std::max(longest, static_cast<int64_t>(c.cpu().item<double>()));
+  at::Tensor mine = at::zeros({longest, 5}, at::kDouble);
+  double* row = mine.data_ptr<double>();
+  for (const auto& e : local) {
+    *row++ = static_cast<double>(e.action.kind);
+    *row++ = static_cast<double>(e.action.microbatch);
+    *row++ = e.action.chunk;
+    *row++ = e.start_us;
+    *row++ = e.end_us;
+  }
+  mine = mine.to(device);
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < pp_group.size(); ++r) all.push_back(at::empty_like(mine));
+  pp_group.all_gather(all, mine).wait();
+  std::vector<std::vector<TimedAction>> timelines(static_cast<size_t>(pp_group.size()));
+  for (int r = 0; r < pp_group.size(); ++r) {
+    const at::Tensor rows = all[static_cast<size_t>(r)].cpu();
+    const auto n = static_cast<int64_t>(counts[static_cast<size_t>(r)].cpu().item<double>());
+    const double* p = rows.data_ptr<double>();
+    for (int64_t i = 0; i < n; ++i, p += 5) {
+      timelines[static_cast<size_t>(r)].push_back(
+          {{static_cast<ActionKind>(static_cast<int>(p[0])), static_cast<int64_t>(p[1]), static_cast<int>(p[2])},
+           p[3],
+           p[4]});
+    }
+  }
+  return timelines;
 }
 
 }  // namespace colossus::parallel::pipeline

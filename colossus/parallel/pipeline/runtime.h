@@ -58,4 +58,10 @@ class PipelineRuntime {
 // one row per pp rank, one slice per action. `timelines[r]` is pp rank r's.
 std::string chrome_trace_json(const std::vector<std::vector<TimedAction>>& timelines);
 
+// Every pp rank's timeline (its RunResult::timeline), on every pp rank:
+// collective over `pp_group`. Times are each rank's wall clock, so ranks of
+// one host share a time base (across hosts, clock skew shifts whole rows).
+std::vector<std::vector<TimedAction>> gather_timelines(cluster::ProcessGroup& pp_group,
+                                                       const std::vector<TimedAction>& local);
+
 }  // namespace colossus::parallel::pipeline

@@ -6,7 +6,8 @@
 // (tied embedding: first and last stage sum its gradient) and LLaMA (GQA) with
 // 8 small layers; the step's Chrome trace is well formed; a pp 2 model
 // checkpoint loads in one process, in transformers and under pp 4 x 2 chunks;
-// bad pipeline settings are ConfigErrors.
+// optimizer state saved under pp resumes the curve exactly (same layout) and
+// under pp 4 x 2 chunks; bad pipeline settings are ConfigErrors.
 #include "colossus/booster/booster.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/core/errors.h"
@@ -211,8 +212,9 @@ TEST(PipelineParallel, ClippingOverStages) {
 
 // Each rank's timeline of the last step as a Chrome trace: one row per pp
 // rank, one slice per action; the measured bubble is printed beside the
-// analytic one (on this oversubscribed CI machine the ranks share 2 cores, so
-// only the trace's shape is asserted).
+// analytic one (4 ranks share 2 cores here, so compute contention, not the
+// schedule, dominates; test_bubble.cpp asserts the agreement with stages of
+// fixed duration).
 TEST(PipelineParallel, ChromeTraceOfAStep) {
   if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
   for (const std::string style : {"1f1b", "zero_bubble"}) {
@@ -220,31 +222,8 @@ TEST(PipelineParallel, ChromeTraceOfAStep) {
     run.train(0, 2);
     const auto& local = run.model().pipeline()->last_timeline();
     ASSERT_EQ(local.size(), style == "1f1b" ? 16u : 24u);
-    // Gather (kind, microbatch, chunk, start, end) rows over pp.
-    auto pp_group = run.plugin().pp_group();
-    at::Tensor mine = at::empty({static_cast<int64_t>(local.size()), 5}, at::kDouble);
-    double* row = mine.data_ptr<double>();
-    for (const auto& e : local) {
-      *row++ = static_cast<double>(e.action.kind);
-      *row++ = static_cast<double>(e.action.microbatch);
-      *row++ = e.action.chunk;
-      *row++ = e.start_us;
-      *row++ = e.end_us;
-    }
-    std::vector<at::Tensor> all;
-    for (int r = 0; r < 4; ++r) all.push_back(at::empty_like(mine));
-    pp_group->all_gather(all, mine).wait();
-    std::vector<std::vector<pp::TimedAction>> timelines(4);
-    for (int r = 0; r < 4; ++r) {
-      auto acc = all[r].accessor<double, 2>();
-      for (int64_t i = 0; i < all[r].size(0); ++i) {
-        timelines[r].push_back({{static_cast<pp::ActionKind>(static_cast<int>(acc[i][0])),
-                                 static_cast<int64_t>(acc[i][1]), static_cast<int>(acc[i][2])},
-                                acc[i][3],
-                                acc[i][4]});
-      }
-      EXPECT_EQ(timelines[r].size(), local.size());
-    }
+    const auto timelines = pp::gather_timelines(*run.plugin().pp_group(), local);
+    for (const auto& t : timelines) EXPECT_EQ(t.size(), local.size());
     const auto trace = nlohmann::json::parse(pp::chrome_trace_json(timelines));
     int slices = 0;
     for (const auto& e : trace["traceEvents"]) slices += e["ph"] == "X";
@@ -340,7 +319,6 @@ TEST(PipelineParallel, Pp2CheckpointLoadsInOneProcessTransformersAndPp4) {
       PpRun run(config, {.pp_size = 2, .num_microbatches = 2});
       run.train(0, 10);
       run.booster().save_model(*run.boosted().model, dir);
-      EXPECT_THROW(run.booster().save_optimizer(*run.boosted().optimizer, dir), ConfigError);
     }
     auto loaded = models::load_pretrained(dir);
     auto expected = trained_single_process(config, 10);
@@ -366,6 +344,62 @@ TEST(PipelineParallel, Pp2CheckpointLoadsInOneProcessTransformersAndPp4) {
                                                 *other.boosted().model, {}, *other.boosted().optimizer);
     EXPECT_NEAR(out.loss.item<double>(), ours, 1e-5 * ours) << kind << " loaded with pp4 x 2 chunks";
     barrier();
+  }
+}
+
+// Optimizer state under pp: saved at step 10 (merged over the stages, global
+// parameter indices), loaded into a fresh run of the same layout, the next
+// 10 steps repeat the uninterrupted run's losses exactly (GPT-2: the tied
+// embedding's state comes from the first stage), under 1f1b and zero_bubble;
+// a pp 4 x 2 chunks run resumes from the pp 2 files on the curve; ZeRO-1
+// inside the stages is refused by name (its state does not resume exactly yet).
+TEST(PipelineParallel, OptimizerCheckpointResumesOnTheCurve) {
+  if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
+  const auto config = deep(tiny_gpt2());
+  auto resume = [&](const booster::HybridParallelPluginOptions& options, const std::string& dir) {
+    PpRun run(config, options);
+    for (int i = 0; i < 10; ++i) run.boosted().lr_scheduler->step();
+    run.booster().load_model(*run.boosted().model, dir);
+    run.booster().load_optimizer(*run.boosted().optimizer, dir);
+    return run.train(10, kSteps);
+  };
+  const std::vector<std::pair<std::string, booster::HybridParallelPluginOptions>> layouts = {
+      {"pp2 x dp2 1f1b", {.pp_size = 2, .num_microbatches = 2}},
+      {"pp2 x dp2 zero_bubble", {.pp_size = 2, .pp_style = "zero_bubble", .num_microbatches = 2}}};
+  for (const auto& [what, options] : layouts) {
+    SharedScratch scratch("pp_optim");
+    const std::string dir = scratch.path("step10");
+    std::vector<double> tail;
+    {
+      PpRun run(config, options);
+      run.train(0, 10);
+      run.booster().save_model(*run.boosted().model, dir);
+      run.booster().save_optimizer(*run.boosted().optimizer, dir);
+      tail = run.train(10, kSteps);
+    }
+    const auto resumed = resume(options, dir);
+    ASSERT_EQ(resumed.size(), tail.size());
+    for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(resumed[i], tail[i]) << what << " step " << 10 + i;
+    if (ct::world()->rank() == 0)
+      std::printf("%s: resumed at step 10, loss %.8f -> %.8f as uninterrupted\n", what.c_str(), resumed.front(),
+                  resumed.back());
+    if (what == "pp2 x dp2 1f1b") {
+      // Another layout reads the same files: the curve within the usual 1e-5.
+      const auto other =
+          resume({.pp_size = 4, .pp_style = "interleaved", .num_model_chunks = 2, .num_microbatches = 4}, dir);
+      EXPECT_LE(worst_rel_diff(other, tail), 1e-5) << "pp4 x 2 chunks from pp2's step-10 files";
+    }
+    barrier();
+  }
+  // ZeRO-1 inside the stages: not resumable yet, refused by name.
+  PpRun zero(config, {.pp_size = 2, .num_microbatches = 2, .zero_stage = 1});
+  zero.train(0, 1);
+  SharedScratch scratch("pp_optim_zero");
+  try {
+    zero.booster().save_optimizer(*zero.boosted().optimizer, scratch.path("step1"));
+    ADD_FAILURE() << "save_optimizer with pp and ZeRO-1 did not throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_stage = 1"), std::string::npos) << e.what();
   }
 }
 

@@ -2,9 +2,12 @@
 // schedule runs each microbatch's forward and backward (B and W) exactly once
 // per chunk in a dependency-respecting, deadlock-free order (run on an ideal
 // machine by simulate()), and its simulated bubble equals the analytic one;
-// blocks are balanced by parameter count; bad settings are ConfigErrors.
+// blocks are balanced by parameter count; bad settings are ConfigErrors; the
+// plan report (`colossus plan`) gives each schedule's analytic bubble and
+// activations in flight and recommends the lowest bubble.
 #include "colossus/core/errors.h"
 #include "colossus/parallel/pipeline/schedule.h"
+#include "colossus/parallel/pipeline/schedule_report.h"
 #include "colossus/parallel/pipeline/stage_manager.h"
 
 #include <fmt/format.h>
@@ -42,17 +45,6 @@ void expect_complete(const std::vector<std::vector<Action>>& lists, int64_t m, i
     }
     EXPECT_EQ(lists[r].size(), static_cast<size_t>(m * chunks * (split ? 3 : 2)));
   }
-}
-
-// Most microbatches whose forward ran and whose weight gradient has not
-// (activations held).
-int64_t peak_in_flight(const std::vector<Action>& list) {
-  int64_t live = 0, peak = 0;
-  for (const auto& a : list) {
-    if (a.kind == ActionKind::Forward) peak = std::max(peak, ++live);
-    if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) --live;
-  }
-  return peak;
 }
 
 }  // namespace
@@ -163,4 +155,45 @@ TEST(StageManager, InterleavedPlacement) {
   EXPECT_TRUE(stages.owns_block(2));
   EXPECT_FALSE(stages.owns_block(4));
   EXPECT_TRUE(stages.holds_last_stage());
+}
+
+TEST(PipelinePlanReport, BubblesMemoryAndRecommendation) {
+  // pp 4, 8 microbatches, 2 chunks, GPT-2 124M shapes at seq 1024, bf16.
+  ScheduleReportOptions options{
+      .pp_size = 4, .num_microbatches = 8, .num_model_chunks = 2, .num_layers = 12, .hidden_size = 768, .seq_len = 1024};
+  const auto report = plan_pipeline(options);
+  ASSERT_EQ(report.schedules.size(), 3u);
+  const ScheduleReport& onefoneb = report.schedules[0];
+  const ScheduleReport& interleaved = report.schedules[1];
+  const ScheduleReport& zb = report.schedules[2];
+  EXPECT_NEAR(onefoneb.bubble, 3.0 / 11, 1e-12);
+  EXPECT_NEAR(interleaved.bubble, 3.0 / 19, 1e-12);
+  EXPECT_NEAR(zb.bubble, 3.0 / 27, 1e-12);
+  // 1F1B and ZB-H1: pp microbatches on the first rank; interleaved: Megatron's
+  // warm-up (pp - 1) * 2 + (C - 1) * pp plus one chunk-microbatches, half a stage each.
+  EXPECT_EQ(onefoneb.peak_in_flight, 4.0);
+  EXPECT_EQ(zb.peak_in_flight, 4.0);
+  EXPECT_EQ(interleaved.peak_in_flight, (3 * 2 + 4 + 1) / 2.0);
+  const int64_t layer = layer_activation_bytes(1024, 1, 768, 2);
+  EXPECT_EQ(layer, 1024 * 768 * 34);
+  EXPECT_EQ(onefoneb.activation_bytes, 4 * 3 * layer);  // 4 microbatches x 3 layers per stage
+  EXPECT_EQ(report.recommended, "zero_bubble");
+  const std::string text = format_plan(options, report);
+  EXPECT_NE(text.find("recommend: pp_style = \"zero_bubble\""), std::string::npos) << text;
+  EXPECT_NE(text.find("0.273"), std::string::npos) << text;
+
+  // 6 microbatches do not divide over pp 4 for interleaved: not runnable,
+  // said why; fewer microbatches than stages gets a note.
+  options.num_microbatches = 6;
+  auto six = plan_pipeline(options);
+  EXPECT_FALSE(six.schedules[1].runnable);
+  EXPECT_NE(format_plan(options, six).find("interleaved not runnable"), std::string::npos);
+  options.num_microbatches = 2;
+  auto two = plan_pipeline(options);
+  EXPECT_NE(format_plan(options, two).find("num_microbatches = 2 < pp_size = 4"), std::string::npos);
+  // Bad options name the value.
+  EXPECT_THROW(plan_pipeline({.pp_size = 1}), ConfigError);
+  EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = 0}), ConfigError);
+  EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = 8, .num_layers = 12}), ConfigError);
+  EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = 8, .activation_bytes = 3}), ConfigError);
 }
