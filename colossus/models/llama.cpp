@@ -215,10 +215,12 @@ CausalLM::InitRule LlamaForCausalLM::init_rule(const std::string& name) const {
   return {Init::Normal, llama_config().initializer_range};
 }
 
-void LlamaForCausalLM::after_init_value(const std::string& name, at::Tensor& values) const {
+void LlamaForCausalLM::after_init() {
   // HF zeroes the padding row of the embedding at init.
-  auto pad = llama_config().pad_token_id;
-  if (pad && name.ends_with("embed_tokens.weight")) values[*pad].zero_();
+  if (auto pad = llama_config().pad_token_id) {
+    at::NoGradGuard no_grad;
+    embedding().weight[*pad].zero_();
+  }
 }
 
 }  // namespace colossus::models
