@@ -79,15 +79,9 @@ std::string read_text(const std::string& path, const std::string& what) {
 void write_model_dir(models::ModelConfig config, const checkpoint::NamedTensors& tensors, const std::string& dir,
                      int64_t max_shard_bytes) {
   if (tensors.empty()) throw CheckpointError(fmt::format("save_model('{}'): the model has no parameters", dir));
-  const std::string dtype = hf_dtype_name(tensors.front().second.scalar_type());
+  hf_dtype_name(tensors.front().second.scalar_type());  // refuse before writing anything
   checkpoint::save_sharded(dir, tensors, {.max_shard_bytes = max_shard_bytes});
-  std::visit(
-      [&](auto& c) {
-        c.extra.erase("dtype");
-        c.extra["torch_dtype"] = fmt::format("\"{}\"", dtype);
-      },
-      config);
-  write_text_atomically((fs::path(dir) / "config.json").string(), models::config_to_json(config));
+  write_model_config(std::move(config), tensors.front().second.scalar_type(), dir);
 }
 
 bool is_file(const fs::path& path) {
@@ -110,6 +104,20 @@ std::string model_source(const std::string& dir) {
 }
 
 }  // namespace
+
+void write_model_config(models::ModelConfig config, c10::ScalarType dtype, const std::string& dir) {
+  const std::string name = hf_dtype_name(dtype);
+  std::visit(
+      [&](auto& c) {
+        c.extra.erase("dtype");
+        c.extra["torch_dtype"] = fmt::format("\"{}\"", name);
+      },
+      config);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CheckpointError(fmt::format("save_model: cannot create '{}': {}", dir, ec.message()));
+  write_text_atomically((fs::path(dir) / "config.json").string(), models::config_to_json(config));
+}
 
 void agree_on_success(cluster::ProcessGroup& group, std::exception_ptr local_error, const std::string& what) {
   if (group.size() > 1) {
@@ -174,44 +182,51 @@ void Booster::save_optimizer(optim::Optimizer& optimizer, const std::string& dir
   });
 }
 
+optim::OptimizerState read_optimizer_state(const std::string& dir) {
+  const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
+  const std::string index = (fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix)).string();
+  require_dir(dir, "load_optimizer", fmt::format("{} (written by Booster::save_optimizer)", single));
+  // The JSON is in every file's metadata; read it where loaders look first.
+  std::string source = single;
+  if (!is_file(single)) {
+    if (!is_file(index)) {
+      throw CheckpointError(
+          fmt::format("load_optimizer: '{}' holds neither {} nor {} (written by "
+                      "Booster::save_optimizer)",
+                      dir, checkpoint::hf::single_file_name(kOptimizerPrefix),
+                      checkpoint::hf::index_file_name(kOptimizerPrefix)));
+    }
+    const auto weight_map = checkpoint::hf::read_index(index).weight_map;
+    if (weight_map.empty()) throw CheckpointError(fmt::format("load_optimizer: index '{}' lists no tensors", index));
+    source = (fs::path(dir) / weight_map.begin()->second).string();
+  }
+  const auto file = checkpoint::SafetensorsFile::open(source);
+  const auto json = file.metadata().find(kOptimizerStateKey);
+  if (json == file.metadata().end()) {
+    throw CheckpointError(
+        fmt::format("load_optimizer: '{}' has no '{}' metadata; it was not written by "
+                    "Booster::save_optimizer",
+                    source, kOptimizerStateKey));
+  }
+  optim::OptimizerState state;
+  state.json = json->second;
+  for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix)) state.tensors.emplace_back(name, tensor);
+  return state;
+}
+
+void load_optimizer_state(optim::Optimizer& optimizer, const std::string& dir) {
+  optim::OptimizerState state = read_optimizer_state(dir);
+  try {
+    optimizer.load_state_dict(state);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(fmt::format("load_optimizer('{}'): {}", dir, e.what()));
+  }
+}
+
 void Booster::load_optimizer(optim::Optimizer& optimizer, const std::string& dir) {
   if (auto* io = plugin_->checkpoint_io()) return io->load_optimizer(optimizer, dir);
-  read_on_all(*plugin_->dp_group(), fmt::format("load_optimizer('{}')", dir), [&] {
-    const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
-    const std::string index = (fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix)).string();
-    require_dir(dir, "load_optimizer", fmt::format("{} (written by Booster::save_optimizer)", single));
-    // The JSON is in every file's metadata; read it where loaders look first.
-    std::string source = single;
-    if (!is_file(single)) {
-      if (!is_file(index)) {
-        throw CheckpointError(
-            fmt::format("load_optimizer: '{}' holds neither {} nor {} (written by "
-                        "Booster::save_optimizer)",
-                        dir, checkpoint::hf::single_file_name(kOptimizerPrefix),
-                        checkpoint::hf::index_file_name(kOptimizerPrefix)));
-      }
-      const auto weight_map = checkpoint::hf::read_index(index).weight_map;
-      if (weight_map.empty()) throw CheckpointError(fmt::format("load_optimizer: index '{}' lists no tensors", index));
-      source = (fs::path(dir) / weight_map.begin()->second).string();
-    }
-    const auto file = checkpoint::SafetensorsFile::open(source);
-    const auto json = file.metadata().find(kOptimizerStateKey);
-    if (json == file.metadata().end()) {
-      throw CheckpointError(
-          fmt::format("load_optimizer: '{}' has no '{}' metadata; it was not written by "
-                      "Booster::save_optimizer",
-                      source, kOptimizerStateKey));
-    }
-    optim::OptimizerState state;
-    state.json = json->second;
-    for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix))
-      state.tensors.emplace_back(name, tensor);
-    try {
-      optimizer.load_state_dict(state);
-    } catch (const CheckpointError& e) {
-      throw CheckpointError(fmt::format("load_optimizer('{}'): {}", is_file(single) ? single : index, e.what()));
-    }
-  });
+  read_on_all(*plugin_->dp_group(), fmt::format("load_optimizer('{}')", dir),
+              [&] { load_optimizer_state(optimizer, dir); });
 }
 
 void Booster::save_lr_scheduler(const optim::LRScheduler& scheduler, const std::string& path) {

@@ -66,6 +66,17 @@ void read_on_all(cluster::ProcessGroup& group, const std::string& what, Fn&& rea
 inline constexpr const char* kOptimizerPrefix = "optimizer";
 inline constexpr const char* kOptimizerStateKey = "colossus.optimizer_state";
 
+// The optimizer state in `dir` (optimizer.safetensors or shards + index; the
+// JSON from the metadata), tensors as zero-copy mapped views, so a loader that
+// keeps only its parts reads only those pages. Throws CheckpointError naming
+// the missing or malformed file.
+optim::OptimizerState read_optimizer_state(const std::string& dir);
+// config.json of a Hugging Face model directory with torch_dtype = `dtype`,
+// written atomically (the directory is created if needed).
+void write_model_config(models::ModelConfig config, c10::ScalarType dtype, const std::string& dir);
+// read_optimizer_state + optimizer.load_state_dict, errors naming `dir`.
+void load_optimizer_state(optim::Optimizer& optimizer, const std::string& dir);
+
 // fp32 masters follow the model's bf16/fp16 parameters where they no longer
 // round to them (weights loaded or broadcast into the model after the masters
 // were made). Returns how many masters changed.

@@ -14,11 +14,13 @@
 
 #include "colossus/booster/booster_impl.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/rank_shards.h"
 #include "colossus/checkpoint/hf_index.h"
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/zero/optimizer_state.h"
 
 namespace colossus::booster {
 
@@ -52,23 +54,40 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
       throw ConfigError(fmt::format("save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
                                     options.size_per_shard_mb));
     }
-    gemini_ddp(model, "save_model").with_all_gathered([&] {
-      write_on_rank0(*group_, fmt::format("save_model('{}')", dir), [&] {
-        models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});
+    auto& ddp = gemini_ddp(model, "save_model");
+    const std::string what = fmt::format("save_model('{}')", dir);
+    if (!options.shard) {
+      ddp.with_all_gathered([&] {
+        write_on_rank0(*group_, what, [&] {
+          models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});
+        });
       });
+      return;
+    }
+    // One chunk whole at a time; each rank keeps the parameters it writes.
+    const auto& params = ddp.params();
+    const int rank = group_->rank(), dp = group_->size();
+    std::vector<at::Tensor> mine(params.size());
+    ddp.for_each_gathered([&](size_t c) {
+      for (size_t k : ddp.chunks()[c].layout.params) {
+        if (zero::writer_rank(ddp.layout(), k, dp) == rank) mine[k] = params[k].second.detach().cpu().clone();
+      }
     });
+    checkpoint::NamedTensors tensors;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!ddp.layout().slots[k].managed && rank == 0) mine[k] = params[k].second.detach();
+      if (mine[k].defined()) tensors.emplace_back(params[k].first, mine[k]);
+    }
+    write_on_rank0(*group_, what, [&] { write_model_config(model.unwrap().config(), ddp.dtype(), dir); });
+    save_rank_shards(*group_, {.file_rank = rank, .file_count = dp}, dir, "model", tensors, {}, what);
   }
 
   void load_model(ModelWrapper& model, const std::string& dir) override {
     auto& ddp = gemini_ddp(model, "load_model");
-    ddp.with_all_gathered([&] {
-      read_on_all(*group_, fmt::format("load_model('{}')", dir), [&] {
-        const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name("model");
-        const std::string source =
-            fs::exists(single) ? single.string() : (fs::path(dir) / checkpoint::hf::index_file_name("model")).string();
-        models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
-        ddp.refresh_from_params();
-      });
+    read_on_all(*group_, fmt::format("load_model('{}')", dir), [&] {
+      // Mapped, not read: each rank touches only the chunks it loads.
+      const auto state = models::resolve_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), dir);
+      ddp.load_params([&](const std::string& name) { return state.at(name); });
     });
   }
 
@@ -79,8 +98,16 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
                       "positive, e.g. 1024",
                       dir, options.size_per_shard_mb));
     }
-    optim::OptimizerState state = gemini_optimizer(optimizer, "save_optimizer").state_dict();  // collective
-    write_on_rank0(*group_, fmt::format("save_optimizer('{}')", dir), [&] {
+    auto& gemini = gemini_optimizer(optimizer, "save_optimizer");
+    const std::string what = fmt::format("save_optimizer('{}')", dir);
+    if (options.shard) {
+      optim::OptimizerState state = gemini.rank_state_dict();  // collective
+      save_rank_shards(*group_, {.file_rank = group_->rank(), .file_count = group_->size()}, dir, kOptimizerPrefix,
+                       state.tensors, {{kOptimizerStateKey, state.json}}, what);
+      return;
+    }
+    optim::OptimizerState state = gemini.state_dict();  // collective
+    write_on_rank0(*group_, what, [&] {
       checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
                                              .prefix = kOptimizerPrefix};
       shard_options.metadata[kOptimizerStateKey] = std::move(state.json);
@@ -90,36 +117,7 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
     auto& gemini = gemini_optimizer(optimizer, "load_optimizer");
-    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] {
-      const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix);
-      const fs::path index = fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix);
-      std::string source = single.string();
-      if (!fs::exists(single)) {
-        if (!fs::exists(index)) {
-          throw CheckpointError(
-              fmt::format("load_optimizer: '{}' holds neither {} nor {} (written by "
-                          "Booster::save_optimizer)",
-                          dir, single.filename().string(), index.filename().string()));
-        }
-        const auto weight_map = checkpoint::hf::read_index(index.string()).weight_map;
-        if (weight_map.empty())
-          throw CheckpointError(fmt::format("load_optimizer: '{}' lists no tensors", index.string()));
-        source = (fs::path(dir) / weight_map.begin()->second).string();
-      }
-      const auto file = checkpoint::SafetensorsFile::open(source);
-      const auto json = file.metadata().find(kOptimizerStateKey);
-      if (json == file.metadata().end()) {
-        throw CheckpointError(
-            fmt::format("load_optimizer: '{}' has no '{}' metadata; it was not "
-                        "written by Booster::save_optimizer",
-                        source, kOptimizerStateKey));
-      }
-      optim::OptimizerState state;
-      state.json = json->second;
-      for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix))
-        state.tensors.emplace_back(name, tensor);
-      gemini.load_state_dict(state);
-    });
+    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] { load_optimizer_state(gemini, dir); });
   }
 
  private:
@@ -199,6 +197,22 @@ void GeminiPluginOptions::validate() const {
         "would step fp16 shards with a loss scale; use bf16 "
         "or keep master_weights=true");
   }
+  if (!is_fraction(nvme_offload_fraction)) {
+    throw ConfigError(
+        fmt::format("gemini: nvme_offload_fraction={} must be in [0, 1], e.g. 0.5", nvme_offload_fraction));
+  }
+  if (nvme_offload_fraction > 0.0) {
+    if (nvme_offload_dir.empty()) {
+      throw ConfigError(fmt::format(
+          "gemini: nvme_offload_fraction={} needs nvme_offload_dir, e.g. '/local_nvme/gemini'", nvme_offload_fraction));
+    }
+    if (placement_policy != "static" || offload_optim_frac <= 0.0) {
+      throw ConfigError(fmt::format(
+          "gemini: nvme_offload_fraction={} moves host-offloaded optimizer state to files, so it needs "
+          "placement_policy='static' with offload_optim_frac > 0 (got '{}', {}); e.g. offload_optim_frac=1.0",
+          nvme_offload_fraction, placement_policy, offload_optim_frac));
+    }
+  }
   gemini_options().loss_scaler.validate();
 }
 
@@ -229,7 +243,10 @@ zero::gemini::GeminiOptions GeminiPluginOptions::gemini_options() const {
                       .max_scale = max_scale},
       .max_norm = max_norm,
       .norm_type = norm_type,
-      .memory_probe = memory_probe};
+      .memory_probe = memory_probe,
+      .param_source = param_source,
+      .nvme_offload_fraction = nvme_offload_fraction,
+      .nvme_offload_dir = nvme_offload_dir};
 }
 
 GeminiPlugin::GeminiPlugin(GeminiPluginOptions options, cluster::ProcessGroupPtr group)
@@ -248,9 +265,12 @@ std::shared_ptr<ModelWrapper> GeminiPlugin::wrap_model(std::shared_ptr<models::C
   }
   // Every rank starts from rank 0's weights and buffers. The model stays where
   // it was built (the chunks are made from it); where the backend needs device
-  // tensors, each one travels through the device on its own.
+  // tensors, each one travels through the device on its own. Lazy (meta)
+  // parameters need no broadcast: their source is the same on every rank.
   std::vector<at::Tensor> tensors;
-  for (const auto& item : model->named_parameters(/*recurse=*/true)) tensors.push_back(item.value());
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+    if (!item.value().is_meta()) tensors.push_back(item.value());
+  }
   for (const auto& item : model->named_buffers(/*recurse=*/true)) tensors.push_back(item.value());
   if (group_->backend_name() == "nccl") {
     at::NoGradGuard no_grad;

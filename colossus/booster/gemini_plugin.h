@@ -52,9 +52,21 @@ struct GeminiPluginOptions {
   double max_scale = 4294967296.0;  // 2^32
   double max_norm = 0.0;            // > 0: clip to this global norm (over the shards)
   double norm_type = 2.0;           // 2 or infinity
+  // NVMe offload (static only, as Colossal-AI's HybridAdam nvme_offload_*):
+  // this share of the chunks offload_optim_frac put on the host keep their
+  // optimizer moments in files under nvme_offload_dir between steps (read
+  // before and written after each chunk's step on a small IO thread pool,
+  // the next chunk prefetched). Needs an elementwise optimizer.
+  double nvme_offload_fraction = 0.0;
+  std::string nvme_offload_dir = "";
   // C++ only (no config key): device memory figures for the auto policy
   // (default: metrics::device_memory(), the CUDA allocator's).
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  // C++ only (the trainer's `lazy_init` key sets it): where the values of a
+  // model built on the meta device (models::create_lazy_model) come from;
+  // each rank materialises only its chunk shards (models::seeded_source gives
+  // eager init's values, models::checkpoint_source a checkpoint's).
+  models::ParamSource param_source = {};
   // Throws ConfigError naming the bad value (or combination) and what to use.
   void validate() const;
   zero::gemini::GeminiOptions gemini_options() const;

@@ -8,12 +8,14 @@
 
 #include "colossus/booster/booster_impl.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/booster/rank_shards.h"
 #include "colossus/checkpoint/hf_index.h"
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/zero/optimizer_state.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -49,19 +51,38 @@ zero::LowLevelZeroOptimizer& zero_optimizer(optim::Optimizer& optimizer, const c
 
 class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
  public:
-  explicit LowLevelZeroCheckpointIO(cluster::ProcessGroupPtr group) : group_(std::move(group)) {}
+  // group: all dp ranks; shard_group: the ranks state is sharded over;
+  // extra_group: replicas of one shard (null when extra_dp_size is 1).
+  LowLevelZeroCheckpointIO(cluster::ProcessGroupPtr group, cluster::ProcessGroupPtr shard_group,
+                           cluster::ProcessGroupPtr extra_group)
+      : group_(std::move(group)), shard_group_(std::move(shard_group)), extra_group_(std::move(extra_group)) {}
 
   void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
     if (options.size_per_shard_mb <= 0) {
       throw ConfigError(fmt::format("save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
                                     options.size_per_shard_mb));
     }
-    if (auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model); zero_model && zero_model->optimizer()) {
-      zero_model->optimizer()->wait_for_params();
+    auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
+    zero::LowLevelZeroOptimizer* zero = zero_model ? zero_model->optimizer() : nullptr;
+    if (zero) zero->wait_for_params();
+    const std::string what = fmt::format("save_model('{}')", dir);
+    if (options.shard && zero) {
+      // Parameters are whole on every rank: each writes its share as it is.
+      const auto& params = zero->named_params();
+      const int rank = shard_group_->rank(), dp = shard_group_->size();
+      checkpoint::NamedTensors mine;
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (zero::writer_rank(zero->layout(), k, dp) == rank) mine.emplace_back(params[k].first, params[k].second.detach());
+      }
+      write_on_rank0(*group_, what, [&] {
+        write_model_config(model.unwrap().config(), params.front().second.scalar_type(), dir);
+      });
+      save_rank_shards(*group_, rank_shard(), dir, "model", mine, {}, what);
+      return;
     }
     // Parameters are whole on every rank: rank 0 writes them as they are
     // (use_async is served synchronously: the write is the whole cost).
-    write_on_rank0(*group_, fmt::format("save_model('{}')", dir), [&] {
+    write_on_rank0(*group_, what, [&] {
       models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});
     });
   }
@@ -84,8 +105,15 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
                                     options.size_per_shard_mb));
     }
     auto& zero = zero_optimizer(optimizer, "save_optimizer");
+    const std::string what = fmt::format("save_optimizer('{}')", dir);
+    if (options.shard) {
+      optim::OptimizerState state = zero.rank_state_dict();  // collective over the shard group
+      save_rank_shards(*group_, rank_shard(), dir, kOptimizerPrefix, state.tensors, {{kOptimizerStateKey, state.json}},
+                       what);
+      return;
+    }
     optim::OptimizerState state = zero.state_dict();  // collective: gathers the shards
-    write_on_rank0(*group_, fmt::format("save_optimizer('{}')", dir), [&] {
+    write_on_rank0(*group_, what, [&] {
       checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
                                              .prefix = kOptimizerPrefix};
       shard_options.metadata[kOptimizerStateKey] = std::move(state.json);
@@ -95,40 +123,19 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
     auto& zero = zero_optimizer(optimizer, "load_optimizer");
-    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] {
-      const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix);
-      const fs::path index = fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix);
-      std::string source = single.string();
-      if (!fs::exists(single)) {
-        if (!fs::exists(index)) {
-          throw CheckpointError(
-              fmt::format("load_optimizer: '{}' holds neither {} nor {} (written by "
-                          "Booster::save_optimizer)",
-                          dir, single.filename().string(), index.filename().string()));
-        }
-        const auto weight_map = checkpoint::hf::read_index(index.string()).weight_map;
-        if (weight_map.empty())
-          throw CheckpointError(fmt::format("load_optimizer: '{}' lists no tensors", index.string()));
-        source = (fs::path(dir) / weight_map.begin()->second).string();
-      }
-      const auto file = checkpoint::SafetensorsFile::open(source);
-      const auto json = file.metadata().find(kOptimizerStateKey);
-      if (json == file.metadata().end()) {
-        throw CheckpointError(
-            fmt::format("load_optimizer: '{}' has no '{}' metadata; it was not written by "
-                        "Booster::save_optimizer",
-                        source, kOptimizerStateKey));
-      }
-      optim::OptimizerState state;
-      state.json = json->second;
-      for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix))
-        state.tensors.emplace_back(name, tensor);
-      zero.load_state_dict(state);
-    });
+    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] { load_optimizer_state(zero, dir); });
   }
 
  private:
-  cluster::ProcessGroupPtr group_;
+  // One file per shard rank; replicas (extra_dp) hold the same shard and
+  // leave it to the first of them.
+  RankShard rank_shard() const {
+    return {.file_rank = shard_group_->rank(),
+            .file_count = shard_group_->size(),
+            .writes = !extra_group_ || extra_group_->rank() == 0};
+  }
+
+  cluster::ProcessGroupPtr group_, shard_group_, extra_group_;
 };
 
 }  // namespace
@@ -214,7 +221,7 @@ LowLevelZeroPlugin::LowLevelZeroPlugin(LowLevelZeroPluginOptions options, cluste
     shard_group_ = mesh.group("dp");
     extra_group_ = mesh.group("extra_dp");
   }
-  io_ = std::make_unique<LowLevelZeroCheckpointIO>(group_);
+  io_ = std::make_unique<LowLevelZeroCheckpointIO>(group_, shard_group_, extra_group_);
 }
 
 LowLevelZeroPlugin::~LowLevelZeroPlugin() = default;

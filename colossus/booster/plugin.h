@@ -48,6 +48,12 @@ struct SaveOptions {
   // Copy tensors to host buffers now, write them on a background thread while
   // training goes on (index last); wait_for_saves() or the next save joins it.
   bool use_async = false;
+  // Plugins whose state is sharded over ranks (gemini, low_level_zero): each
+  // rank writes the whole tensors it owns as its own file of a sharded HF
+  // layout plus an index (no rank gathers the model or the optimizer state;
+  // size_per_shard_mb and use_async do not apply). Any rank count, DDP and
+  // transformers load the result. false: gathered, written by rank 0.
+  bool shard = false;
 };
 
 // Checkpoint IO of a plugin whose model or optimizer state is sharded over

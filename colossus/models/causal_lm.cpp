@@ -100,6 +100,24 @@ uint64_t seed_for(uint64_t seed, const std::string& name) {
 
 }  // namespace
 
+at::Tensor CausalLM::initial_value(const std::string& name, c10::IntArrayRef sizes, uint64_t seed) const {
+  at::NoGradGuard no_grad;
+  // Drawn on CPU in fp32 so every device and dtype gets the same values.
+  at::Tensor values = at::empty(sizes, at::kFloat);
+  const InitRule rule = init_rule(name);
+  switch (rule.kind) {
+    case Init::Zeros: values.zero_(); break;
+    case Init::Ones: values.fill_(1.0); break;
+    case Init::Normal: {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_for(seed, name));
+      values.normal_(0.0, rule.std, generator);
+      break;
+    }
+  }
+  after_init_value(name, values);
+  return values;
+}
+
 void CausalLM::init_weights(uint64_t seed) {
   at::NoGradGuard no_grad;
   for (const auto& item : named_parameters(/*recurse=*/true)) {
@@ -108,21 +126,8 @@ void CausalLM::init_weights(uint64_t seed) {
     if (param.is_meta()) {
       throw ConfigError(fmt::format("init_weights: parameter {} is on the meta device; materialise it before initialising", name));
     }
-    InitRule rule = init_rule(name);
-    switch (rule.kind) {
-      case Init::Zeros: param.zero_(); break;
-      case Init::Ones: param.fill_(1.0); break;
-      case Init::Normal: {
-        // Drawn on CPU in fp32 so every device and dtype gets the same values.
-        auto generator = at::make_generator<at::CPUGeneratorImpl>(seed_for(seed, name));
-        at::Tensor values = at::empty(param.sizes(), at::kFloat);
-        values.normal_(0.0, rule.std, generator);
-        param.copy_(values);
-        break;
-      }
-    }
+    param.copy_(initial_value(name, param.sizes(), seed));
   }
-  after_init();
 }
 
 }  // namespace colossus::models

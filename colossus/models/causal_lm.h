@@ -127,6 +127,10 @@ class CausalLM : public LayerHost {
   // builds only its blocks, or a sharder that materialises one parameter at a
   // time, gets the same numbers.
   void init_weights(uint64_t seed);
+  // The values init_weights(seed) gives parameter `name` of shape `sizes`,
+  // computed alone (fp32, CPU): lazy init materialises a meta model's
+  // parameters (or only a shard of them) from it, bit-identical to eager init.
+  at::Tensor initial_value(const std::string& name, c10::IntArrayRef sizes, uint64_t seed) const;
 
  protected:
   enum class Init { Normal, Zeros, Ones };
@@ -136,8 +140,12 @@ class CausalLM : public LayerHost {
   };
   // The rule for one parameter, by HF name.
   virtual InitRule init_rule(const std::string& name) const = 0;
-  // Model-specific touches after the rules ran (LLaMA's zero padding row).
-  virtual void after_init() {}
+  // Model-specific touches on one parameter's values after its rule ran
+  // (LLaMA's zero padding row of the embedding).
+  virtual void after_init_value(const std::string& name, at::Tensor& values) const {
+    (void)name;
+    (void)values;
+  }
 
   void set_blocks(std::shared_ptr<torch::nn::Module> container, std::vector<std::shared_ptr<TransformerBlock>> blocks);
 

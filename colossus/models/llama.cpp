@@ -215,12 +215,10 @@ CausalLM::InitRule LlamaForCausalLM::init_rule(const std::string& name) const {
   return {Init::Normal, llama_config().initializer_range};
 }
 
-void LlamaForCausalLM::after_init() {
+void LlamaForCausalLM::after_init_value(const std::string& name, at::Tensor& values) const {
   // HF zeroes the padding row of the embedding at init.
-  if (auto pad = llama_config().pad_token_id) {
-    at::NoGradGuard no_grad;
-    embedding().weight[*pad].zero_();
-  }
+  auto pad = llama_config().pad_token_id;
+  if (pad && name.ends_with("embed_tokens.weight")) values[*pad].zero_();
 }
 
 }  // namespace colossus::models

@@ -83,7 +83,7 @@ class LlamaForCausalLM : public CausalLM {
 
  protected:
   InitRule init_rule(const std::string& name) const override;
-  void after_init() override;
+  void after_init_value(const std::string& name, at::Tensor& values) const override;
 
  private:
   RopeSpec rope_;

@@ -126,11 +126,10 @@ CausalLM::InitRule MixtralForCausalLM::init_rule(const std::string& name) const 
   return {Init::Normal, mixtral_config().initializer_range};
 }
 
-void MixtralForCausalLM::after_init() {
-  if (auto pad = mixtral_config().pad_token_id) {
-    at::NoGradGuard no_grad;
-    embedding().weight[*pad].zero_();
-  }
+void MixtralForCausalLM::after_init_value(const std::string& name, at::Tensor& values) const {
+  // HF zeroes the padding row of the embedding at init.
+  auto pad = mixtral_config().pad_token_id;
+  if (pad && name.ends_with("embed_tokens.weight")) values[*pad].zero_();
 }
 
 }  // namespace colossus::models

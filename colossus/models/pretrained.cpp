@@ -63,7 +63,9 @@ std::string dtype_name(c10::ScalarType dtype) {
 
 }  // namespace
 
-void load_state_dict(CausalLM& model, const std::map<std::string, at::Tensor>& state, const std::string& source) {
+std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
+                                                     const std::map<std::string, at::Tensor>& state,
+                                                     const std::string& source) {
   auto params = model.named_parameters(/*recurse=*/true);
   const std::string base_prefix = model.blocks_path().substr(0, model.blocks_path().find('.')) + ".";
   std::vector<std::string> unexpected, mismatched;
@@ -96,8 +98,16 @@ void load_state_dict(CausalLM& model, const std::map<std::string, at::Tensor>& s
     message.pop_back();
     throw CheckpointError(message);
   }
+  std::map<std::string, at::Tensor> resolved;
+  for (const auto& [name, tensor] : assigned) resolved.emplace(name, *tensor);
+  return resolved;
+}
+
+void load_state_dict(CausalLM& model, const std::map<std::string, at::Tensor>& state, const std::string& source) {
+  auto resolved = resolve_state_dict(model, state, source);
+  auto params = model.named_parameters(/*recurse=*/true);
   at::NoGradGuard no_grad;
-  for (auto& [name, tensor] : assigned) params[name].copy_(*tensor);
+  for (auto& [name, tensor] : resolved) params[name].copy_(tensor);
 }
 
 std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options) {

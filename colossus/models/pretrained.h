@@ -43,6 +43,12 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOpti
 // Copies `state` into the model's parameters with the strict rules above;
 // `source` names the checkpoint in errors.
 void load_state_dict(CausalLM& model, const std::map<std::string, at::Tensor>& state, const std::string& source);
+// The same rules without copying: every model parameter name (named_parameters
+// keys) -> its tensor in `state`. For loaders that copy parameter by parameter
+// into storage of their own (ZeRO-3 chunks, lazy init).
+std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
+                                                     const std::map<std::string, at::Tensor>& state,
+                                                     const std::string& source);
 
 // The tensors a checkpoint holds, by HF name, in named_parameters() order;
 // a tied head is not repeated.

@@ -115,6 +115,13 @@ void StatefulOptimizer::for_each_param_with_grad(const UpdateFn& fn) {
   }
 }
 
+std::vector<at::Tensor> StatefulOptimizer::state_tensors(int64_t flat_index) const {
+  std::vector<at::Tensor> out;
+  if (flat_index < 0 || static_cast<size_t>(flat_index) >= state_.size()) return out;
+  for (const auto& [name, tensor] : state_[static_cast<size_t>(flat_index)].slots) out.push_back(tensor);
+  return out;
+}
+
 OptimizerState StatefulOptimizer::state_dict() const {
   OptimizerState out;
   nlohmann::json j;

@@ -19,6 +19,10 @@ class StatefulOptimizer : public Optimizer {
  public:
   OptimizerState state_dict() const override;
   void load_state_dict(const OptimizerState& state) override;
+  // The live state tensors of parameter `flat_index` (none before its first
+  // update), not copies: Gemini's NVMe offload empties and refills their
+  // storage in place between steps.
+  std::vector<at::Tensor> state_tensors(int64_t flat_index) const;
 
  protected:
   struct ParamState {

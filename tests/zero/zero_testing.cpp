@@ -3,6 +3,7 @@
 
 #include "colossus/amp/clip_grad.h"
 #include "colossus/booster/ddp_plugin.h"
+#include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/adam.h"
 #include "colossus/optim/hybrid_adam.h"
@@ -85,6 +86,8 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
     : spec_(spec), group_(group ? group : ct::world()) {
   std::shared_ptr<booster::Plugin> plugin;
   booster::BoosterOptions booster_options;
+  auto model = spec.lazy_init ? models::create_lazy_model(config_of(spec))
+                              : models::create_model(config_of(spec), {.seed = kModelSeed});
   if (spec.plugin == "gemini") {
     plugin = std::make_shared<booster::GeminiPlugin>(
         booster::GeminiPluginOptions{.placement_policy = spec.placement_policy,
@@ -100,7 +103,11 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                                      .min_chunk_size_m = spec.min_chunk_size_m,
                                      .initial_scale = spec.initial_scale,
                                      .max_norm = spec.max_norm,
-                                     .memory_probe = spec.memory_probe},
+                                     .nvme_offload_fraction = spec.nvme_offload_fraction,
+                                     .nvme_offload_dir = spec.nvme_offload_dir,
+                                     .memory_probe = spec.memory_probe,
+                                     .param_source = spec.lazy_init ? models::seeded_source(model, kModelSeed)
+                                                                    : models::ParamSource()},
         group_);
   } else if (spec.plugin == "ddp") {
     plugin = std::make_shared<booster::DDPPlugin>(booster::DDPPluginOptions{}, group_);
@@ -121,7 +128,6 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
         group_);
   }
   booster_ = std::make_unique<booster::Booster>(plugin, booster_options);
-  auto model = models::create_model(config_of(spec), {.seed = kModelSeed});
   auto optimizer = make_optimizer(spec.optimizer, *model);
   auto scheduler = make_scheduler(*optimizer);
   boosted_ = booster_->boost(model, std::move(optimizer), scheduler);
@@ -161,9 +167,9 @@ std::vector<double> ZeroRun::train(int64_t first_step, int64_t end_step) {
   return losses;
 }
 
-void ZeroRun::save(const std::string& dir) {
-  booster_->save_model(*boosted_.model, dir);
-  booster_->save_optimizer(*boosted_.optimizer, dir);
+void ZeroRun::save(const std::string& dir, bool shard) {
+  booster_->save_model(*boosted_.model, dir, {.shard = shard});
+  booster_->save_optimizer(*boosted_.optimizer, dir, {.shard = shard});
   booster_->save_lr_scheduler(*boosted_.lr_scheduler, (std::filesystem::path(dir) / "scheduler.json").string());
 }
 

@@ -42,6 +42,11 @@ struct RunSpec {
   double min_chunk_size_m = 0.001;
   double search_range_m = 0.004;
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  // gemini: the model is built on the meta device and each rank materialises
+  // its shards from the seeded init (models::seeded_source).
+  bool lazy_init = false;
+  double nvme_offload_fraction = 0.0;  // gemini NVMe offload of optimizer state
+  std::string nvme_offload_dir;
 };
 
 std::vector<double> reference_losses(const RunSpec& spec, int64_t steps);
@@ -52,7 +57,8 @@ class ZeroRun {
   explicit ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group = nullptr);
   double train_step(int64_t step);  // the group's mean loss of `step`
   std::vector<double> train(int64_t first_step, int64_t end_step);
-  void save(const std::string& dir);
+  // shard: each rank writes its own files (SaveOptions::shard).
+  void save(const std::string& dir, bool shard = false);
   void load(const std::string& dir);
   booster::Booster& booster() { return *booster_; }
   booster::Boosted& boosted() { return boosted_; }

@@ -290,6 +290,9 @@ TrainConfig from_table(const toml::table& root) {
       s.get("max_scale", g.max_scale);
       s.get("max_norm", g.max_norm);
       s.get("norm_type", g.norm_type);
+      s.get("nvme_offload_fraction", g.nvme_offload_fraction);
+      s.get("nvme_offload_dir", g.nvme_offload_dir);
+      s.get("lazy_init", p.lazy_init);
     } else if (p.name == "hybrid_parallel") {
       // Keys match HybridParallelPluginOptions one to one (loss scaler keys flat, as low_level_zero's).
       auto& h = p.hybrid_parallel;

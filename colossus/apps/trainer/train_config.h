@@ -70,6 +70,10 @@ struct PluginSection {
   // name = "gemini": ZeRO-3 chunks with offload; its precision and max_norm
   // replace the booster's (memory_probe is C++ only).
   booster::GeminiPluginOptions gemini = {};
+  // name = "gemini": build the model on the meta device and let each rank
+  // materialise only its chunk shards (from model.init_seed, or from
+  // model.pretrained), so no rank allocates the whole model.
+  bool lazy_init = false;
   // name = "hybrid_parallel": tensor x data parallel; its precision and
   // max_norm replace the booster's (custom_policy is C++ only).
   booster::HybridParallelPluginOptions hybrid_parallel = {};

@@ -118,12 +118,19 @@ void Trainer::build() {
   tokenizer_ = make_tokenizer(config_.data);
   data_ = prepare_training_data(config_, *tokenizer_, *world_);
   auto model_config = build_model_config(config_, *tokenizer_);
-  auto model = build_model(config_, model_config);
+  // Lazy (gemini): a meta model; the plugin materialises each rank's shards.
+  auto model = config_.plugin.lazy_init ? models::create_lazy_model(model_config) : build_model(config_, model_config);
   flops_per_token_ = flops_per_token(*model, config_.data.seq_len);
   auto optimizer = build_optimizer(config_.optimizer, *model);
   auto scheduler = build_lr_scheduler(config_.lr_scheduler, *optimizer, config_.train.steps);
 
-  plugin_ = make_plugin(config_.plugin, world_);
+  PluginSection plugin_section = config_.plugin;
+  if (plugin_section.lazy_init) {
+    plugin_section.gemini.param_source = config_.model.pretrained.empty()
+                                             ? models::seeded_source(model, config_.model.init_seed)
+                                             : models::checkpoint_source(*model, config_.model.pretrained);
+  }
+  plugin_ = make_plugin(plugin_section, world_);
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
   dp_ = plugin_->dp_group();

@@ -15,6 +15,8 @@
 #include <unordered_map>
 
 #include "colossus/core/errors.h"
+#include "colossus/models/lazy_init.h"
+#include "colossus/zero/gemini/chunk_storage.h"
 
 namespace colossus::zero::gemini {
 
@@ -35,22 +37,6 @@ c10::ScalarType dtype_of(const std::string& precision) {
   if (precision == "bf16") return at::kBFloat16;
   if (precision == "fp16") return at::kHalf;
   throw ConfigError(fmt::format("gemini: precision='{}' is unknown; use fp32, bf16 or fp16", precision));
-}
-
-// A released chunk keeps its tensor (and every parameter view of it) but no
-// memory: the storage is emptied in place and refilled by the next gather.
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  storage->set_nbytes(0);
-}
-
-void alloc_storage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (storage->nbytes() == nbytes && storage->data() != nullptr) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
-  storage->set_nbytes(nbytes);
 }
 
 }  // namespace
@@ -136,21 +122,36 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
     chunk.layout = layout_.buckets[c];
     chunk.placement = placement[c];
     const at::Tensor& first = params_[chunk.layout.params.front()].second;
-    // Flatten in the original dtype: masters start at the exact values.
-    at::Tensor flat = at::zeros({chunk_numel_}, first.options().requires_grad(false));
+    // This rank's part in the parameters' original dtype (masters start at the
+    // exact values), cut from each parameter's whole values: with a lazy model
+    // only one parameter is ever whole, never the chunk or the model.
+    const int64_t shard = chunk.layout.shard_numel;
+    const auto staging =
+        at::TensorOptions().dtype(first.scalar_type()).device(first.is_meta() ? c10::Device(c10::kCPU) : first.device());
+    at::Tensor flat = chunk.placement.keep_gathered ? at::zeros({chunk_numel_}, staging) : at::Tensor();
+    at::Tensor own = flat.defined() ? flat.narrow(0, int64_t{rank} * shard, shard) : at::zeros({shard}, staging);
     for (size_t k : chunk.layout.params) {
       const auto& slot = layout_.slots[k];
-      flat.narrow(0, slot.offset, slot.numel).copy_(params_[k].second.detach().reshape({-1}));
+      if (!flat.defined() && slot.own_numel == 0) continue;
+      at::Tensor values = whole_values(k).reshape({-1});
+      if (flat.defined()) {
+        flat.narrow(0, slot.offset, slot.numel).copy_(values);
+      } else {
+        own.narrow(0, slot.own_offset, slot.own_numel).copy_(owned_part(values, slot));
+      }
     }
-    const int64_t shard = chunk.layout.shard_numel;
-    at::Tensor own = flat.narrow(0, int64_t{rank} * shard, shard);
     chunk.full = at::empty({chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
     // Views first: slicing checks the storage bounds, which a released chunk
     // has not.
     for (size_t k : chunk.layout.params) {
       const auto& slot = layout_.slots[k];
       at::Tensor& p = params_[k].second;
-      p.set_data(chunk.full.narrow(0, slot.offset, slot.numel).view(p.sizes()));
+      at::Tensor view = chunk.full.narrow(0, slot.offset, slot.numel).view(p.sizes());
+      if (p.is_meta()) {
+        models::rebind_parameter(p, view);
+      } else {
+        p.set_data(view);
+      }
     }
     if (chunk.placement.keep_gathered) {
       chunk.full.copy_(flat);
@@ -168,12 +169,23 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
   }
   // Everything else (frozen parameters, buffers) moves to the device in the
   // model's precision.
-  for (auto& [name, p] : params_) {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    at::Tensor& p = params_[k].second;
     if (p.requires_grad()) continue;
-    p.set_data(p.detach().to(device_, at::isFloatingType(p.scalar_type()) ? dtype_ : p.scalar_type()));
+    at::Tensor values = whole_values(k);
+    values = values.to(device_, at::isFloatingType(values.scalar_type()) ? dtype_ : values.scalar_type());
+    if (p.is_meta()) {
+      models::rebind_parameter(p, values);
+    } else {
+      p.set_data(values);
+    }
   }
   for (auto& item : model_->named_buffers(/*recurse=*/true)) {
     at::Tensor& b = item.value();
+    if (b.is_meta()) {
+      throw ConfigError(fmt::format("gemini: buffer '{}' is on the meta device; lazy init covers parameters only",
+                                    item.key()));
+    }
     b.set_data(b.to(device_, at::isFloatingType(b.scalar_type()) ? dtype_ : b.scalar_type()));
   }
   ready_.assign(params_.size(), false);
@@ -207,6 +219,23 @@ GeminiDDP::~GeminiDDP() {
 }
 
 c10::Device GeminiDDP::place_of(bool on_host) const { return on_host ? c10::Device(c10::kCPU) : device_; }
+
+at::Tensor GeminiDDP::whole_values(size_t k) const {
+  const auto& [name, p] = params_[k];
+  if (!p.is_meta()) return p.detach();
+  if (!options_.param_source) {
+    throw ConfigError(fmt::format(
+        "gemini: parameter '{}' is on the meta device (lazy init) but no param_source says where its values come "
+        "from; pass models::seeded_source(model, seed) or models::checkpoint_source(model, dir)",
+        name));
+  }
+  at::Tensor values = options_.param_source(name, p);
+  if (values.sizes() != p.sizes()) {
+    throw ConfigError(fmt::format("gemini: param_source gave '{}' shape {}, the model has {}", name,
+                                  c10::str(values.sizes()), c10::str(p.sizes())));
+  }
+  return values;
+}
 
 at::Tensor GeminiDDP::host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const {
   if (!on_host) return values.to(device_, dtype, /*non_blocking=*/false, /*copy=*/true);
@@ -415,38 +444,6 @@ void GeminiDDP::shards_from_masters() {
       at::Tensor send = chunk.full.narrow(0, int64_t{rank} * shard, shard).clone();
       dp_group_->all_gather_into(chunk.full, send).wait();
     }
-  }
-}
-
-void GeminiDDP::with_all_gathered(const std::function<void()>& fn) {
-  for (size_t c = 0; c < chunks_.size(); ++c) gather(c);
-  for (size_t c = 0; c < chunks_.size(); ++c) wait_gathered(c);
-  try {
-    fn();
-  } catch (...) {
-    release_all();
-    throw;
-  }
-  release_all();
-}
-
-void GeminiDDP::refresh_from_params() {
-  at::NoGradGuard no_grad;
-  const int rank = dp_group_->rank();
-  for (auto& chunk : chunks_) {
-    TORCH_CHECK(chunk.state == Chunk::State::Gathered, "gemini: refresh_from_params needs every chunk gathered");
-    const int64_t shard = chunk.layout.shard_numel;
-    at::Tensor own = chunk.full.narrow(0, int64_t{rank} * shard, shard);
-    if (!chunk.placement.keep_gathered) chunk.shard.copy_(own);
-    if (chunk.master.is_same(chunk.shard)) continue;
-    if (master_dtype_ == dtype_) {
-      chunk.master.copy_(own);
-      continue;
-    }
-    // Keep exact masters where they still round to the parameter.
-    at::Tensor own_here = own.to(chunk.master.device());
-    at::Tensor same = chunk.master.to(dtype_).eq(own_here);
-    chunk.master.copy_(at::where(same, chunk.master, own_here.to(master_dtype_)));
   }
 }
 

@@ -28,6 +28,7 @@
 #include "colossus/cluster/process_group.h"
 #include "colossus/metrics/memory.h"
 #include "colossus/models/causal_lm.h"
+#include "colossus/models/lazy_init.h"
 #include "colossus/zero/gemini/chunk_plan.h"
 #include "colossus/zero/gemini/placement.h"
 
@@ -58,6 +59,15 @@ struct GeminiOptions {
   // Device memory figures for the auto policy (default:
   // metrics::device_memory()).
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  // Lazy init: the whole values of a parameter the model holds on the meta
+  // device (models::seeded_source / checkpoint_source); each rank copies only
+  // its shard out of them, one parameter at a time.
+  models::ParamSource param_source = {};
+  // NVMe offload (static placement): this share of the chunks whose optimizer
+  // side is on the host keep their optimizer state (moments) in files under
+  // nvme_offload_dir between steps (GeminiOptimizer, nvme_store.h).
+  double nvme_offload_fraction = 0.0;
+  std::string nvme_offload_dir = "";
 };
 
 // One chunk on this rank.
@@ -91,6 +101,7 @@ struct GeminiMemory {
           masters_host = 0;  // master shards not aliasing the parameter shard
   int64_t optim_device = 0,
           optim_host = 0;  // optimizer state (filled by GeminiOptimizer)
+  int64_t optim_nvme = 0;  // optimizer state in NVMe offload files, in neither total
   int64_t device_total() const { return params_device + grads_device + masters_device + optim_device; }
   int64_t host_total() const { return params_host + grads_host + masters_host + optim_host; }
 };
@@ -98,7 +109,8 @@ struct GeminiMemory {
 class GeminiDDP {
  public:
   // `model`: fp32, the same values on every rank (any device; chunks are built
-  // on `device` / the host). Its blocks are replaced by GeminiBlock wrappers.
+  // on `device` / the host), or lazy (parameters on the meta device, values
+  // from options.param_source). Its blocks are replaced by GeminiBlock wrappers.
   GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGroupPtr dp_group, c10::Device device,
             GeminiOptions options);
   ~GeminiDDP();
@@ -131,6 +143,7 @@ class GeminiDDP {
   // view of the gradient shard.
   const at::Tensor& master_view(size_t param_index) const { return master_views_[param_index]; }
   c10::ScalarType master_dtype() const { return master_dtype_; }
+  c10::ScalarType dtype() const { return dtype_; }  // the parameters' (precision)
   cluster::ProcessGroupPtr dp_group() const { return dp_group_; }
   c10::Device device() const { return device_; }
   // After the optimizer stepped the masters: parameter shards follow them
@@ -154,6 +167,14 @@ class GeminiDDP {
   // The parameters were overwritten in full (all gathered): shards and masters
   // follow (not collective).
   void refresh_from_params();
+  // Gathers one chunk at a time (collective), calls fn(chunk index) while it
+  // is whole and releases it: a save that never holds more than one chunk.
+  void for_each_gathered(const std::function<void(size_t)>& fn);
+  // Loads every parameter from whole(name) (e.g. a mapped checkpoint), one
+  // chunk at a time and without communication: the chunk's storage is made,
+  // filled, this rank's shard and master take their part, and it is released
+  // again. Frozen parameters are copied as they are.
+  void load_params(const std::function<at::Tensor(const std::string&)>& whole);
 
   GeminiMemory memory_bytes() const;
   int64_t device_model_bytes() const;
@@ -175,7 +196,9 @@ class GeminiDDP {
   void sample_memory();
   c10::Device place_of(bool on_host) const;
   at::Tensor host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const;
+  at::Tensor whole_values(size_t param_index) const;  // the model's tensor, or param_source's for a meta one
   void point_views(size_t chunk);
+  void refresh_chunk(size_t chunk);  // shard and master from the gathered chunk
 
   std::shared_ptr<models::CausalLM> model_;
   cluster::ProcessGroupPtr dp_group_;

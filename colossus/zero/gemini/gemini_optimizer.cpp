@@ -81,6 +81,7 @@ GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, Gemini
     scaler_.emplace(scaler_options);
   }
   rebind_masters();
+  setup_nvme();
   if (auto* lamb = dynamic_cast<optim::Lamb*>(inner_.get())) {
     if (ddp_.master_dtype() != at::kFloat) {
       throw ConfigError(
@@ -157,23 +158,9 @@ void GeminiOptimizer::step() {
     }
     last_grad_norm_ = amp::clip_grad_norm(grads, max_norm, ddp_.options().norm_type, reducer);
   }
-  inner_->step();
+  step_inner();
   if (scaler_) scaler_->update(false);
   ddp_.after_step();
-}
-
-GeminiMemory GeminiOptimizer::memory_bytes() const {
-  GeminiMemory m = ddp_.memory_bytes();
-  // Inner state tensors are "state.<flat index>.<slot>"; their place is their
-  // chunk's.
-  for (const auto& [name, t] : inner_->state_dict().tensors) {
-    const size_t dot1 = name.find('.'), dot2 = name.find('.', dot1 + 1);
-    const size_t flat = std::stoul(name.substr(dot1 + 1, dot2 - dot1 - 1));
-    const auto& slot = ddp_.layout().slots[inner_order_.at(flat)];
-    const bool host = ddp_.chunks()[slot.bucket].placement.optim_on_host;
-    (host ? m.optim_host : m.optim_device) += t.numel() * static_cast<int64_t>(t.element_size());
-  }
-  return m;
 }
 
 }  // namespace colossus::zero::gemini

@@ -7,6 +7,7 @@
 // follow the masters. state_dict() is the unsharded format the Booster writes
 // for DDP, so it loads with any dp size and into DDP/ZeRO-1/2.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +16,11 @@
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/optim/optimizer.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
+#include "colossus/zero/gemini/nvme_store.h"
+
+namespace colossus::zero {
+struct ShardedStateLayout;  // optimizer_state.h
+}  // namespace colossus::zero
 
 namespace colossus::zero::gemini {
 
@@ -28,6 +34,9 @@ class GeminiOptimizer : public optim::Optimizer {
   std::string name() const override { return "Gemini[" + inner_->name() + "]"; }
   // Collective over dp.
   optim::OptimizerState state_dict() const override;
+  // Collective over dp: the same format, but only the parameters this rank
+  // writes in a per-rank sharded save (zero::writer_rank).
+  optim::OptimizerState rank_state_dict() const;
   // Each rank takes its parts of an unsharded state (not collective).
   void load_state_dict(const optim::OptimizerState& state) override;
 
@@ -42,8 +51,22 @@ class GeminiOptimizer : public optim::Optimizer {
   // Points the inner optimizer at the DDP's master views again (after a
   // placement change).
   void rebind_masters();
+  // Chunks whose optimizer state lives in NVMe offload files between steps,
+  // and the file of chunk c (exists after its first step).
+  const std::vector<size_t>& nvme_chunks() const { return nvme_chunks_; }
+  std::string nvme_file(size_t chunk) const { return nvme_ ? nvme_->path(chunk) : std::string(); }
 
  private:
+  // NVMe offload (gemini_nvme.cpp).
+  void setup_nvme();
+  void step_inner();  // inner step; NVMe chunks one by one with their state read in
+  std::vector<at::Tensor> chunk_state(size_t chunk) const;  // live inner state tensors of its parameters
+  void nvme_fetch_all() const;  // every offloaded state in memory (checkpoints)
+  void nvme_evict_all() const;  // and back to the files
+
+  ShardedStateLayout state_layout() const;
+  optim::OptimizerState state_for(const std::function<bool(size_t)>& keep) const;
+
   std::unique_ptr<optim::Optimizer> inner_;
   GeminiDDP& ddp_;
   std::vector<size_t> inner_order_;  // inner flat index -> parameter index
@@ -51,6 +74,8 @@ class GeminiOptimizer : public optim::Optimizer {
   bool last_step_skipped_ = false;
   int64_t skipped_steps_ = 0;
   double last_grad_norm_;
+  std::vector<size_t> nvme_chunks_;
+  std::unique_ptr<NvmeStore> nvme_;
 };
 
 }  // namespace colossus::zero::gemini

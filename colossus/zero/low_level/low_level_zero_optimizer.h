@@ -13,12 +13,15 @@
 #include "colossus/optim/optimizer.h"
 #include "colossus/zero/low_level/bucket_store.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace colossus::zero {
+
+struct ShardedStateLayout;  // optimizer_state.h
 
 struct LowLevelZeroOptions {
   int stage = 1;                   // 1: optimizer state sharded; 2: gradients too
@@ -72,6 +75,10 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   // "master.<i>" and the MixedPrecisionOptimizer JSON), so it loads with any
   // dp size, into DDP, and a DDP state loads here.
   optim::OptimizerState state_dict() const override;
+  // Collective over dp: the same format, but only the parameters this rank
+  // writes in a per-rank sharded save (zero::writer_rank): the dp ranks'
+  // results together are state_dict(), and no rank holds all of it.
+  optim::OptimizerState rank_state_dict() const;
   // Each rank takes its parts of an unsharded state (not collective).
   void load_state_dict(const optim::OptimizerState& state) override;
 
@@ -87,6 +94,9 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   bool last_step_skipped() const { return last_step_skipped_; }
   double last_grad_norm() const { return last_grad_norm_; }
   optim::Optimizer& inner() { return *inner_; }
+  // The model's parameters (index order of the layout) and their buckets.
+  const NamedParams& named_params() const { return params_; }
+  const Layout& layout() const { return layout_; }
 
   // Bytes this rank holds, by kind (for the memory benchmark).
   struct MemoryBytes {
@@ -121,6 +131,8 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   };
 
   static bool aliases_params(const Bucket& bucket);
+  ShardedStateLayout state_layout() const;
+  optim::OptimizerState state_for(const std::function<bool(size_t)>& keep) const;
   void start_backward();
   void launch_in_order(bool all);
   void launch(Bucket& bucket);
