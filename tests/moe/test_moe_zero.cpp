@@ -2,7 +2,7 @@
 // ranks: ep2 x dp2 and ep4 with zero_stage 1 and 2 follow one process's fp32
 // AdamW curve over 20 steps (<= 1e-5 relative per step), also with gradient
 // accumulation and clipping (the norm counts replicated dense and moe_dp-
-// replicated expert elements once); bf16 tracks the fp32 curve; a checkpoint
+// replicated expert elements once); bf16 and fp16 track the fp32 curve; a checkpoint
 // resumes onto the same curve; bad options are ConfigErrors.
 #include "colossus/amp/clip_grad.h"
 #include "colossus/booster/booster.h"
@@ -123,8 +123,8 @@ double compare(const std::vector<double>& got, const std::vector<double>& want, 
 }
 
 std::string label_of(const MoeHybridParallelPluginOptions& o, int accumulation) {
-  return fmt::format("ep{} zero{} {}{}{}", o.ep_size, o.zero_stage, o.precision,
-                     o.max_norm > 0 ? fmt::format(" clip {}", o.max_norm) : "",
+  return fmt::format("ep{}{} zero{} {}{}{}", o.ep_size, o.moe_dp_outside ? "" : " (ep, moe_dp)", o.zero_stage,
+                     o.precision, o.max_norm > 0 ? fmt::format(" clip {}", o.max_norm) : "",
                      accumulation > 1 ? fmt::format(" accum {}", accumulation) : "");
 }
 
@@ -141,6 +141,7 @@ TEST(MoeZero, Fp32LossCurvesMatchOneProcess) {
       {{.ep_size = 2, .zero_stage = 2}},
       {{.ep_size = 4, .zero_stage = 1}},
       {{.ep_size = 4, .zero_stage = 2}},
+      {{.ep_size = 2, .moe_dp_outside = false, .zero_stage = 1}},
       {{.ep_size = 2, .zero_stage = 2, .max_norm = kClipNorm}, 2},
       {{.ep_size = 2, .zero_stage = 0, .max_norm = kClipNorm}},
   };
@@ -156,12 +157,13 @@ TEST(MoeZero, Fp32LossCurvesMatchOneProcess) {
   EXPECT_LT(plain.back(), plain.front() - 0.1);
 }
 
-TEST(MoeZero, Bf16TracksTheFp32Curve) {
+TEST(MoeZero, LowPrecisionTracksTheFp32Curve) {
   auto world = ct::world();
   if (world->size() != 4) GTEST_SKIP() << "laid out for 4 ranks";
   const auto reference = reference_curve(4, 0.0);
-  for (int stage : {0, 2}) {
-    MoeHybridParallelPluginOptions options{.ep_size = 2, .zero_stage = stage, .precision = "bf16"};
+  for (const auto& [stage, precision] :
+       std::vector<std::pair<int, std::string>>{{0, "bf16"}, {2, "bf16"}, {1, "fp16"}}) {
+    MoeHybridParallelPluginOptions options{.ep_size = 2, .zero_stage = stage, .precision = precision};
     auto run = boost(options, world);
     const auto losses = train(*run, world, 0, kSteps, 1);
     const double max_rel = compare(losses, reference, 0, 2e-2, label_of(options, 1));
