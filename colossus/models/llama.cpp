@@ -49,6 +49,20 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
     q = rope(split(0, q_width));
     k = rope(split(q_width, kv_width));
     v = split(q_width + kv_width, kv_width);
+  } else if (!context.rope_sin_signed.defined()) {
+    // RoPE on the projections' own (B, T, H, D) layout, then the head
+    // transpose: the elementwise work (and its backward) runs on contiguous,
+    // vectorisable memory instead of strided views. Same values.
+    const auto rope_bthd = [&](const char* name) {
+      at::Tensor projected = layer(name).forward(x);
+      TORCH_CHECK(projected.size(-1) % head_dim_ == 0, name, " output width ", projected.size(-1),
+                  " is not a multiple of head_dim ", head_dim_);
+      const at::Tensor bthd = projected.view({batch, projected.size(1), -1, head_dim_});
+      return apply_rope(bthd, context.rope_cos.unsqueeze(-2), context.rope_sin.unsqueeze(-2)).transpose(1, 2);
+    };
+    q = rope_bthd("q_proj");
+    k = rope_bthd("k_proj");
+    v = heads("v_proj");
   } else {
     q = rope(heads("q_proj"));
     k = rope(heads("k_proj"));
