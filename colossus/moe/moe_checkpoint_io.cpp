@@ -3,11 +3,11 @@
 // (expert_checkpoint.h), so it loads with any ep_size and into transformers;
 // each rank loads only the tensors it holds. The optimizer state is gathered
 // per shard group (dense over dp, experts over moe_dp) and written by moe_dp
-// rank 0 of each ep rank as `optimizer_ep<r>` (safetensors, the state JSON and
-// ep_size in its metadata): it resumes on any layout with the same ep_size (any
-// moe_dp, zero_stage 0-2, since all use the Booster's unsharded format);
-// another ep_size is refused, because the state's parameter indices would name
-// other experts.
+// rank 0 of each ep rank as `optimizer_ep<r>` (safetensors, the state JSON,
+// ep_size and the optimizer's parameter names in its metadata). The same
+// ep_size reads its own file (any moe_dp, zero_stage 0-2: the format is the
+// Booster's unsharded one); another ep_size reads every file and maps the
+// state by parameter name, because the indices name other experts there.
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster_impl.h"
 #include "colossus/checkpoint/hf_index.h"
@@ -19,8 +19,11 @@
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
+#include <optional>
 
 namespace colossus::moe {
 
@@ -29,6 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kEpSizeKey = "colossus.moe.ep_size";
+constexpr const char* kParamNamesKey = "colossus.moe.param_names";
 
 std::string optimizer_prefix(int ep_rank) { return fmt::format("optimizer_ep{}", ep_rank); }
 
@@ -62,6 +66,91 @@ std::map<std::string, std::string> metadata_of(const std::string& dir, const std
     source = (fs::path(dir) / weight_map.begin()->second).string();
   }
   return checkpoint::SafetensorsFile::open(source).metadata();
+}
+
+// "state.<i>.<slot>" / "master.<i>" -> (i, "state.<slot>" / "master"); false otherwise.
+bool parse_tensor_name(const std::string& name, size_t& index, std::string& kind) {
+  const bool master = name.rfind("master.", 0) == 0;
+  if (!master && name.rfind("state.", 0) != 0) return false;
+  const size_t begin = name.find('.') + 1, end = master ? name.size() : name.find('.', begin);
+  if (end == std::string::npos) return false;
+  try {
+    index = std::stoul(name.substr(begin, end - begin));
+  } catch (const std::logic_error&) {
+    return false;
+  }
+  kind = master ? "master" : "state" + name.substr(end);
+  return true;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& what) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("load_optimizer: {} does not parse: {}", what, e.what()));
+  }
+}
+
+// The state saved with `saved_ep` ep ranks, remapped onto `names` (this rank's
+// optimizer, flat order; `group_sizes` its param groups): each parameter's
+// tensors and step count are found by name in whichever file holds them.
+optim::OptimizerState remap_by_name(const std::string& dir, int64_t saved_ep, const std::vector<std::string>& names,
+                                    const std::vector<size_t>& group_sizes) {
+  struct Entry {
+    std::map<std::string, at::Tensor> tensors;  // "state.<slot>" / "master"
+    std::optional<int64_t> step;
+  };
+  std::map<std::string, Entry> by_name;
+  nlohmann::json base;  // file 0's JSON: hyper-parameters, loss scaler
+  for (int64_t r = 0; r < saved_ep; ++r) {
+    const std::string prefix = optimizer_prefix(static_cast<int>(r));
+    const auto metadata = metadata_of(dir, prefix);
+    const auto names_json = metadata.find(kParamNamesKey);
+    const auto state_json = metadata.find(booster::kOptimizerStateKey);
+    if (names_json == metadata.end() || state_json == metadata.end()) {
+      throw CheckpointError(
+          fmt::format("load_optimizer('{}'): {} lacks '{}' or '{}'; it cannot move to another ep_size", dir, prefix,
+                      kParamNamesKey, booster::kOptimizerStateKey));
+    }
+    const auto saved_names = parse_json(names_json->second, prefix).get<std::vector<std::string>>();
+    nlohmann::json j = parse_json(state_json->second, prefix);
+    const nlohmann::json& inner = j.contains("inner") ? j["inner"] : j;
+    for (const auto& [key, value] : inner.at("state").items()) {
+      by_name[saved_names.at(std::stoul(key))].step = value.at("step").get<int64_t>();
+    }
+    for (auto& [tensor_name, tensor] : checkpoint::load_state_dict(dir, prefix)) {
+      size_t index = 0;
+      std::string kind;
+      if (!parse_tensor_name(tensor_name, index, kind) || index >= saved_names.size()) {
+        throw CheckpointError(
+            fmt::format("load_optimizer('{}'): {} holds '{}', not state.<i>.<slot> or master.<i> of "
+                        "its {} parameters",
+                        dir, prefix, tensor_name, saved_names.size()));
+      }
+      by_name[saved_names[index]].tensors[kind] = tensor;
+    }
+    if (r == 0) base = std::move(j);
+  }
+  optim::OptimizerState out;
+  nlohmann::json& inner = base.contains("inner") ? base["inner"] : base;
+  auto& groups = inner.at("param_groups");
+  if (groups.size() != group_sizes.size()) {
+    throw CheckpointError(fmt::format("load_optimizer('{}'): the state has {} param groups, this optimizer {}", dir,
+                                      groups.size(), group_sizes.size()));
+  }
+  for (size_t g = 0; g < group_sizes.size(); ++g) groups[g]["num_params"] = group_sizes[g];
+  inner["state"] = nlohmann::json::object();
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto it = by_name.find(names[i]);
+    if (it == by_name.end()) continue;  // never stepped
+    if (it->second.step) inner["state"][std::to_string(i)] = {{"step", *it->second.step}};
+    for (const auto& [kind, tensor] : it->second.tensors) {
+      out.tensors.emplace_back(
+          kind == "master" ? fmt::format("master.{}", i) : fmt::format("state.{}{}", i, kind.substr(5)), tensor);
+    }
+  }
+  out.json = base.dump();
+  return out;
 }
 
 class MoeCheckpointIO : public booster::PluginCheckpointIO {
@@ -116,6 +205,7 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
                                                .prefix = optimizer_prefix(ep->rank())};
         shard_options.metadata[booster::kOptimizerStateKey] = std::move(state.json);
         shard_options.metadata[kEpSizeKey] = std::to_string(ep->size());
+        shard_options.metadata[kParamNamesKey] = nlohmann::json(plugin_.optimizer_param_names()).dump();
         checkpoint::save_sharded(dir, state.tensors, shard_options);
       } catch (...) {
         error = std::current_exception();
@@ -129,14 +219,24 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
     booster::read_on_all(*plugin_.dp_group(), fmt::format("load_optimizer('{}')", dir), [&] {
       const auto first = metadata_of(dir, optimizer_prefix(0));
       const auto saved_ep = first.find(kEpSizeKey);
-      if (saved_ep == first.end() || saved_ep->second != std::to_string(ep->size())) {
+      if (saved_ep == first.end()) {
         throw CheckpointError(
-            fmt::format("load_optimizer('{}'): the optimizer state was saved with "
-                        "ep_size {} but this plugin has ep_size {}; "
-                        "it resumes only with the same ep_size (any moe_dp or "
-                        "zero_stage). Load the model with load_model "
-                        "(any ep_size) and start a fresh optimizer instead",
-                        dir, saved_ep == first.end() ? std::string("?") : saved_ep->second, ep->size()));
+            fmt::format("load_optimizer('{}'): {} has no '{}' metadata; it was not written by "
+                        "MoeHybridParallelPlugin",
+                        dir, optimizer_prefix(0), kEpSizeKey));
+      }
+      if (saved_ep->second != std::to_string(ep->size())) {
+        std::vector<size_t> group_sizes;
+        for (const auto& group : optimizer.param_groups()) group_sizes.push_back(group.params.size());
+        const auto state =
+            remap_by_name(dir, std::stoll(saved_ep->second), plugin_.optimizer_param_names(), group_sizes);
+        try {
+          optimizer.load_state_dict(state);
+        } catch (const CheckpointError& e) {
+          throw CheckpointError(
+              fmt::format("load_optimizer('{}', saved with ep_size {}): {}", dir, saved_ep->second, e.what()));
+        }
+        return;
       }
       const std::string prefix = optimizer_prefix(ep->rank());
       const auto metadata = ep->rank() == 0 ? first : metadata_of(dir, prefix);

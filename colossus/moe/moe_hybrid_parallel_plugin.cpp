@@ -202,6 +202,11 @@ std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booste
   for (auto& group : optimizer->param_groups()) {
     std::erase_if(group.params, [&](const at::Tensor& p) { return !index_of.contains(p.unsafeGetTensorImpl()); });
   }
+  optimizer_param_names_.clear();
+  for (const auto& group : optimizer->param_groups()) {
+    for (const auto& p : group.params)
+      optimizer_param_names_.push_back(named[index_of.at(p.unsafeGetTensorImpl())].first);
+  }
   const int64_t ep = ep_group()->size(), moe_dp = moe_dp_group()->size();
 
   if (options_.zero_stage > 0) {

@@ -8,7 +8,8 @@
 // clipping (max_norm; each element counted once although dense parameters are
 // replicated over dp and experts over moe_dp). Checkpoints: the model as one
 // HF directory (loads with any ep), the optimizer as one file per ep rank
-// (resumes with the same ep_size, any moe_dp). Not yet: tp/pp.
+// (resumes on any layout; another ep_size maps it by parameter name). Not
+// yet: tp/pp.
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
@@ -107,6 +108,9 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   std::unique_ptr<optim::Optimizer> wrap_optimizer(booster::ModelWrapper& model,
                                                    std::unique_ptr<optim::Optimizer> optimizer) override;
   booster::PluginCheckpointIO* checkpoint_io() override { return io_.get(); }
+  // The wrapped optimizer's parameters by name, in its flat order (the
+  // indices of its state): checkpoints map state between ep layouts by name.
+  const std::vector<std::string>& optimizer_param_names() const { return optimizer_param_names_; }
 
  private:
   MoeHybridParallelPluginOptions options_;
@@ -115,6 +119,7 @@ class MoeHybridParallelPlugin : public booster::Plugin {
                                          // own: norms, overflow flags
   std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
   std::unique_ptr<booster::PluginCheckpointIO> io_;
+  std::vector<std::string> optimizer_param_names_;
 };
 
 // The checkpoint IO above (moe_checkpoint_io.cpp).
