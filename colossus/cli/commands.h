@@ -19,5 +19,6 @@ Command add_selftest_command(CLI::App& app);  // colossus _selftest (internal: w
 Command add_generate_command(CLI::App& app);  // colossus generate
 Command add_serve_command(CLI::App& app);     // colossus serve
 Command add_train_command(CLI::App& app);     // colossus train
+Command add_plan_command(CLI::App& app);      // colossus plan
 
 }  // namespace colossus::cli
