@@ -178,6 +178,9 @@ search_range_m = 8.0
 min_chunk_size_m = 4.0
 hidden_dim = 768
 max_norm = 1.0
+nvme_offload_fraction = 0.5
+nvme_offload_dir = "/tmp/nvme"
+lazy_init = true
 [train]
 grad_accum = 2
 )");
@@ -193,10 +196,15 @@ grad_accum = 2
   EXPECT_EQ(g.min_chunk_size_m, 4.0);
   EXPECT_EQ(g.hidden_dim, 768);
   EXPECT_EQ(g.max_norm, 1.0);
+  EXPECT_EQ(g.nvme_offload_fraction, 0.5);
+  EXPECT_EQ(g.nvme_offload_dir, "/tmp/nvme");
+  EXPECT_TRUE(c.plugin.lazy_init);
   const std::string gemini = "[plugin]\nname = \"gemini\"\n";
   EXPECT_NE(error_of(gemini + "placement_policy = \"auto\"\noffload_optim_frac = 1.0\n").find("only apply"),
             std::string::npos);
   EXPECT_NE(error_of(gemini + "stage = 3\n").find("stage"), std::string::npos);
+  EXPECT_NE(error_of(gemini + "offload_optim_frac = 1.0\nnvme_offload_fraction = 0.5\n").find("nvme_offload_dir"),
+            std::string::npos);
   EXPECT_NE(error_of(gemini + "[train]\ngrad_accum = 2\n").find("enable_gradient_accumulation"), std::string::npos);
   EXPECT_NE(error_of(gemini + "[booster]\nmax_norm = 1.0\n").find("plugin.max_norm"), std::string::npos);
 }

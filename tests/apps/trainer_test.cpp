@@ -212,6 +212,14 @@ TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
   resumed.insert(resumed.end(), rest.begin(), rest.end());
   ASSERT_EQ(resumed.size(), full.size());
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << "step " << i + 1;
+  // Lazy init (each rank materialises its shards from model.init_seed) with
+  // half the host chunks' moments in NVMe files: the same curve exactly.
+  auto lazy_nvme = gemini;
+  lazy_nvme.insert(lazy_nvme.end(), {"plugin.lazy_init=true", "plugin.nvme_offload_fraction=0.5",
+                                     "plugin.nvme_offload_dir=\"" + job_dir("gemini_nvme_files").string() + "\""});
+  const auto lazy = losses_of(apps::train(tiny_config(job_dir("gemini_lazy_nvme"), with(lazy_nvme))));
+  ASSERT_EQ(lazy.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(lazy[i], full[i]) << "lazy + nvme, step " << i + 1;
 }
 
 TEST(Trainer, TransformersLoadsTheCheckpoint) {
