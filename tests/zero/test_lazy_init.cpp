@@ -1,7 +1,8 @@
 // Lazy init under Gemini: a model built on the meta device, each rank
 // materialising only its chunk shards (seeded init or a checkpoint), trains
 // the eager curve bit for bit; each rank's shard equals the same slice of the
-// eager full init; and the peak CPU bytes of building + wrapping a model
+// eager full init; materialize() gives replicating plugins eager init; and
+// the peak CPU bytes of building + wrapping a model
 // (counting allocator) fall from the whole model to about 1/N of it.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -81,6 +82,25 @@ TEST(LazyInit, ShardIsTheSliceOfTheEagerInit) {
       EXPECT_TRUE(at::equal(ddp.params()[k].second, expected[k])) << ddp.params()[k].first;
     }
   });
+}
+
+// Replicating plugins (DDP) take the whole model: materialize() rebinds every
+// meta parameter in place (modules and an optimizer built on the meta model
+// see the real tensors) with eager init's values.
+TEST(LazyInit, MaterializeWholeEqualsEagerInit) {
+  const auto config = bt::tiny_gpt2();
+  auto eager = models::create_model(config, {.seed = 9});
+  auto lazy = models::create_lazy_model(config);
+  const auto before = lazy->parameters();
+  models::materialize(*lazy, models::seeded_source(lazy, 9));
+  ASSERT_FALSE(models::is_lazy(*lazy));
+  const auto after = lazy->parameters(), expected = eager->parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(before[i].is_same(after[i]));
+    EXPECT_TRUE(at::equal(after[i], expected[i]));
+  }
+  auto ids = bt::global_batch(config, 0);
+  EXPECT_EQ(lazy->loss(lazy->forward(ids), ids).item<double>(), eager->loss(eager->forward(ids), ids).item<double>());
 }
 
 // Materialised straight from a checkpoint: the values are the file's.
