@@ -118,9 +118,16 @@ dp_outside = false
   EXPECT_FALSE(c.plugin.hybrid_parallel.parallel_output);
   EXPECT_EQ(c.plugin.hybrid_parallel.make_vocab_size_divisible_by, 128);
   EXPECT_FALSE(c.plugin.hybrid_parallel.dp_outside);
+  // The pipeline keys.
+  auto pp = parse_train_config(
+      "[plugin]\nname = \"hybrid_parallel\"\npp_size = 2\npp_style = \"interleaved\"\nnum_model_chunks = 2\n"
+      "num_microbatches = 4\noverlap_p2p = false\n");
+  EXPECT_EQ(pp.plugin.hybrid_parallel.pp_size, 2);
+  EXPECT_EQ(pp.plugin.hybrid_parallel.pp_style, "interleaved");
+  EXPECT_EQ(pp.plugin.hybrid_parallel.num_model_chunks, 2);
+  EXPECT_EQ(pp.plugin.hybrid_parallel.num_microbatches, 4);
+  EXPECT_FALSE(pp.plugin.hybrid_parallel.overlap_p2p);
   // Not landed yet: refused with the reason, before anything is allocated.
-  EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\npp_size = 2\n").find("does not drive pipeline parallelism"),
-            std::string::npos);
   EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\nsp_size = 2\n").find("sequence parallelism"),
             std::string::npos);
   EXPECT_NE(error_of("[plugin]\nname = \"hybrid_parallel\"\n[booster]\nmax_norm = 1.0\n").find("plugin.max_norm"),

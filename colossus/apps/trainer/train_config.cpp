@@ -298,13 +298,12 @@ TrainConfig from_table(const toml::table& root) {
       auto& h = p.hybrid_parallel;
       s.get("tp_size", h.tp_size);
       s.get("pp_size", h.pp_size);
-      if (h.pp_size > 1) {
-        // The trainer's step is forward/backward; pipeline schedules run through booster.execute_pipeline.
-        throw ConfigError(fmt::format(
-            "plugin.pp_size = {}: colossus train does not drive pipeline parallelism schedules yet; use pp_size = 1 "
-            "here, or booster.execute_pipeline from the C++ API (docs/training.md)",
-            h.pp_size));
-      }
+      s.get("pp_style", h.pp_style);
+      s.get("num_model_chunks", h.num_model_chunks);
+      s.get("num_microbatches", h.num_microbatches);
+      s.get("microbatch_size", h.microbatch_size);
+      s.get("overlap_p2p", h.overlap_p2p);
+      s.get("gradient_checkpointing_ratio", h.gradient_checkpointing_ratio);
       s.get("sp_size", h.sp_size);
       s.get("enable_sequence_parallelism", h.enable_sequence_parallelism);
       s.get("sequence_parallelism_mode", h.sequence_parallelism_mode);
@@ -378,6 +377,11 @@ TrainConfig from_table(const toml::table& root) {
     s.finish();
   }
   top.finish();
+  // Under pp a step's grad_accum loader batches run as one pipeline batch
+  // (booster.execute_pipeline); by default each loader batch is a microbatch.
+  auto& h = config.plugin.hybrid_parallel;
+  if (config.plugin.name == "hybrid_parallel" && h.pp_size > 1 && h.num_microbatches == 0 && h.microbatch_size == 0)
+    h.microbatch_size = config.data.batch_size;
   return config;
 }
 

@@ -92,6 +92,7 @@ class Trainer {
   cluster::ProcessGroupPtr world_;
   cluster::ProcessGroupPtr dp_;
   int64_t dp_size_ = 1;
+  bool pipeline_ = false;  // hybrid_parallel with pp_size > 1: steps are booster.execute_pipeline
   c10::Device device_{c10::kCPU};
 
   std::unique_ptr<data::Tokenizer> tokenizer_;
@@ -131,6 +132,8 @@ void Trainer::build() {
                                              : models::checkpoint_source(*model, config_.model.pretrained);
   }
   plugin_ = make_plugin(plugin_section, world_);
+  const auto* hybrid = dynamic_cast<const booster::HybridParallelPlugin*>(plugin_.get());
+  pipeline_ = hybrid != nullptr && hybrid->options().pp_size > 1;
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
   dp_ = plugin_->dp_group();
@@ -141,7 +144,11 @@ void Trainer::build() {
                                                .pin_memory = device_.is_cuda()};
   auto train_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.train_dir, config_.data.seq_len));
   auto loader = booster_->prepare_dataloader(train_set, loader_options, config_.train.seed, config_.data.shuffle);
-  if (!data_.eval_dir.empty() && config_.train.eval_batches > 0) {
+  if (pipeline_ && !data_.eval_dir.empty() && config_.train.eval_batches > 0) {
+    // A pipeline's forward is a whole schedule (booster.execute_pipeline),
+    // which also runs the backward.
+    log.warning("no eval loss with pp_size > 1 yet (a forward-only pipeline schedule has not landed)");
+  } else if (!data_.eval_dir.empty() && config_.train.eval_batches > 0) {
     auto eval_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.eval_dir, config_.data.seq_len));
     // Too little held-out text for one batch per rank: no eval rather than an error.
     if (eval_set->size() >= config_.data.batch_size * dp_size_) {
@@ -298,14 +305,25 @@ TrainResult Trainer::run() {
   int64_t last_saved = -1;
 
   while (state_.step < config_.train.steps) {
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      auto ids = loader.next().to(device_, /*non_blocking=*/true);
-      std::optional<booster::Booster::NoSyncGuard> no_sync;
-      if (micro + 1 < accum) no_sync.emplace(model);
-      // The wrapper's loss: tensor parallelism computes it on vocab-sharded logits.
-      auto loss = model.loss(model.forward(ids), ids) / static_cast<double>(accum);
-      booster_->backward(loss, optimizer);
-      loss_since_log += loss.detach().to(at::kDouble);
+    if (pipeline_) {
+      // The grad_accum loader batches as one pipeline batch; its loss is the
+      // mean over microbatches, as the accumulated loss below.
+      std::vector<at::Tensor> batches;
+      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(loader.next().to(device_, /*non_blocking=*/true));
+      const auto ids = at::cat(batches);
+      auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, model, {},
+                                            optimizer);
+      loss_since_log += out.loss.detach().to(at::kDouble);
+    } else {
+      for (int64_t micro = 0; micro < accum; ++micro) {
+        auto ids = loader.next().to(device_, /*non_blocking=*/true);
+        std::optional<booster::Booster::NoSyncGuard> no_sync;
+        if (micro + 1 < accum) no_sync.emplace(model);
+        // The wrapper's loss: tensor parallelism computes it on vocab-sharded logits.
+        auto loss = model.loss(model.forward(ids), ids) / static_cast<double>(accum);
+        booster_->backward(loss, optimizer);
+        loss_since_log += loss.detach().to(at::kDouble);
+      }
     }
     optimizer.step();
     scheduler.step();
@@ -370,13 +388,14 @@ TrainResult Trainer::run() {
   // Sampling runs the plain model on rank 0 alone; a tensor-parallel model
   // needs its whole tp group for a forward, so its sample is left to `colossus generate`.
   const auto* hybrid = dynamic_cast<const booster::HybridParallelPlugin*>(plugin_.get());
-  const bool tp_sharded = hybrid != nullptr && hybrid->options().tp_size > 1;
+  // A pipeline stage holds only its own blocks: the same.
+  const bool tp_sharded = hybrid != nullptr && (hybrid->options().tp_size > 1 || pipeline_);
   // Gemini's parameters are sharded chunks gathered collectively: the same.
   const bool chunked = dynamic_cast<const booster::GeminiPlugin*>(plugin_.get()) != nullptr;
   if (world_->rank() == 0 && !config_.train.sample_prompt.empty() && config_.train.sample_tokens > 0) {
     if (tp_sharded || chunked) {
       log.info(fmt::format("no sample with {}: run `colossus generate` on the saved checkpoint",
-                           chunked ? "plugin gemini" : "tp_size > 1"));
+                           chunked ? "plugin gemini" : (pipeline_ ? "pp_size > 1" : "tp_size > 1")));
     } else {
       print_sample();
     }
