@@ -58,6 +58,12 @@ at::Tensor DDPModel::forward(const at::Tensor& input_ids) {
   return model_->forward(input_ids);
 }
 
+at::Tensor DDPModel::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                                 std::optional<int64_t> num_items) {
+  if (broadcast_buffers_) sync_buffers();
+  return model_->forward_loss(input_ids, labels, num_items);
+}
+
 void DDPModel::sync_buffers() {
   std::vector<at::Tensor> buffers;
   for (const auto& item : model_->named_buffers(/*recurse=*/true)) buffers.push_back(item.value());

@@ -200,6 +200,12 @@ at::Tensor LowLevelZeroModel::forward(const at::Tensor& input_ids) {
   return model_->forward(input_ids);
 }
 
+at::Tensor LowLevelZeroModel::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                                          std::optional<int64_t> num_items) {
+  if (optimizer_) optimizer_->wait_for_params();
+  return model_->forward_loss(input_ids, labels, num_items);
+}
+
 void LowLevelZeroModel::set_grad_sync(bool enabled) {
   grad_sync_ = enabled;
   if (optimizer_) optimizer_->set_grad_sync(enabled);

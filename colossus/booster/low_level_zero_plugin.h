@@ -46,6 +46,8 @@ class LowLevelZeroModel : public ModelWrapper {
   explicit LowLevelZeroModel(std::shared_ptr<models::CausalLM> model) : model_(std::move(model)) {}
   // input_ids: (B, T) int64 -> logits (B, T, V)
   at::Tensor forward(const at::Tensor& input_ids) override;
+  at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                          std::optional<int64_t> num_items = std::nullopt) override;
   models::CausalLM& unwrap() override { return *model_; }
   void set_grad_sync(bool enabled) override;
   // Set by wrap_optimizer; not owned (the Booster's Boosted holds it).

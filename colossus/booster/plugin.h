@@ -31,6 +31,13 @@ class ModelWrapper {
                           std::optional<int64_t> num_items = std::nullopt) {
     return unwrap().loss(logits, labels, num_items);
   }
+  // input_ids, labels: (B, T) -> loss(forward(input_ids), labels, num_items).
+  // Plugins that run the model's own forward override it with the model's
+  // head fused into the loss (CausalLM::forward_loss: no (B, T, V) logits).
+  virtual at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                                  std::optional<int64_t> num_items = std::nullopt) {
+    return loss(forward(input_ids), labels, num_items);
+  }
   // Gradient accumulation: while a guard is alive, backward does not
   // synchronise gradients across ranks.
   virtual void set_grad_sync(bool enabled) = 0;

@@ -223,7 +223,7 @@ double Trainer::evaluate() {
   auto total = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (int64_t i = 0; i < batches; ++i) {
     auto ids = eval_loader_->next().to(device_, /*non_blocking=*/true);
-    auto loss = boosted_.model->loss(boosted_.model->forward(ids), ids);
+    auto loss = boosted_.model->forward_loss(ids, ids);
     total[0] += loss.detach().to(at::kDouble);
     total[1] += 1.0;
   }
@@ -319,8 +319,9 @@ TrainResult Trainer::run() {
         auto ids = loader.next().to(device_, /*non_blocking=*/true);
         std::optional<booster::Booster::NoSyncGuard> no_sync;
         if (micro + 1 < accum) no_sync.emplace(model);
-        // The wrapper's loss: tensor parallelism computes it on vocab-sharded logits.
-        auto loss = model.loss(model.forward(ids), ids) / static_cast<double>(accum);
+        // The wrapper's loss: tensor parallelism computes it on vocab-sharded
+        // logits, DDP and ZeRO with the head fused into the loss.
+        auto loss = model.forward_loss(ids, ids) / static_cast<double>(accum);
         booster_->backward(loss, optimizer);
         loss_since_log += loss.detach().to(at::kDouble);
       }
