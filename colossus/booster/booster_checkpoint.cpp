@@ -219,7 +219,11 @@ void load_optimizer_state(optim::Optimizer& optimizer, const std::string& dir) {
   try {
     optimizer.load_state_dict(state);
   } catch (const CheckpointError& e) {
-    throw CheckpointError(fmt::format("load_optimizer('{}'): {}", dir, e.what()));
+    // Name the file the state came from, so the user knows which one to replace.
+    const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
+    const std::string from =
+        is_file(single) ? single : (fs::path(dir) / checkpoint::hf::index_file_name(kOptimizerPrefix)).string();
+    throw CheckpointError(fmt::format("load_optimizer('{}'): {}", from, e.what()));
   }
 }
 
