@@ -26,11 +26,12 @@ test: build
 demo: build
 	@bash scripts/demo.sh $(BUILD)
 
-# Compiles the CUDA library (kernels, NCCL backend) and the CLI against it;
-# nothing runs, so this works on machines with the CUDA toolkit but no GPU.
+# Compiles the sources only a CUDA build has (kernels, their registrations, the
+# NCCL backend); nothing links or runs, so this works on machines with the CUDA
+# toolkit but no GPU. The device scripts build and link the whole CUDA tree.
 cuda-compile: setup
 	@cmake -S . -B build-cuda -G Ninja -DCOLOSSUS_CUDA=ON -DCOLOSSUS_TESTS=OFF > build-cuda.configure.log 2>&1 || { cat build-cuda.configure.log; exit 1; }
-	@ninja -C build-cuda -j $(JOBS) colossus_cli
+	@ninja -C build-cuda -j $(JOBS) colossus_cuda_objects
 
 clean:
 	rm -rf $(BUILD) build-cuda $(BUILD).configure.log build-cuda.configure.log
