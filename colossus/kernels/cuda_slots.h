@@ -6,7 +6,10 @@
 #include "colossus/kernels/adam.h"
 #include "colossus/kernels/cross_entropy.h"
 #include "colossus/kernels/device_graph.h"
+#include "colossus/kernels/norm.h"
 #include "colossus/kernels/paged_attention.h"
+#include "colossus/kernels/rope.h"
+#include "colossus/kernels/swiglu.h"
 
 #include <cstdint>
 
@@ -41,6 +44,16 @@ using CudaReshapeAndCacheFn = bool (*)(const ReshapeAndCacheArgs& args, int devi
 // launching nothing, when the kernel does not handle the arguments.
 using CudaCrossEntropyRowsFn = bool (*)(const CrossEntropyRowsArgs& args, int device_index);
 
+// The fused training-step layers (norm.h, rope.h, swiglu.h) on CUDA device
+// `device_index`, on its current stream (asynchronous). Each returns false,
+// launching nothing, when its kernel does not handle the arguments. The norm
+// backward slot allocates the fp32 partial-sum workspace itself (args.partial
+// is ignored).
+using CudaNormForwardFn = bool (*)(const NormForwardArgs& args, int device_index);
+using CudaNormBackwardFn = bool (*)(const NormBackwardArgs& args, int device_index);
+using CudaRopeFn = bool (*)(const RopeArgs& args, int device_index);
+using CudaSwigluFn = bool (*)(const SwigluArgs& args, int device_index);
+
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaAdamMixedFn adam_mixed = nullptr;
@@ -50,6 +63,11 @@ struct CudaSlots {
   CudaPagedAttentionFn paged_attention = nullptr;
   CudaReshapeAndCacheFn reshape_and_cache = nullptr;
   MakeDeviceGraphFn make_device_graph = nullptr;
+  CudaNormForwardFn norm_forward = nullptr;
+  CudaNormBackwardFn norm_backward = nullptr;
+  CudaRopeFn rope = nullptr;
+  CudaSwigluFn swiglu_forward = nullptr;
+  CudaSwigluFn swiglu_backward = nullptr;
 };
 
 CudaSlots& cuda_slots();
