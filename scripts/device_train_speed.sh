@@ -34,13 +34,13 @@ fi
 stamp "colossus check"
 check_rc=0
 build-gpu/bin/colossus check > "$out/check.txt" 2>&1 || check_rc=$?
-grep -E "FAIL|cross_entropy|adam" "$out/check.txt"
+grep -E "FAIL|cross_entropy|adam|rms_norm|layer_norm|rope|swiglu" "$out/check.txt"
 stamp "CUDA tests"
 test_rc=0
-for spec in "models_test:LinearCrossEntropy.Cuda*" "amp_test:MixedPrecision.FusedCuda*"; do
+for spec in "models_test:LinearCrossEntropy.Cuda*:FusedLayers.Cuda*" "amp_test:MixedPrecision.FusedCuda*"; do
   bin=build-gpu/bin/${spec%%:*}
   "$bin" --gtest_color=no --gtest_filter="${spec#*:}" > "$out/${spec%%:*}.log" 2>&1 || test_rc=1
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rel_norm|Expected" "$out/${spec%%:*}.log" | head -12
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rel_norm|Expected" "$out/${spec%%:*}.log" | head -20
   grep -q "SKIPPED" "$out/${spec%%:*}.log" && { echo "${spec}: skipped on the GPU"; test_rc=1; }
 done
 

@@ -61,7 +61,14 @@ GPT2Block::GPT2Block(const GPT2Config& config, int64_t layer_index, const at::Te
 }
 
 at::Tensor GPT2Block::forward(const at::Tensor& hidden, const BlockContext& context) {
-  at::Tensor h = hidden + attn_->forward(layer("ln_1").forward(hidden), context);
+  const at::Tensor attn = attn_->forward(layer("ln_1").forward(hidden), context);
+  // The residual add and ln_2 in one kernel each way on CUDA
+  // (LayerNorm::forward_add); a replaced ln_2 gets the plain sum.
+  if (auto* ln_2 = dynamic_cast<LayerNorm*>(&layer("ln_2"))) {
+    auto [normed, h] = ln_2->forward_add(attn, hidden);
+    return h + mlp_->forward(normed);
+  }
+  at::Tensor h = hidden + attn;
   return h + mlp_->forward(layer("ln_2").forward(h));
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/ops/rms_norm.h>
 
 #include "colossus/core/errors.h"
+#include "colossus/models/fused_layers.h"
 
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
@@ -50,22 +51,39 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, const at::TensorOptions& options)
   bias = register_parameter("bias", at::empty({dim}, options));
 }
 
-at::Tensor LayerNorm::forward(const at::Tensor& x) { return at::layer_norm(x, {weight.size(0)}, weight, bias, eps); }
+at::Tensor LayerNorm::forward(const at::Tensor& x) {
+  if (auto fused = fused_layer_norm(x, at::Tensor(), weight, bias, eps)) return fused->first;
+  return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+}
+
+std::pair<at::Tensor, at::Tensor> LayerNorm::forward_add(const at::Tensor& x, const at::Tensor& residual) {
+  if (auto fused = fused_layer_norm(x, residual, weight, bias, eps)) return *fused;
+  at::Tensor sum = residual + x;
+  return {forward(sum), sum};
+}
 
 RMSNorm::RMSNorm(int64_t dim, double eps_, const at::TensorOptions& options) : Layer("RMSNorm"), eps(eps_) {
   weight = register_parameter("weight", at::empty({dim}, options));
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) {
-  // On CUDA: ATen's fused kernel, forward and backward (fp32 statistics, one
+  // On CUDA: Colossus's fused kernel (fused_layers.h) where it applies, else
+  // ATen's fused kernel, forward and backward (fp32 statistics, one
   // rounding) in place of eight kernels each way; elsewhere HF's exact
   // sequence of operations (the CPU parity tests compare with it bit-closely).
+  if (auto fused = fused_rms_norm(x, at::Tensor(), weight, eps)) return fused->first;
   if (x.is_cuda() && x.scalar_type() == weight.scalar_type()) {
     return at::rms_norm(x, {x.size(-1)}, weight, eps);
   }
   at::Tensor h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * h.to(x.scalar_type());
+}
+
+std::pair<at::Tensor, at::Tensor> RMSNorm::forward_add(const at::Tensor& x, const at::Tensor& residual) {
+  if (auto fused = fused_rms_norm(x, residual, weight, eps)) return *fused;
+  at::Tensor sum = residual + x;
+  return {forward(sum), sum};
 }
 
 Activation parse_activation(const std::string& name) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace colossus::models {
 
@@ -60,6 +61,9 @@ class LayerNorm : public Layer {
   LayerNorm(int64_t dim, double eps, const at::TensorOptions& options);
   // x: (..., C) -> (..., C)
   at::Tensor forward(const at::Tensor& x) override;
+  // x, residual: (..., C) -> {forward(residual + x), residual + x}; one fused
+  // kernel each way on CUDA (fused_layers.h), the two ATen ops elsewhere.
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& residual);
   at::Tensor weight;  // (C)
   at::Tensor bias;    // (C)
   double eps;
@@ -72,6 +76,9 @@ class RMSNorm : public Layer {
   RMSNorm(int64_t dim, double eps, const at::TensorOptions& options);
   // x: (..., C) -> (..., C)
   at::Tensor forward(const at::Tensor& x) override;
+  // x, residual: (..., C) -> {forward(residual + x), residual + x}; one fused
+  // kernel each way on CUDA (fused_layers.h), the two ATen ops elsewhere.
+  std::pair<at::Tensor, at::Tensor> forward_add(const at::Tensor& x, const at::Tensor& residual);
   at::Tensor weight;  // (C)
   double eps;
 };

@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "colossus/core/errors.h"
+#include "colossus/models/fused_layers.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/linear.h>
@@ -53,15 +54,23 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
     // RoPE on the projections' own (B, T, H, D) layout, then the head
     // transpose: the elementwise work (and its backward) runs on contiguous,
     // vectorisable memory instead of strided views. Same values.
-    const auto rope_bthd = [&](const char* name) {
+    // On CUDA one fused kernel rotates q and k together, forward and
+    // backward (fused_layers.h); elsewhere the ATen ops.
+    const auto bthd = [&](const char* name) {
       at::Tensor projected = layer(name).forward(x);
       TORCH_CHECK(projected.size(-1) % head_dim_ == 0, name, " output width ", projected.size(-1),
                   " is not a multiple of head_dim ", head_dim_);
-      const at::Tensor bthd = projected.view({batch, projected.size(1), -1, head_dim_});
-      return apply_rope(bthd, context.rope_cos.unsqueeze(-2), context.rope_sin.unsqueeze(-2)).transpose(1, 2);
+      return projected.view({batch, projected.size(1), -1, head_dim_});  // (B, T, H_local, D)
     };
-    q = rope_bthd("q_proj");
-    k = rope_bthd("k_proj");
+    const at::Tensor q_bthd = bthd("q_proj"), k_bthd = bthd("k_proj");
+    if (auto fused = fused_rope(q_bthd, k_bthd, context.rope_cos, context.rope_sin)) {
+      q = fused->first.transpose(1, 2);
+      k = fused->second.transpose(1, 2);
+    } else {
+      const at::Tensor cos = context.rope_cos.unsqueeze(-2), sin = context.rope_sin.unsqueeze(-2);
+      q = apply_rope(q_bthd, cos, sin).transpose(1, 2);
+      k = apply_rope(k_bthd, cos, sin).transpose(1, 2);
+    }
     v = heads("v_proj");
   } else {
     q = rope(heads("q_proj"));
@@ -94,7 +103,9 @@ at::Tensor LlamaMLP::forward(const at::Tensor& x) {
     const int64_t f = gate_up.size(-1) / 2;
     return layer("down_proj").forward(at::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f));
   }
-  return layer("down_proj").forward(at::silu(layer("gate_proj").forward(x)) * layer("up_proj").forward(x));
+  const at::Tensor gate = layer("gate_proj").forward(x), up = layer("up_proj").forward(x);  // (B, T, F_local)
+  if (auto fused = fused_swiglu(gate, up)) return layer("down_proj").forward(*fused);
+  return layer("down_proj").forward(at::silu(gate) * up);
 }
 
 namespace {
@@ -155,7 +166,14 @@ void LlamaDecoderLayer::fuse_projections() {
 
 at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockContext& context) {
   TORCH_CHECK(context.rope_cos.defined(), "LlamaDecoderLayer needs RoPE cos/sin in its BlockContext");
-  at::Tensor h = hidden + self_attn_->forward(layer("input_layernorm").forward(hidden), context);
+  const at::Tensor attn = self_attn_->forward(layer("input_layernorm").forward(hidden), context);
+  // The residual add and the second norm in one kernel each way on CUDA
+  // (RMSNorm::forward_add); a replaced norm layer gets the plain sum.
+  if (auto* norm = dynamic_cast<RMSNorm*>(&layer("post_attention_layernorm"))) {
+    auto [normed, h] = norm->forward_add(attn, hidden);
+    return h + mlp_->forward(normed);
+  }
+  at::Tensor h = hidden + attn;
   return h + mlp_->forward(layer("post_attention_layernorm").forward(h));
 }
 
