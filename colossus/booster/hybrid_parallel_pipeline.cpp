@@ -369,12 +369,18 @@ void HybridPipeline::sync_gradients() {
     return;
   }
   if (!grad_group_ || grad_group_->size() == 1) return;
-  // Average over dp in buckets of one dtype (names in map order: the same on
-  // every dp rank of this stage).
+  // Names in map order: the same on every dp rank of this stage.
   std::vector<at::Tensor> grads;
   for (auto& entry : held_) {
     if (entry.second.grad().defined()) grads.push_back(entry.second.grad());
   }
+  average_gradients(grads, *grad_group_);
+}
+
+void average_gradients(const std::vector<at::Tensor>& grads, cluster::ProcessGroup& group) {
+  if (group.size() == 1) return;
+  at::NoGradGuard no_grad;
+  // Buckets of one dtype, flattened, one all-reduce each.
   size_t i = 0;
   while (i < grads.size()) {
     std::vector<at::Tensor> bucket{grads[i].reshape(-1)};
@@ -387,7 +393,7 @@ void HybridPipeline::sync_gradients() {
       ++j;
     }
     at::Tensor flat = at::cat(bucket);
-    grad_group_->all_reduce(flat, cluster::ReduceOp::Avg).wait();
+    group.all_reduce(flat, cluster::ReduceOp::Avg).wait();
     int64_t offset = 0;
     for (size_t k = i; k < j; ++k) {
       grads[k].copy_(flat.narrow(0, offset, grads[k].numel()).view(grads[k].sizes()));

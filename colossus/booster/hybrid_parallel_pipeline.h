@@ -51,6 +51,10 @@ std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelMod
                                                                std::unique_ptr<optim::Optimizer> optimizer,
                                                                cluster::ProcessGroupPtr dp_group);
 
+// Averages `grads` (each rank's list in the same order) over `group` in place,
+// in flat buckets of one dtype: the pipeline's gradient sync after a schedule.
+void average_gradients(const std::vector<at::Tensor>& grads, cluster::ProcessGroup& group);
+
 // Where a parameter lives: the pp rank that holds it (the first stage's for a
 // tied embedding, which the last stage holds too) and its local (tp) shape.
 struct ParamPlacement {

@@ -335,35 +335,17 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
       if (!fp32_originals_.empty()) originals.push_back(fp32_originals_[it->second.second]);
     }
   }
-  if (options_.max_norm > 0.0) {
-    optimizer = std::make_unique<TPClipOptimizer>(std::move(optimizer), TPClipOptions{.max_norm = options_.max_norm,
-                                                                                      .norm_type = options_.norm_type,
-                                                                                      .replicas = std::move(replicas),
-                                                                                      .tp_group = norm_group()});
-  }
-  if (options_.precision == "fp32") return optimizer;
-  // Gradients are partitioned over tp (and pp; identical over dp after the
-  // all-reduce), so an overflow anywhere in a tp group skips the step on all.
-  auto tp = norm_group();
-  auto overflow = [tp](bool local) {
-    if (tp->size() == 1) return local;
-    at::Tensor flag =
-        at::full({1}, local ? 1.0f : 0.0f,
-                 at::TensorOptions().device(tp->backend_name() == "nccl" ? cluster::current_cluster().device
-                                                                         : c10::Device(c10::kCPU)));
-    tp->all_reduce(flag, cluster::ReduceOp::Max).wait();
-    return flag.item<float>() > 0.0f;
-  };
-  auto mixed = std::make_unique<amp::MixedPrecisionOptimizer>(
-      std::move(optimizer),
-      amp::MixedPrecisionOptions{
-          .precision = options_.precision, .loss_scaler = options_.loss_scaler, .overflow_reducer = overflow});
-  // Masters start at the exact fp32 values, not their bf16/fp16 rounding.
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < originals.size(); ++i) mixed->master_params()[i].copy_(originals[i]);
+  auto wrapped = wrap_clip_and_masters(std::move(optimizer),
+                                       ClipAndMastersOptions{.precision = options_.precision,
+                                                             .loss_scaler = options_.loss_scaler,
+                                                             .max_norm = options_.max_norm,
+                                                             .norm_type = options_.norm_type,
+                                                             .replicas = std::move(replicas),
+                                                             .norm_group = norm_group(),
+                                                             .originals = std::move(originals)});
   fp32_originals_.clear();
-  hybrid->mixed_optimizer = mixed.get();
-  return mixed;
+  if (wrapped.mixed) hybrid->mixed_optimizer = wrapped.mixed;
+  return std::move(wrapped.optimizer);
 }
 
 PluginCheckpointIO* HybridParallelPlugin::checkpoint_io() {

@@ -1,9 +1,12 @@
 #include "colossus/booster/tp_clip_optimizer.h"
 
+#include "colossus/amp/mixed_precision_optimizer.h"
+#include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/clamp_max.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/maximum.h>
 #include <ATen/ops/zeros.h>
@@ -96,6 +99,36 @@ void TPClipOptimizer::load_state_dict(const optim::OptimizerState& state) {
     groups_[g].weight_decay = inner_->param_groups()[g].weight_decay;
     groups_[g].options = inner_->param_groups()[g].options;
   }
+}
+
+ClipAndMasters wrap_clip_and_masters(std::unique_ptr<optim::Optimizer> optimizer, ClipAndMastersOptions options) {
+  if (options.max_norm > 0.0) {
+    optimizer = std::make_unique<TPClipOptimizer>(std::move(optimizer), TPClipOptions{.max_norm = options.max_norm,
+                                                                                      .norm_type = options.norm_type,
+                                                                                      .replicas = std::move(options.replicas),
+                                                                                      .tp_group = options.norm_group});
+  }
+  if (options.precision == "fp32") return {std::move(optimizer), nullptr};
+  // The gradients are partitioned over norm_group: an overflow anywhere in it
+  // skips the step on all its ranks.
+  auto overflow = [group = options.norm_group](bool local) {
+    if (group->size() == 1) return local;
+    at::Tensor flag =
+        at::full({1}, local ? 1.0f : 0.0f,
+                 at::TensorOptions().device(group->backend_name() == "nccl" ? cluster::current_cluster().device
+                                                                            : c10::Device(c10::kCPU)));
+    group->all_reduce(flag, cluster::ReduceOp::Max).wait();
+    return flag.item<float>() > 0.0f;
+  };
+  auto mixed = std::make_unique<amp::MixedPrecisionOptimizer>(
+      std::move(optimizer),
+      amp::MixedPrecisionOptions{
+          .precision = options.precision, .loss_scaler = options.loss_scaler, .overflow_reducer = overflow});
+  // Masters start at the exact fp32 values, not their bf16/fp16 rounding.
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < options.originals.size(); ++i) mixed->master_params()[i].copy_(options.originals[i]);
+  amp::MixedPrecisionOptimizer* raw = mixed.get();
+  return {std::move(mixed), raw};
 }
 
 }  // namespace colossus::booster

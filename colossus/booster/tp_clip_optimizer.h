@@ -5,6 +5,7 @@
 // not tp times. (Over dp the gradients are identical after the all-reduce, so
 // no dp reduction is needed.) Stateless: its state_dict is the inner one's.
 #pragma once
+#include "colossus/amp/loss_scaler.h"
 #include "colossus/cluster/process_group.h"
 #include "colossus/optim/optimizer.h"
 
@@ -12,6 +13,10 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+namespace colossus::amp {
+class MixedPrecisionOptimizer;
+}
 
 namespace colossus::booster {
 
@@ -45,5 +50,26 @@ class TPClipOptimizer : public optim::Optimizer {
 // undefined grads skipped) with the weighting above; collective over tp_group.
 double tp_grad_norm(const std::vector<at::Tensor>& params, const std::vector<int64_t>& replicas, double norm_type,
                     cluster::ProcessGroup& tp_group);
+
+// What HybridParallelPlugin and MoeHybridParallelPlugin put around the
+// user's optimizer: clipping (max_norm > 0) by the norm over norm_group with
+// each parameter weighted by 1/replicas, then fp32 masters for bf16/fp16 with
+// the overflow flag reduced (max) over norm_group, the masters starting at
+// `originals` (the fp32 values before the cast, in the optimizer's flat order;
+// may be empty).
+struct ClipAndMastersOptions {
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  amp::LossScalerOptions loss_scaler = {};
+  double max_norm = 0.0;
+  double norm_type = 2.0;
+  std::vector<int64_t> replicas;  // per parameter in flat order
+  cluster::ProcessGroupPtr norm_group;
+  std::vector<at::Tensor> originals;
+};
+struct ClipAndMasters {
+  std::unique_ptr<optim::Optimizer> optimizer;
+  amp::MixedPrecisionOptimizer* mixed = nullptr;  // in `optimizer`; null with fp32
+};
+ClipAndMasters wrap_clip_and_masters(std::unique_ptr<optim::Optimizer> optimizer, ClipAndMastersOptions options);
 
 }  // namespace colossus::booster

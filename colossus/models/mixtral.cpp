@@ -114,11 +114,20 @@ int64_t MixtralForCausalLM::dropped_tokens() const {
 
 at::Tensor MixtralForCausalLM::moe_loss(const at::Tensor& logits, const at::Tensor& labels,
                                         std::optional<int64_t> num_items) const {
+  return add_router_losses(causal_lm_loss(logits, labels, num_items));
+}
+
+at::Tensor MixtralForCausalLM::add_router_losses(const at::Tensor& lm_loss) const {
   const auto& c = mixtral_config();
-  at::Tensor loss = causal_lm_loss(logits, labels, num_items);
+  at::Tensor loss = lm_loss;
   if (c.output_router_logits) loss = loss + c.router_aux_loss_coef * aux_loss();
   if (c.router_z_loss_coef > 0) loss = loss + c.router_z_loss_coef * moe::router_z_loss(router_logits());
   return loss;
+}
+
+bool MixtralForCausalLM::has_router_losses() const {
+  const auto& c = mixtral_config();
+  return c.output_router_logits || c.router_z_loss_coef > 0;
 }
 
 CausalLM::InitRule MixtralForCausalLM::init_rule(const std::string& name) const {

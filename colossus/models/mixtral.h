@@ -61,6 +61,11 @@ class MixtralForCausalLM : public CausalLM {
   // output_router_logits, + router_z_loss_coef * z-loss when > 0.
   at::Tensor moe_loss(const at::Tensor& logits, const at::Tensor& labels,
                       std::optional<int64_t> num_items = std::nullopt) const;
+  // lm_loss + the router terms of moe_loss (for a causal-LM loss computed
+  // elsewhere, e.g. vocab-parallel).
+  at::Tensor add_router_losses(const at::Tensor& lm_loss) const;
+  // Whether moe_loss adds router terms (they need every layer's router logits).
+  bool has_router_losses() const;
 
  protected:
   InitRule init_rule(const std::string& name) const override;

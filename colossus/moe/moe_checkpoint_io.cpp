@@ -157,7 +157,17 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
  public:
   explicit MoeCheckpointIO(MoeHybridParallelPlugin& plugin) : plugin_(plugin) {}
 
+  // tp / pp shards are not gathered here yet.
+  void refuse_tp_pp(const std::string& what, const std::string& dir) const {
+    if (!plugin_.has_tp_pp()) return;
+    throw ConfigError(fmt::format("moe_hybrid_parallel: {}('{}') with tp_size = {} and pp_size = {} is not "
+                                  "supported yet (the tp slices and pipeline stages are not gathered); checkpoint "
+                                  "with tp_size = pp_size = 1 (any ep_size and zero_stage)",
+                                  what, dir, plugin_.options().tp_size, plugin_.options().pp_size));
+  }
+
   void save_model(booster::ModelWrapper& model, const std::string& dir, const booster::SaveOptions&) override {
+    refuse_tp_pp("save_model", dir);
     auto& moe = moe_model(model, "save_model");
     if (moe.zero_optimizer) moe.zero_optimizer->wait_for_params();
     auto world = plugin_.dp_group();
@@ -172,6 +182,7 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
   }
 
   void load_model(booster::ModelWrapper& model, const std::string& dir) override {
+    refuse_tp_pp("load_model", dir);
     auto& moe = moe_model(model, "load_model");
     booster::read_on_all(*plugin_.dp_group(), fmt::format("load_model('{}')", dir), [&] {
       std::vector<std::string> names;  // the dense part and this rank's experts
@@ -188,6 +199,7 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
 
   void save_optimizer(optim::Optimizer& optimizer, const std::string& dir,
                       const booster::SaveOptions& options) override {
+    refuse_tp_pp("save_optimizer", dir);
     if (options.size_per_shard_mb <= 0) {
       throw ConfigError(
           fmt::format("save_optimizer('{}'): size_per_shard_mb={} must be "
@@ -215,6 +227,7 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
   }
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
+    refuse_tp_pp("load_optimizer", dir);
     auto ep = plugin_.ep_group();
     booster::read_on_all(*plugin_.dp_group(), fmt::format("load_optimizer('{}')", dir), [&] {
       const auto first = metadata_of(dir, optimizer_prefix(0));

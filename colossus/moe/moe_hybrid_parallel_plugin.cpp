@@ -1,6 +1,7 @@
 // MoeHybridParallelPlugin: options, the mesh, model wrapping (expert sharding,
-// the zero_stage 0 reducers, the bf16/fp16 cast) and optimizer wrapping
-// (pruning to this rank's parameters, then clipping + masters or ZeRO).
+// tp sharding and pipeline stages, the zero_stage 0 reducers, the bf16/fp16
+// cast) and optimizer wrapping (pruning to this rank's parameters, then
+// clipping + masters or ZeRO).
 #include "colossus/moe/moe_hybrid_parallel_plugin.h"
 
 #include "colossus/amp/mixed_precision_optimizer.h"
@@ -10,6 +11,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/moe/expert_parallel.h"
 #include "colossus/moe/shard_experts.h"
+#include "colossus/parallel/plan/plan.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/ATen.h>
@@ -35,23 +37,62 @@ void cast_floating_buffers(models::CausalLM& model, c10::ScalarType dtype) {
   }
 }
 
+// Casts the floating parameters (set_data: the optimizer's handles follow)
+// and buffers to the precision's dtype; returns the fp32 values before the
+// cast, by named_parameters order (empty for fp32).
+std::vector<at::Tensor> cast_to_precision(models::CausalLM& model, const std::string& precision) {
+  std::vector<at::Tensor> originals;
+  if (precision == "fp32") return originals;
+  const auto dtype = dtype_of(precision);
+  at::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor& p = item.value();
+    originals.push_back(p.detach().clone());
+    if (at::isFloatingType(p.scalar_type())) p.set_data(p.detach().to(dtype));
+  }
+  cast_floating_buffers(model, dtype);
+  return originals;
+}
+
 }  // namespace
 
+booster::HybridParallelPluginOptions MoeHybridParallelPluginOptions::hybrid_options() const {
+  return booster::HybridParallelPluginOptions{.tp_size = static_cast<int>(tp_size),
+                                              .pp_size = static_cast<int>(pp_size),
+                                              .pp_style = pp_style,
+                                              .num_model_chunks = num_model_chunks,
+                                              .num_microbatches = num_microbatches,
+                                              .microbatch_size = microbatch_size,
+                                              .num_layers_per_stage = num_layers_per_stage,
+                                              .overlap_p2p = overlap_p2p,
+                                              .precision = precision,
+                                              .max_norm = max_norm,
+                                              .norm_type = norm_type,
+                                              .loss_scaler = loss_scaler,
+                                              .make_vocab_size_divisible_by = make_vocab_size_divisible_by,
+                                              .bucket_cap_mb = bucket_cap_mb};
+}
+
 void MoeHybridParallelPluginOptions::validate() const {
-  if (tp_size != 1) {
-    throw ConfigError(
-        fmt::format("moe_hybrid_parallel.tp_size is {} but only 1 has landed "
-                    "(the dense attention part is not tensor-parallel "
-                    "here yet); use tp_size = 1 with ep_size and zero_stage, "
-                    "or HybridParallelPlugin for tp on dense models",
-                    tp_size));
+  if (tp_size < 1) {
+    throw ConfigError(fmt::format("moe_hybrid_parallel.tp_size is {} but must be >= 1, e.g. 1 or 2", tp_size));
   }
-  if (pp_size != 1) {
+  if (pp_size < 1) {
+    throw ConfigError(fmt::format("moe_hybrid_parallel.pp_size is {} but must be >= 1, e.g. 1 or 2", pp_size));
+  }
+  if ((tp_size > 1 || pp_size > 1) && zero_stage != 0) {
     throw ConfigError(
-        fmt::format("moe_hybrid_parallel.pp_size is {} but only 1 has landed "
-                    "(no pipeline schedule drives expert-parallel "
-                    "blocks yet); use pp_size = 1 with ep_size and zero_stage",
-                    pp_size));
+        fmt::format("moe_hybrid_parallel.zero_stage is {} with tp_size = {} and pp_size = {}: ZeRO composes with "
+                    "ep and dp only so far; use zero_stage = 0 with tp/pp, or tp_size = pp_size = 1 with zero_stage",
+                    zero_stage, tp_size, pp_size));
+  }
+  if (pp_size > 1) {
+    try {
+      booster::validate_pipeline_options(hybrid_options());
+    } catch (const ConfigError& e) {
+      // Its messages name hybrid_parallel's keys, which are ours too.
+      throw ConfigError(fmt::format("moe_hybrid_parallel: {}", e.what()));
+    }
   }
   if (ep_size < 1) throw ConfigError(fmt::format("moe_hybrid_parallel.ep_size is {} but must be >= 1", ep_size));
   if (zero_stage < 0 || zero_stage > 2) {
@@ -91,26 +132,26 @@ void MoeHybridParallelPluginOptions::validate() const {
 MoeHybridParallelModel::MoeHybridParallelModel(std::shared_ptr<models::MixtralForCausalLM> model,
                                                cluster::ProcessGroupPtr dp_group, cluster::ProcessGroupPtr ep_group,
                                                cluster::ProcessGroupPtr moe_dp_group,
-                                               const MoeHybridParallelPluginOptions& options)
+                                               const MoeHybridParallelPluginOptions& options,
+                                               std::shared_ptr<booster::HybridParallelModel> tp_pp)
     : model_(std::move(model)),
+      tp_pp_(std::move(tp_pp)),
       dp_group_(std::move(dp_group)),
       ep_group_(std::move(ep_group)),
       moe_dp_group_(std::move(moe_dp_group)) {
-  // Every rank starts from rank 0's values, then keeps its experts.
-  booster::broadcast_tensors(model_->parameters(), *dp_group_);
-  shard_experts(*model_, ep_group_);
-  // ZeRO casts into its flat buffers itself and reduces from its own hooks.
-  if (options.zero_stage > 0) return;
-  if (options.precision != "fp32") {
-    const auto dtype = dtype_of(options.precision);
-    at::NoGradGuard no_grad;
-    for (auto& item : model_->named_parameters(/*recurse=*/true)) {
-      at::Tensor& p = item.value();
-      fp32_originals.push_back(p.detach().clone());
-      // set_data: the optimizer's handles follow the cast tensor.
-      if (at::isFloatingType(p.scalar_type())) p.set_data(p.detach().to(dtype));
-    }
-    cast_floating_buffers(*model_, dtype);
+  if (tp_pp_) {
+    // Broadcast, expert sharding, tp sharding and the cast are done; the
+    // HybridParallelModel's reducer (over a group of one) stays off.
+    tp_pp_->set_grad_sync(false);
+    // With a pipeline, gradients are averaged once after each schedule.
+    if (tp_pp_->pipeline()) return;
+  } else {
+    // Every rank starts from rank 0's values, then keeps its experts.
+    booster::broadcast_tensors(model_->parameters(), *dp_group_);
+    shard_experts(*model_, ep_group_);
+    // ZeRO casts into its flat buffers itself and reduces from its own hooks.
+    if (options.zero_stage > 0) return;
+    fp32_originals = cast_to_precision(*model_, options.precision);
   }
   booster::GradReducer::NamedParams dense, experts;
   const double ep = static_cast<double>(ep_group_->size());
@@ -132,8 +173,15 @@ MoeHybridParallelModel::MoeHybridParallelModel(std::shared_ptr<models::MixtralFo
 }
 
 at::Tensor MoeHybridParallelModel::forward(const at::Tensor& input_ids) {
+  if (tp_pp_) return tp_pp_->forward(input_ids);
   if (zero_optimizer) zero_optimizer->wait_for_params();
   return model_->forward(input_ids);
+}
+
+at::Tensor MoeHybridParallelModel::loss(const at::Tensor& logits, const at::Tensor& labels,
+                                        std::optional<int64_t> num_items) {
+  if (tp_pp_) return model_->add_router_losses(tp_pp_->loss(logits, labels, num_items));
+  return model_->moe_loss(logits, labels, num_items);
 }
 
 void MoeHybridParallelModel::set_grad_sync(bool enabled) {
@@ -142,19 +190,63 @@ void MoeHybridParallelModel::set_grad_sync(bool enabled) {
   if (zero_optimizer) zero_optimizer->set_grad_sync(enabled);
 }
 
+booster::PipelineOutput MoeHybridParallelModel::execute_pipeline(
+    const booster::PipelineBatch& batch, const booster::PipelineCriterion& criterion,
+    const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss, bool return_outputs) {
+  if (!tp_pp_ || !tp_pp_->pipeline()) {
+    throw ConfigError(
+        "execute_pipeline: this MoeHybridParallelPlugin has pp_size = 1; use forward + loss + booster.backward, "
+        "or pp_size > 1");
+  }
+  booster::PipelineOutput out = tp_pp_->execute_pipeline(batch, criterion, scale_loss, return_loss, return_outputs);
+  // This stage's gradients (other stages' parameters are empty): the dense
+  // ones averaged over dp, an expert's over moe_dp; an expert's gradient
+  // already sums the ep group's tokens (the all-to-all's backward), so 1/ep
+  // makes it the average over dp. Names in the same order on every rank of a
+  // group (the experts' are the same within moe_dp).
+  std::vector<at::Tensor> dense, experts;
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& grad = item.value().grad();
+    if (!grad.defined() || item.value().numel() == 0) continue;
+    (is_expert_parameter(item.key()) ? experts : dense).push_back(grad);
+  }
+  booster::average_gradients(dense, *dp_group_);
+  booster::average_gradients(experts, *moe_dp_group_);
+  const double ep = static_cast<double>(ep_group_->size());
+  if (ep > 1) {
+    at::NoGradGuard no_grad;
+    for (auto& grad : experts) grad.div_(ep);
+  }
+  return out;
+}
+
 MoeHybridParallelPlugin::MoeHybridParallelPlugin(MoeHybridParallelPluginOptions options, cluster::ProcessGroupPtr world)
     : options_(std::move(options)), world_(world ? std::move(world) : cluster::current_cluster().world) {
   options_.validate();
-  const int64_t w = world_->size();
-  if (w % options_.ep_size != 0) {
+  const int64_t w = world_->size(), tp = options_.tp_size, pp = options_.pp_size;
+  if (w % (tp * pp) != 0) {
     throw ConfigError(
-        fmt::format("moe_hybrid_parallel.ep_size is {} but must "
-                    "divide the dp size (world size {})",
-                    options_.ep_size, w));
+        fmt::format("moe_hybrid_parallel: tp_size = {} x pp_size = {} does not divide the {} ranks; use sizes "
+                    "whose product divides {} (e.g. tp_size = 2, pp_size = 1)",
+                    tp, pp, w, w));
   }
-  const int moe_dp = static_cast<int>(w / options_.ep_size), ep = static_cast<int>(options_.ep_size);
+  const int64_t dp = w / (tp * pp);
+  if (dp % options_.ep_size != 0) {
+    throw ConfigError(
+        has_tp_pp() ? fmt::format("moe_hybrid_parallel.ep_size is {} but must divide the dp size {} (world size {} "
+                                  "/ tp_size {} / pp_size {}); use an ep_size dividing {}",
+                                  options_.ep_size, dp, w, tp, pp, dp)
+                    : fmt::format("moe_hybrid_parallel.ep_size is {} but must "
+                                  "divide the dp size (world size {})",
+                                  options_.ep_size, w));
+  }
+  const int moe_dp = static_cast<int>(dp / options_.ep_size), ep = static_cast<int>(options_.ep_size);
   cluster::MeshAxes axes = options_.moe_dp_outside ? cluster::MeshAxes{{"moe_dp", moe_dp}, {"ep", ep}}
                                                    : cluster::MeshAxes{{"ep", ep}, {"moe_dp", moe_dp}};
+  // As HybridParallelPlugin's (dp, pp, tp): pp inside dp, tp innermost (a tp
+  // group's ranks adjacent); only when used, so tp = pp = 1 keeps the mesh.
+  if (pp > 1) axes.push_back({"pp", static_cast<int>(pp)});
+  if (tp > 1) axes.push_back({"tp", static_cast<int>(tp)});
   // The mesh lays out a copy of the world: an axis spanning every rank may be
   // the root group itself, and the experts' reducer, the dispatch all-to-all
   // and the dense reducer (on world_) must each own their communicator, or
@@ -162,6 +254,15 @@ MoeHybridParallelPlugin::MoeHybridParallelPlugin(MoeHybridParallelPluginOptions 
   auto layout_root = world_->split(0, world_->rank(), "moe_hybrid_parallel");
   mesh_ = std::make_unique<cluster::ProcessGroupMesh>(layout_root, std::move(axes));
   norm_group_ = world_->split(0, world_->rank(), "moe_hybrid_parallel_norm");
+  // Every rank creates the groups in one order (each is a collective split).
+  ep_group();
+  moe_dp_group();
+  if (has_tp_pp()) {
+    dp_group();
+    tp_group();
+    pp_group();
+    self_group_ = world_->split(world_->rank(), 0, "moe_hybrid_parallel_self");
+  }
   io_ = make_moe_checkpoint_io(*this);
 }
 
@@ -176,10 +277,46 @@ std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_model(std::
                     model ? models::model_type(model->config()) : std::string("null")));
   }
   validate_ep(mixtral->mixtral_config().num_local_experts, options_.ep_size);
+  if (has_tp_pp()) return wrap_tp_pp(std::move(mixtral));
   // The dense reducer (or ZeRO's dense buckets) gets its own communicator too.
   auto dense_group = world_->split(0, world_->rank(), "moe_hybrid_parallel_dense");
   return std::make_shared<MoeHybridParallelModel>(std::move(mixtral), dense_group, ep_group(), moe_dp_group(),
                                                   options_);
+}
+
+std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_tp_pp(
+    std::shared_ptr<models::MixtralForCausalLM> mixtral) {
+  if (options_.pp_size > 1 && mixtral->has_router_losses()) {
+    throw ConfigError(
+        fmt::format("moe_hybrid_parallel: pp_size = {} with router losses (output_router_logits = {}, "
+                    "router_z_loss_coef = {}): they need every layer's router logits on the last stage, which the "
+                    "pipeline does not carry yet; use pp_size = 1 (tp_size and ep_size work), or turn the router "
+                    "losses off",
+                    options_.pp_size, mixtral->mixtral_config().output_router_logits,
+                    mixtral->mixtral_config().router_z_loss_coef));
+  }
+  // As HybridParallelPlugin::wrap_model: rank 0's full weights everywhere,
+  // then this rank's experts, its tp slices, its pipeline stage, the cast.
+  booster::broadcast_tensors(mixtral->parameters(), *world_);
+  shard_experts(*mixtral, ep_group());
+  auto tp = tp_group() ? tp_group() : self_group_;
+  auto sharded = parallel::plan::shard_model(
+      *mixtral, parallel::plan::mixtral_plan(), tp,
+      parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by});
+  std::unique_ptr<booster::HybridPipeline> pipeline;
+  if (options_.pp_size > 1) {
+    // grad_group null: this plugin averages dense and expert gradients itself.
+    pipeline = std::make_unique<booster::HybridPipeline>(*mixtral, pp_group(), nullptr,
+                                                         booster::pipeline_options_of(options_.hybrid_options()));
+  }
+  fp32_originals_ = cast_to_precision(*mixtral, options_.precision);
+  auto tp_pp = std::make_shared<booster::HybridParallelModel>(mixtral, std::move(sharded), self_group_,
+                                                              /*parallel_output=*/true, options_.bucket_cap_mb);
+  if (pipeline) tp_pp->attach_pipeline(std::move(pipeline));
+  // The dense reducer gets a communicator of its own (see the constructor).
+  auto dp_dense = dp_group()->split(0, dp_group()->rank(), "moe_hybrid_parallel_dense_dp");
+  return std::make_shared<MoeHybridParallelModel>(std::move(mixtral), dp_dense, ep_group(), moe_dp_group(), options_,
+                                                  std::move(tp_pp));
 }
 
 std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booster::ModelWrapper& model,
@@ -231,46 +368,37 @@ std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booste
     return zero;
   }
 
-  // Dense elements are held by every dp rank, an expert's by its moe_dp ranks:
-  // weighting by 1/replicas over the whole world counts each element once.
+  // Dense elements are held by every dp rank, an expert's by its moe_dp ranks,
+  // and both by every tp rank unless tp-sharded (pp stages hold disjoint
+  // parts): weighting by 1/replicas over the whole world counts each element
+  // once.
+  const std::vector<at::Tensor>& fp32_originals = moe->tp_pp() ? fp32_originals_ : moe->fp32_originals;
+  const int64_t dp = dp_group()->size();
   std::vector<int64_t> replicas;
   std::vector<at::Tensor> originals;
   for (const auto& group : optimizer->param_groups()) {
     for (const auto& p : group.params) {
       const size_t index = index_of.at(p.unsafeGetTensorImpl());
-      replicas.push_back(is_expert_parameter(named[index].first) ? moe_dp : world_->size());
-      if (!moe->fp32_originals.empty()) originals.push_back(moe->fp32_originals[index]);
+      const std::string& name = named[index].first;
+      const int64_t tp_replicas = moe->tp_pp() ? moe->tp_pp()->sharded().replicas(name) : 1;
+      replicas.push_back((is_expert_parameter(name) ? moe_dp : dp) * tp_replicas);
+      if (!fp32_originals.empty()) originals.push_back(fp32_originals[index]);
     }
   }
-  if (options_.max_norm > 0.0) {
-    optimizer = std::make_unique<booster::TPClipOptimizer>(std::move(optimizer),
-                                                           booster::TPClipOptions{.max_norm = options_.max_norm,
-                                                                                  .norm_type = options_.norm_type,
-                                                                                  .replicas = std::move(replicas),
-                                                                                  .tp_group = norm_group_});
-  }
-  if (options_.precision == "fp32") return optimizer;
-  // Expert gradients differ across ep ranks: an overflow anywhere skips the
-  // step everywhere.
-  auto overflow = [group = norm_group_](bool local) {
-    if (group->size() == 1) return local;
-    at::Tensor flag =
-        at::full({1}, local ? 1.0f : 0.0f,
-                 at::TensorOptions().device(group->backend_name() == "nccl" ? cluster::current_cluster().device
-                                                                            : c10::Device(c10::kCPU)));
-    group->all_reduce(flag, cluster::ReduceOp::Max).wait();
-    return flag.item<float>() > 0.0f;
-  };
-  auto mixed = std::make_unique<amp::MixedPrecisionOptimizer>(
-      std::move(optimizer),
-      amp::MixedPrecisionOptions{
-          .precision = options_.precision, .loss_scaler = options_.loss_scaler, .overflow_reducer = overflow});
-  // Masters start at the exact fp32 values, not their bf16/fp16 rounding.
-  at::NoGradGuard no_grad;
-  for (size_t i = 0; i < originals.size(); ++i) mixed->master_params()[i].copy_(originals[i]);
+  // Expert gradients differ across ep ranks, slices across tp, stages across
+  // pp: the norm and the overflow flag are reduced over the whole world.
+  auto wrapped = booster::wrap_clip_and_masters(std::move(optimizer),
+                                                booster::ClipAndMastersOptions{.precision = options_.precision,
+                                                                               .loss_scaler = options_.loss_scaler,
+                                                                               .max_norm = options_.max_norm,
+                                                                               .norm_type = options_.norm_type,
+                                                                               .replicas = std::move(replicas),
+                                                                               .norm_group = norm_group_,
+                                                                               .originals = std::move(originals)});
   moe->fp32_originals.clear();
-  moe->mixed_optimizer = mixed.get();
-  return mixed;
+  fp32_originals_.clear();
+  if (wrapped.mixed) moe->mixed_optimizer = wrapped.mixed;
+  return std::move(wrapped.optimizer);
 }
 
 }  // namespace colossus::moe

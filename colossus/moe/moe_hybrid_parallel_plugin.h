@@ -1,18 +1,26 @@
-// MoeHybridParallelPlugin: data parallelism over the world with expert
-// parallelism inside it. The mesh is (moe_dp, ep) (or (ep, moe_dp) with
-// moe_dp_outside = false): experts are sharded over ep, each expert's gradient
-// is averaged over moe_dp (the ranks holding it), the dense part's over the
-// whole dp (= world). zero_stage 1/2 shards optimizer state (and gradients)
-// with one LowLevelZeroOptimizer: the dense part over dp, the experts over
-// moe_dp. The plugin owns precision (fp32, bf16, fp16 with fp32 masters) and
-// clipping (max_norm; each element counted once although dense parameters are
-// replicated over dp and experts over moe_dp). Checkpoints: the model as one
-// HF directory (loads with any ep), the optimizer as one file per ep rank
-// (resumes on any layout; another ep_size maps it by parameter name). Not
-// yet: tp/pp.
+// MoeHybridParallelPlugin: data parallelism with expert parallelism inside it,
+// optionally composed with tensor and pipeline parallelism for the dense part.
+// The mesh is (moe_dp, ep[, pp][, tp]) (or (ep, moe_dp, ...) with
+// moe_dp_outside = false); dp = moe_dp x ep. Experts are sharded over ep and
+// kept whole on every tp rank (replicated over tp, like the router); each
+// expert's gradient is averaged over moe_dp (the ranks holding it), the dense
+// part's over dp. tp_size > 1 shards attention, embedding and head by
+// parallel::plan::mixtral_plan (HybridParallelModel does the forward and the
+// vocab-parallel loss); pp_size > 1 splits the blocks over pp with
+// HybridParallelPlugin's stage manager and schedules (booster.execute_pipeline).
+// zero_stage 1/2 (tp = pp = 1) shards optimizer state (and gradients) with
+// one LowLevelZeroOptimizer: the dense part over dp, the experts over moe_dp.
+// The plugin owns precision (fp32, bf16, fp16 with fp32 masters) and clipping
+// (max_norm; each element counted once although dense parameters are
+// replicated over dp and tp, experts over moe_dp and tp). Checkpoints (tp =
+// pp = 1): the model as one HF directory (loads with any ep), the optimizer as
+// one file per ep rank (resumes on any layout; another ep_size maps it by
+// parameter name). Not yet: ZeRO or checkpoint IO with tp/pp, router losses
+// with pp (ConfigErrors).
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
+#include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/plugin.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/models/mixtral.h"
@@ -31,9 +39,18 @@ class LowLevelZeroOptimizer;
 namespace colossus::moe {
 
 struct MoeHybridParallelPluginOptions {
-  int64_t tp_size = 1;  // only 1 has landed (the dense part is not tp-sharded yet)
-  int64_t pp_size = 1;  // only 1 has landed
+  int64_t tp_size = 1;  // tensor parallelism of the dense part (experts stay whole)
+  int64_t pp_size = 1;  // pipeline stages; a step is booster.execute_pipeline
   int64_t ep_size = 1;
+  // pp_size > 1: as HybridParallelPluginOptions (1f1b, interleaved,
+  // zero_bubble; microbatching; blocks per stage; p2p overlap).
+  std::string pp_style = "1f1b";
+  int num_model_chunks = 1;
+  int64_t num_microbatches = 0;
+  int64_t microbatch_size = 0;
+  std::vector<int64_t> num_layers_per_stage;
+  bool overlap_p2p = true;
+  int64_t make_vocab_size_divisible_by = 64;  // tp_size > 1: vocab padded to a multiple of this x tp
   bool moe_dp_outside = true;  // mesh axes (moe_dp, ep): the ranks of one ep group are consecutive
   // 0: gradients all-reduced (dense over dp, experts over moe_dp); 1: optimizer
   // state sharded over the same groups; 2: gradients too. ZeRO-3 is refused.
@@ -47,25 +64,40 @@ struct MoeHybridParallelPluginOptions {
   bool overlap_communication = true;        // zero_stage 1/2: reduce-scatter while backward runs
   // Throws ConfigError naming the bad value and a valid alternative.
   void validate() const;
+  // The tp/pp part as HybridParallelPluginOptions (pipeline checks and options).
+  booster::HybridParallelPluginOptions hybrid_options() const;
 };
 
 class MoeHybridParallelModel : public booster::ModelWrapper {
  public:
   // zero_stage 0 builds the gradient reducers here; 1/2 leave reduction to
   // the optimizer attached by wrap_optimizer.
+  // tp_pp: null (tp = pp = 1), or the tp-sharded model (with its pipeline
+  // when pp > 1) that the plugin already broadcast, expert-sharded and cast;
+  // its own dp reducer is off (this wrapper reduces dense and expert
+  // gradients over their groups).
   MoeHybridParallelModel(std::shared_ptr<models::MixtralForCausalLM> model, cluster::ProcessGroupPtr dp_group,
                          cluster::ProcessGroupPtr ep_group, cluster::ProcessGroupPtr moe_dp_group,
-                         const MoeHybridParallelPluginOptions& options);
-  // input_ids: (B, T) int64 -> logits (B, T, V)
+                         const MoeHybridParallelPluginOptions& options,
+                         std::shared_ptr<booster::HybridParallelModel> tp_pp = nullptr);
+  // input_ids: (B, T) int64 -> logits (B, T, V); with tp > 1 this rank's vocab
+  // slice (B, T, V_padded / tp). Refused with pp > 1 (use execute_pipeline).
   at::Tensor forward(const at::Tensor& input_ids) override;
   models::CausalLM& unwrap() override { return *model_; }
   models::MixtralForCausalLM& mixtral() { return *model_; }
-  // The Mixtral loss: causal-LM loss + the router losses the config enables.
+  // The Mixtral loss: causal-LM loss (vocab-parallel with tp) + the router
+  // losses the config enables.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
-                  std::optional<int64_t> num_items = std::nullopt) override {
-    return model_->moe_loss(logits, labels, num_items);
-  }
+                  std::optional<int64_t> num_items = std::nullopt) override;
   void set_grad_sync(bool enabled) override;
+  // pp > 1: one step's schedule (HybridPipeline), then dense gradients
+  // averaged over dp, experts' over moe_dp (and divided by ep).
+  booster::PipelineOutput execute_pipeline(const booster::PipelineBatch& batch,
+                                           const booster::PipelineCriterion& criterion,
+                                           const std::function<at::Tensor(const at::Tensor&)>& scale_loss,
+                                           bool return_loss, bool return_outputs) override;
+  // Null with tp = pp = 1.
+  booster::HybridParallelModel* tp_pp() const { return tp_pp_.get(); }
   cluster::ProcessGroupPtr dp_group() const { return dp_group_; }
   cluster::ProcessGroupPtr ep_group() const { return ep_group_; }
   cluster::ProcessGroupPtr moe_dp_group() const { return moe_dp_group_; }
@@ -80,6 +112,7 @@ class MoeHybridParallelModel : public booster::ModelWrapper {
 
  private:
   std::shared_ptr<models::MixtralForCausalLM> model_;
+  std::shared_ptr<booster::HybridParallelModel> tp_pp_;
   cluster::ProcessGroupPtr dp_group_, ep_group_, moe_dp_group_;
   std::unique_ptr<booster::GradReducer> dense_reducer_, expert_reducer_;
 };
@@ -95,9 +128,14 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   // Masters and clipping need the ep/moe_dp layout, which the Booster's own
   // wrappers do not know.
   bool control_precision() const override { return true; }
-  cluster::ProcessGroupPtr dp_group() const override { return world_; }
+  // moe_dp x ep: the ranks that see different data (the world when tp = pp = 1).
+  cluster::ProcessGroupPtr dp_group() const override { return has_tp_pp() ? mesh_->group({"moe_dp", "ep"}) : world_; }
   cluster::ProcessGroupPtr ep_group() const { return mesh_->group("ep"); }
   cluster::ProcessGroupPtr moe_dp_group() const { return mesh_->group("moe_dp"); }
+  // Null unless tp_size > 1 / pp_size > 1.
+  cluster::ProcessGroupPtr tp_group() const { return options_.tp_size > 1 ? mesh_->group("tp") : nullptr; }
+  cluster::ProcessGroupPtr pp_group() const { return options_.pp_size > 1 ? mesh_->group("pp") : nullptr; }
+  bool has_tp_pp() const { return options_.tp_size > 1 || options_.pp_size > 1; }
   const MoeHybridParallelPluginOptions& options() const { return options_; }
   // Throws ConfigError unless `model` is a MixtralForCausalLM whose experts
   // ep_size divides.
@@ -120,6 +158,10 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
   std::unique_ptr<booster::PluginCheckpointIO> io_;
   std::vector<std::string> optimizer_param_names_;
+  cluster::ProcessGroupPtr self_group_;     // tp/pp: this rank alone (HybridParallelModel's idle reducer)
+  std::vector<at::Tensor> fp32_originals_;  // tp/pp, bf16/fp16: between wrap_model and wrap_optimizer
+
+  std::shared_ptr<booster::ModelWrapper> wrap_tp_pp(std::shared_ptr<models::MixtralForCausalLM> mixtral);
 };
 
 // The checkpoint IO above (moe_checkpoint_io.cpp).

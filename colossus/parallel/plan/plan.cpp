@@ -50,9 +50,23 @@ ShardingPlan llama_plan() {
                       }};
 }
 
+ShardingPlan mixtral_plan() {
+  // LLaMA's attention, embedding and head; the router (gate) and the experts
+  // stay replicated over tp (expert parallelism shards the experts).
+  return ShardingPlan{.rules = {
+                          {"model.embed_tokens", VocabParallelEmbedding()},
+                          {"model.layers.*.self_attn.q_proj", Colwise()},
+                          {"model.layers.*.self_attn.k_proj", Colwise({.kv_heads = true})},
+                          {"model.layers.*.self_attn.v_proj", Colwise({.kv_heads = true})},
+                          {"model.layers.*.self_attn.o_proj", Rowwise()},
+                          {"lm_head", VocabParallelHead()},
+                      }};
+}
+
 ShardingPlan default_plan(const models::CausalLM& model) {
   if (std::holds_alternative<models::GPT2Config>(model.config())) return gpt2_plan();
   if (std::holds_alternative<models::LlamaConfig>(model.config())) return llama_plan();
+  if (std::holds_alternative<models::MixtralConfig>(model.config())) return mixtral_plan();
   throw ConfigError(fmt::format("no tensor-parallel plan for model type '{}'; pass custom_policy",
                                 models::model_type(model.config())));
 }

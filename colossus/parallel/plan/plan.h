@@ -46,7 +46,10 @@ struct ShardingPlan {
 
 ShardingPlan gpt2_plan();
 ShardingPlan llama_plan();
-// The plan for the model's type (GPT-2 or LLaMA).
+// LLaMA's attention, embedding and head; the MoE router and experts stay
+// replicated over tp (expert parallelism splits the experts).
+ShardingPlan mixtral_plan();
+// The plan for the model's type (GPT-2, LLaMA or Mixtral).
 ShardingPlan default_plan(const models::CausalLM& model);
 
 // True when `path` ("transformer.h.3.attn.c_attn") matches `pattern`

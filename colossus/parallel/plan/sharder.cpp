@@ -21,6 +21,10 @@ struct Shape {
 Shape shape_of(const models::ModelConfig& config) {
   if (const auto* g = std::get_if<models::GPT2Config>(&config))
     return {g->n_head, g->n_head, g->head_dim(), g->ffn_size()};
+  // Mixtral's experts stay whole (expert parallelism splits them, not tp):
+  // only its LLaMA attention is sharded, so it has no FFN width to divide.
+  if (const auto* m = std::get_if<models::MixtralConfig>(&config))
+    return {m->num_attention_heads, m->kv_heads(), m->resolved_head_dim(), 0};
   const auto& l = std::get<models::LlamaConfig>(config);
   return {l.num_attention_heads, l.kv_heads(), l.resolved_head_dim(), l.intermediate_size};
 }
