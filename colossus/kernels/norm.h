@@ -59,7 +59,9 @@ struct NormBackwardArgs {
   float* partial = nullptr;             // norm_backward_workspace_floats(kind, rows, cols) fp32
 };
 
-inline int64_t norm_partial_blocks(int64_t rows) { return std::clamp<int64_t>(rows, 1, 256); }
+// 16 rows a block: enough blocks to fill a GPU on a training step's 8-16K
+// rows, at most 1024 partial rows (8 MB of fp32 at 2048 columns) to add up.
+inline int64_t norm_partial_blocks(int64_t rows) { return std::clamp<int64_t>((rows + 15) / 16, 1, 1024); }
 inline int64_t norm_backward_workspace_floats(NormKind kind, int64_t rows, int64_t cols) {
   return norm_partial_blocks(rows) * cols * (kind == NormKind::kLayer ? 2 : 1);
 }

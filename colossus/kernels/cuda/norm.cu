@@ -185,14 +185,26 @@ __global__ void __launch_bounds__(kThreads) norm_backward_kernel(NormBackwardArg
   }
 }
 
-// out[c] = sum over b < blocks of partial[b, c], in order of b.
+// out[c] = sum over b < blocks of partial[b, c]. Blocks of (32, 8) threads:
+// a warp reads 32 consecutive columns of one partial row, the 8 warps take
+// every 8th row, and their sums are added in the order of threadIdx.y
+// (deterministic).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) column_sum_kernel(const float* partial, int blocks, int64_t cols, T* out) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float sums[8][33];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
   float total = 0.f;
-  for (int b = 0; b < blocks; ++b) total += partial[b * cols + c];
-  out[c] = from_float<T>(total);
+  if (c < cols) {
+    for (int b = threadIdx.y; b < blocks; b += 8) total += partial[b * cols + c];
+  }
+  sums[threadIdx.y][threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float sum = 0.f;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) sum += sums[y][threadIdx.x];
+    out[c] = from_float<T>(sum);
+  }
 }
 
 // Registers per thread for a row: 1, 2, 4 or 8 vectors (0: too wide).
@@ -234,11 +246,12 @@ void launch_backward(const NormBackwardArgs& a, int vecs, cudaStream_t stream) {
     case 4: norm_backward_kernel<T, 4, kKind><<<blocks, kThreads, shared, stream>>>(a); break;
     default: norm_backward_kernel<T, 8, kKind><<<blocks, kThreads, shared, stream>>>(a); break;
   }
-  const unsigned col_blocks = static_cast<unsigned>((a.cols + kThreads - 1) / kThreads);
-  column_sum_kernel<T><<<col_blocks, kThreads, 0, stream>>>(a.partial, blocks, a.cols, static_cast<T*>(a.dweight));
+  const unsigned col_blocks = static_cast<unsigned>((a.cols + 31) / 32);
+  const dim3 col_threads(32, 8);
+  column_sum_kernel<T><<<col_blocks, col_threads, 0, stream>>>(a.partial, blocks, a.cols, static_cast<T*>(a.dweight));
   if (kKind == NormKind::kLayer && a.dbias != nullptr) {
-    column_sum_kernel<T><<<col_blocks, kThreads, 0, stream>>>(a.partial + static_cast<int64_t>(blocks) * a.cols, blocks,
-                                                              a.cols, static_cast<T*>(a.dbias));
+    column_sum_kernel<T><<<col_blocks, col_threads, 0, stream>>>(a.partial + static_cast<int64_t>(blocks) * a.cols,
+                                                                 blocks, a.cols, static_cast<T*>(a.dbias));
   }
 }
 

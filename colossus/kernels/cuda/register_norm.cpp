@@ -127,7 +127,7 @@ std::string check_norm_cuda(NormKind kind) {
   if (!at::hasCUDA()) return "no CUDA device";
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (bool with_residual : {false, true}) {
-      // 300 rows: some backward blocks take two; 2056 columns: a partly idle
+      // 300 rows: 19 backward blocks, the last one short; 2056 columns: a partly idle
       // second (bf16) or fourth (fp32) vector per thread; 64: mostly idle.
       for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{300, 2056}, {5, 64}}) {
         std::string error = check_case(kind, dtype, with_residual, rows, cols);
