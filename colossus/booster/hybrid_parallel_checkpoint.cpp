@@ -152,7 +152,6 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     std::exception_ptr error;
     try {
       auto& hybrid = current_model("save_optimizer");
-      refuse_pipeline_zero(hybrid, "save_optimizer");
       const auto names = param_names(hybrid, optimizer);
       optim::OptimizerState state = optimizer.state_dict();
       if (hybrid.pipeline() != nullptr) state = merge_over_pp(hybrid, names, std::move(state));
@@ -174,7 +173,6 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     std::exception_ptr error;
     try {
       auto& hybrid = current_model("load_optimizer");
-      refuse_pipeline_zero(hybrid, "load_optimizer");
       const auto names = param_names(hybrid, optimizer);
       const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
       std::string source = single;
@@ -247,17 +245,6 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     pp->broadcast(tensor, it->second.pp_rank).wait();
     return tensor;
   }
-  // ZeRO-1 inside pipeline stages shards each stage's state over dp; its
-  // state_dict under pp does not resume exactly yet (tested), so refuse it.
-  void refuse_pipeline_zero(HybridParallelModel& hybrid, const char* what) const {
-    if (hybrid.pipeline() != nullptr && plugin_.options().zero_stage > 0) {
-      throw ConfigError(fmt::format(
-          "{}: optimizer checkpoints with pp_size > 1 and zero_stage = {} have not landed yet; use zero_stage = 0 "
-          "with pp (its optimizer state saves and resumes), or save the model only",
-          what, plugin_.options().zero_stage));
-    }
-  }
-
   c10::Device comm_device(const cluster::ProcessGroup& group) const {
     return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
   }

@@ -4,6 +4,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/parallel/tensor/comm.h"
 #include "colossus/parallel/tensor/layers.h"
+#include "colossus/parallel/sequence/layout.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
@@ -16,6 +17,9 @@
 #include <ATen/ops/zeros_like.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <numeric>
+#include <optional>
 #include <unordered_set>
 
 namespace colossus::booster {
@@ -109,12 +113,22 @@ void validate_pipeline_options(const HybridParallelPluginOptions& o) {
                       o.pp_size, o.tp_size, o.precision, o.max_norm));
     }
   }
-  if (o.enable_sequence_parallelism) {
+  // ring_attn / all_to_all shard the sequence over their own sp axis and
+  // compose with the pipeline (each stage attends over its sp group).
+  // split_gather / ring shard it over the tp group between tp regions, and
+  // their tp-replicated gradients (summed over tp) are not reduced by the
+  // pipeline's gradient sync yet.
+  if (o.sequence_over_tp()) {
     throw ConfigError(
-        fmt::format("hybrid_parallel: sequence parallelism ('{}') with pp_size "
-                    "= {} has not landed yet; use pp_size = 1 "
-                    "with sequence parallelism, or disable it",
-                    o.sequence_parallelism_mode, o.pp_size));
+        fmt::format("hybrid_parallel: sequence_parallelism_mode = '{}' with pp_size = {} is not supported yet; use "
+                    "mode 'ring_attn' or 'all_to_all' with sp_size = {} (their own sp axis), or pp_size = 1",
+                    o.sequence_parallelism_mode, o.pp_size, o.sp_size > 1 ? o.sp_size : 2));
+  }
+  if (o.zero_stage == 1 && o.sp_size > 1) {
+    throw ConfigError(
+        fmt::format("hybrid_parallel: zero_stage = 1 with pp_size = {} and sp_size = {} is not supported (ZeRO-1 "
+                    "shards over dp, the sequence shards' gradients need dp x sp); use zero_stage = 0 with sp",
+                    o.pp_size, o.sp_size));
   }
   if (!o.num_layers_per_stage.empty() &&
       o.num_layers_per_stage.size() != static_cast<size_t>(o.pp_size * o.num_model_chunks)) {
@@ -186,9 +200,32 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
       return loss(logits, labels, num_items);
     };
   }
-  return pipeline_->execute(
-      batch, [this](const at::Tensor& hidden) { return pipeline_logits(hidden); }, loss_fn, scale_loss, return_loss,
-      return_outputs);
+  models::CausalLM& m = *model_;
+  HybridPipeline::StageHooks hooks;
+  hooks.logits = [this](const at::Tensor& hidden) { return pipeline_logits(hidden); };
+  // ring_attn / all_to_all: every stage runs this rank's sequence shard at its
+  // global positions, attention over the sp group (as forward()).
+  namespace ps = parallel::sequence;
+  std::optional<ps::SequenceParallelAttention> attention;
+  at::Tensor positions;
+  const int64_t seq_len = batch.input_ids.defined() && batch.input_ids.dim() == 2 ? batch.input_ids.size(1) : 0;
+  if (sp_group_ && seq_len > 0) {
+    const auto layout = ps::layout_of(sp_mode_);
+    attention.emplace(*sp_group_, sp_mode_, seq_len, inner_ring_size_);
+    positions = ps::local_position_tensor(seq_len, *sp_group_, layout, batch.input_ids.device());
+    hooks.embed = [&, layout](const at::Tensor& ids) {
+      return m.embed_at(ps::shard_sequence(ids, 1, sp_group_->size(), sp_group_->rank(), layout), positions, seq_len);
+    };
+    hooks.context = [&](const at::Tensor& hidden) {
+      models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
+      context.attention = &*attention;
+      return context;
+    };
+  } else {
+    hooks.embed = [&m](const at::Tensor& ids) { return m.embed(ids); };
+    hooks.context = [&m](const at::Tensor& hidden) { return m.block_context(hidden); };
+  }
+  return pipeline_->execute(batch, hooks, loss_fn, scale_loss, return_loss, return_outputs);
 }
 
 HybridPipeline::HybridPipeline(models::CausalLM& model, cluster::ProcessGroupPtr pp_group,
@@ -273,6 +310,13 @@ HybridPipeline::HybridPipeline(models::CausalLM& model, cluster::ProcessGroupPtr
 }
 
 int64_t HybridPipeline::microbatches_for(int64_t rows) const {
+  // Forward-only (evaluation) runs any number of microbatches, so an eval
+  // batch need not divide like a training batch: the largest count that does.
+  if (!at::GradMode::is_enabled() && rows > 0) {
+    const int64_t wanted = options_.num_microbatches > 0 ? options_.num_microbatches
+                                                          : std::max<int64_t>(1, rows / options_.microbatch_size);
+    return std::gcd(rows, wanted);
+  }
   if (options_.num_microbatches > 0) {
     if (rows % options_.num_microbatches != 0) {
       throw ConfigError(fmt::format(
@@ -293,7 +337,7 @@ int64_t HybridPipeline::microbatches_for(int64_t rows) const {
   return rows / options_.microbatch_size;
 }
 
-PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const LogitsFn& logits_of,
+PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const StageHooks& hooks,
                                        const PipelineCriterion& criterion,
                                        const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
                                        bool return_outputs) {
@@ -312,27 +356,29 @@ PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const LogitsF
   // Every microbatch's loss is its token sum over the whole batch's count, so
   // the shares add up to the batch mean (HF's num_items_in_batch).
   const int64_t num_items = seq_len > 1 ? labels.narrow(1, 1, seq_len - 1).ne(-100).sum().item<int64_t>() : 0;
-  const auto actions =
-      pp::make_schedule(options_.schedule, stages_->pp_size(), stages_->pp_rank(), M, stages_->num_model_chunks());
+  const bool forward_only = !at::GradMode::is_enabled();
+  const auto actions = forward_only ? pp::forward_only(stages_->num_model_chunks(), M)
+                                    : pp::make_schedule(options_.schedule, stages_->pp_size(), stages_->pp_rank(), M,
+                                                        stages_->num_model_chunks());
 
   std::vector<at::Tensor> outputs(static_cast<size_t>(M));
   pp::StageFunctions functions;
   functions.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
     const auto& range = stages_->blocks(chunk);
-    at::Tensor hidden = stages_->is_first(chunk) ? model_.embed(ids_mb[static_cast<size_t>(m)]) : input;
-    const models::BlockContext context = model_.block_context(hidden);
+    at::Tensor hidden = stages_->is_first(chunk) ? hooks.embed(ids_mb[static_cast<size_t>(m)]) : input;
+    const models::BlockContext context = hooks.context(hidden);
     hidden = model_.forward_blocks(hidden, context, static_cast<size_t>(range.begin), static_cast<size_t>(range.end));
     if (!stages_->is_last(chunk)) return hidden;
-    at::Tensor logits = logits_of(model_.final_norm(hidden));
+    at::Tensor logits = hooks.logits(model_.final_norm(hidden));
     if (return_outputs) outputs[static_cast<size_t>(m)] = logits.detach();
     return criterion(logits, labels_mb[static_cast<size_t>(m)], num_items);
   };
   functions.parameters = [this](int chunk) { return chunk_params_.at(static_cast<size_t>(chunk)); };
   functions.scale_loss = scale_loss;
 
-  auto result = runtime_->run(actions, functions, M, {mb_rows, seq_len}, ids.device());
+  auto result = runtime_->run(actions, functions, M, {mb_rows, seq_len}, ids.device(), forward_only);
   last_timeline_ = std::move(result.timeline);
-  sync_gradients();
+  if (!forward_only) sync_gradients();
 
   PipelineOutput out;
   const int last_rank = stages_->pp_size() - 1;

@@ -69,12 +69,22 @@ class HybridPipeline {
   HybridPipeline(models::CausalLM& model, cluster::ProcessGroupPtr pp_group, cluster::ProcessGroupPtr grad_group,
                  HybridPipelineOptions options);
 
-  // hidden (B_mb, T, C) after the final norm -> logits as the wrapper's forward
-  // returns them.
-  using LogitsFn = std::function<at::Tensor(const at::Tensor& hidden)>;
+  // How the wrapper runs the model's ends, so that sequence parallelism
+  // (ring_attn / all_to_all) shards the tokens without the pipeline knowing.
+  struct StageHooks {
+    // input_ids (B_mb, T) -> hidden (B_mb, T_local, C) on the first stage.
+    std::function<at::Tensor(const at::Tensor& input_ids)> embed;
+    // hidden (B_mb, T_local, C) -> what every block of any stage needs.
+    std::function<models::BlockContext(const at::Tensor& hidden)> context;
+    // hidden (B_mb, T_local, C) after the final norm -> logits as the
+    // wrapper's forward returns them.
+    std::function<at::Tensor(const at::Tensor& hidden)> logits;
+  };
   // batch.input_ids: (B, T) -> the batch loss (mean over its counted tokens,
-  // as one forward would give) and, on the last stage, the logits.
-  PipelineOutput execute(const PipelineBatch& batch, const LogitsFn& logits, const PipelineCriterion& criterion,
+  // as one forward would give) and, on the last stage, the logits. Under a
+  // NoGradGuard (evaluation, as Colossal-AI's schedules under torch.no_grad)
+  // only forwards run, chunk by chunk, and gradients are left untouched.
+  PipelineOutput execute(const PipelineBatch& batch, const StageHooks& hooks, const PipelineCriterion& criterion,
                          const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
                          bool return_outputs);
 

@@ -273,9 +273,12 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
     models::enable_activation_checkpointing(*model, options_.gradient_checkpointing_ratio);
   // Pipeline stages: this rank keeps its blocks' parameters (before any cast,
   // so fp32 originals and masters of other stages' parameters are empty too).
+  // Sequence shards hold the same parameters and each sees part of the
+  // tokens: gradients are averaged over dp x sp (the loss scales its share by sp).
+  auto grad_group = options_.sp_axis_size() > 1 ? mesh_->group({"dp", "sp"}) : dp_group();
   std::unique_ptr<HybridPipeline> pipeline;
   if (options_.pp_size > 1)
-    pipeline = std::make_unique<HybridPipeline>(*model, pp_group(), dp_group(), pipeline_options_of(options_));
+    pipeline = std::make_unique<HybridPipeline>(*model, pp_group(), grad_group, pipeline_options_of(options_));
   if (options_.precision != "fp32") {
     const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
     at::NoGradGuard no_grad;
@@ -291,12 +294,9 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       if (at::isFloatingType(b.scalar_type())) b.set_data(b.detach().to(dtype));
     }
   }
-  // Sequence shards hold the same parameters and each sees part of the
-  // tokens: gradients are averaged over dp x sp (the loss scales its share by sp).
   const auto sp_mode = options_.sequence_parallelism_mode == "all_to_all"
                            ? parallel::sequence::SequenceParallelMode::AllToAll
                            : parallel::sequence::SequenceParallelMode::RingAttention;
-  auto grad_group = options_.sp_axis_size() > 1 ? mesh_->group({"dp", "sp"}) : dp_group();
   // split_gather / ring: the sp group is the tp group, which the sharded
   // layers use directly; the model gets the dp x tp group for tp-replicated
   // gradients instead.

@@ -9,8 +9,10 @@
 // tensor-parallel regions over the tp group itself (Megatron-style).
 // Pipeline parallelism (pp_size > 1: 1f1b, interleaved, zero_bubble) splits
 // the blocks over a pp axis and trains through booster.execute_pipeline
-// (hybrid_parallel_pipeline.h); ZeRO-1 composes with it (dp x pp, fp32),
-// other ZeRO stages are refused until they land.
+// (hybrid_parallel_pipeline.h; under a NoGradGuard it runs forwards only, for
+// evaluation); ZeRO-1 composes with it (dp x pp, fp32, checkpoints included),
+// and so do ring_attn / all_to_all sequence parallelism (mesh (dp, pp, sp, tp));
+// other ZeRO stages and split_gather / ring with pp are refused until they land.
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"

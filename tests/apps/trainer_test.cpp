@@ -257,8 +257,9 @@ int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
 // hybrid_parallel pp = 2 from the TOML keys (each loader batch one
 // microbatch, grad_accum = 2 of them per step, booster.execute_pipeline): on
 // 2 ranks the loss curve of tp = 2 over the same data (both dp = 1; dropout
-// off), and a run stopped at step 3 resumes from its checkpoint (model, and
-// optimizer state merged over the stages) onto the same curve exactly.
+// off), with tp's eval losses (forward-only pipeline), and a run stopped at
+// step 3 resumes from its checkpoint (model, and optimizer state merged over
+// the stages) onto the same curve exactly.
 TEST(Trainer, PipelineParallelTrainsTheTpCurveAndResumes) {
   if (ct::world()->size() != 2) GTEST_SKIP() << "pp = 2 needs 2 ranks";
   const std::vector<std::string> base{"train.steps=6", "model.config.resid_pdrop=0.0", "model.config.embd_pdrop=0.0",
@@ -267,11 +268,22 @@ TEST(Trainer, PipelineParallelTrainsTheTpCurveAndResumes) {
     extra.insert(extra.begin(), base.begin(), base.end());
     return extra;
   };
-  const auto tp = losses_of(apps::train(tiny_config(job_dir("pp_tp2"), with({"plugin.tp_size=2"}))));
+  const auto tp_run = apps::train(tiny_config(job_dir("pp_tp2"), with({"plugin.tp_size=2"})));
+  const auto tp = losses_of(tp_run);
   const std::vector<std::string> pp{"plugin.pp_size=2", "plugin.pp_style=\"1f1b\""};
-  const auto full = losses_of(apps::train(tiny_config(job_dir("pp_full"), with(pp))));
+  const auto full_run = apps::train(tiny_config(job_dir("pp_full"), with(pp)));
+  const auto full = losses_of(full_run);
   ASSERT_EQ(full.size(), tp.size());
   for (size_t i = 0; i < tp.size(); ++i) EXPECT_NEAR(full[i], tp[i], 1e-5 * std::abs(tp[i])) << "step " << i + 1;
+  // The eval loss runs through the forward-only pipeline: tp's at each eval.
+  ASSERT_FALSE(full_run.eval_losses.empty());
+  ASSERT_EQ(full_run.eval_losses.size(), tp_run.eval_losses.size());
+  for (size_t i = 0; i < tp_run.eval_losses.size(); ++i) {
+    EXPECT_EQ(full_run.eval_losses[i].first, tp_run.eval_losses[i].first);
+    EXPECT_NEAR(full_run.eval_losses[i].second, tp_run.eval_losses[i].second,
+                1e-5 * std::abs(tp_run.eval_losses[i].second))
+        << "eval at step " << tp_run.eval_losses[i].first;
+  }
   const auto split_dir = job_dir("pp_split");
   auto first_steps = pp;
   first_steps.push_back("train.steps=3");

@@ -144,11 +144,7 @@ void Trainer::build() {
                                                .pin_memory = device_.is_cuda()};
   auto train_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.train_dir, config_.data.seq_len));
   auto loader = booster_->prepare_dataloader(train_set, loader_options, config_.train.seed, config_.data.shuffle);
-  if (pipeline_ && !data_.eval_dir.empty() && config_.train.eval_batches > 0) {
-    // A pipeline's forward is a whole schedule (booster.execute_pipeline),
-    // which also runs the backward.
-    log.warning("no eval loss with pp_size > 1 yet (a forward-only pipeline schedule has not landed)");
-  } else if (!data_.eval_dir.empty() && config_.train.eval_batches > 0) {
+  if (!data_.eval_dir.empty() && config_.train.eval_batches > 0) {
     auto eval_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.eval_dir, config_.data.seq_len));
     // Too little held-out text for one batch per rank: no eval rather than an error.
     if (eval_set->size() >= config_.data.batch_size * dp_size_) {
@@ -223,7 +219,12 @@ double Trainer::evaluate() {
   auto total = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (int64_t i = 0; i < batches; ++i) {
     auto ids = eval_loader_->next().to(device_, /*non_blocking=*/true);
-    auto loss = boosted_.model->forward_loss(ids, ids);
+    // A pipeline's forward is a schedule: under the NoGradGuard
+    // execute_pipeline runs forwards only and every pp rank gets the loss.
+    auto loss = pipeline_ ? booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; },
+                                                       *boosted_.model, {}, *boosted_.optimizer)
+                                .loss
+                          : boosted_.model->forward_loss(ids, ids);
     total[0] += loss.detach().to(at::kDouble);
     total[1] += 1.0;
   }

@@ -47,7 +47,7 @@ PipelineRuntime::PipelineRuntime(const StageManager& stages, cluster::ProcessGro
     : stages_(stages), p2p_(std::move(pp_group)), overlap_p2p_(overlap_p2p) {}
 
 RunResult PipelineRuntime::run(const std::vector<Action>& actions, const StageFunctions& functions,
-                               int64_t num_microbatches, const std::vector<int64_t>& shape_key, c10::Device device) {
+                               int64_t num_microbatches, const std::vector<int64_t>& shape_key, c10::Device device, bool forward_only) {
   if (shape_key != last_shape_key_) {
     p2p_.reset_shapes();
     last_shape_key_ = shape_key;
@@ -106,18 +106,21 @@ RunResult PipelineRuntime::run(const std::vector<Action>& actions, const StageFu
     const auto key = std::make_pair(a.microbatch, a.chunk);
     TimedAction timed{a, now_us(), 0.0};
 
+    if (forward_only && a.kind != ActionKind::Forward) {
+      throw ConfigError(fmt::format("pipeline: a forward-only run got {}", to_string(a)));
+    }
     if (a.kind == ActionKind::Forward) {
       if (in_flight.contains(key)) throw ConfigError(fmt::format("pipeline: {} runs twice", to_string(a)));
       InFlight state;
-      if (!first) state.input = received.requires_grad_(true);
+      if (!first) state.input = forward_only ? received : received.requires_grad_(true);
       state.output = functions.forward(a.chunk, a.microbatch, state.input);
       if (last) {
         result.losses[static_cast<size_t>(a.microbatch)] = state.output.detach();
-        if (functions.scale_loss) state.output = functions.scale_loss(state.output);
+        if (functions.scale_loss && !forward_only) state.output = functions.scale_loss(state.output);
       } else {
         p2p_.send(state.output.detach(), stages_.rank_of(v + 1), activation_channel(v + 1));
       }
-      in_flight.emplace(key, std::move(state));
+      if (!forward_only) in_flight.emplace(key, std::move(state));
     } else {
       auto it = in_flight.find(key);
       if (it == in_flight.end()) {

@@ -43,9 +43,11 @@ class PipelineRuntime {
 
   // Runs `actions` for `num_microbatches` microbatches whose activations live
   // on `device`. `shape_key` identifies the microbatch shape: when it differs
-  // from the previous run's, cached p2p shapes are dropped.
+  // from the previous run's, cached p2p shapes are dropped. forward_only
+  // (evaluation, under a NoGradGuard): Forward actions only, nothing kept
+  // for a backward, losses returned as usual.
   RunResult run(const std::vector<Action>& actions, const StageFunctions& functions, int64_t num_microbatches,
-                const std::vector<int64_t>& shape_key, c10::Device device);
+                const std::vector<int64_t>& shape_key, c10::Device device, bool forward_only = false);
 
  private:
   const StageManager& stages_;

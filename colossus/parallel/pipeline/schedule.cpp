@@ -132,6 +132,14 @@ std::vector<Action> make_schedule(ScheduleKind kind, int pp_size, int pp_rank, i
   return {};
 }
 
+std::vector<Action> forward_only(int num_model_chunks, int64_t num_microbatches) {
+  std::vector<Action> actions;
+  for (int c = 0; c < num_model_chunks; ++c) {
+    for (int64_t m = 0; m < num_microbatches; ++m) actions.push_back({ActionKind::Forward, m, c});
+  }
+  return actions;
+}
+
 std::vector<std::vector<TimedAction>> simulate(const std::vector<std::vector<Action>>& per_rank, int num_model_chunks,
                                                double f, double b, double w) {
   const int P = static_cast<int>(per_rank.size());

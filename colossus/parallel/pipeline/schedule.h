@@ -50,6 +50,11 @@ std::vector<Action> zero_bubble_h1(int pp_size, int pp_rank, int64_t num_microba
 std::vector<Action> make_schedule(ScheduleKind kind, int pp_size, int pp_rank, int64_t num_microbatches,
                                   int num_model_chunks);
 
+// Evaluation: forwards only, chunk by chunk, each chunk's microbatches in
+// order (virtual stage v's F(m) needs only v - 1's F(m), so with sends
+// that do not block no rank waits on a later action). Any pp_size, any M >= 1.
+std::vector<Action> forward_only(int num_model_chunks, int64_t num_microbatches);
+
 // One action as it ran: wall-clock microseconds (or simulated time units).
 struct TimedAction {
   Action action;

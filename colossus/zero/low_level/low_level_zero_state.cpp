@@ -22,6 +22,15 @@ ShardedStateLayout LowLevelZeroOptimizer::state_layout() const {
 
 optim::OptimizerState LowLevelZeroOptimizer::state_for(const std::function<bool(size_t)>& keep) const {
   const_cast<LowLevelZeroOptimizer*>(this)->wait_for_params();
+  // The inner optimizer takes the outer groups' lr / weight decay only at
+  // step(); a scheduler step since then must be in the saved state too, or a
+  // resume that loads it after its own scheduler steps the previous lr.
+  auto& inner_groups = inner_->param_groups();
+  for (size_t g = 0; g < groups_.size() && g < inner_groups.size(); ++g) {
+    inner_groups[g].lr = groups_[g].lr;
+    inner_groups[g].weight_decay = groups_[g].weight_decay;
+    inner_groups[g].options = groups_[g].options;
+  }
   optim::OptimizerState local = inner_->state_dict();
   const bool low_precision = options_.precision != "fp32";
   optim::OptimizerState out;

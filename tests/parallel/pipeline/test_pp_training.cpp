@@ -6,8 +6,9 @@
 // (tied embedding: first and last stage sum its gradient) and LLaMA (GQA) with
 // 8 small layers; the step's Chrome trace is well formed; a pp 2 model
 // checkpoint loads in one process, in transformers and under pp 4 x 2 chunks;
-// optimizer state saved under pp resumes the curve exactly (same layout) and
-// under pp 4 x 2 chunks; bad pipeline settings are ConfigErrors.
+// optimizer state saved under pp (also with ZeRO-1 in the stages) resumes the
+// curve exactly (same layout) and under other layouts; bad pipeline settings
+// are ConfigErrors.
 #include "colossus/booster/booster.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/core/errors.h"
@@ -18,6 +19,7 @@
 #include "colossus/parallel/pipeline/runtime.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 #include "tests/booster/booster_testing.h"
+#include "tests/parallel/pipeline/pp_testing.h"
 #include "tests/testing/command.h"
 #include "tests/testing/testing.h"
 
@@ -35,105 +37,6 @@ using namespace colossus;
 using namespace colossus::booster::testing;
 namespace ct = colossus::testing;
 namespace pp = colossus::parallel::pipeline;
-
-namespace {
-
-// The booster tests' tiny models with 8 blocks (pp 4 x 2 chunks = 8 stages).
-models::ModelConfig deep(models::ModelConfig config) {
-  if (auto* gpt2 = std::get_if<models::GPT2Config>(&config)) gpt2->n_layer = 8;
-  if (auto* llama = std::get_if<models::LlamaConfig>(&config)) llama->num_hidden_layers = 8;
-  return config;
-}
-
-const std::vector<double>& reference(const models::ModelConfig& config, double max_norm = 0.0) {
-  static std::map<std::pair<std::string, double>, std::vector<double>> cache;
-  const auto key = std::make_pair(models::model_type(config), max_norm);
-  auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, reference_losses(config, kSteps, max_norm)).first;
-  return it->second;
-}
-
-class PpRun {
- public:
-  PpRun(const models::ModelConfig& config, booster::HybridParallelPluginOptions options) : config_(config) {
-    plugin_ = std::make_shared<booster::HybridParallelPlugin>(std::move(options), ct::world());
-    booster_ = std::make_unique<booster::Booster>(plugin_);
-    auto model = models::create_model(config, {.seed = 7});
-    auto optimizer =
-        std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
-    auto scheduler = std::make_shared<optim::CosineWarmupLR>(
-        *optimizer, optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
-    boosted_ = booster_->boost(model, std::move(optimizer), scheduler);
-  }
-
-  at::Tensor rows(const at::Tensor& batch) const {
-    auto dp = plugin_->dp_group();
-    const int64_t n = batch.size(0) / dp->size();
-    return batch.narrow(0, dp->rank() * n, n);
-  }
-
-  double train_step(int64_t step) {
-    auto ids = rows(global_batch(config_, step));
-    auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, *boosted_.model, {},
-                                          *boosted_.optimizer);
-    boosted_.optimizer->step();
-    boosted_.lr_scheduler->step();
-    boosted_.optimizer->zero_grad();
-    auto dp = plugin_->dp_group();
-    auto total = at::full({1}, out.loss.item<double>(), at::kDouble);
-    dp->all_reduce(total).wait();
-    return total.item<double>() / dp->size();
-  }
-  std::vector<double> train(int64_t first, int64_t end) {
-    std::vector<double> losses;
-    for (int64_t step = first; step < end; ++step) losses.push_back(train_step(step));
-    return losses;
-  }
-
-  booster::HybridParallelPlugin& plugin() { return *plugin_; }
-  booster::Booster& booster() { return *booster_; }
-  booster::Boosted& boosted() { return boosted_; }
-  booster::HybridParallelModel& model() { return dynamic_cast<booster::HybridParallelModel&>(*boosted_.model); }
-
- private:
-  models::ModelConfig config_;
-  std::shared_ptr<booster::HybridParallelPlugin> plugin_;
-  std::unique_ptr<booster::Booster> booster_;
-  booster::Boosted boosted_;
-};
-
-double worst_rel_diff(const std::vector<double>& got, const std::vector<double>& ref) {
-  double worst = 0.0;
-  for (size_t i = 0; i < got.size() && i < ref.size(); ++i)
-    worst = std::max(worst, std::abs(got[i] - ref[i]) / std::abs(ref[i]));
-  return worst;
-}
-
-void expect_curve(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const double worst = worst_rel_diff(got, ref);
-  EXPECT_LE(worst, 1e-5) << what;
-  if (ct::world()->rank() == 0) {
-    std::printf("%s: loss %.6f -> %.6f, max rel diff vs 1 process %.2e\n", what.c_str(), got.front(), got.back(),
-                worst);
-  }
-}
-
-// Both models, one layout.
-void expect_layout_matches(booster::HybridParallelPluginOptions options, const std::string& what,
-                           double max_norm = 0.0) {
-  options.max_norm = max_norm;
-  for (const auto& base : {tiny_gpt2(), tiny_llama()}) {
-    const auto config = deep(base);
-    const auto& ref = reference(config, max_norm);
-    PpRun run(config, options);
-    expect_curve(run.train(0, kSteps), ref, fmt::format("{} {}", models::model_type(config), what));
-  }
-}
-
-bool four_ranks() { return ct::world()->size() == 4; }
-
-}  // namespace
 
 TEST(PipelineParallel, Pp4OneFOneB) {
   if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
@@ -280,30 +183,6 @@ TEST(PipelineParallel, BadSettingsAreConfigErrors) {
   EXPECT_EQ(range.size(), (r == 0 || r == 3) ? 1 : 3);
 }
 
-namespace {
-
-// One process, `steps` steps as reference_losses: the trained model.
-std::shared_ptr<models::CausalLM> trained_single_process(const models::ModelConfig& config, int64_t steps) {
-  auto model = models::create_model(config, {.seed = 7});
-  optim::AdamW optimizer(model->parameters(), optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
-  optim::CosineWarmupLR scheduler(optimizer, optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
-  for (int64_t step = 0; step < steps; ++step) {
-    auto ids = global_batch(config, step);
-    model->loss(model->forward(ids), ids).backward();
-    optimizer.step();
-    scheduler.step();
-    optimizer.zero_grad();
-  }
-  return model;
-}
-
-double loss_on(models::CausalLM& model, const at::Tensor& ids) {
-  at::NoGradGuard no_grad;
-  return model.loss(model.forward(ids), ids).item<double>();
-}
-
-}  // namespace
-
 // Saved from pp 2 x dp 2 after 10 steps: a full HF directory (every stage's
 // parameters, the tied embedding once) that one process loads with the
 // weights of the single-process run, transformers computes our loss on, and
@@ -352,7 +231,8 @@ TEST(PipelineParallel, Pp2CheckpointLoadsInOneProcessTransformersAndPp4) {
 // 10 steps repeat the uninterrupted run's losses exactly (GPT-2: the tied
 // embedding's state comes from the first stage), under 1f1b and zero_bubble;
 // a pp 4 x 2 chunks run resumes from the pp 2 files on the curve; ZeRO-1
-// inside the stages is refused by name (its state does not resume exactly yet).
+// inside the stages saves the same format and resumes exactly, and into other
+// (dp, pp) layouts within 1e-6.
 TEST(PipelineParallel, OptimizerCheckpointResumesOnTheCurve) {
   if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
   const auto config = deep(tiny_gpt2());
@@ -391,16 +271,35 @@ TEST(PipelineParallel, OptimizerCheckpointResumesOnTheCurve) {
     }
     barrier();
   }
-  // ZeRO-1 inside the stages: not resumable yet, refused by name.
-  PpRun zero(config, {.pp_size = 2, .num_microbatches = 2, .zero_stage = 1});
-  zero.train(0, 1);
+  // ZeRO-1 inside the stages (dp 2 x pp 2): the state is gathered over dp,
+  // merged over pp and written in the same whole-parameter format, so the
+  // same layout resumes exactly and other (dp, pp) layouts, with or without
+  // ZeRO, resume on the curve.
+  const booster::HybridParallelPluginOptions zero1{.pp_size = 2, .num_microbatches = 2, .zero_stage = 1};
   SharedScratch scratch("pp_optim_zero");
-  try {
-    zero.booster().save_optimizer(*zero.boosted().optimizer, scratch.path("step1"));
-    ADD_FAILURE() << "save_optimizer with pp and ZeRO-1 did not throw";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero_stage = 1"), std::string::npos) << e.what();
+  const std::string dir = scratch.path("step10");
+  std::vector<double> tail;
+  {
+    PpRun run(config, zero1);
+    run.train(0, 10);
+    run.booster().save_model(*run.boosted().model, dir);
+    run.booster().save_optimizer(*run.boosted().optimizer, dir);
+    tail = run.train(10, kSteps);
   }
+  const auto resumed = resume(zero1, dir);
+  ASSERT_EQ(resumed.size(), tail.size());
+  for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(resumed[i], tail[i]) << "zero1 dp2 x pp2, step " << 10 + i;
+  const std::vector<std::pair<std::string, booster::HybridParallelPluginOptions>> others = {
+      {"zero1 dp1 x pp4", {.pp_size = 4, .num_microbatches = 4, .zero_stage = 1}},
+      {"dp2 x pp2 without ZeRO", {.pp_size = 2, .num_microbatches = 2}}};
+  for (const auto& [what, options] : others) {
+    const auto other = resume(options, dir);
+    const double worst = worst_rel_diff(other, tail);
+    EXPECT_LE(worst, 1e-6) << what << " from zero1 dp2 x pp2's step-10 files";
+    if (ct::world()->rank() == 0)
+      std::printf("%s from zero1 dp2 x pp2 step 10: max rel diff %.2e\n", what.c_str(), worst);
+  }
+  barrier();
 }
 
 int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
