@@ -11,7 +11,11 @@
 //                     gather, run, scale, index_add.
 // Beside them, the dense roofline of the run: one SwiGLU matmul chain over all
 // routed rows (the same FLOPs with no routing), timed in the same process.
-// Outputs of the three are compared (max relative difference printed).
+// Outputs of the three are compared (max relative difference printed). On
+// CUDA, when the build registers the dispatch kernels (kernels/moe_permute.h),
+// "colossus grouped" sorts, permutes and combines with them; the same layer
+// with the ATen dispatch ops (set_dispatch_kernels(false)) is timed beside it
+// and compared too (its own table and JSONL rows).
 // Prints a table; appends to bench/RESULTS.md and bench/results.jsonl.
 //
 // Usage: bench_moe_layer [--device cuda|cpu] [--quick] [--iters N] [--commit SHA] [--no-record]
@@ -148,8 +152,10 @@ double rel_diff(const at::Tensor& a, const at::Tensor& b) {
 struct Row {
   Shape shape;
   Timing grouped, loop, naive, dense;
+  Timing aten_dispatch;  // CUDA with the dispatch kernels only
+  bool dispatch_kernels = false;
   double flops_fwd = 0;
-  double diff_loop = 0, diff_naive = 0;
+  double diff_loop = 0, diff_naive = 0, diff_dispatch = 0;
   int64_t max_rows = 0, min_rows = 0;
 };
 
@@ -202,11 +208,22 @@ int main(int argc, char** argv) try {
       at::Tensor naive = naive_moe(moe, x);
       row.diff_loop = rel_diff(grouped, looped);
       row.diff_naive = rel_diff(grouped, naive);
+      row.dispatch_kernels = colossus::models::moe::dispatch_kernels_available(x);
+      if (row.dispatch_kernels) {
+        moe.set_dispatch_kernels(false);
+        row.diff_dispatch = rel_diff(grouped, moe.forward(x));
+        moe.set_dispatch_kernels(true);
+      }
     }
     row.grouped = time_impl(device, opt.iters, x, grad, [&](const at::Tensor& in) { return moe.forward(in); });
     moe.set_grouped_gemm(false);
     row.loop = time_impl(device, opt.iters, x, grad, [&](const at::Tensor& in) { return moe.forward(in); });
     moe.set_grouped_gemm(true);
+    if (row.dispatch_kernels) {
+      moe.set_dispatch_kernels(false);
+      row.aten_dispatch = time_impl(device, opt.iters, x, grad, [&](const at::Tensor& in) { return moe.forward(in); });
+      moe.set_dispatch_kernels(true);
+    }
     row.naive = time_impl(device, opt.iters, x, grad, [&](const at::Tensor& in) { return naive_moe(moe, in); });
     // Dense roofline: the same rows through one expert-sized SwiGLU chain, no routing.
     Linear w13(s.hidden, 2 * s.intermediate, false, options), w2(s.intermediate, s.hidden, false, options);
@@ -249,13 +266,27 @@ int main(int argc, char** argv) try {
                                   r.diff_loop, r.diff_naive));
     }
   }
+  // Dispatch kernels (sort + permute + combine) against the ATen ops, same layer.
+  if (!rows.empty() && rows.front().dispatch_kernels) {
+    lines.push_back("");
+    lines.push_back("| layer | pass | dispatch kernels ms | ATen dispatch ms | speedup | rel diff |");
+    lines.push_back("|---|---|---|---|---|---|");
+    for (const Row& r : rows) {
+      for (const bool step : {false, true}) {
+        const double ours = step ? r.grouped.step_ms : r.grouped.fwd_ms;
+        const double aten = step ? r.aten_dispatch.step_ms : r.aten_dispatch.fwd_ms;
+        lines.push_back(fmt::format("| {} | {} | {:.3f} | {:.3f} | {:.2f} | {:.1e} |", r.shape.name,
+                                    step ? "fwd+bwd" : "fwd", ours, aten, aten / ours, r.diff_dispatch));
+      }
+    }
+  }
   fmt::print("\nMoE layer on {} ({}):\n", machine, dtype == at::kBFloat16 ? "bf16" : "fp32");
   for (const auto& l : lines) fmt::print("{}\n", l);
   for (const Row& r : rows) {
     // bf16 sums in different orders: a few 1e-3 relative is expected; anything larger is a bug.
-    if (r.diff_loop > 2e-2 || r.diff_naive > 2e-2) {
-      fmt::print(stderr, "bench_moe_layer: {}: outputs disagree (rel diff loop {:.2e}, naive {:.2e})\n", r.shape.name,
-                 r.diff_loop, r.diff_naive);
+    if (r.diff_loop > 2e-2 || r.diff_naive > 2e-2 || r.diff_dispatch > 2e-2) {
+      fmt::print(stderr, "bench_moe_layer: {}: outputs disagree (rel diff loop {:.2e}, naive {:.2e}, ATen dispatch {:.2e})\n",
+                 r.shape.name, r.diff_loop, r.diff_naive, r.diff_dispatch);
       return 1;
     }
   }
@@ -290,7 +321,9 @@ int main(int argc, char** argv) try {
                                                        step ? "fwd+bwd" : "fwd")},
                                 {"metric", "ms_per_call"},
                                 {"value", ours},
-                                {"impl", "colossus SparseMoeBlock (sorted dispatch, grouped GEMM)"},
+                                {"impl", r.dispatch_kernels
+                                             ? "colossus SparseMoeBlock (dispatch kernels, grouped GEMM)"
+                                             : "colossus SparseMoeBlock (sorted dispatch, grouped GEMM)"},
                                 {"peer", peer},
                                 {"peer_value", peer_ms},
                                 {"ratio", peer_ms / ours}}
@@ -300,6 +333,10 @@ int main(int argc, char** argv) try {
       emit("naive per-expert loop (transformers eager pattern)", step ? r.naive.step_ms : r.naive.fwd_ms);
       emit("colossus sorted dispatch, one matmul chain per expert", step ? r.loop.step_ms : r.loop.fwd_ms);
       emit("dense roofline: same rows through one SwiGLU chain", step ? r.dense.step_ms : r.dense.fwd_ms);
+      if (r.dispatch_kernels) {
+        emit("colossus grouped GEMM with the ATen dispatch ops (no dispatch kernels)",
+             step ? r.aten_dispatch.step_ms : r.aten_dispatch.fwd_ms);
+      }
     }
   }
   const auto append = [](const fs::path& path, const std::string& text) {

@@ -6,6 +6,7 @@
 #include "colossus/kernels/adam.h"
 #include "colossus/kernels/cross_entropy.h"
 #include "colossus/kernels/device_graph.h"
+#include "colossus/kernels/moe_permute.h"
 #include "colossus/kernels/norm.h"
 #include "colossus/kernels/paged_attention.h"
 #include "colossus/kernels/rope.h"
@@ -54,6 +55,14 @@ using CudaNormBackwardFn = bool (*)(const NormBackwardArgs& args, int device_ind
 using CudaRopeFn = bool (*)(const RopeArgs& args, int device_index);
 using CudaSwigluFn = bool (*)(const SwigluArgs& args, int device_index);
 
+// MoE token dispatch (moe_permute.h) on CUDA device `device_index`, on its
+// current stream (asynchronous). Each returns false, launching nothing, when
+// its kernel does not handle the arguments.
+using CudaMoeSortFn = bool (*)(const MoeSortArgs& args, int device_index);
+using CudaMoePermuteFn = bool (*)(const MoePermuteArgs& args, int device_index);
+using CudaMoeUnpermuteFn = bool (*)(const MoeUnpermuteArgs& args, int device_index);
+using CudaMoeRowDotFn = bool (*)(const MoeRowDotArgs& args, int device_index);
+
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaAdamMixedFn adam_mixed = nullptr;
@@ -63,6 +72,10 @@ struct CudaSlots {
   CudaPagedAttentionFn paged_attention = nullptr;
   CudaReshapeAndCacheFn reshape_and_cache = nullptr;
   MakeDeviceGraphFn make_device_graph = nullptr;
+  CudaMoeSortFn moe_sort = nullptr;
+  CudaMoePermuteFn moe_permute = nullptr;
+  CudaMoeUnpermuteFn moe_unpermute = nullptr;
+  CudaMoeRowDotFn moe_row_dot = nullptr;
   CudaNormForwardFn norm_forward = nullptr;
   CudaNormBackwardFn norm_backward = nullptr;
   CudaRopeFn rope = nullptr;

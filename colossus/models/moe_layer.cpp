@@ -1,6 +1,8 @@
 #include "colossus/models/moe_layer.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/kernels/cuda_slots.h"
+#include "colossus/kernels/moe_permute.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -40,8 +42,154 @@ int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, i
       std::ceil(capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(num_experts)));
 }
 
-DispatchPlan plan_dispatch(const Routing& routing, int64_t num_experts, std::optional<int64_t> capacity) {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+kernels::MoeRowsDtype rows_dtype(const at::Tensor& x) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return kernels::MoeRowsDtype::kFloat32;
+    case at::kHalf: return kernels::MoeRowsDtype::kFloat16;
+    default: return kernels::MoeRowsDtype::kBFloat16;
+  }
+}
+
+int cuda_index_of(const at::Tensor& x) { return static_cast<int>(x.device().index()); }
+
+// out (rows, H) = in[source] * (scale or 1); in, out contiguous, one dtype.
+void run_permute(const at::Tensor& in, at::Tensor& out, const at::Tensor& source, const at::Tensor& scale) {
+  const kernels::MoePermuteArgs args{.in = in.const_data_ptr(),
+                                     .out = out.data_ptr(),
+                                     .dtype = rows_dtype(in),
+                                     .rows = out.size(0),
+                                     .width = out.size(1),
+                                     .source = source.const_data_ptr<int64_t>(),
+                                     .scale = scale.defined() ? scale.const_data_ptr<float>() : nullptr};
+  TORCH_CHECK(kernels::cuda_slots().moe_permute(args, cuda_index_of(in)), "moe_permute kernel refused rows of width ",
+              args.width);
+}
+
+// out (tokens, H) = sum over each token's kept rows of in[row] * (weight or 1).
+void run_unpermute(const at::Tensor& in, at::Tensor& out, const at::Tensor& row_of, int64_t top_k,
+                   const at::Tensor& weight) {
+  const kernels::MoeUnpermuteArgs args{.in = in.const_data_ptr(),
+                                       .out = out.data_ptr(),
+                                       .dtype = rows_dtype(in),
+                                       .tokens = out.size(0),
+                                       .top_k = top_k,
+                                       .width = out.size(1),
+                                       .row_of = row_of.const_data_ptr<int64_t>(),
+                                       .row_weight = weight.defined() ? weight.const_data_ptr<float>() : nullptr};
+  TORCH_CHECK(kernels::cuda_slots().moe_unpermute(args, cuda_index_of(in)), "moe_unpermute kernel refused rows of width ",
+              args.width);
+}
+
+// x (N, H) -> (M, H) rows in plan order; backward: each token's rows summed.
+struct PermuteRows : torch::autograd::Function<PermuteRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& token_index,
+                            const at::Tensor& row_of, int64_t top_k) {
+    const at::Tensor in = x.contiguous();
+    at::Tensor out = at::empty({token_index.size(0), in.size(1)}, in.options());
+    run_permute(in, out, token_index, at::Tensor());
+    ctx->save_for_backward({row_of});
+    ctx->saved_data["top_k"] = top_k;
+    ctx->saved_data["tokens"] = in.size(0);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor row_of = ctx->get_saved_variables()[0];
+    const at::Tensor g = grads[0].contiguous();
+    at::Tensor grad_x = at::empty({ctx->saved_data["tokens"].toInt(), g.size(1)}, g.options());
+    run_unpermute(g, grad_x, row_of, ctx->saved_data["top_k"].toInt(), at::Tensor());
+    return {grad_x, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// y (M, H), weight (M) fp32 -> (tokens, H) = sum of each token's weight * row;
+// backward: grad_y = weight * grad_out[token], grad_weight = <grad_out[token], y>.
+struct CombineRows : torch::autograd::Function<CombineRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& weight,
+                            const at::Tensor& token_index, const at::Tensor& row_of, int64_t top_k, int64_t tokens) {
+    const at::Tensor rows = y.contiguous();
+    const at::Tensor w = weight.to(at::kFloat).contiguous();
+    at::Tensor out = at::empty({tokens, rows.size(1)}, rows.options());
+    run_unpermute(rows, out, row_of, top_k, w);
+    ctx->save_for_backward({rows, w, token_index});
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &rows = saved[0], &w = saved[1], &token_index = saved[2];
+    const at::Tensor g = grads[0].to(rows.scalar_type()).contiguous();
+    at::Tensor grad_rows = at::empty_like(rows);
+    run_permute(g, grad_rows, token_index, w);
+    at::Tensor grad_w = at::empty({rows.size(0)}, rows.options().dtype(at::kFloat));
+    const kernels::MoeRowDotArgs args{.grad_out = g.const_data_ptr(),
+                                      .rows_in = rows.const_data_ptr(),
+                                      .dtype = rows_dtype(rows),
+                                      .rows = rows.size(0),
+                                      .width = rows.size(1),
+                                      .token_index = token_index.const_data_ptr<int64_t>(),
+                                      .grad_weight = grad_w.data_ptr<float>()};
+    TORCH_CHECK(kernels::cuda_slots().moe_row_dot(args, cuda_index_of(rows)), "moe_row_dot kernel refused rows of width ",
+                args.width);
+    return {grad_rows, grad_w, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool dispatch_kernels_available(const at::Tensor& x) {
+  const auto& slots = kernels::cuda_slots();
+  if (!slots.moe_sort || !slots.moe_permute || !slots.moe_unpermute || !slots.moe_row_dot) return false;
+  const at::ScalarType t = x.scalar_type();
+  return x.is_cuda() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);
+}
+
+at::Tensor permute(const at::Tensor& x, const DispatchPlan& plan) {
+  if (!plan.row_of.defined()) return x.index_select(0, plan.token_index);
+  return PermuteRows::apply(x, plan.token_index, plan.row_of, plan.top_k);
+}
+
+DispatchPlan plan_dispatch(const Routing& routing, int64_t num_experts, std::optional<int64_t> capacity,
+                           bool use_kernels) {
   const int64_t k = routing.experts.size(1);
+  if (use_kernels) {
+    // The sort kernel: counts and rows in one pass per expert, then one copy
+    // of the counts to the host (the reference syncs there too).
+    const int64_t tokens = routing.experts.size(0), assignments = tokens * k;
+    const auto options = routing.experts.options().dtype(at::kLong);
+    const at::Tensor experts = routing.experts.to(at::kLong).reshape(-1).contiguous();
+    at::Tensor total_counts = at::empty({num_experts}, options), kept = at::empty({num_experts}, options);
+    at::Tensor token_index = at::empty({assignments}, options), row_assignment = at::empty({assignments}, options);
+    at::Tensor row_of = at::full({assignments}, -1, options);
+    const kernels::MoeSortArgs args{.experts = experts.const_data_ptr<int64_t>(),
+                                    .tokens = tokens,
+                                    .top_k = k,
+                                    .num_experts = num_experts,
+                                    .capacity = capacity ? *capacity : -1,
+                                    .total_counts = total_counts.data_ptr<int64_t>(),
+                                    .counts = kept.data_ptr<int64_t>(),
+                                    .token_index = token_index.data_ptr<int64_t>(),
+                                    .row_assignment = row_assignment.data_ptr<int64_t>(),
+                                    .row_of = row_of.data_ptr<int64_t>()};
+    if (kernels::cuda_slots().moe_sort(args, cuda_index_of(experts))) {
+      const at::Tensor kept_host = kept.cpu();
+      DispatchPlan plan;
+      plan.counts.assign(kept_host.const_data_ptr<int64_t>(), kept_host.const_data_ptr<int64_t>() + num_experts);
+      int64_t rows = 0;
+      for (const int64_t c : plan.counts) rows += c;
+      plan.dropped = assignments - rows;
+      plan.token_index = token_index.narrow(0, 0, rows);
+      // Gathered here, not in the kernel, so the router gets its gradient.
+      plan.weight = routing.weights.reshape(-1).index_select(0, row_assignment.narrow(0, 0, rows));
+      plan.row_of = row_of;
+      plan.top_k = k;
+      return plan;
+    }
+    // Refused (more experts than the kernel takes): the reference below.
+  }
   at::Tensor flat_experts = routing.experts.reshape(-1);  // (N*k), assignment a = token * k + slot
   at::Tensor order = std::get<1>(at::sort(flat_experts, /*stable=*/true, 0, false));
   at::Tensor counts_t = at::bincount(flat_experts, {}, num_experts).cpu();
@@ -69,6 +217,9 @@ DispatchPlan plan_dispatch(const Routing& routing, int64_t num_experts, std::opt
 }
 
 at::Tensor combine(const at::Tensor& expert_out, const DispatchPlan& plan, int64_t tokens) {
+  if (plan.row_of.defined()) {
+    return CombineRows::apply(expert_out, plan.weight, plan.token_index, plan.row_of, plan.top_k, tokens);
+  }
   at::Tensor weighted = (expert_out.to(at::kFloat) * plan.weight.unsqueeze(1)).to(expert_out.scalar_type());
   return at::zeros({tokens, expert_out.size(1)}, expert_out.options()).index_add(0, plan.token_index, weighted);
 }
@@ -277,8 +428,9 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
   moe::Routing routing = moe::route(logits, top_k_);
   std::optional<int64_t> capacity;
   if (capacity_factor_) capacity = moe::expert_capacity(*capacity_factor_, x.size(0), top_k_, num_experts_);
-  moe::DispatchPlan plan = moe::plan_dispatch(routing, num_experts_, capacity);
-  at::Tensor y = run_experts(x.index_select(0, plan.token_index), plan.counts);  // (M, H)
+  const bool kernels = dispatch_kernels_enabled_ && moe::dispatch_kernels_available(x);
+  moe::DispatchPlan plan = moe::plan_dispatch(routing, num_experts_, capacity, kernels);
+  at::Tensor y = run_experts(moe::permute(x, plan), plan.counts);  // (M, H)
   last_router_logits_ = logits;
   last_dropped_ = plan.dropped;
   return moe::combine(y, plan, x.size(0)).view({batch, seq, width});

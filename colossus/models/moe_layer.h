@@ -5,7 +5,9 @@
 // combine. The experts' weights live in two packed buffers (w1|w3 and w2,
 // the parameters being views of them), so all experts run as grouped GEMMs
 // (at::_grouped_mm, one launch per projection) over the rows sorted by
-// expert; a loop over experts (never over tokens) is the fallback.
+// expert; a loop over experts (never over tokens) is the fallback. On CUDA the
+// sort, the permute and the combine run as kernels (kernels/moe_permute.h)
+// when the build registers them; the ATen ops here are their reference.
 #pragma once
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
@@ -48,11 +50,28 @@ struct DispatchPlan {
   at::Tensor weight;            // (M) fp32 routing weight of each kept row
   std::vector<int64_t> counts;  // (E) kept rows per expert (host), sum = M
   int64_t dropped = 0;          // assignments dropped by the capacity
+  // Set by the CUDA kernels' plan only: (N*k) int64 row of each assignment
+  // (-1 dropped), so permute and combine run as the kernels' gathers.
+  at::Tensor row_of;
+  int64_t top_k = 0;
 };
-DispatchPlan plan_dispatch(const Routing& routing, int64_t num_experts, std::optional<int64_t> capacity = std::nullopt);
+// use_kernels: sort with the CUDA kernel (kernels/moe_permute.h; needs
+// dispatch_kernels_available) and let permute/combine use the kernels too;
+// the same plan as the reference (stable: token order inside each expert).
+DispatchPlan plan_dispatch(const Routing& routing, int64_t num_experts, std::optional<int64_t> capacity = std::nullopt,
+                           bool use_kernels = false);
+
+// Whether the CUDA dispatch kernels are registered (a CUDA build) and handle
+// rows like x (a CUDA tensor of fp32, fp16 or bf16).
+bool dispatch_kernels_available(const at::Tensor& x);
+
+// x: (tokens, H) -> (M, H), the rows in plan order (x.index_select(0,
+// plan.token_index), or the permute kernel for a kernel plan; differentiable).
+at::Tensor permute(const at::Tensor& x, const DispatchPlan& plan);
 
 // expert_out: (M, H) rows in plan order -> (tokens, H): sum over a token's
-// rows of weight * row, computed in fp32 and returned in expert_out's dtype.
+// rows of weight * row, computed in fp32 and returned in expert_out's dtype
+// (the unpermute kernel for a kernel plan; differentiable in both).
 at::Tensor combine(const at::Tensor& expert_out, const DispatchPlan& plan, int64_t tokens);
 
 }  // namespace colossus::models::moe
@@ -96,6 +115,9 @@ class SparseMoeBlock : public LayerHost {
   // multiples, and not switched off by set_grouped_gemm(false) (benchmarks and tests compare both paths).
   bool grouped_gemm_ready() const;
   void set_grouped_gemm(bool enabled) { grouped_gemm_enabled_ = enabled; }
+  // Whether CUDA rows are sorted, permuted and combined by the dispatch
+  // kernels when registered (default); false: the ATen reference ops.
+  void set_dispatch_kernels(bool enabled) { dispatch_kernels_enabled_ = enabled; }
 
   MixtralExpert& expert(int64_t global_index) const;
   int64_t num_experts() const { return num_experts_; }
@@ -125,6 +147,7 @@ class SparseMoeBlock : public LayerHost {
   int64_t last_dropped_ = 0;
   at::Tensor gate_up_, down_;  // packed buffers (local, 2I, H) and (local, H, I)
   bool grouped_gemm_enabled_ = true;
+  bool dispatch_kernels_enabled_ = true;
 };
 
 }  // namespace colossus::models
