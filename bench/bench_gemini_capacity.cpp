@@ -1,0 +1,444 @@
+// How large a model one GPU trains, and how fast, with (a) plain bf16 AdamW
+// (bf16 weights and gradients, fp32 masters and moments, all on the device:
+// HybridAdam's fused CUDA step under MixedPrecisionOptimizer), (b) Gemini with
+// a static placement that offloads every chunk's optimizer side (fp32 master,
+// gradient shard, moments) to pinned host memory, and (c) Gemini's auto
+// placement (as many chunks on the device as fit after the warm-up step).
+//
+// Every try runs in its own process (`--probe`), so an out-of-memory error,
+// CUDA's or the host's OOM killer, cannot poison the next try. The driver:
+//   1. throughput: each mode trains the mid-size model (llama-1b-like) from the
+//      same weights on the same batches; the first step's loss must agree with
+//      (a)'s within bf16 tolerance, then tokens/s and the ratio to (a);
+//   2. capacity: per mode, a ladder of LLaMA-7B-shaped models (d 4096, ffn
+//      11008, 32 heads) with more or fewer layers, until the largest that
+//      trains 3 steps with finite losses is pinned down to --layer-step.
+// Prints one table per part; appends to bench/RESULTS.md and results.jsonl.
+//
+// Usage: bench_gemini_capacity [--parts throughput,capacity] [--modes adamw,gemini_offload,gemini_auto]
+//          [--start adamw=40,gemini_offload=32,gemini_auto=56] [--layer-step 4] [--budget-s 420]
+//          [--try-timeout-s 240] [--device cuda|cpu] [--commit SHA] [--no-record]
+//        bench_gemini_capacity --probe MODE --layers L [--hidden 4096 --ffn 11008 --heads 32 --vocab 32000]
+//          [--batch 1 --seq 1024 --steps 3 --warmup 1] [--device cuda|cpu]
+// --device cpu is a smoke test of the whole flow on tiny models (CI machine).
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/headeronly/version.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.h"
+#include "colossus/amp/mixed_precision_optimizer.h"
+#include "colossus/booster/booster.h"
+#include "colossus/booster/gemini_plugin.h"
+#include "colossus/cluster/launch.h"
+#include "colossus/metrics/memory.h"
+#include "colossus/models/causal_lm.h"
+#include "colossus/models/lazy_init.h"
+#include "colossus/models/pretrained.h"
+#include "colossus/optim/hybrid_adam.h"
+
+using namespace colossus;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  int64_t layers = 32, hidden = 4096, ffn = 11008, heads = 32, vocab = 32000;
+  int64_t batch = 1, seq = 1024, steps = 3, warmup = 1;
+};
+
+struct Options {
+  std::string probe_mode;  // non-empty: run one try and print its JSON line
+  Shape shape;
+  std::string device = "cuda";
+  std::vector<std::string> parts = {"throughput", "capacity"};
+  std::vector<std::string> modes = {"adamw", "gemini_offload", "gemini_auto"};
+  std::map<std::string, int64_t> start = {{"adamw", 40}, {"gemini_offload", 32}, {"gemini_auto", 56}};
+  int64_t layer_step = 4;
+  double budget_s = 420;
+  int try_timeout_s = 240;
+  std::string commit;
+  bool record = true;
+  std::string self;  // argv[0], to spawn probes
+  std::string command = "bench_gemini_capacity";
+};
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  o.self = argv[0];
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    o.command += " " + a;
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value (see the usage at the top of the file)");
+      o.command += std::string(" ") + argv[i + 1];
+      return argv[++i];
+    };
+    auto next_int = [&] { return std::stoll(next()); };
+    if (a == "--probe") o.probe_mode = next();
+    else if (a == "--layers") o.shape.layers = next_int();
+    else if (a == "--hidden") o.shape.hidden = next_int();
+    else if (a == "--ffn") o.shape.ffn = next_int();
+    else if (a == "--heads") o.shape.heads = next_int();
+    else if (a == "--vocab") o.shape.vocab = next_int();
+    else if (a == "--batch") o.shape.batch = next_int();
+    else if (a == "--seq") o.shape.seq = next_int();
+    else if (a == "--steps") o.shape.steps = next_int();
+    else if (a == "--warmup") o.shape.warmup = next_int();
+    else if (a == "--device") o.device = next();
+    else if (a == "--parts") o.parts = split(next(), ',');
+    else if (a == "--modes") o.modes = split(next(), ',');
+    else if (a == "--start") {
+      for (const auto& kv : split(next(), ',')) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos) throw std::runtime_error("--start takes mode=layers,...; got '" + kv + "'");
+        o.start[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
+      }
+    } else if (a == "--layer-step") o.layer_step = next_int();
+    else if (a == "--budget-s") o.budget_s = std::stod(next());
+    else if (a == "--try-timeout-s") o.try_timeout_s = static_cast<int>(next_int());
+    else if (a == "--commit") o.commit = next();
+    else if (a == "--no-record") o.record = false;
+    else throw std::runtime_error("unknown argument '" + a + "' (see the usage at the top of bench_gemini_capacity.cpp)");
+  }
+  for (const auto& m : o.modes) {
+    if (m != "adamw" && m != "gemini_offload" && m != "gemini_auto")
+      throw std::runtime_error("mode '" + m + "' is not one of adamw, gemini_offload, gemini_auto");
+  }
+  if (o.device != "cuda" && o.device != "cpu") throw std::runtime_error("--device is '" + o.device + "'; use cuda or cpu");
+  return o;
+}
+
+models::ModelConfig llama(const Shape& s) {
+  models::LlamaConfig c;
+  c.vocab_size = s.vocab;
+  c.hidden_size = s.hidden;
+  c.intermediate_size = s.ffn;
+  c.num_hidden_layers = s.layers;
+  c.num_attention_heads = s.heads;
+  c.max_position_embeddings = s.seq;
+  return c;
+}
+
+// Initial values without a per-parameter random draw (a 13B model's seeded
+// init alone would take minutes of one CPU core): norms are ones, every other
+// tensor a window of one shared N(0, 0.02) pool at an offset derived from its
+// name. Deterministic, so every mode starts from the same weights.
+models::ParamSource pool_source(int64_t largest_numel) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  const int64_t pool_numel = largest_numel + (1 << 20);
+  auto pool = std::make_shared<at::Tensor>(at::empty({pool_numel}, at::kFloat).normal_(0.0, 0.02, gen));
+  return [pool](const std::string& name, const at::Tensor& param) -> at::Tensor {
+    if (name.find("norm") != std::string::npos) return at::ones(param.sizes(), at::kFloat);
+    const int64_t numel = param.numel();
+    const int64_t span = pool->numel() - numel;
+    const int64_t offset = static_cast<int64_t>(std::hash<std::string>{}(name) % static_cast<size_t>(span));
+    return pool->narrow(0, offset, numel).view(param.sizes());
+  };
+}
+
+void sync(const c10::Device& device) {
+  if (device.is_cuda()) at::accelerator::synchronizeDevice(device.index());
+}
+
+double peak_device_gib(const c10::Device& device) {
+  if (!device.is_cuda()) return 0.0;
+  const auto stats = at::accelerator::getDeviceStats(device.index());
+  const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return static_cast<double>(stats.reserved_bytes[aggregate].peak) / kGiB;
+}
+
+// One try: build, train warmup + steps, print a JSON line. Out of memory (or
+// any error) is a result, not a crash.
+int probe(const Options& o) {
+  const Shape& s = o.shape;
+  json r = {{"mode", o.probe_mode}, {"layers", s.layers}, {"hidden", s.hidden}, {"batch", s.batch}, {"seq", s.seq}};
+  const auto t_start = Clock::now();
+  try {
+    const auto& cluster = cluster::launch_from_env({.backend = o.device == "cuda" ? "auto" : "mpi"});
+    const c10::Device device = o.device == "cuda" ? cluster.device : c10::Device(c10::kCPU);
+    const auto config = llama(s);
+    auto model = models::create_lazy_model(config);
+    int64_t params = 0, largest = 0;
+    for (const auto& p : model->parameters()) {
+      params += p.numel();
+      largest = std::max(largest, p.numel());
+    }
+    r["params"] = params;
+    const auto source = pool_source(largest);
+    const optim::HybridAdamOptions adam{.lr = 3e-4, .betas = {0.9, 0.95}, .eps = 1e-8, .weight_decay = 0.1, .adamw_mode = true};
+
+    std::unique_ptr<booster::Booster> booster;
+    booster::Boosted boosted;
+    std::unique_ptr<amp::MixedPrecisionOptimizer> plain_opt;
+    if (o.probe_mode == "adamw") {
+      models::materialize(*model, source, device, at::kBFloat16);
+      plain_opt = std::make_unique<amp::MixedPrecisionOptimizer>(
+          std::make_unique<optim::HybridAdam>(model->parameters(), adam), amp::MixedPrecisionOptions{.precision = "bf16"});
+    } else {
+      booster::GeminiPluginOptions g{.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
+                                     .offload_optim_frac = o.probe_mode == "gemini_offload" ? 1.0 : 0.0,
+                                     .precision = "bf16",
+                                     .pin_memory = device.is_cuda(),
+                                     .hidden_dim = s.hidden};
+      g.param_source = source;
+      if (!device.is_cuda()) g.search_range_m = g.min_chunk_size_m = 1.0;
+      booster = std::make_unique<booster::Booster>(std::make_shared<booster::GeminiPlugin>(g, cluster.world));
+      boosted = booster->boost(model, std::make_unique<optim::HybridAdam>(model->parameters(), adam));
+    }
+    r["init_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();
+
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+    const int64_t n_batches = 4;
+    const at::Tensor data = at::randint(s.vocab, {n_batches, s.batch, s.seq}, gen, at::kLong).to(device);
+    std::vector<at::Tensor> losses;
+    Clock::time_point t0;
+    for (int64_t step = 0; step < s.warmup + s.steps; ++step) {
+      if (step == s.warmup) {
+        sync(device);
+        t0 = Clock::now();
+      }
+      const at::Tensor ids = data[step % n_batches];
+      if (plain_opt) {
+        at::Tensor loss = model->forward_loss(ids, ids);
+        loss.backward();
+        plain_opt->step();
+        plain_opt->zero_grad(true);
+        losses.push_back(loss.detach());
+      } else {
+        at::Tensor loss = boosted.model->forward_loss(ids, ids);
+        booster->backward(loss, *boosted.optimizer);
+        boosted.optimizer->step();
+        boosted.optimizer->zero_grad(true);
+        losses.push_back(loss.detach());
+      }
+    }
+    sync(device);
+    const double timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<double> values;
+    bool finite = true;
+    for (const auto& l : losses) {
+      values.push_back(l.item<double>());
+      finite = finite && std::isfinite(values.back());
+    }
+    r["losses"] = values;
+    r["ok"] = finite;
+    if (!finite) r["error"] = "non-finite loss";
+    r["step_ms"] = timed_s * 1e3 / static_cast<double>(s.steps);
+    r["tokens_per_s"] = static_cast<double>(s.batch * s.seq * s.steps) / timed_s;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    r["ok"] = false;
+    r["error"] = what.substr(0, what.find('\n')).substr(0, 300);
+  }
+  const c10::Device device = o.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  r["peak_device_gib"] = peak_device_gib(device);
+  r["peak_host_gib"] = static_cast<double>(metrics::host_peak_rss_bytes()) / kGiB;
+  r["wall_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();
+  fmt::print("PROBE {}\n", r.dump());
+  std::fflush(stdout);
+  return 0;
+}
+
+// Runs one probe in a child process; a child that dies (host OOM killer,
+// timeout) is reported as a failed try with its exit status.
+json run_probe(const Options& o, const std::string& mode, const Shape& s) {
+  const std::string cmd = fmt::format(
+      "timeout -s KILL {} {} --probe {} --layers {} --hidden {} --ffn {} --heads {} --vocab {} --batch {} --seq {} "
+      "--steps {} --warmup {} --device {} 2>&1; echo \"EXIT $?\"",
+      o.try_timeout_s, o.self, mode, s.layers, s.hidden, s.ffn, s.heads, s.vocab, s.batch, s.seq, s.steps, s.warmup,
+      o.device);
+  const std::string out = bench::run_command(cmd);
+  const auto at = out.rfind("PROBE ");
+  if (at != std::string::npos) {
+    const auto end = out.find('\n', at);
+    return json::parse(out.substr(at + 6, end == std::string::npos ? std::string::npos : end - at - 6));
+  }
+  const auto exit_at = out.rfind("EXIT ");
+  const std::string status = exit_at == std::string::npos ? "?" : out.substr(exit_at + 5);
+  std::string why = status == "137" ? "killed (host out of memory, or the try timeout)" : "exited " + status;
+  const auto tail_from = out.size() > 300 ? out.size() - 300 : 0;
+  return {{"mode", mode}, {"layers", s.layers}, {"ok", false}, {"error", why}, {"log_tail", out.substr(tail_from)}};
+}
+
+std::string billions(int64_t params) { return fmt::format("{:.2f}B", static_cast<double>(params) / 1e9); }
+
+struct Report {
+  std::vector<std::string> md;  // table lines
+  std::string jsonl;
+};
+
+void add_row(Report& rep, const Options& o, const std::string& machine, const std::string& config, const std::string& metric,
+             double value, const std::string& peer, double peer_value) {
+  rep.jsonl += json{{"date", bench::today()},
+                    {"commit", bench::commit_or(o.commit)},
+                    {"machine", machine},
+                    {"bench", "gemini_capacity"},
+                    {"config", config},
+                    {"metric", metric},
+                    {"value", value},
+                    {"peer", peer},
+                    {"peer_value", peer_value},
+                    {"ratio", peer_value > 0 ? value / peer_value : 0.0}}
+                   .dump() +
+               "\n";
+}
+
+int drive(const Options& o) {
+  const bool cuda = o.device == "cuda";
+  const std::string machine = bench::machine_name(cuda);
+  const auto t_start = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t_start).count(); };
+  Report rep;
+  bool all_ok = true;
+  auto want = [&](const std::string& part) { return std::find(o.parts.begin(), o.parts.end(), part) != o.parts.end(); };
+
+  if (want("throughput")) {
+    // llama-1b-like (issue 9's workload) at B=8, T=2048; tiny on CPU.
+    Shape mid{.layers = 16, .hidden = 2048, .ffn = 5632, .heads = 16, .vocab = 32000, .batch = 8, .seq = 2048, .steps = 5,
+              .warmup = 2};
+    if (!cuda) mid = Shape{.layers = 2, .hidden = 64, .ffn = 172, .heads = 4, .vocab = 512, .batch = 2, .seq = 64, .steps = 3, .warmup = 2};
+    std::map<std::string, json> res;
+    for (const auto& m : o.modes) {
+      res[m] = run_probe(o, m, mid);
+      fmt::print("throughput {}: {}\n", m, res[m].dump());
+      std::fflush(stdout);
+    }
+    const std::string config = fmt::format("llama d{} L{} ffn{} vocab{}, B={} T={}, bf16, AdamW", mid.hidden, mid.layers,
+                                           mid.ffn, mid.vocab, mid.batch, mid.seq);
+    rep.md.push_back(fmt::format("\nthroughput, {} ({} params):\n", config,
+                                 billions(res.begin()->second.value("params", int64_t{0}))));
+    rep.md.push_back("| mode | tokens/s | vs plain AdamW | step ms | first loss | rel diff vs plain | peak device GiB | peak host GiB | ok |");
+    rep.md.push_back("|---|---|---|---|---|---|---|---|---|");
+    const json* plain = res.count("adamw") ? &res["adamw"] : nullptr;
+    for (const auto& m : o.modes) {
+      const json& r = res[m];
+      const bool ok = r.value("ok", false);
+      double first = ok ? r["losses"][0].get<double>() : NAN;
+      double rel = NAN;
+      if (ok && plain && plain->value("ok", false)) {
+        const double ref = (*plain)["losses"][0].get<double>();
+        rel = std::abs(first - ref) / std::abs(ref);
+        // Same weights, same batch, bf16 compute on both sides.
+        if (rel > 2e-2) {
+          all_ok = false;
+          fmt::print("FAIL: {}'s first loss {} differs from plain AdamW's {} by {:.2e} (> 2e-2)\n", m, first, ref, rel);
+        }
+      }
+      if (!ok) all_ok = false;
+      const double tps = r.value("tokens_per_s", 0.0);
+      const double peer = plain ? plain->value("tokens_per_s", 0.0) : 0.0;
+      rep.md.push_back(fmt::format("| {} | {:.0f} | {:.2f}x | {:.1f} | {:.4f} | {:.1e} | {:.1f} | {:.1f} | {} |", m, tps,
+                                   peer > 0 ? tps / peer : 0.0, r.value("step_ms", 0.0), first, rel,
+                                   r.value("peak_device_gib", 0.0), r.value("peak_host_gib", 0.0),
+                                   ok ? "yes" : r.value("error", std::string("no"))));
+      add_row(rep, o, machine, config + ", " + m, "tokens_per_s", tps, "plain bf16 AdamW (same run)", peer);
+    }
+  }
+
+  if (want("capacity")) {
+    Shape big{.layers = 0, .hidden = 4096, .ffn = 11008, .heads = 32, .vocab = 32000, .batch = 1, .seq = 1024, .steps = 3,
+              .warmup = 0};
+    if (!cuda) big = Shape{.layers = 0, .hidden = 64, .ffn = 172, .heads = 4, .vocab = 512, .batch = 1, .seq = 32, .steps = 3, .warmup = 0};
+    const std::string config = fmt::format("llama d{} ffn{} heads{} vocab{}, B={} T={}, bf16, AdamW, {} steps", big.hidden,
+                                           big.ffn, big.heads, big.vocab, big.batch, big.seq, big.steps);
+    rep.md.push_back(fmt::format("\ncapacity, {} (layers varied; each try its own process):\n", config));
+    rep.md.push_back("| mode | largest that trains | params | peak device GiB | peak host GiB | step s | next size up | why it failed |");
+    rep.md.push_back("|---|---|---|---|---|---|---|---|");
+    std::map<std::string, int64_t> largest_params;
+    for (const auto& m : o.modes) {
+      std::map<int64_t, json> tries;
+      auto attempt = [&](int64_t layers) -> bool {
+        if (tries.count(layers)) return tries[layers].value("ok", false);
+        Shape s = big;
+        s.layers = layers;
+        tries[layers] = run_probe(o, m, s);
+        fmt::print("capacity {} L={}: {}\n", m, layers, tries[layers].dump());
+        std::fflush(stdout);
+        return tries[layers].value("ok", false);
+      };
+      // Walk from the start by 2 steps towards the boundary, then halve to
+      // layer_step: `best` trains, `worst` does not.
+      int64_t best = 0, worst = 0;
+      int64_t l = cuda ? o.start.at(m) : 2;
+      const int64_t stride = 2 * o.layer_step;
+      while (elapsed() < o.budget_s && l >= 1) {
+        if (attempt(l)) {
+          best = l;
+          if (worst && worst - best <= o.layer_step) break;
+          l = worst ? (best + worst) / 2 : l + stride;
+        } else {
+          worst = l;
+          if (best && worst - best <= o.layer_step) break;
+          l = best ? (best + worst) / 2 : l - stride;
+        }
+        if (!cuda && l > 4) break;  // the CPU smoke test only checks the flow
+      }
+      const json* fit = best ? &tries[best] : nullptr;
+      const json* fail = worst ? &tries[worst] : nullptr;
+      largest_params[m] = fit ? fit->value("params", int64_t{0}) : 0;
+      if (!fit) all_ok = false;
+      rep.md.push_back(fmt::format(
+          "| {} | {} layers | {} | {:.1f} | {:.1f} | {:.2f} | {} | {} |", m, best,
+          fit ? billions(fit->value("params", int64_t{0})) : "-", fit ? fit->value("peak_device_gib", 0.0) : 0.0,
+          fit ? fit->value("peak_host_gib", 0.0) : 0.0, fit ? fit->value("step_ms", 0.0) / 1e3 : 0.0,
+          fail ? fmt::format("{} layers", worst) : "not reached", fail ? fail->value("error", std::string("")) : ""));
+    }
+    for (const auto& m : o.modes) {
+      const double peer = largest_params.count("adamw") ? static_cast<double>(largest_params["adamw"]) : 0.0;
+      add_row(rep, o, machine, config + ", " + m, "largest_trainable_params", static_cast<double>(largest_params[m]),
+              "plain bf16 AdamW (same run)", peer);
+    }
+  }
+
+  fmt::print("\nGemini capacity and throughput on {}:\n", machine);
+  for (const auto& line : rep.md) fmt::print("{}\n", line);
+  if (o.record && cuda) {
+    std::string section = fmt::format("\n## gemini_capacity — {}\n\nmachine: {}; commit {}; torch {}\ncommand: `{}`\n",
+                                      bench::today(), machine, bench::commit_or(o.commit), TORCH_VERSION, o.command);
+    for (const auto& line : rep.md) section += line + "\n";
+    bench::append_file("bench/RESULTS.md", section);
+    bench::append_file("bench/results.jsonl", rep.jsonl);
+    fmt::print("\nappended to bench/RESULTS.md and bench/results.jsonl\n");
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const Options o = parse(argc, argv);
+  if (o.device == "cuda" && !at::hasCUDA()) {
+    fmt::print(stderr, "bench_gemini_capacity needs CUDA (build with -DCOLOSSUS_CUDA=ON on a GPU machine); "
+                       "--device cpu runs a small smoke test\n");
+    return 2;
+  }
+  return o.probe_mode.empty() ? drive(o) : probe(o);
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_gemini_capacity: {}\n", e.what());
+  return 1;
+}
