@@ -27,17 +27,17 @@ torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_pa
 cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=ON > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
-if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_train_gpt2 models_test amp_test > "$out/build.log" 2>&1; then
+if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_train_gpt2 models_test amp_test moe_test > "$out/build.log" 2>&1; then
   grep -E -A12 "error|FAILED" "$out/build.log" | head -80
   [[ -x build-gpu/bin/bench_train_gpt2 ]] || exit 1
 fi
 stamp "colossus check"
 check_rc=0
 build-gpu/bin/colossus check > "$out/check.txt" 2>&1 || check_rc=$?
-grep -E "FAIL|cross_entropy|adam|rms_norm|layer_norm|rope|swiglu" "$out/check.txt"
+grep -E "FAIL|cross_entropy|adam|rms_norm|layer_norm|rope|swiglu|moe_permute" "$out/check.txt"
 stamp "CUDA tests"
 test_rc=0
-for spec in "models_test:LinearCrossEntropy.Cuda*:FusedLayers.Cuda*" "amp_test:MixedPrecision.FusedCuda*"; do
+for spec in "models_test:LinearCrossEntropy.Cuda*:FusedLayers.Cuda*" "amp_test:MixedPrecision.FusedCuda*" "moe_test:MoeDispatchCuda.*"; do
   bin=build-gpu/bin/${spec%%:*}
   "$bin" --gtest_color=no --gtest_filter="${spec#*:}" > "$out/${spec%%:*}.log" 2>&1 || test_rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rel_norm|Expected" "$out/${spec%%:*}.log" | head -20
