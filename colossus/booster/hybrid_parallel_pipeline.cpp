@@ -8,6 +8,8 @@
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -113,17 +115,9 @@ void validate_pipeline_options(const HybridParallelPluginOptions& o) {
                       o.pp_size, o.tp_size, o.precision, o.max_norm));
     }
   }
-  // ring_attn / all_to_all shard the sequence over their own sp axis and
-  // compose with the pipeline (each stage attends over its sp group).
-  // split_gather / ring shard it over the tp group between tp regions, and
-  // their tp-replicated gradients (summed over tp) are not reduced by the
-  // pipeline's gradient sync yet.
-  if (o.sequence_over_tp()) {
-    throw ConfigError(
-        fmt::format("hybrid_parallel: sequence_parallelism_mode = '{}' with pp_size = {} is not supported yet; use "
-                    "mode 'ring_attn' or 'all_to_all' with sp_size = {} (their own sp axis), or pp_size = 1",
-                    o.sequence_parallelism_mode, o.pp_size, o.sp_size > 1 ? o.sp_size : 2));
-  }
+  // Every sequence-parallel mode composes with the pipeline: ring_attn /
+  // all_to_all over their own sp axis, split_gather / ring over the tp group
+  // (their tp-replicated gradients are summed over tp after the schedule).
   if (o.zero_stage == 1 && o.sp_size > 1) {
     throw ConfigError(
         fmt::format("hybrid_parallel: zero_stage = 1 with pp_size = {} and sp_size = {} is not supported (ZeRO-1 "
@@ -171,6 +165,7 @@ void HybridParallelModel::attach_pipeline(std::unique_ptr<HybridPipeline> pipeli
   // Gradients are synchronised once after the schedule, not from backward
   // hooks.
   reducer_->set_sync_enabled(false);
+  if (partial_reducer_) partial_reducer_->set_sync_enabled(false);
 }
 
 at::Tensor HybridParallelModel::pipeline_logits(const at::Tensor& hidden) {
@@ -194,6 +189,7 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
         "pp_size > 1");
   }
   reducer_->set_sync_enabled(false);  // a no_sync guard may have turned it back on
+  if (partial_reducer_) partial_reducer_->set_sync_enabled(false);
   PipelineCriterion loss_fn = criterion;
   if (!loss_fn) {
     loss_fn = [this](const at::Tensor& logits, const at::Tensor& labels, int64_t num_items) {
@@ -209,7 +205,27 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
   std::optional<ps::SequenceParallelAttention> attention;
   at::Tensor positions;
   const int64_t seq_len = batch.input_ids.defined() && batch.input_ids.dim() == 2 ? batch.input_ids.size(1) : 0;
-  if (sp_group_ && seq_len > 0) {
+  if (sharded_.sequence != parallel::tensor::SequenceSharding::None && seq_len > 0) {
+    // split_gather / ring, as forward_sequence_sharded: the first stage
+    // embeds this tp rank's (B, T_pad/tp, C) shard (padding at the end,
+    // positions clamped), blocks keep the shard, the head gathers it back.
+    auto& tp = *sharded_.tp_group;
+    const int64_t padded = (seq_len + tp.size() - 1) / tp.size() * tp.size(), local_len = padded / tp.size();
+    positions = at::arange(padded, batch.input_ids.options()).clamp_max(seq_len - 1);
+    hooks.embed = [&, padded, local_len](const at::Tensor& ids) {
+      at::Tensor padded_ids = padded == seq_len ? ids : at::constant_pad_nd(ids, {0, padded - seq_len}, 0);
+      return m.embed_at(padded_ids, positions.narrow(0, tp.rank() * local_len, local_len), seq_len);
+    };
+    hooks.context = [&](const at::Tensor& hidden) { return m.block_context_at(hidden, positions, seq_len); };
+    hooks.logits = [&, padded](const at::Tensor& hidden) {
+      at::Tensor logits = sharded_.tied_head ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight,
+                                                                                       tp, sharded_.sequence)
+                                             : m.head(hidden);
+      if (padded != seq_len) logits = logits.narrow(1, 0, seq_len);
+      if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;
+      return parallel::tensor::gather_last_dim(logits, tp).narrow(-1, 0, sharded_.vocab.true_vocab);
+    };
+  } else if (sp_group_ && seq_len > 0) {
     const auto layout = ps::layout_of(sp_mode_);
     attention.emplace(*sp_group_, sp_mode_, seq_len, inner_ring_size_);
     positions = ps::local_position_tensor(seq_len, *sp_group_, layout, batch.input_ids.device());
@@ -414,13 +430,26 @@ void HybridPipeline::sync_gradients() {
     zero_->reduce_accumulated_grads();
     return;
   }
-  if (!grad_group_ || grad_group_->size() == 1) return;
-  // Names in map order: the same on every dp rank of this stage.
-  std::vector<at::Tensor> grads;
-  for (auto& entry : held_) {
-    if (entry.second.grad().defined()) grads.push_back(entry.second.grad());
+  if (grad_group_ && grad_group_->size() > 1) {
+    // Names in map order: the same on every dp rank of this stage.
+    std::vector<at::Tensor> grads;
+    for (auto& entry : held_) {
+      if (entry.second.grad().defined()) grads.push_back(entry.second.grad());
+    }
+    average_gradients(grads, *grad_group_);
   }
-  average_gradients(grads, *grad_group_);
+  if (partial_group_ && partial_group_->size() > 1) {
+    // Sum = average x tp: the same buckets, scaled back.
+    std::vector<at::Tensor> partial;
+    for (const auto& name : partial_names_) {
+      auto it = held_.find(name);
+      if (it == held_.end()) continue;
+      if (!it->second.grad().defined()) it->second.mutable_grad() = at::zeros_like(it->second);
+      partial.push_back(it->second.grad());
+    }
+    average_gradients(partial, *partial_group_);
+    for (auto& g : partial) g.mul_(static_cast<double>(partial_group_->size()));
+  }
 }
 
 void average_gradients(const std::vector<at::Tensor>& grads, cluster::ProcessGroup& group) {

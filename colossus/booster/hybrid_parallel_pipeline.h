@@ -103,6 +103,13 @@ class HybridPipeline {
   // ZeRO-1 over dp: gradients are reduce-scattered into its shards after each
   // schedule.
   void set_zero_optimizer(zero::LowLevelZeroOptimizer* zero) { zero_ = zero; }
+  // split_gather / ring: these tp-replicated parameters see only this tp
+  // rank's tokens, so after the dp average their gradients are summed over
+  // tp_group (what the wrapper's partial reducer does without a pipeline).
+  void set_partial_grads(std::vector<std::string> names, cluster::ProcessGroupPtr tp_group) {
+    partial_names_ = std::move(names);
+    partial_group_ = std::move(tp_group);
+  }
 
  private:
   void sync_gradients();
@@ -119,6 +126,8 @@ class HybridPipeline {
   std::string tied_name_;
   std::vector<parallel::pipeline::TimedAction> last_timeline_;
   zero::LowLevelZeroOptimizer* zero_ = nullptr;
+  std::vector<std::string> partial_names_;
+  cluster::ProcessGroupPtr partial_group_;
 };
 
 }  // namespace colossus::booster

@@ -277,8 +277,15 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   // tokens: gradients are averaged over dp x sp (the loss scales its share by sp).
   auto grad_group = options_.sp_axis_size() > 1 ? mesh_->group({"dp", "sp"}) : dp_group();
   std::unique_ptr<HybridPipeline> pipeline;
-  if (options_.pp_size > 1)
+  if (options_.pp_size > 1) {
     pipeline = std::make_unique<HybridPipeline>(*model, pp_group(), grad_group, pipeline_options_of(options_));
+    if (options_.sequence_over_tp()) {
+      std::vector<std::string> partial;
+      for (const auto& item : model->named_parameters(/*recurse=*/true))
+        if (!sharded.specs.contains(item.key())) partial.push_back(item.key());
+      pipeline->set_partial_grads(std::move(partial), tp_group());
+    }
+  }
   if (options_.precision != "fp32") {
     const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
     at::NoGradGuard no_grad;

@@ -11,8 +11,9 @@
 // the blocks over a pp axis and trains through booster.execute_pipeline
 // (hybrid_parallel_pipeline.h; under a NoGradGuard it runs forwards only, for
 // evaluation); ZeRO-1 composes with it (dp x pp, fp32, checkpoints included),
-// and so do ring_attn / all_to_all sequence parallelism (mesh (dp, pp, sp, tp));
-// other ZeRO stages and split_gather / ring with pp are refused until they land.
+// and so does every sequence-parallel mode (ring_attn / all_to_all on a mesh
+// (dp, pp, sp, tp), split_gather / ring over tp); other ZeRO stages are refused
+// until they land.
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
