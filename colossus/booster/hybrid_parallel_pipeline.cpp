@@ -118,12 +118,6 @@ void validate_pipeline_options(const HybridParallelPluginOptions& o) {
   // Every sequence-parallel mode composes with the pipeline: ring_attn /
   // all_to_all over their own sp axis, split_gather / ring over the tp group
   // (their tp-replicated gradients are summed over tp after the schedule).
-  if (o.zero_stage == 1 && o.sp_size > 1) {
-    throw ConfigError(
-        fmt::format("hybrid_parallel: zero_stage = 1 with pp_size = {} and sp_size = {} is not supported (ZeRO-1 "
-                    "shards over dp, the sequence shards' gradients need dp x sp); use zero_stage = 0 with sp",
-                    o.pp_size, o.sp_size));
-  }
   if (!o.num_layers_per_stage.empty() &&
       o.num_layers_per_stage.size() != static_cast<size_t>(o.pp_size * o.num_model_chunks)) {
     throw ConfigError(
@@ -147,13 +141,14 @@ HybridPipelineOptions pipeline_options_of(const HybridParallelPluginOptions& o) 
 
 std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelModel& model,
                                                                std::unique_ptr<optim::Optimizer> optimizer,
-                                                               cluster::ProcessGroupPtr dp_group) {
+                                                               cluster::ProcessGroupPtr dp_group,
+                                                               cluster::ProcessGroupPtr sp_group) {
   if (model.pipeline() == nullptr) throw ConfigError("hybrid_parallel: zero_stage = 1 here needs pp_size > 1");
   zero::NamedParams params;
   for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
     params.emplace_back(item.key(), item.value());
   auto zero_optimizer = std::make_unique<zero::LowLevelZeroOptimizer>(
-      std::move(optimizer), std::move(params), std::move(dp_group), nullptr,
+      std::move(optimizer), std::move(params), std::move(dp_group), std::move(sp_group),
       zero::LowLevelZeroOptions{.stage = 1, .precision = "fp32"});
   zero_optimizer->set_grad_sync(false);  // reduced once per schedule
   model.pipeline()->set_zero_optimizer(zero_optimizer.get());

@@ -47,9 +47,12 @@ class HybridParallelModel;
 // LowLevelZeroOptimizer over dp holding the whole model (other stages'
 // parameters are empty); the pipeline reduce-scatters its accumulated
 // gradients once after each schedule instead of all-reducing them.
+// sp_group (ring_attn / all_to_all; may be null): the sequence shards hold
+// the same dp shard of the state, their gradients averaged over it too.
 std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelModel& model,
                                                                std::unique_ptr<optim::Optimizer> optimizer,
-                                                               cluster::ProcessGroupPtr dp_group);
+                                                               cluster::ProcessGroupPtr dp_group,
+                                                               cluster::ProcessGroupPtr sp_group = nullptr);
 
 // Averages `grads` (each rank's list in the same order) over `group` in place,
 // in flat buckets of one dtype: the pipeline's gradient sync after a schedule.

@@ -321,7 +321,10 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
   auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
   if (hybrid == nullptr)
     throw ConfigError("HybridParallelPlugin::wrap_optimizer: the model was not wrapped by this plugin");
-  if (options_.zero_stage == 1) return wrap_pipeline_zero_optimizer(*hybrid, std::move(optimizer), dp_group());
+  // ZeRO-1 shards over dp; sequence shards (sp axis) replicate the shard.
+  if (options_.zero_stage == 1)
+    return wrap_pipeline_zero_optimizer(*hybrid, std::move(optimizer), dp_group(),
+                                        options_.sp_axis_size() > 1 ? mesh_->group("sp") : nullptr);
   // Each optimizer parameter's replica count over tp, in the optimizer's flat order.
   std::unordered_map<const c10::TensorImpl*, std::pair<std::string, size_t>> by_impl;
   size_t index = 0;

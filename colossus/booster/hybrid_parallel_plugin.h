@@ -10,7 +10,7 @@
 // Pipeline parallelism (pp_size > 1: 1f1b, interleaved, zero_bubble) splits
 // the blocks over a pp axis and trains through booster.execute_pipeline
 // (hybrid_parallel_pipeline.h; under a NoGradGuard it runs forwards only, for
-// evaluation); ZeRO-1 composes with it (dp x pp, fp32, checkpoints included),
+// evaluation); ZeRO-1 composes with it (dp x pp (x sp), fp32, checkpoints included),
 // and so does every sequence-parallel mode (ring_attn / all_to_all on a mesh
 // (dp, pp, sp, tp), split_gather / ring over tp); other ZeRO stages are refused
 // until they land.
