@@ -88,9 +88,10 @@ TEST(PipelineSequenceParallel, Zero1Pp2Sp2) {
 }
 
 // Evaluation through the pipeline after 5 steps: the loss of held-out rows
-// (step 100's batch, and its first 6 rows: 3 per dp rank, which 2
-// microbatches do not divide) against one process's model after the same 5
-// steps; then the remaining 15 steps stay on the uninterrupted curve.
+// (step 100's batch, its first 6 rows: 3 per dp rank, which 2 microbatches
+// do not divide, and its first 13 tokens: sequence shards padded, p2p shapes
+// renegotiated) against one process's model after the same 5 steps; then the
+// remaining 15 steps stay on the uninterrupted curve.
 TEST(PipelineParallel, EvalLossIsTheSingleProcessLoss) {
   if (!four_ranks()) GTEST_SKIP() << "needs 4 ranks";
   const std::vector<std::pair<std::string, booster::HybridParallelPluginOptions>> layouts = {
@@ -116,8 +117,11 @@ TEST(PipelineParallel, EvalLossIsTheSingleProcessLoss) {
     auto expected_model = trained_single_process(config, 5);
     const auto held_out = global_batch(config, 100);
     const auto six_rows = held_out.narrow(0, 0, 6);
+    // 13 tokens: padded inside to 2 x sp (ring_attn) or tp (split_gather).
+    const auto short_rows = held_out.narrow(1, 0, 13);
     const double expected = loss_on(*expected_model, held_out);
     const double expected_six = loss_on(*expected_model, six_rows);
+    const double expected_short = loss_on(*expected_model, short_rows);
     const auto& ref = reference(config);
     for (const auto& [what, options] : layouts) {
       if (kind == "llama" && what.starts_with("zero1")) continue;  // one model is enough for the ZeRO path
@@ -125,15 +129,18 @@ TEST(PipelineParallel, EvalLossIsTheSingleProcessLoss) {
       run.train(0, 5);
       const double got = run.eval_loss(held_out);
       const double got_six = run.eval_loss(six_rows);
+      const double got_short = run.eval_loss(short_rows);
       const double rel = std::abs(got - expected) / expected, rel_six = std::abs(got_six - expected_six) / expected_six;
+      const double rel_short = std::abs(got_short - expected_short) / expected_short;
       EXPECT_LE(rel, 1e-5) << kind << " " << what;
       EXPECT_LE(rel_six, 1e-5) << kind << " " << what << " (6 rows)";
+      EXPECT_LE(rel_short, 1e-5) << kind << " " << what << " (13 tokens)";
       const auto rest = run.train(5, kSteps);
       expect_curve(rest, std::vector<double>(ref.begin() + 5, ref.end()),
                    fmt::format("{} {} steps 6-20 after an eval", kind, what));
       if (ct::world()->rank() == 0)
-        std::printf("%s %s eval after 5 steps: %.6f vs 1 process %.6f (rel %.2e; 6 rows %.2e)\n", kind.c_str(),
-                    what.c_str(), got, expected, rel, rel_six);
+        std::printf("%s %s eval after 5 steps: %.6f vs 1 process %.6f (rel %.2e; 6 rows %.2e; 13 tokens %.2e)\n",
+                    kind.c_str(), what.c_str(), got, expected, rel, rel_six, rel_short);
     }
   }
 }
