@@ -37,8 +37,12 @@ at::Tensor grad_for_kernel(const at::Tensor& grad, const at::Tensor& like) {
 // Saved tensors: s (the normalised input), weight, mean (kLayer), rstd.
 struct FusedNormFunction : public torch::autograd::Function<FusedNormFunction> {
   // Returns {y} without a residual, {y, s} with one.
-  static tensor_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
-                             const at::Tensor& weight, const at::Tensor& bias, int64_t kind_value, double eps) {
+  // residual and bias are optional (not undefined tensors): autograd records
+  // the device of every tensor argument, which an undefined tensor lacks.
+  static tensor_list forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& residual_arg,
+                             const at::Tensor& weight, const std::optional<at::Tensor>& bias_arg, int64_t kind_value,
+                             double eps) {
+    const at::Tensor residual = residual_arg.value_or(at::Tensor()), bias = bias_arg.value_or(at::Tensor());
     const auto kind = static_cast<kernels::NormKind>(kind_value);
     const bool layer = kind == kernels::NormKind::kLayer, with_residual = residual.defined();
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
@@ -119,7 +123,9 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_norm(kernels::NormKind ki
     return std::nullopt;
   }
   if (weight.device() != x.device()) return std::nullopt;
-  const tensor_list out = FusedNormFunction::apply(x, residual, weight, bias, static_cast<int64_t>(kind), eps);
+  const auto optional = [](const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; };
+  const tensor_list out =
+      FusedNormFunction::apply(x, optional(residual), weight, optional(bias), static_cast<int64_t>(kind), eps);
   return std::pair{out[0], residual.defined() ? out[1] : x};
 }
 

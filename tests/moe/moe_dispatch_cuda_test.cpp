@@ -44,7 +44,9 @@ Result run(const SparseMoeBlock& source, const MixtralConfig& c, const at::Tenso
     for (auto& item : moe.named_parameters(/*recurse=*/true)) item.value().copy_(from[item.key()]);
   }
   moe.set_dispatch_kernels(kernels);
-  at::Tensor x = x_cpu.to(options).requires_grad_(true);
+  // A copy: .to() returns x_cpu itself for CPU fp32, and requires_grad_ on
+  // it would make every later run's x a non-leaf without .grad().
+  at::Tensor x = x_cpu.detach().to(options, /*non_blocking=*/false, /*copy=*/true).requires_grad_(true);
   at::Tensor out = moe.forward(x);
   out.backward(grad_cpu.to(options));
   Result r{.out = out.detach().cpu().to(at::kDouble), .grad_x = x.grad().cpu().to(at::kDouble)};
