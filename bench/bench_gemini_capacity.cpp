@@ -3,7 +3,8 @@
 // HybridAdam's fused CUDA step under MixedPrecisionOptimizer), (b) Gemini with
 // a static placement that offloads every chunk's optimizer side (fp32 master,
 // gradient shard, moments) to pinned host memory, and (c) Gemini's auto
-// placement (as many chunks on the device as fit after the warm-up step).
+// placement (as many chunks on the device as fit after the warm-up step, the
+// optimizer side too: gpu_margin_mem_ratio 0.9).
 //
 // Every try runs in its own process (`--probe`), so an out-of-memory error,
 // CUDA's or the host's OOM killer, cannot poison the next try. The driver:
@@ -69,7 +70,7 @@ struct Options {
   std::string device = "cuda";
   std::vector<std::string> parts = {"throughput", "capacity"};
   std::vector<std::string> modes = {"adamw", "gemini_offload", "gemini_auto"};
-  std::map<std::string, int64_t> start = {{"adamw", 40}, {"gemini_offload", 32}, {"gemini_auto", 56}};
+  std::map<std::string, int64_t> start = {{"adamw", 40}, {"gemini_offload", 32}, {"gemini_auto", 52}};
   int64_t layer_step = 4;
   double budget_s = 420;
   int try_timeout_s = 240;
@@ -202,6 +203,9 @@ int probe(const Options& o) {
     } else {
       booster::GeminiPluginOptions g{.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
                                      .offload_optim_frac = o.probe_mode == "gemini_offload" ? 1.0 : 0.0,
+                                     // auto: optimizer shards may use 90% of the device margin left
+                                     // after the parameter shards (the default 0 keeps them all on the host).
+                                     .gpu_margin_mem_ratio = o.probe_mode == "gemini_auto" ? 0.9 : 0.0,
                                      .precision = "bf16",
                                      .pin_memory = device.is_cuda(),
                                      .hidden_dim = s.hidden};
