@@ -12,23 +12,16 @@
 
 #include <cstdint>
 
+#include "colossus/kernels/cuda/fused_common.cuh"
+
 namespace colossus::kernels {
 
 namespace {
 
 constexpr int kThreads = 512;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using fused::from_float;
+using fused::to_float;
 
 // (max, sum of exp(x - max)) of two parts; an empty part has max -inf.
 __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {

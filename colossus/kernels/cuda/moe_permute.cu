@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "colossus/kernels/cuda/fused_common.cuh"
+
 namespace colossus::kernels {
 
 namespace {
@@ -22,17 +24,8 @@ constexpr int kSortThreads = 256;
 constexpr int kRowThreads = 128;
 constexpr int64_t kMaxExperts = 4096;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using fused::from_float;
+using fused::to_float;
 
 // V consecutive elements as floats (one 16-byte load when V * sizeof(T) == 16).
 template <typename T, int V>
