@@ -29,9 +29,13 @@
 //          [--batches 8] [--seed 0] [--device cuda|cpu]
 //          [--peers eager-amp,eager-bf16,compile-amp | --no-python]
 //          [--python PATH] [--peer-timeout 300] [--workdir DIR] [--json PATH]
-//          [--profile-steps 3]
+//          [--profile-steps 3] [--cuda-graph both|on|off]
 // --profile-steps N (CUDA): N more steps under the Kineto profiler, ours and
 // each peer's; prints device time per kernel category and the top kernels.
+// --cuda-graph (CUDA; default both): our step captured in a CUDA graph after 3
+// eager steps (amp::GraphedTrainStep) and replayed; `both` also times the
+// eager step first and prints it as a row of its own.
+#include "colossus/amp/graphed_train_step.h"
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
 #include "colossus/models/pretrained.h"
@@ -80,6 +84,7 @@ struct Config {
   std::string workdir = "/tmp/bench_train_gpt2";
   std::string json_path;
   std::string command = "bench_train_gpt2";
+  std::string cuda_graph = "both";
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -118,12 +123,19 @@ Config parse(int argc, char** argv) {
     else if (a == "--peer-timeout") c.peer_timeout_s = std::stoi(next());
     else if (a == "--workdir") c.workdir = next();
     else if (a == "--json") c.json_path = next();
+    else if (a == "--cuda-graph") c.cuda_graph = next();
     else throw std::runtime_error("unknown flag " + a + " (see the usage at the top of bench_train_gpt2.cpp)");
   }
   if (c.steps < 1 || c.warmup < 1 || c.batch < 1 || c.seq < 2 || c.batches < 1 || c.phase_steps < 0) {
     throw std::runtime_error("--steps, --warmup, --batch, --batches must be >= 1, --seq >= 2, --phase-steps >= 0");
   }
-  if (c.device != "cuda") c.profile_steps = 0;
+  if (c.cuda_graph != "both" && c.cuda_graph != "on" && c.cuda_graph != "off") {
+    throw std::runtime_error("--cuda-graph is '" + c.cuda_graph + "'; use both, on or off");
+  }
+  if (c.device != "cuda") {
+    c.profile_steps = 0;
+    c.cuda_graph = "off";
+  }
   if (c.device != "cuda" && c.device != "cpu") throw std::runtime_error("--device is '" + c.device + "'; use cuda or cpu");
   c.check_steps = std::min(c.check_steps, c.warmup + c.steps);
   return c;
@@ -189,10 +201,10 @@ struct Result {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// Trains `cfg.warmup + cfg.steps` timed-at-the-ends steps, then `phase_steps`
-// steps with a mark between forward, backward and optimizer.
+// Trains `cfg.warmup + cfg.steps` timed-at-the-ends steps, then (eager step
+// only) `phase_steps` steps with a mark between forward, backward and optimizer.
 Result train_colossus(const Config& cfg, const models::ModelConfig& model_config, const c10::Device& device,
-                      const at::Tensor& data, const fs::path& init_dir) {
+                      const at::Tensor& data, const fs::path& init_dir, bool graphed) {
   auto model = models::create_model(model_config, {.seed = cfg.seed, .dtype = at::kBFloat16, .device = device});
   model->train();
   // The peers start from exactly these (bf16-valued) weights.
@@ -214,6 +226,18 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
     opt.step();
     opt.zero_grad(/*set_to_none=*/true);
   };
+  std::optional<colossus::amp::GraphedTrainStep> graph;
+  if (graphed) {
+    graph.emplace([&](const at::Tensor& ids) { return model->forward_loss(ids, ids); }, opt,
+                  colossus::amp::GraphedTrainStepOptions{.eager_steps = 3});
+  }
+  auto train_step = [&](int64_t step) {
+    if (graph) return graph->step(data[step % num_batches]);
+    at::Tensor loss = forward(step);
+    loss.backward();
+    update();
+    return loss.detach();
+  };
   int64_t step = 0;
   Clock::time_point start;
   for (int i = 0; i < cfg.warmup + cfg.steps; ++i, ++step) {
@@ -224,10 +248,7 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
       if (device.is_cuda()) at::accelerator::resetPeakStats(device.index());
       start = Clock::now();
     }
-    at::Tensor loss = forward(step);
-    loss.backward();
-    update();
-    losses.push_back(loss.detach());
+    losses.push_back(train_step(step));
   }
   sync(device);
   const double total_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -238,7 +259,7 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
   for (const auto& l : losses) r.losses.push_back(l.item<double>());
 
   // Phase breakdown: separate steps, so the marks cannot disturb the figure above.
-  for (int i = 0; i < cfg.phase_steps; ++i, ++step) {
+  for (int i = 0; i < (graph ? 0 : cfg.phase_steps); ++i, ++step) {
     const Mark m0 = mark(device);
     at::Tensor loss = forward(step);
     const Mark m1 = mark(device);
@@ -256,11 +277,7 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
   }
   if (cfg.profile_steps > 0) {
     r.kernels = bench::profile_kernels(
-        [&] {
-          at::Tensor loss = forward(step++);
-          loss.backward();
-          update();
-        },
+        [&] { train_step(step++); },
         cfg.profile_steps, (fs::path(cfg.workdir) / "colossus_trace.json").string());
   }
   if (device.is_cuda()) {
@@ -380,15 +397,33 @@ int main(int argc, char** argv) try {
     if (!out) throw std::runtime_error("cannot write " + data_path.string());
   }
 
+  // `ours` is the CUDA-graph step unless graphs are off; with `both` the
+  // eager step runs first and keeps its own row.
   Result ours;
+  std::optional<Result> eager;
   {
     const at::Tensor data = tokens.to(device);
-    ours = train_colossus(cfg, model_config, device, data, init_dir);
+    if (cfg.cuda_graph == "both") {
+      eager = train_colossus(cfg, model_config, device, data, fs::path(), /*graphed=*/false);
+      at::accelerator::emptyCache();
+      fmt::print("colossus, eager step: {:.0f} tok/s, {:.1f} ms/step, peak {:.2f} GiB allocated\n", eager->tokens_per_s,
+                 eager->ms_per_step, eager->peak_allocated_gib);
+    }
+    ours = train_colossus(cfg, model_config, device, data, init_dir, /*graphed=*/cfg.cuda_graph != "off");
   }
   // Our cached blocks go back to the driver, so the peers' processes have the card.
   if (device.is_cuda()) at::accelerator::emptyCache();
-  fmt::print("colossus: {:.0f} tok/s, {:.1f} ms/step, MFU {:.1f}%, peak {:.2f} GiB allocated\n", ours.tokens_per_s,
-             ours.ms_per_step, 100 * mfu(ours.tokens_per_s), ours.peak_allocated_gib);
+  fmt::print("colossus{}: {:.0f} tok/s, {:.1f} ms/step, MFU {:.1f}%, peak {:.2f} GiB allocated\n",
+             cfg.cuda_graph != "off" ? ", CUDA-graph step" : "", ours.tokens_per_s, ours.ms_per_step,
+             100 * mfu(ours.tokens_per_s), ours.peak_allocated_gib);
+  if (eager) {
+    double worst = 0;
+    for (size_t i = 0; i < ours.losses.size() && i < eager->losses.size(); ++i) {
+      worst = std::max(worst, std::abs(ours.losses[i] - eager->losses[i]) / std::abs(eager->losses[i]));
+    }
+    fmt::print("CUDA-graph step vs eager step, same init and batches: max rel loss diff {:.2e} over {} steps: {}\n",
+               worst, ours.losses.size(), worst <= 1e-2 ? "PASS (<= 1e-2)" : "FAIL (> 1e-2)");
+  }
   std::fflush(stdout);
 
   // The peers, one process each (a torch.compile failure costs only its row).
@@ -452,9 +487,14 @@ int main(int argc, char** argv) try {
   fmt::print("\n| {:<28} | {:<38} | {:>9} | {:>8} | {:>6} | {:>9} | {:>15} |\n", "workload", "impl", "tok/s",
              "ms/step", "MFU", "peak GiB", "colossus/peer");
   fmt::print("|{:-<30}|{:-<40}|{:->11}|{:->10}|{:->8}|{:->11}|{:->17}|\n", "", "", "", "", "", "", "");
+  if (eager) {
+    fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:>15} |\n", workload,
+               "colossus, eager step", eager->tokens_per_s, eager->ms_per_step, 100 * mfu(eager->tokens_per_s),
+               eager->peak_allocated_gib, "");
+  }
   fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:>15} |\n", workload,
-             "colossus (MixedPrecision+HybridAdam)", ours.tokens_per_s, ours.ms_per_step, 100 * mfu(ours.tokens_per_s),
-             ours.peak_allocated_gib, "");
+             cfg.cuda_graph != "off" ? "colossus, CUDA-graph step" : "colossus (MixedPrecision+HybridAdam)",
+             ours.tokens_per_s, ours.ms_per_step, 100 * mfu(ours.tokens_per_s), ours.peak_allocated_gib, "");
   for (const auto& [variant, p] : peers) {
     const double tps = p.at("tokens_per_s").get<double>();
     fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:15.2f} |\n", workload,
@@ -470,7 +510,9 @@ int main(int argc, char** argv) try {
     }
     const json all = {{"bench", "train_gpt2"}, {"config", config},  {"workload", workload},
                       {"device", gpu},         {"command", cfg.command}, {"flops_per_token", flops_per_token},
-                      {"colossus", result_json(ours, mfu(ours.tokens_per_s))}, {"peers", peers_json},
+                      {"colossus", result_json(ours, mfu(ours.tokens_per_s))},
+                      {"colossus_eager", eager ? result_json(*eager, mfu(eager->tokens_per_s)) : json()},
+                      {"cuda_graph", cfg.cuda_graph}, {"peers", peers_json},
                       {"loss_check", check}};
     std::ofstream(cfg.json_path) << all.dump(2) << "\n";
   }

@@ -82,15 +82,56 @@ at::Tensor MixedPrecisionOptimizer::scale_loss(const at::Tensor& loss) const {
   return scaler_ ? loss * scaler_->scale() : loss;
 }
 
-void MixedPrecisionOptimizer::step() {
-  at::NoGradGuard no_grad;
+void MixedPrecisionOptimizer::mirror_groups_to_inner() {
   auto& inner_groups = inner_->param_groups();
   for (size_t g = 0; g < groups_.size() && g < inner_groups.size(); ++g) {
     inner_groups[g].lr = groups_[g].lr;
     inner_groups[g].weight_decay = groups_[g].weight_decay;
     inner_groups[g].options = groups_[g].options;
   }
+}
+
+void MixedPrecisionOptimizer::enable_device_step() {
+  if (options_.precision != "bf16" || options_.max_norm > 0.0 || options_.overflow_reducer) {
+    throw ConfigError(fmt::format(
+        "MixedPrecisionOptimizer: a step captured in a CUDA graph needs precision bf16 without clipping on one "
+        "process (got precision {}, max_norm {}{}); use bf16 with max_norm = 0, or turn CUDA graphs off",
+        options_.precision, options_.max_norm, options_.overflow_reducer ? ", a multi-rank overflow reducer" : ""));
+  }
+  for (size_t i = 0; i < has_master_copy_.size(); ++i) {
+    if (!has_master_copy_[i] || !masters_[i].is_cuda()) {
+      throw ConfigError(fmt::format("MixedPrecisionOptimizer: a step captured in a CUDA graph needs every parameter "
+                                    "in bf16 on a CUDA device; parameter {} is {} on {}",
+                                    i, c10::toString(masters_[i].scalar_type()), masters_[i].device().str()));
+    }
+  }
+  mirror_groups_to_inner();
+  inner_->enable_device_step();
+}
+
+void MixedPrecisionOptimizer::prepare_device_step() {
+  mirror_groups_to_inner();
+  inner_->prepare_device_step();
+}
+
+bool MixedPrecisionOptimizer::last_step_skipped() const {
+  if (const auto* d = inner_->device_step()) return d->counters[2].item<int64_t>() != 0;
+  return last_step_skipped_;
+}
+
+int64_t MixedPrecisionOptimizer::skipped_steps() const {
+  if (const auto* d = inner_->device_step()) return skipped_steps_ + d->counters[1].item<int64_t>();
+  return skipped_steps_;
+}
+
+void MixedPrecisionOptimizer::step() {
+  at::NoGradGuard no_grad;
+  mirror_groups_to_inner();
   if (step_fused()) return;
+  if (inner_->device_step() != nullptr) {
+    throw ConfigError("MixedPrecisionOptimizer: in device-step mode (CUDA graphs) every step must take the fused "
+                      "path, but a parameter lost its bf16 gradient; give every parameter a gradient each step");
+  }
   // Model grads into fp32 master grads.
   std::vector<at::Tensor> master_grads;
   size_t flat = 0;
@@ -159,6 +200,12 @@ bool MixedPrecisionOptimizer::step_fused() {
     data.push_back(g.data_ptr());
     numel.push_back(g.numel());
   }
+  if (optim::DeviceStepState* d = inner_->device_step()) {
+    kernels::cuda_slots().nonfinite_bf16_into(data.data(), numel.data(), static_cast<int64_t>(data.size()),
+                                              d->skip.data_ptr<int32_t>(), grads.front().get_device());
+    inner_->step_from_low_precision(low_precision);
+    return true;
+  }
   bool overflow = check(data.data(), numel.data(), static_cast<int64_t>(data.size()), grads.front().get_device());
   if (options_.overflow_reducer) overflow = options_.overflow_reducer(overflow);
   if (overflow) {
@@ -182,7 +229,7 @@ optim::OptimizerState MixedPrecisionOptimizer::state_dict() const {
   j["optimizer"] = name();
   j["inner"] = nlohmann::json::parse(inner_state.json);
   j["loss_scaler"] = scaler_ ? nlohmann::json::parse(scaler_->state_dict()) : nlohmann::json();
-  j["skipped_steps"] = skipped_steps_;
+  j["skipped_steps"] = skipped_steps();
   out.json = j.dump();
   return out;
 }
@@ -242,6 +289,7 @@ void MixedPrecisionOptimizer::load_state_dict(const optim::OptimizerState& state
   at::NoGradGuard no_grad;
   for (const auto& [index, tensor] : masters) masters_[index].copy_(tensor);
   skipped_steps_ = j.value("skipped_steps", int64_t{0});
+  if (auto* d = inner_->device_step()) d->counters.narrow(0, 1, 2).zero_();  // counted from here on
   // The inner optimizer restored its groups' hyper-parameters; mirror them.
   const auto& inner_groups = inner_->param_groups();
   for (size_t g = 0; g < groups_.size() && g < inner_groups.size(); ++g) {

@@ -46,11 +46,21 @@ class MixedPrecisionOptimizer : public optim::Optimizer {
   // The factor to multiply the loss by before backward (1 for bf16).
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   at::Tensor scale_loss(const at::Tensor& loss) const;
-  bool last_step_skipped() const { return last_step_skipped_; }
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // In device-step mode these read the device counters (a synchronisation).
+  bool last_step_skipped() const;
+  int64_t skipped_steps() const;
   // Global grad norm of the last clipped step (before clipping), NaN if none.
   double last_grad_norm() const { return last_grad_norm_; }
 
+  // Device-step mode (optim::Optimizer::enable_device_step) for a step
+  // captured in a CUDA graph: the finite check writes the inner optimizer's
+  // device skip flag instead of being read back, so a step never waits for
+  // the device. Needs precision bf16, max_norm 0 and the fused path (CUDA bf16
+  // parameters, an inner HybridAdam); throws ConfigError naming what is missing.
+  void enable_device_step() override;
+  optim::DeviceStepState* device_step() override { return inner_->device_step(); }
+  // Mirrors lr onto the inner optimizer and copies it to the device.
+  void prepare_device_step() override;
   optim::Optimizer& inner() { return *inner_; }
   const DynamicLossScaler* loss_scaler() const { return scaler_ ? &*scaler_ : nullptr; }
   // fp32 master of each model parameter, flat order (the parameter itself if fp32).
@@ -61,6 +71,7 @@ class MixedPrecisionOptimizer : public optim::Optimizer {
   // The one-pass path (optim::Optimizer::step_from_low_precision); false
   // when it does not apply and step() takes the copy path.
   bool step_fused();
+  void mirror_groups_to_inner();
   std::unique_ptr<optim::Optimizer> inner_;
   MixedPrecisionOptions options_;
   std::optional<DynamicLossScaler> scaler_;

@@ -29,6 +29,19 @@ struct AdamHyper {
 AdamHyper make_adam_hyper(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
                           bool bias_correction, int64_t step);
 
+// The constants of a group that do not change from step to step; with lr and
+// the step count they give make_adam_hyper's result. The graph-capturable
+// step (adam_step_mixed_device_cuda) folds them on the device, in the same
+// double operations, because there lr and the step count live in device memory.
+struct AdamGroupConstants {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool decoupled = true;
+  bool bias_correction = true;
+};
+
 // One tensor's buffers, each `numel` fp32 values, contiguous.
 struct AdamTensorPtrs {
   float* param;
@@ -81,6 +94,19 @@ void adam_step_cuda(const AdamTensorPtrs* tensors, int64_t count, const AdamHype
 // AdamMixedPtrs on device memory: bit for bit adam_step_reference on
 // float(grad_bf16), then param_bf16 = bf16(param).
 void adam_step_mixed_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, void* stream);
+// The same update with nothing read from the host at launch time, so it can
+// be captured once in a CUDA graph and replayed every step: `lr` (device
+// double) is this group's learning rate, written before each step; `counters`
+// (device int64 [3]: steps taken, steps skipped, last step skipped) and `skip` (device int32,
+// set by bf16_nonfinite_check_cuda for this step) say which step this is and
+// whether to leave everything untouched. The step count advances in
+// adam_device_step_finish_cuda, after every group has been updated.
+void adam_step_mixed_device_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamGroupConstants& c,
+                                 const double* lr, const int64_t* counters, const int32_t* skip, void* stream);
+// Ends a device-counted step: counters[0] += 1 when *skip is 0, else
+// counters[1] += 1; counters[2] = *skip != 0; then clears *skip for the next
+// step. One thread.
+void adam_device_step_finish_cuda(int64_t* counters, int32_t* skip, void* stream);
 // Sets *found_nonfinite (device int32, left alone otherwise) to 1 when any of
 // the `count` bf16 buffers holds an inf or NaN: the mixed-precision step's
 // overflow check, one launch per 32 tensors, on `stream`.

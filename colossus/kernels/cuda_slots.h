@@ -23,6 +23,16 @@ using CudaAdamFn = void (*)(const AdamTensorPtrs* tensors, int64_t count, const 
 using CudaAdamMixedFn = void (*)(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& hyper,
                                  int device_index);
 
+// The graph-capturable forms (adam.h: adam_step_mixed_device_cuda,
+// adam_device_step_finish_cuda, bf16_nonfinite_check_cuda into a device
+// flag): nothing is read back to the host, so a captured step never waits.
+using CudaAdamMixedDeviceFn = void (*)(const AdamMixedPtrs* tensors, int64_t count, const AdamGroupConstants& c,
+                                       const double* lr, const int64_t* counters, const int32_t* skip,
+                                       int device_index);
+using CudaAdamDeviceFinishFn = void (*)(int64_t* counters, int32_t* skip, int device_index);
+using CudaNonfiniteBf16IntoFn = void (*)(const void* const* data, const int64_t* numel, int64_t count, int32_t* flag,
+                                         int device_index);
+
 // Whether any of `count` bf16 device buffers holds an inf or NaN
 // (synchronises the device's current stream once, at the end).
 using CudaNonfiniteBf16Fn = bool (*)(const void* const* data, const int64_t* numel, int64_t count, int device_index);
@@ -67,6 +77,9 @@ struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaAdamMixedFn adam_mixed = nullptr;
   CudaNonfiniteBf16Fn nonfinite_bf16 = nullptr;
+  CudaAdamMixedDeviceFn adam_mixed_device = nullptr;
+  CudaAdamDeviceFinishFn adam_device_finish = nullptr;
+  CudaNonfiniteBf16IntoFn nonfinite_bf16_into = nullptr;
   CudaScaleCheckFn scale_and_check_finite = nullptr;
   CudaCrossEntropyRowsFn cross_entropy_rows = nullptr;
   CudaPagedAttentionFn paged_attention = nullptr;

@@ -14,6 +14,10 @@ class DeviceGraph {
   // tensors it allocates live in the graph's memory pool and keep their
   // addresses). Synchronises the device before and after.
   virtual void capture(const std::function<void()>& body) = 0;
+  // Runs `body` eagerly on the stream capture() records on (synchronising
+  // before and after): a warm-up there lets per-stream state (cuBLAS
+  // workspaces) come into being outside the capture.
+  virtual void run_on_capture_stream(const std::function<void()>& body) = 0;
   // Launches the recorded work on the current stream (asynchronous).
   virtual void replay() = 0;
 };

@@ -55,6 +55,10 @@ void HybridAdam::validate_group(const ParamGroup& group, size_t group_index) con
 
 void HybridAdam::step() {
   at::NoGradGuard no_grad;
+  if (device_step_) {
+    throw ConfigError("HybridAdam: in device-step mode (CUDA graphs) the step count lives on the device; step "
+                      "through step_from_low_precision (bf16 parameters with fp32 masters)");
+  }
   if (kernels::cuda_slots().adam == nullptr) {
     // Refuse before anything changed, so a failed step leaves no half-update.
     for (const ParamGroup& group : groups_) {
@@ -158,6 +162,10 @@ void HybridAdam::step_from_low_precision(const std::vector<at::Tensor>& low_prec
                       "gradients for every parameter; use step() after copying the gradients");
   }
   at::NoGradGuard no_grad;
+  if (device_step_) {
+    step_on_device(low_precision);
+    return;
+  }
   size_t flat = 0;
   for (const ParamGroup& group : groups_) {
     const AdamMath math{.lr = group.lr,
@@ -187,6 +195,109 @@ void HybridAdam::step_from_low_precision(const std::vector<at::Tensor>& low_prec
       kernels::cuda_slots().adam_mixed(table.data(), static_cast<int64_t>(table.size()), hyper, key.first);
     }
   }
+}
+
+int64_t HybridAdam::common_step_count(const char* what) {
+  int64_t flat = 0;
+  for (const ParamGroup& group : groups_) flat += static_cast<int64_t>(group.params.size());
+  const int64_t step = flat > 0 ? state_at(0).step : 0;
+  for (int64_t i = 1; i < flat; ++i) {
+    if (state_at(i).step != step) {
+      throw ConfigError(fmt::format("HybridAdam: {}: parameter {} has taken {} steps but parameter 0 has taken {}; "
+                                    "device-step mode (CUDA graphs) keeps one step count for all parameters",
+                                    what, i, state_at(i).step, step));
+    }
+  }
+  return step;
+}
+
+void HybridAdam::enable_device_step() {
+  if (device_step_) return;
+  const auto& slots = kernels::cuda_slots();
+  if (slots.adam_mixed_device == nullptr || slots.adam_device_finish == nullptr) {
+    throw ConfigError("HybridAdam: device-step mode (CUDA graphs) needs the CUDA kernels; this build has none "
+                      "(configure with COLOSSUS_CUDA=ON)");
+  }
+  std::optional<at::Device> device;
+  for (const ParamGroup& group : groups_) {
+    for (const at::Tensor& p : group.params) {
+      if (!p.is_cuda() || p.scalar_type() != at::kFloat || !p.is_contiguous() || (device && p.device() != *device)) {
+        throw ConfigError(fmt::format("HybridAdam: device-step mode (CUDA graphs) needs contiguous fp32 parameters "
+                                      "on one CUDA device; one is {} {} on {}",
+                                      c10::toString(p.scalar_type()), p.is_contiguous() ? "contiguous" : "strided",
+                                      p.device().str()));
+      }
+      device = p.device();
+    }
+  }
+  if (!device) throw ConfigError("HybridAdam: device-step mode needs at least one parameter");
+  const auto options = at::TensorOptions().device(*device);
+  DeviceStepState state{.lr = at::zeros({static_cast<int64_t>(groups_.size())}, options.dtype(at::kDouble)),
+                        .counters = at::zeros({3}, options.dtype(at::kLong)),
+                        .skip = at::zeros({1}, options.dtype(at::kInt))};
+  state.counters[0].fill_(common_step_count("enable_device_step"));
+  device_step_ = std::move(state);
+  prepare_device_step();
+}
+
+void HybridAdam::prepare_device_step() {
+  if (!device_step_) return;
+  std::vector<double> lrs;
+  for (const ParamGroup& group : groups_) lrs.push_back(group.lr);
+  // From pinned memory, asynchronously: the host allocator keeps the buffer
+  // until the copy has run, so the caller never waits here.
+  const at::Tensor host = at::tensor(lrs, at::TensorOptions().dtype(at::kDouble)).pin_memory();
+  device_step_->lr.copy_(host, /*non_blocking=*/true);
+}
+
+void HybridAdam::step_on_device(const std::vector<at::Tensor>& low_precision) {
+  const auto& slots = kernels::cuda_slots();
+  DeviceStepState& d = *device_step_;
+  const int device = d.counters.get_device();
+  size_t flat = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = groups_[g];
+    const kernels::AdamGroupConstants constants{.beta1 = option(group, "beta1"),
+                                                .beta2 = option(group, "beta2"),
+                                                .eps = option(group, "eps"),
+                                                .weight_decay = group.weight_decay,
+                                                .decoupled = option(group, "adamw_mode") != 0.0,
+                                                .bias_correction = option(group, "bias_correction") != 0.0};
+    std::vector<kernels::AdamMixedPtrs> table;
+    for (const at::Tensor& master : group.params) {
+      const int64_t index = static_cast<int64_t>(flat);
+      const at::Tensor& low = low_precision[flat++];
+      ParamState& st = state_at(index);
+      at::Tensor& m = slot(st, "exp_avg", master);
+      at::Tensor& v = slot(st, "exp_avg_sq", master);
+      if (!m.is_contiguous()) m = m.contiguous();
+      if (!v.is_contiguous()) v = v.contiguous();
+      table.push_back({master.data_ptr<float>(), low.grad().data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(),
+                       low.data_ptr(), master.numel()});
+    }
+    slots.adam_mixed_device(table.data(), static_cast<int64_t>(table.size()), constants,
+                            d.lr.data_ptr<double>() + g, d.counters.data_ptr<int64_t>(), d.skip.data_ptr<int32_t>(),
+                            device);
+  }
+  slots.adam_device_finish(d.counters.data_ptr<int64_t>(), d.skip.data_ptr<int32_t>(), device);
+}
+
+OptimizerState HybridAdam::state_dict() const {
+  if (device_step_) {
+    // The device count is the truth in device-step mode; mirroring it into
+    // the host state changes nothing a caller can observe otherwise.
+    auto& self = const_cast<HybridAdam&>(*this);
+    const int64_t steps = device_step_->counters[0].item<int64_t>();
+    int64_t flat = 0;
+    for (const ParamGroup& group : groups_) flat += static_cast<int64_t>(group.params.size());
+    for (int64_t i = 0; i < flat; ++i) self.state_at(i).step = steps;
+  }
+  return StatefulOptimizer::state_dict();
+}
+
+void HybridAdam::load_state_dict(const OptimizerState& state) {
+  StatefulOptimizer::load_state_dict(state);
+  if (device_step_) device_step_->counters[0].fill_(common_step_count("load_state_dict"));
 }
 
 }  // namespace colossus::optim

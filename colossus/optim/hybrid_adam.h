@@ -8,6 +8,8 @@
 #include "colossus/kernels/adam.h"
 #include "colossus/optim/adam.h"
 
+#include <optional>
+
 namespace colossus::optim {
 
 struct HybridAdamOptions {
@@ -35,6 +37,16 @@ class HybridAdam : public StatefulOptimizer {
   // (kernels::adam_step_mixed_cuda). Otherwise false.
   bool can_step_from_low_precision(const std::vector<at::Tensor>& low_precision) const override;
   void step_from_low_precision(const std::vector<at::Tensor>& low_precision) override;
+  // Device-step mode (Optimizer::enable_device_step): needs the CUDA build,
+  // every parameter an fp32 CUDA tensor on one device, and one step count
+  // shared by all of them. Then only step_from_low_precision steps.
+  void enable_device_step() override;
+  DeviceStepState* device_step() override { return device_step_ ? &*device_step_ : nullptr; }
+  void prepare_device_step() override;
+  // In device-step mode the device's step count is written into the state
+  // first (one synchronisation), and a loaded state's count goes to the device.
+  OptimizerState state_dict() const override;
+  void load_state_dict(const OptimizerState& state) override;
 
   // The CPU ISA the kernel uses (best supported by default); tests and
   // benchmarks pin one. Throws ConfigError if this CPU lacks it.
@@ -47,8 +59,12 @@ class HybridAdam : public StatefulOptimizer {
 
  private:
   HybridAdam(std::vector<ParamGroup> groups, const HybridAdamOptions& options, bool groups_given);
+  void step_on_device(const std::vector<at::Tensor>& low_precision);
+  // Every parameter's step count, which device-step mode needs to be one number.
+  int64_t common_step_count(const char* what);
   int num_threads_;
   kernels::CpuIsa isa_;
+  std::optional<DeviceStepState> device_step_;
 };
 
 }  // namespace colossus::optim

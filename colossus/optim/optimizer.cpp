@@ -32,4 +32,10 @@ void Optimizer::step_from_low_precision(const std::vector<at::Tensor>& /*low_pre
   throw ConfigError(fmt::format("{} has no fused mixed-precision step; ask can_step_from_low_precision first", name()));
 }
 
+void Optimizer::enable_device_step() {
+  throw ConfigError(fmt::format("{} has no device-counted step for CUDA graphs; use HybridAdam (optimizer.name = "
+                                "\"hybrid_adam\")",
+                                name()));
+}
+
 }  // namespace colossus::optim

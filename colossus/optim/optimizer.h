@@ -31,6 +31,15 @@ struct OptimizerState {
   std::string json;
 };
 
+// Step bookkeeping kept in device memory, for a training step captured once
+// in a CUDA graph and replayed (amp::GraphedTrainStep): the replayed kernels
+// read these instead of values baked in at capture, and nothing is read back.
+struct DeviceStepState {
+  at::Tensor lr;        // double [groups]: each group's lr, copied from the host before every step
+  at::Tensor counters;  // int64 [3]: steps taken, steps skipped, last step skipped (0/1); kept on the device
+  at::Tensor skip;      // int32 [1]: set by this step's finite check, cleared when the step ends
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -52,6 +61,18 @@ class Optimizer {
     return false;
   }
   virtual void step_from_low_precision(const std::vector<at::Tensor>& low_precision);
+
+  // Device-step mode, for step_from_low_precision inside a CUDA graph: the
+  // step count and lr move to device_step(), and each call launches the same
+  // work without reading anything back. Only lr may change between steps (the
+  // other hyper-parameters are fixed when the step is captured). Throws
+  // ConfigError where this optimizer has no such form.
+  virtual void enable_device_step();
+  // Non-null in device-step mode.
+  virtual DeviceStepState* device_step() { return nullptr; }
+  // Copies each group's lr to device_step()->lr; runs on the host before each
+  // step, outside any captured graph.
+  virtual void prepare_device_step() {}
 
   void zero_grad(bool set_to_none = true);
   std::vector<ParamGroup>& param_groups() { return groups_; }

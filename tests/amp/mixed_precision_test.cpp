@@ -282,30 +282,51 @@ TEST(MixedPrecision, FusedCudaStepEqualsTheCopyPathBitForBit) {
   const optim::HybridAdamOptions adam{.lr = 1e-2, .betas = {0.9, 0.95}, .weight_decay = 0.1, .adamw_mode = true};
   auto host = random_params(at::kBFloat16, 9);
   host.pop_back();  // every parameter bf16: the fused path's condition
-  std::vector<at::Tensor> device;
-  for (const auto& p : host) device.push_back(p.cuda());
+  std::vector<at::Tensor> device, counted;
+  for (const auto& p : host) {
+    device.push_back(p.cuda());
+    counted.push_back(p.cuda());
+  }
   MixedPrecisionOptimizer cpu(std::make_unique<optim::HybridAdam>(host, adam), {.precision = "bf16"});
   MixedPrecisionOptimizer gpu(std::make_unique<optim::HybridAdam>(device, adam), {.precision = "bf16"});
-  for (int step = 0; step < 4; ++step) {
+  // Device-step mode (the CUDA-graph form): lr and the step count on the
+  // device, the skip decided there; same bits.
+  MixedPrecisionOptimizer on_device(std::make_unique<optim::HybridAdam>(counted, adam), {.precision = "bf16"});
+  on_device.enable_device_step();
+  for (int step = 0; step < 5; ++step) {
+    const double lr = step < 3 ? 1e-2 : 4e-3;
+    for (auto* opt : {&cpu, &gpu, &on_device}) opt->set_lr(lr);
+    on_device.prepare_device_step();
     for (size_t i = 0; i < host.size(); ++i) {
       host[i].mutable_grad() = random_grad(host[i], step, i);
       device[i].mutable_grad() = host[i].grad().cuda();
+      counted[i].mutable_grad() = host[i].grad().cuda();
     }
     if (step == 2) {
       host[1].mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
       device[1].mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
+      counted[1].mutable_grad()[3] = std::numeric_limits<float>::quiet_NaN();
     }
     cpu.step();
     gpu.step();
+    on_device.step();
     ASSERT_EQ(gpu.last_step_skipped(), step == 2) << "step " << step;
     ASSERT_EQ(cpu.last_step_skipped(), step == 2) << "step " << step;
+    ASSERT_EQ(on_device.last_step_skipped(), step == 2) << "step " << step;
     for (size_t i = 0; i < host.size(); ++i) {
       ASSERT_TRUE(at::equal(device[i].cpu(), host[i])) << "step " << step << " param " << i;
+      ASSERT_TRUE(at::equal(counted[i].cpu(), host[i])) << "device-step mode, step " << step << " param " << i;
       ASSERT_TRUE(at::equal(gpu.master_params()[i].cpu(), cpu.master_params()[i])) << "step " << step << " master " << i;
+      ASSERT_TRUE(at::equal(on_device.master_params()[i].cpu(), cpu.master_params()[i]))
+          << "device-step mode, step " << step << " master " << i;
       EXPECT_FALSE(gpu.master_params()[i].grad().defined()) << "the copy path ran for param " << i;
     }
   }
   EXPECT_EQ(gpu.skipped_steps(), 1);
+  EXPECT_EQ(on_device.skipped_steps(), 1);
+  // The device step count (4 taken, 1 skipped) reaches the saved state, which
+  // the host-counted optimizer loads and agrees with.
+  EXPECT_EQ(on_device.state_dict().json, gpu.state_dict().json);
 }
 
 }  // namespace

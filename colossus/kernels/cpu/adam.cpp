@@ -2,6 +2,7 @@
 // multi-tensor step over threads by element count.
 #include "colossus/core/errors.h"
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/adam_hyper_math.h"
 #include "colossus/kernels/cpu/adam_simd.h"
 
 #include <fmt/format.h>
@@ -15,25 +16,14 @@ namespace colossus::kernels {
 
 AdamHyper make_adam_hyper(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
                           bool bias_correction, int64_t step) {
-  AdamHyper h;
-  h.beta1 = static_cast<float>(beta1);
-  h.beta2 = static_cast<float>(beta2);
-  // torch passes these as (double) Python scalars that ATen rounds to float.
-  h.one_minus_beta1 = static_cast<float>(1.0 - beta1);
-  h.one_minus_beta2 = static_cast<float>(1.0 - beta2);
-  h.eps = static_cast<float>(eps);
-  h.weight_decay = static_cast<float>(weight_decay);
-  h.decay_factor = static_cast<float>(1.0 - lr * weight_decay);
-  h.decoupled = decoupled;
-  if (bias_correction) {
-    const double s = static_cast<double>(step);
-    h.step_size = static_cast<float>(lr / (1.0 - std::pow(beta1, s)));
-    h.bias_correction2_sqrt = static_cast<float>(std::pow(1.0 - std::pow(beta2, s), 0.5));
-  } else {
-    h.step_size = static_cast<float>(lr);
-    h.bias_correction2_sqrt = 1.0f;
-  }
-  return h;
+  return fold_adam_hyper(lr,
+                         AdamGroupConstants{.beta1 = beta1,
+                                            .beta2 = beta2,
+                                            .eps = eps,
+                                            .weight_decay = weight_decay,
+                                            .decoupled = decoupled,
+                                            .bias_correction = bias_correction},
+                         step);
 }
 
 void adam_step_reference(const AdamTensorPtrs& t, const AdamHyper& h) {

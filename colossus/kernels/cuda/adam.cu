@@ -6,6 +6,7 @@
 // nvcc cannot contract them into FMAs: the result equals the CPU reference
 // (adam_step_reference) bit for bit.
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/adam_hyper_math.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -97,8 +98,10 @@ struct AdamMixedTable {
   int32_t block_chunk[kMaxMixedBlocks];
 };
 static_assert(sizeof(AdamMixedTable) + sizeof(AdamHyper) <= 4096, "kernel parameters must fit the 4 KB limit");
+static_assert(sizeof(AdamMixedTable) + sizeof(AdamGroupConstants) + 3 * sizeof(void*) <= 4096,
+              "kernel parameters must fit the 4 KB limit");
 
-__global__ void __launch_bounds__(kThreads) adam_mixed_multi_tensor_kernel(AdamMixedTable table, AdamHyper h) {
+__device__ __forceinline__ void adam_mixed_block(const AdamMixedTable& table, const AdamHyper& h) {
   const int t = table.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(table.block_chunk[blockIdx.x]) * kChunkElements;
   const int64_t n = table.numel[t];
@@ -141,6 +144,63 @@ __global__ void __launch_bounds__(kThreads) adam_mixed_multi_tensor_kernel(AdamM
     adam_element(param[i], __bfloat162float(grad[i]), exp_avg[i], exp_avg_sq[i], h);
     model[i] = __float2bfloat16_rn(param[i]);
   }
+}
+
+__global__ void __launch_bounds__(kThreads) adam_mixed_multi_tensor_kernel(AdamMixedTable table, AdamHyper h) {
+  adam_mixed_block(table, h);
+}
+
+// lr and the step count from device memory; every thread folds the
+// constants itself (make_adam_hyper's few double operations: cheaper than a
+// shared-memory broadcast and identical in every thread).
+__global__ void __launch_bounds__(kThreads)
+    adam_mixed_device_kernel(AdamMixedTable table, AdamGroupConstants c, const double* lr, const int64_t* counters,
+                             const int32_t* skip) {
+  if (*skip != 0) return;
+  const AdamHyper h = fold_adam_hyper(*lr, c, counters[0] + 1);
+  adam_mixed_block(table, h);
+}
+
+__global__ void adam_device_step_finish_kernel(int64_t* counters, int32_t* skip) {
+  const bool skipped = *skip != 0;
+  counters[skipped ? 1 : 0] += 1;
+  counters[2] = skipped ? 1 : 0;
+  *skip = 0;
+}
+
+// Packs AdamMixedPtrs into launch tables (a tensor whose chunks span two
+// launches gets an entry in each) and calls launch(table, blocks) per table.
+template <typename Launch>
+void for_each_mixed_table(const AdamMixedPtrs* tensors, int64_t count, const Launch& launch) {
+  AdamMixedTable table;
+  int entries = 0, blocks = 0;
+  auto flush = [&] {
+    if (blocks > 0) launch(table, blocks);
+    entries = 0;
+    blocks = 0;
+  };
+  for (int64_t i = 0; i < count; ++i) {
+    const AdamMixedPtrs& t = tensors[i];
+    if (t.numel == 0) continue;
+    const int64_t chunks = (t.numel + kChunkElements - 1) / kChunkElements;
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (c == 0 || blocks == 0) {
+        if (entries == kMaxTensors) flush();
+        table.param[entries] = t.param;
+        table.grad[entries] = static_cast<const __nv_bfloat16*>(t.grad_bf16);
+        table.exp_avg[entries] = t.exp_avg;
+        table.exp_avg_sq[entries] = t.exp_avg_sq;
+        table.param_bf16[entries] = static_cast<__nv_bfloat16*>(t.param_bf16);
+        table.numel[entries] = t.numel;
+        ++entries;
+      }
+      table.block_tensor[blocks] = entries - 1;
+      table.block_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      if (blocks == kMaxMixedBlocks) flush();
+    }
+  }
+  flush();
 }
 
 struct CheckTable {
@@ -197,37 +257,21 @@ void bf16_nonfinite_check_cuda(const void* const* data, const int64_t* numel, in
 }
 
 void adam_step_mixed_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, void* stream) {
-  AdamMixedTable table;
-  int entries = 0, blocks = 0;
-  auto launch = [&] {
-    if (blocks > 0) {
-      adam_mixed_multi_tensor_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(table, h);
-    }
-    entries = 0;
-    blocks = 0;
-  };
-  for (int64_t i = 0; i < count; ++i) {
-    const AdamMixedPtrs& t = tensors[i];
-    if (t.numel == 0) continue;
-    const int64_t chunks = (t.numel + kChunkElements - 1) / kChunkElements;
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (c == 0 || blocks == 0) {
-        if (entries == kMaxTensors) launch();
-        table.param[entries] = t.param;
-        table.grad[entries] = static_cast<const __nv_bfloat16*>(t.grad_bf16);
-        table.exp_avg[entries] = t.exp_avg;
-        table.exp_avg_sq[entries] = t.exp_avg_sq;
-        table.param_bf16[entries] = static_cast<__nv_bfloat16*>(t.param_bf16);
-        table.numel[entries] = t.numel;
-        ++entries;
-      }
-      table.block_tensor[blocks] = entries - 1;
-      table.block_chunk[blocks] = static_cast<int32_t>(c);
-      ++blocks;
-      if (blocks == kMaxMixedBlocks) launch();
-    }
-  }
-  launch();
+  for_each_mixed_table(tensors, count, [&](const AdamMixedTable& table, int blocks) {
+    adam_mixed_multi_tensor_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(table, h);
+  });
+}
+
+void adam_step_mixed_device_cuda(const AdamMixedPtrs* tensors, int64_t count, const AdamGroupConstants& c,
+                                 const double* lr, const int64_t* counters, const int32_t* skip, void* stream) {
+  for_each_mixed_table(tensors, count, [&](const AdamMixedTable& table, int blocks) {
+    adam_mixed_device_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(table, c, lr, counters,
+                                                                                         skip);
+  });
+}
+
+void adam_device_step_finish_cuda(int64_t* counters, int32_t* skip, void* stream) {
+  adam_device_step_finish_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(counters, skip);
 }
 
 void adam_step_cuda(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, void* stream) {

@@ -26,6 +26,24 @@ void cuda_adam_mixed(const AdamMixedPtrs* tensors, int64_t count, const AdamHype
   adam_step_mixed_cuda(tensors, count, hyper, at::cuda::getCurrentCUDAStream(device_index).stream());
 }
 
+void cuda_adam_mixed_device(const AdamMixedPtrs* tensors, int64_t count, const AdamGroupConstants& c, const double* lr,
+                            const int64_t* counters, const int32_t* skip, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  adam_step_mixed_device_cuda(tensors, count, c, lr, counters, skip,
+                              at::cuda::getCurrentCUDAStream(device_index).stream());
+}
+
+void cuda_adam_device_finish(int64_t* counters, int32_t* skip, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  adam_device_step_finish_cuda(counters, skip, at::cuda::getCurrentCUDAStream(device_index).stream());
+}
+
+void cuda_nonfinite_bf16_into(const void* const* data, const int64_t* numel, int64_t count, int32_t* flag,
+                              int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  bf16_nonfinite_check_cuda(data, numel, count, flag, at::cuda::getCurrentCUDAStream(device_index).stream());
+}
+
 bool cuda_nonfinite_bf16(const void* const* data, const int64_t* numel, int64_t count, int device_index) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   auto flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(at::kCUDA, device_index));
@@ -138,10 +156,75 @@ std::string check_adam_mixed_cuda() {
   return {};
 }
 
+// The device-counted step against the host-constant one, bit for bit, over
+// three steps with three lrs and a skipped step between them: same masters,
+// moments and bf16 copies, counters (steps, skipped, last skipped) = (3, 1, 0)
+// and skip cleared.
+std::string check_adam_mixed_device_cuda() {
+  if (!at::hasCUDA()) return "no CUDA device";
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const std::vector<int64_t> sizes = {1, 5, 1023, 65537, 70 * 65536 + 3};
+  const AdamGroupConstants c{.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  struct Copy {
+    std::vector<at::Tensor> p, m, v, low;
+    std::vector<AdamMixedPtrs> table;
+  };
+  std::vector<at::Tensor> grads;
+  for (int64_t n : sizes) grads.push_back((at::randn({n}, cuda) * 1e-2).to(at::kBFloat16));
+  auto make_copy = [&] {
+    Copy copy;
+    at::manual_seed(11);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      copy.p.push_back(at::randn({sizes[i]}, cuda));
+      copy.m.push_back(at::randn({sizes[i]}, cuda) * 1e-3);
+      copy.v.push_back(at::rand({sizes[i]}, cuda) * 1e-4);
+      copy.low.push_back(at::empty({sizes[i]}, cuda.dtype(at::kBFloat16)));
+      copy.table.push_back({copy.p[i].data_ptr<float>(), grads[i].data_ptr(), copy.m[i].data_ptr<float>(),
+                            copy.v[i].data_ptr<float>(), copy.low[i].data_ptr(), sizes[i]});
+    }
+    return copy;
+  };
+  Copy host = make_copy(), device = make_copy();
+  auto lr = at::empty({1}, cuda.dtype(at::kDouble));
+  auto counters = at::zeros({3}, cuda.dtype(at::kLong));
+  auto skip = at::zeros({1}, cuda.dtype(at::kInt));
+  const auto count = static_cast<int64_t>(sizes.size());
+  int64_t host_step = 0;
+  for (const auto& [step_lr, skipped] : std::vector<std::pair<double, bool>>{{1e-3, false}, {5e-4, true}, {5e-4, false},
+                                                                             {2e-4, false}}) {
+    lr.fill_(step_lr);
+    if (skipped) skip.fill_(1);
+    cuda_adam_mixed_device(device.table.data(), count, c, lr.data_ptr<double>(), counters.data_ptr<int64_t>(),
+                           skip.data_ptr<int32_t>(), 0);
+    cuda_adam_device_finish(counters.data_ptr<int64_t>(), skip.data_ptr<int32_t>(), 0);
+    if (skipped) continue;
+    const AdamHyper h = make_adam_hyper(step_lr, c.beta1, c.beta2, c.eps, c.weight_decay, true, true, ++host_step);
+    cuda_adam_mixed(host.table.data(), count, h, 0);
+  }
+  const auto got = counters.cpu();
+  if (got[0].item<int64_t>() != 3 || got[1].item<int64_t>() != 1 || got[2].item<int64_t>() != 0 ||
+      skip.item<int32_t>() != 0) {
+    return fmt::format("device counters (steps, skipped, last skipped, skip) = ({}, {}, {}, {}), expected (3, 1, 0, 0)",
+                       got[0].item<int64_t>(), got[1].item<int64_t>(), got[2].item<int64_t>(), skip.item<int32_t>());
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!at::equal(host.p[i], device.p[i]) || !at::equal(host.m[i], device.m[i]) ||
+        !at::equal(host.v[i], device.v[i]) || !at::equal(host.low[i], device.low[i])) {
+      return fmt::format("tensor {} ({} elements): the device-counted step differs from the host-constant one", i,
+                         sizes[i]);
+    }
+  }
+  return {};
+}
+
 const bool registered = [] {
   cuda_slots().adam = cuda_adam;
   cuda_slots().adam_mixed = cuda_adam_mixed;
   cuda_slots().nonfinite_bf16 = cuda_nonfinite_bf16;
+  cuda_slots().adam_mixed_device = cuda_adam_mixed_device;
+  cuda_slots().adam_device_finish = cuda_adam_device_finish;
+  cuda_slots().nonfinite_bf16_into = cuda_nonfinite_bf16_into;
+  register_kernel({"adam_mixed_device", "cuda", check_adam_mixed_device_cuda});
   register_kernel({"adam_mixed_bf16", "cuda", check_adam_mixed_cuda});
   cuda_slots().scale_and_check_finite = cuda_scale_and_check;
   register_kernel({"adam", "cuda", check_adam_cuda});

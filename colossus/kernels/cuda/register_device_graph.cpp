@@ -20,18 +20,29 @@ namespace {
 
 class CudaDeviceGraph final : public DeviceGraph {
  public:
-  explicit CudaDeviceGraph(int device_index) : device_(static_cast<c10::DeviceIndex>(device_index)) {}
+  // Capture may not run on the legacy default stream: a side stream of its own.
+  explicit CudaDeviceGraph(int device_index)
+      : device_(static_cast<c10::DeviceIndex>(device_index)),
+        side_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {}
 
   void capture(const std::function<void()>& body) override {
     c10::cuda::CUDAGuard device_guard(device_);
     c10::cuda::device_synchronize();
-    // Capture may not run on the legacy default stream.
-    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_);
     {
-      c10::cuda::CUDAStreamGuard stream_guard(side);
+      c10::cuda::CUDAStreamGuard stream_guard(side_);
       graph_.capture_begin();
       body();
       graph_.capture_end();
+    }
+    c10::cuda::device_synchronize();
+  }
+
+  void run_on_capture_stream(const std::function<void()>& body) override {
+    c10::cuda::CUDAGuard device_guard(device_);
+    c10::cuda::device_synchronize();
+    {
+      c10::cuda::CUDAStreamGuard stream_guard(side_);
+      body();
     }
     c10::cuda::device_synchronize();
   }
@@ -43,6 +54,7 @@ class CudaDeviceGraph final : public DeviceGraph {
 
  private:
   c10::DeviceIndex device_;
+  c10::cuda::CUDAStream side_;
   at::cuda::CUDAGraph graph_;
 };
 
