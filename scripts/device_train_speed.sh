@@ -5,7 +5,10 @@
 # reference) and the CUDA tests (they must pass, not skip), then trains each
 # workload with Colossus, HF eager and HF torch.compile in the same call
 # (bench_train_gpt2: same init, batches, dtype and optimizer) and prints one
-# summary table last. Logs and each workload's JSON go to $OUT.
+# summary table last. Logs and each workload's JSON go to $OUT. Before the
+# benchmarks, `colossus train` runs gpt2-124m 40 steps with and without
+# train.cuda_graph and compares the two loss curves (the product path of the
+# captured step).
 # Needs .devdeps carried (scripts/pack_device_deps.sh). COLOSSUS_COMMIT labels rows.
 # Usage (device): bash scripts/device_train_speed.sh [model:batch:seq ...]
 #   default: gpt2-124m:16:1024 gpt2-124m:32:1024 llama-1b-like:8:2048
@@ -37,12 +40,40 @@ build-gpu/bin/colossus check > "$out/check.txt" 2>&1 || check_rc=$?
 grep -E "FAIL|cross_entropy|adam|rms_norm|layer_norm|rope|swiglu|moe_permute" "$out/check.txt"
 stamp "CUDA tests"
 test_rc=0
-for spec in "models_test:LinearCrossEntropy.Cuda*:FusedLayers.Cuda*" "amp_test:MixedPrecision.FusedCuda*" "moe_test:MoeDispatchCuda.*"; do
+for spec in "models_test:LinearCrossEntropy.Cuda*:FusedLayers.Cuda*" "amp_test:MixedPrecision.FusedCuda*:GraphedTrainStep.*" "moe_test:MoeDispatchCuda.*"; do
   bin=build-gpu/bin/${spec%%:*}
   "$bin" --gtest_color=no --gtest_filter="${spec#*:}" > "$out/${spec%%:*}.log" 2>&1 || test_rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rel_norm|Expected" "$out/${spec%%:*}.log" | head -20
   grep -q "SKIPPED" "$out/${spec%%:*}.log" && { echo "${spec}: skipped on the GPU"; test_rc=1; }
 done
+
+stamp "colossus train: eager step vs train.cuda_graph"
+for graph in false true; do
+  build-gpu/bin/colossus train examples/configs/gpt2_demo.toml --model.config.n_embd=768 --model.config.n_layer=12 \
+    --model.config.n_head=12 --model.config.n_positions=1024 --data.seq_len=1024 --data.batch_size=16 \
+    --data.builtin_bytes=4000000 --booster.mixed_precision=bf16 --booster.max_norm=0 --optimizer.name=hybrid_adam \
+    --optimizer.lr=6e-4 --lr_scheduler.warmup_steps=10 --lr_scheduler.total_steps=40 --train.steps=40 \
+    --train.log_every=10 --train.eval_every=0 --train.save_every=0 --train.sample_tokens=0 --train.tensorboard=false \
+    --train.cuda_graph=$graph --train.output_dir=/tmp/train_graph_$graph > "/tmp/train_graph_$graph.log" 2>&1
+  echo "train.cuda_graph=$graph: exit $?"
+  tail -2 "/tmp/train_graph_$graph.log"
+done
+python3 - /tmp/train_graph_false/metrics.jsonl /tmp/train_graph_true/metrics.jsonl <<'PY' | tee "$out/train_graph.md"
+import json, sys
+def rows(p):
+    return {r["step"]: r for r in map(json.loads, open(p)) if r.get("loss") is not None}
+try:
+    a, b = rows(sys.argv[1]), rows(sys.argv[2])
+except OSError as e:
+    print(f"train.cuda_graph comparison: missing metrics ({e})"); sys.exit(0)
+print("| step | loss, eager step | loss, CUDA graph | rel diff | tok/s eager | tok/s graph |")
+print("|---|---|---|---|---|---|")
+worst = 0.0
+for s in sorted(set(a) & set(b)):
+    rel = abs(a[s]["loss"] - b[s]["loss"]) / abs(a[s]["loss"]); worst = max(worst, rel)
+    print(f"| {s} | {a[s]['loss']:.5f} | {b[s]['loss']:.5f} | {rel:.1e} | {a[s].get('tokens_per_s', 0):.0f} | {b[s].get('tokens_per_s', 0):.0f} |")
+print(f"train.cuda_graph loss curve vs eager: max rel diff {worst:.2e}: {'PASS' if worst <= 1e-2 else 'FAIL'} (<= 1e-2)")
+PY
 
 commit_flag=()
 summary=()

@@ -293,3 +293,19 @@ TEST(Trainer, PipelineParallelTrainsTheTpCurveAndResumes) {
   ASSERT_EQ(resumed.size(), full.size());
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << "step " << i + 1;
 }
+
+// train.cuda_graph needs one GPU with bf16 mixed precision: elsewhere (these
+// CPU ranks) the run stops before its first step with the reason and the way
+// out. The captured step itself is tested in tests/amp (GraphedTrainStep) and
+// on the GPU by scripts/device_train_speed.sh.
+TEST(Trainer, CudaGraphOffTheGpuIsAConfigError) {
+  auto dir = job_dir("cuda_graph");
+  try {
+    apps::train(tiny_config(dir, {"train.cuda_graph=true", "train.grad_accum=1", "train.steps=2"}));
+    FAIL() << "train.cuda_graph on the CPU must be refused";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("device cpu"), std::string::npos) << what;
+    EXPECT_NE(what.find("train.cuda_graph = false"), std::string::npos) << what;
+  }
+}

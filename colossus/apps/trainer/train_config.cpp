@@ -367,6 +367,7 @@ TrainConfig from_table(const toml::table& root) {
     s.get("save_every", t.save_every);
     s.get("keep_last", t.keep_last);
     s.get("async_save", t.async_save);
+    s.get("cuda_graph", t.cuda_graph);
     s.get("size_per_shard_mb", t.size_per_shard_mb);
     s.get("tensorboard", t.tensorboard);
     s.get("backend", t.backend);

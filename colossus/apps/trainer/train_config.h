@@ -90,6 +90,10 @@ struct TrainSection {
   int64_t save_every = 0;     // 0: only the final checkpoint
   int64_t keep_last = 2;      // older step checkpoints are removed; 0 keeps all
   bool async_save = false;
+  // Capture the whole step (forward, backward, optimizer) in a CUDA graph
+  // after 3 eager steps and replay it (amp::GraphedTrainStep): one GPU, bf16
+  // without clipping, ddp plugin, grad_accum 1.
+  bool cuda_graph = false;
   int64_t size_per_shard_mb = 1024;
   bool tensorboard = true;
   std::string backend = "auto";  // auto | nccl | mpi

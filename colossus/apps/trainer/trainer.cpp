@@ -1,5 +1,7 @@
 #include "colossus/apps/trainer/trainer.h"
 
+#include "colossus/amp/graphed_train_step.h"
+
 #include "colossus/apps/trainer/checkpoint_dirs.h"
 #include "colossus/apps/trainer/components.h"
 #include "colossus/apps/trainer/run_reporter.h"
@@ -25,6 +27,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace colossus::apps {
 
@@ -82,6 +85,9 @@ class Trainer {
   // Continues train.sample_prompt with the trained model (rank 0 only).
   void print_sample();
   void publish_pending_checkpoint();
+  // train.cuda_graph: the captured step, or nothing when it is off; a
+  // ConfigError when the run cannot have one.
+  std::optional<amp::GraphedTrainStep> make_graphed_step();
   int64_t global_batch_tokens() const {
     return config_.data.batch_size * config_.data.seq_len * config_.train.grad_accum * dp_size_;
   }
@@ -288,6 +294,24 @@ void Trainer::print_sample() {
                        tokenizer_->decode(text_ids, true)));
 }
 
+std::optional<amp::GraphedTrainStep> Trainer::make_graphed_step() {
+  if (!config_.train.cuda_graph) return std::nullopt;
+  auto* mixed = dynamic_cast<amp::MixedPrecisionOptimizer*>(boosted_.optimizer.get());
+  if (!device_.is_cuda() || world_->size() != 1 || pipeline_ || config_.train.grad_accum != 1 || mixed == nullptr) {
+    throw ConfigError(fmt::format(
+        "train.cuda_graph = true captures one process's whole step on a GPU; this run has device {}, {} rank(s), "
+        "grad_accum {}, plugin '{}' with {}; use one GPU, grad_accum = 1, the ddp plugin and booster.mixed_precision "
+        "= \"bf16\" (or set train.cuda_graph = false)",
+        device_.str(), world_->size(), config_.train.grad_accum, config_.plugin.name,
+        mixed != nullptr ? "mixed precision" : "no mixed-precision optimizer"));
+  }
+  // At world size 1 the DDP wrapper has nothing to reduce: the plain model's
+  // loss keeps its hooks out of the captured step.
+  models::CausalLM& plain = boosted_.model->unwrap();
+  return std::make_optional<amp::GraphedTrainStep>(
+      [&plain](const at::Tensor& ids) { return plain.forward_loss(ids, ids); }, *mixed);
+}
+
 TrainResult Trainer::run() {
   StopSignalScope signals;
   build();
@@ -304,9 +328,13 @@ TrainResult Trainer::run() {
   int64_t steps_since_log = 0;
   auto last_log_time = std::chrono::steady_clock::now();
   int64_t last_saved = -1;
+  std::optional<amp::GraphedTrainStep> graphed = make_graphed_step();
 
   while (state_.step < config_.train.steps) {
-    if (pipeline_) {
+    if (graphed) {
+      // The whole step replays from one graph (optimizer step and zeroing included).
+      loss_since_log += graphed->step(loader.next()).to(at::kDouble);
+    } else if (pipeline_) {
       // The grad_accum loader batches as one pipeline batch; its loss is the
       // mean over microbatches, as the accumulated loss below.
       std::vector<at::Tensor> batches;
@@ -327,9 +355,11 @@ TrainResult Trainer::run() {
         loss_since_log += loss.detach().to(at::kDouble);
       }
     }
-    optimizer.step();
+    if (!graphed) {
+      optimizer.step();
+      optimizer.zero_grad();
+    }
     scheduler.step();
-    optimizer.zero_grad();
     ++state_.step;
     ++steps_since_log;
     state_.tokens_seen += global_batch_tokens();
