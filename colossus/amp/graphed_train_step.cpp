@@ -62,7 +62,14 @@ at::Tensor GraphedTrainStep::step(const at::Tensor& batch) {
     optimizer_.zero_grad(/*set_to_none=*/true);
     return loss;
   }
-  graph_->capture([&] { loss_ = eager_step(); });
+  try {
+    graph_->capture([&] { loss_ = eager_step(); });
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("GraphedTrainStep: the training step could not be captured in a CUDA graph ({}); "
+                                  "a captured step may not synchronise with the host or copy from pageable host "
+                                  "memory. Turn cuda_graph off for this model",
+                                  e.what()));
+  }
   captured_ = true;
   graph_->replay();  // capture records the step; this runs it
   return loss_.clone();

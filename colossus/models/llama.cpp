@@ -199,8 +199,26 @@ at::Tensor LlamaForCausalLM::embed(const at::Tensor& input_ids) {
 }
 
 BlockContext LlamaForCausalLM::block_context(const at::Tensor& hidden) const {
-  auto [cos, sin] = rope_cos_sin(rope_, hidden.size(1), hidden.options());
-  return BlockContext{.rope_cos = cos, .rope_sin = sin};
+  const int64_t seq_len = hidden.size(1);
+  if (rope_.scaling.rope_type == "dynamic" && seq_len > rope_.max_position_embeddings) {
+    auto [cos, sin] = rope_cos_sin(rope_, seq_len, hidden.options());
+    return BlockContext{.rope_cos = cos, .rope_sin = sin};
+  }
+  // The first rows of the cached table: the same values, and no host work in
+  // the step (a CUDA-graph capture may not copy the CPU-computed frequencies).
+  ensure_rope_table(hidden, seq_len);
+  return BlockContext{.rope_cos = rope_cos_table_.narrow(0, 0, seq_len),
+                      .rope_sin = rope_sin_table_.narrow(0, 0, seq_len)};
+}
+
+void LlamaForCausalLM::ensure_rope_table(const at::Tensor& hidden, int64_t position_limit) const {
+  const bool reusable = rope_cos_table_.defined() && rope_cos_table_.device() == hidden.device() &&
+                        rope_cos_table_.scalar_type() == hidden.scalar_type() && rope_cos_table_.size(0) >= position_limit;
+  if (reusable) return;
+  int64_t rows = std::max<int64_t>(rope_cos_table_.defined() ? rope_cos_table_.size(0) : 0, 256);
+  while (rows < position_limit) rows *= 2;
+  if (rope_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, rope_.max_position_embeddings));
+  std::tie(rope_cos_table_, rope_sin_table_) = rope_cos_sin(rope_, rows, hidden.options());
 }
 
 at::Tensor LlamaForCausalLM::embed_at(const at::Tensor& input_ids, const at::Tensor& /*positions: RoPE adds them*/,
@@ -216,14 +234,7 @@ BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const 
     auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
     return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
   }
-  const bool reusable = rope_cos_table_.defined() && rope_cos_table_.device() == hidden.device() &&
-                        rope_cos_table_.scalar_type() == hidden.scalar_type() && rope_cos_table_.size(0) >= position_limit;
-  if (!reusable) {
-    int64_t rows = std::max<int64_t>(rope_cos_table_.defined() ? rope_cos_table_.size(0) : 0, 256);
-    while (rows < position_limit) rows *= 2;
-    if (rope_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, rope_.max_position_embeddings));
-    std::tie(rope_cos_table_, rope_sin_table_) = rope_cos_sin(rope_, rows, hidden.options());
-  }
+  ensure_rope_table(hidden, position_limit);
   BlockContext context{.rope_cos = rope_cos_table_.index_select(0, positions),
                        .rope_sin = rope_sin_table_.index_select(0, positions)};
   if (!at::GradMode::is_enabled()) context.rope_sin_signed = signed_rope_sin(context.rope_sin);

@@ -88,11 +88,12 @@ class LlamaForCausalLM : public CausalLM {
  private:
   RopeSpec rope_;
   std::shared_ptr<Backbone> model_;
-  // block_context_at's cos/sin for positions [0, rows), on one device and
-  // dtype, grown by doubling. Rows do not depend on the table's length
-  // (except dynamic NTK past max_position_embeddings, computed fresh), so a
-  // step only selects its positions: no host-to-device copy, which also lets
-  // CUDA graphs capture it.
+  // block_context's and block_context_at's cos/sin for positions [0, rows),
+  // on one device and dtype, grown by doubling. Rows do not depend on the
+  // table's length (except dynamic NTK past max_position_embeddings, computed
+  // fresh), so a step only takes its rows: no host-to-device copy, which also
+  // lets CUDA graphs capture it.
+  void ensure_rope_table(const at::Tensor& hidden, int64_t position_limit) const;
   mutable at::Tensor rope_cos_table_, rope_sin_table_;
 };
 

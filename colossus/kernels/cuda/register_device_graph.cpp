@@ -31,7 +31,18 @@ class CudaDeviceGraph final : public DeviceGraph {
     {
       c10::cuda::CUDAStreamGuard stream_guard(side_);
       graph_.capture_begin();
-      body();
+      try {
+        body();
+      } catch (...) {
+        // End the broken capture so the stream and the allocator return to
+        // normal work; the body's error is the one worth reporting.
+        try {
+          graph_.capture_end();
+        } catch (...) {
+        }
+        graph_.reset();
+        throw;
+      }
       graph_.capture_end();
     }
     c10::cuda::device_synchronize();
