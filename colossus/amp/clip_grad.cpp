@@ -13,21 +13,35 @@ namespace {
 
 // torch's clip_grad_norm_: per-tensor norms, then the norm of those norms.
 // Returned as a one-element fp32 tensor (undefined when there is nothing).
-at::Tensor total_norm_tensor(const std::vector<at::Tensor>& grads, double norm_type, const NormReducer& reduce) {
+at::Tensor total_norm_tensor(const std::vector<at::Tensor>& grads, double norm_type, const NormReducer& reduce,
+                             const std::vector<double>& weights) {
   if (!(norm_type > 0.0)) {
     throw ConfigError(fmt::format("clip_grad_norm: norm_type={} is invalid; use 2 or infinity", norm_type));
   }
+  if (!weights.empty() && weights.size() != grads.size()) {
+    throw ConfigError(fmt::format("clip_grad_norm: {} weights for {} gradients", weights.size(), grads.size()));
+  }
   std::vector<at::Tensor> norms;
+  std::vector<double> kept_weights;
   c10::optional<at::Device> device;
-  for (const at::Tensor& g : grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = grads[i];
     if (!g.defined()) continue;
     if (!device) device = g.device();
     at::Tensor n = at::linalg_vector_norm(g, norm_type);
     if (n.scalar_type() != at::kFloat && n.scalar_type() != at::kDouble) n = n.to(at::kFloat);
     norms.push_back(n.to(*device));
+    if (!weights.empty()) kept_weights.push_back(weights[i]);
   }
   if (norms.empty()) return {};
-  at::Tensor total = at::linalg_vector_norm(at::stack(norms), norm_type);
+  at::Tensor stacked = at::stack(norms);
+  at::Tensor total;
+  if (kept_weights.empty() || std::isinf(norm_type)) {
+    total = at::linalg_vector_norm(stacked, norm_type);
+  } else {
+    at::Tensor w = at::tensor(kept_weights, at::TensorOptions().dtype(at::kDouble)).to(stacked.options());
+    total = (stacked.pow(norm_type) * w).sum().pow(1.0 / norm_type);
+  }
   if (reduce) {
     if (std::isinf(norm_type)) {
       total = reduce(total, norm_type);
@@ -40,19 +54,20 @@ at::Tensor total_norm_tensor(const std::vector<at::Tensor>& grads, double norm_t
 
 }  // namespace
 
-double grad_norm(const std::vector<at::Tensor>& grads, double norm_type, const NormReducer& reduce) {
+double grad_norm(const std::vector<at::Tensor>& grads, double norm_type, const NormReducer& reduce,
+                 const std::vector<double>& weights) {
   at::NoGradGuard no_grad;
-  at::Tensor total = total_norm_tensor(grads, norm_type, reduce);
+  at::Tensor total = total_norm_tensor(grads, norm_type, reduce, weights);
   return total.defined() ? total.item<double>() : 0.0;
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm_type,
-                      const NormReducer& reduce) {
+                      const NormReducer& reduce, const std::vector<double>& weights) {
   if (!(max_norm >= 0.0)) {
     throw ConfigError(fmt::format("clip_grad_norm: max_norm={} is invalid; use a value >= 0, e.g. 1.0", max_norm));
   }
   at::NoGradGuard no_grad;
-  at::Tensor total = total_norm_tensor(grads, norm_type, reduce);
+  at::Tensor total = total_norm_tensor(grads, norm_type, reduce, weights);
   if (!total.defined()) return 0.0;
   // As torch: the coefficient is applied even when it is 1 (a no-op), and a
   // non-finite norm makes the grads non-finite rather than raising. Python's

@@ -24,10 +24,15 @@ constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 // norm_type: any p > 0, or kInfNorm. Undefined tensors are skipped; with none
 // left the norm is 0. Without `reduce` the local norm is the total. Throws
 // ConfigError on max_norm < 0 or norm_type <= 0.
+// weights (empty: 1 each; else one per entry of grads): for finite p the
+// local term is sum_i weights[i] * ||g_i||_p^p, so a tensor that r ranks of
+// the reduction hold identically counts once with weight 1/r (the max of
+// p = inf needs no weighting).
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm, double norm_type = 2.0,
-                      const NormReducer& reduce = {});
+                      const NormReducer& reduce = {}, const std::vector<double>& weights = {});
 
-// The total norm alone (same definition and hook), nothing scaled.
-double grad_norm(const std::vector<at::Tensor>& grads, double norm_type = 2.0, const NormReducer& reduce = {});
+// The total norm alone (same definition, hook and weights), nothing scaled.
+double grad_norm(const std::vector<at::Tensor>& grads, double norm_type = 2.0, const NormReducer& reduce = {},
+                 const std::vector<double>& weights = {});
 
 }  // namespace colossus::amp

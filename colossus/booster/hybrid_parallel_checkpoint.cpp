@@ -18,6 +18,7 @@
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
@@ -141,6 +142,8 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
                                           fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
       }
       if (hybrid.mixed_optimizer != nullptr) refresh_masters(*hybrid.mixed_optimizer);
+      // ZeRO's fp32 masters are its own (bf16/fp16: not the parameters' chunks).
+      if (hybrid.zero_optimizer != nullptr) hybrid.zero_optimizer->refresh_masters_from_params();
     } catch (...) {
       error = std::current_exception();
     }
@@ -367,7 +370,15 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     for (const auto& group : optimizer.param_groups()) {
       for (const auto& p : group.params) {
         auto it = by_impl.find(p.unsafeGetTensorImpl());
-        names.emplace_back(it == by_impl.end() ? std::string() : it->second, p.sizes().vec());
+        const std::string name = it == by_impl.end() ? std::string() : it->second;
+        names.emplace_back(name, p.sizes().vec());
+        // Pipeline: another stage's parameter is empty here, but its state
+        // arrives from its owner (merge_over_pp) with the local (tp) shape,
+        // which the tp gather must recognise.
+        if (hybrid.pipeline() != nullptr) {
+          const auto placement = hybrid.pipeline()->placements().find(name);
+          if (placement != hybrid.pipeline()->placements().end()) names.back().second = placement->second.local_shape;
+        }
       }
     }
     return names;

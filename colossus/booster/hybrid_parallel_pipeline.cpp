@@ -98,22 +98,13 @@ void validate_pipeline_options(const HybridParallelPluginOptions& o) {
                     "num_microbatches = {} with pp_size = {}; use {}",
                     o.num_microbatches, o.pp_size, (o.num_microbatches / o.pp_size + 1) * o.pp_size));
   }
-  if (o.zero_stage != 0) {
-    if (o.zero_stage != 1) {
-      throw ConfigError(
-          fmt::format("hybrid_parallel.zero_stage = {} with pp_size = {}: only "
-                      "ZeRO-1 composes with the pipeline; use zero_stage "
-                      "= 1 or 0",
-                      o.zero_stage, o.pp_size));
-    }
-    if (o.tp_size != 1 || o.precision != "fp32" || o.max_norm > 0.0) {
-      throw ConfigError(
-          fmt::format("hybrid_parallel.zero_stage = 1 with pp_size = {} supports tp_size = "
-                      "1, precision fp32, max_norm = 0 so far "
-                      "(got tp_size = {}, precision {}, max_norm = {}); use zero_stage = 0 "
-                      "for those",
-                      o.pp_size, o.tp_size, o.precision, o.max_norm));
-    }
+  if (o.zero_stage == 2) {
+    // As Colossal-AI: the schedule accumulates every microbatch's gradient in
+    // param.grad, which ZeRO-2 would free after each backward.
+    throw ConfigError(
+        fmt::format("hybrid_parallel.zero_stage = 2 with pp_size = {}: ZeRO-2 does not compose with the pipeline "
+                    "(its microbatches accumulate whole gradients); use zero_stage = 1",
+                    o.pp_size));
   }
   // Every sequence-parallel mode composes with the pipeline: ring_attn /
   // all_to_all over their own sp axis, split_gather / ring over the tp group
@@ -139,27 +130,11 @@ HybridPipelineOptions pipeline_options_of(const HybridParallelPluginOptions& o) 
                                .num_layers_per_stage = o.num_layers_per_stage};
 }
 
-std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelModel& model,
-                                                               std::unique_ptr<optim::Optimizer> optimizer,
-                                                               cluster::ProcessGroupPtr dp_group,
-                                                               cluster::ProcessGroupPtr sp_group) {
-  if (model.pipeline() == nullptr) throw ConfigError("hybrid_parallel: zero_stage = 1 here needs pp_size > 1");
-  zero::NamedParams params;
-  for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
-    params.emplace_back(item.key(), item.value());
-  auto zero_optimizer = std::make_unique<zero::LowLevelZeroOptimizer>(
-      std::move(optimizer), std::move(params), std::move(dp_group), std::move(sp_group),
-      zero::LowLevelZeroOptions{.stage = 1, .precision = "fp32"});
-  zero_optimizer->set_grad_sync(false);  // reduced once per schedule
-  model.pipeline()->set_zero_optimizer(zero_optimizer.get());
-  return zero_optimizer;
-}
-
 void HybridParallelModel::attach_pipeline(std::unique_ptr<HybridPipeline> pipeline) {
   pipeline_ = std::move(pipeline);
   // Gradients are synchronised once after the schedule, not from backward
   // hooks.
-  reducer_->set_sync_enabled(false);
+  if (reducer_) reducer_->set_sync_enabled(false);
   if (partial_reducer_) partial_reducer_->set_sync_enabled(false);
 }
 
@@ -183,7 +158,7 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
         "= 1; use forward + loss + booster.backward, or "
         "pp_size > 1");
   }
-  reducer_->set_sync_enabled(false);  // a no_sync guard may have turned it back on
+  if (reducer_) reducer_->set_sync_enabled(false);  // a no_sync guard may have turned it back on
   if (partial_reducer_) partial_reducer_->set_sync_enabled(false);
   PipelineCriterion loss_fn = criterion;
   if (!loss_fn) {
@@ -421,6 +396,7 @@ void HybridPipeline::sync_gradients() {
     weight.mutable_grad().add_(theirs);
   }
   if (zero_) {
+    // Its shard groups also sum split_gather's tp-replicated gradients over tp.
     zero_->set_grad_sync(false);
     zero_->reduce_accumulated_grads();
     return;

@@ -42,18 +42,6 @@ struct HybridPipelineOptions {
 
 HybridPipelineOptions pipeline_options_of(const HybridParallelPluginOptions& options);
 
-class HybridParallelModel;
-// zero_stage = 1 with a pipeline (dp x pp, fp32): `optimizer` inside a
-// LowLevelZeroOptimizer over dp holding the whole model (other stages'
-// parameters are empty); the pipeline reduce-scatters its accumulated
-// gradients once after each schedule instead of all-reducing them.
-// sp_group (ring_attn / all_to_all; may be null): the sequence shards hold
-// the same dp shard of the state, their gradients averaged over it too.
-std::unique_ptr<optim::Optimizer> wrap_pipeline_zero_optimizer(HybridParallelModel& model,
-                                                               std::unique_ptr<optim::Optimizer> optimizer,
-                                                               cluster::ProcessGroupPtr dp_group,
-                                                               cluster::ProcessGroupPtr sp_group = nullptr);
-
 // Averages `grads` (each rank's list in the same order) over `group` in place,
 // in flat buckets of one dtype: the pipeline's gradient sync after a schedule.
 void average_gradients(const std::vector<at::Tensor>& grads, cluster::ProcessGroup& group);
@@ -103,8 +91,8 @@ class HybridPipeline {
   // measurements).
   const std::vector<parallel::pipeline::TimedAction>& last_timeline() const { return last_timeline_; }
   int64_t microbatches_for(int64_t batch_rows) const;
-  // ZeRO-1 over dp: gradients are reduce-scattered into its shards after each
-  // schedule.
+  // ZeRO-1 over dp: gradients are reduce-scattered into its shards once after
+  // each schedule (its hooks stay off: microbatch backwards interleave).
   void set_zero_optimizer(zero::LowLevelZeroOptimizer* zero) { zero_ = zero; }
   // split_gather / ring: these tp-replicated parameters see only this tp
   // rank's tokens, so after the dp average their gradients are summed over

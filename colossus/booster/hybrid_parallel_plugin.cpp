@@ -8,6 +8,7 @@
 #include "colossus/models/activation_checkpoint.h"
 #include "colossus/parallel/tensor/comm.h"
 #include "colossus/parallel/tensor/layers.h"
+#include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
@@ -78,11 +79,11 @@ void HybridParallelPluginOptions::validate() const {
                       inner_ring_size, sp_size, sp_size));
     }
   }
-  if (zero_stage != 0 && pp_size == 1) {
-    throw ConfigError(
-        fmt::format("hybrid_parallel.zero_stage = {}: ZeRO with tensor parallelism has not landed yet; "
-                    "use zero_stage = 0 (or the low_level_zero plugin without tp)",
-                    zero_stage));
+  if (zero_stage < 0 || zero_stage > 2) {
+    throw ConfigError(fmt::format(
+        "hybrid_parallel.zero_stage = {} is unknown; use 0 (all-reduce), 1 (optimizer state sharded over dp) or 2 "
+        "(gradients too, without a pipeline)",
+        zero_stage));
   }
   if (precision != "fp32" && precision != "bf16" && precision != "fp16") {
     throw ConfigError(fmt::format("hybrid_parallel.precision = '{}' is unknown; use fp32, bf16 or fp16", precision));
@@ -132,6 +133,19 @@ HybridParallelModel::HybridParallelModel(std::shared_ptr<models::CausalLM> model
         std::move(replicated), std::move(partial_grad_group),
         GradReducerOptions{.bucket_cap_mb = bucket_cap_mb, .sum_scale = 1.0 / dp});
   }
+}
+
+void HybridParallelModel::set_grad_sync(bool enabled) {
+  // Under a pipeline the schedule reduces once per step (execute_pipeline
+  // turns these back off), with or without ZeRO.
+  if (zero_optimizer != nullptr && !pipeline_) zero_optimizer->set_grad_sync(enabled);
+  if (reducer_) reducer_->set_sync_enabled(enabled);
+  if (partial_reducer_) partial_reducer_->set_sync_enabled(enabled);
+}
+
+void HybridParallelModel::release_grad_reducers() {
+  reducer_.reset();
+  partial_reducer_.reset();
 }
 
 at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input_ids) {
@@ -321,10 +335,7 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
   auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
   if (hybrid == nullptr)
     throw ConfigError("HybridParallelPlugin::wrap_optimizer: the model was not wrapped by this plugin");
-  // ZeRO-1 shards over dp; sequence shards (sp axis) replicate the shard.
-  if (options_.zero_stage == 1)
-    return wrap_pipeline_zero_optimizer(*hybrid, std::move(optimizer), dp_group(),
-                                        options_.sp_axis_size() > 1 ? mesh_->group("sp") : nullptr);
+  if (options_.zero_stage > 0) return wrap_zero_optimizer(*hybrid, std::move(optimizer));
   // Each optimizer parameter's replica count over tp, in the optimizer's flat order.
   std::unordered_map<const c10::TensorImpl*, std::pair<std::string, size_t>> by_impl;
   size_t index = 0;
@@ -339,9 +350,7 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
       if (it == by_impl.end()) {
         throw ConfigError("HybridParallelPlugin: the optimizer holds a tensor that is not a parameter of the model");
       }
-      // A tied embedding held by the first and the last pipeline stage counts once.
-      const bool tied_twice = hybrid->pipeline() && it->second.first == hybrid->pipeline()->tied_name();
-      replicas.push_back(hybrid->sharded().replicas(it->second.first) * (tied_twice ? 2 : 1));
+      replicas.push_back(norm_replicas(*hybrid, it->second.first));
       if (!fp32_originals_.empty()) originals.push_back(fp32_originals_[it->second.second]);
     }
   }
@@ -356,6 +365,12 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
   fp32_originals_.clear();
   if (wrapped.mixed) hybrid->mixed_optimizer = wrapped.mixed;
   return std::move(wrapped.optimizer);
+}
+
+int64_t HybridParallelPlugin::norm_replicas(const HybridParallelModel& model, const std::string& name) const {
+  // A tied embedding held by the first and the last pipeline stage counts once.
+  const bool tied_twice = model.pipeline() && name == model.pipeline()->tied_name();
+  return model.sharded().replicas(name) * (tied_twice ? 2 : 1);
 }
 
 PluginCheckpointIO* HybridParallelPlugin::checkpoint_io() {

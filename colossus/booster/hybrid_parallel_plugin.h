@@ -10,10 +10,11 @@
 // Pipeline parallelism (pp_size > 1: 1f1b, interleaved, zero_bubble) splits
 // the blocks over a pp axis and trains through booster.execute_pipeline
 // (hybrid_parallel_pipeline.h; under a NoGradGuard it runs forwards only, for
-// evaluation); ZeRO-1 composes with it (dp x pp (x sp), fp32, checkpoints included),
-// and so does every sequence-parallel mode (ring_attn / all_to_all on a mesh
-// (dp, pp, sp, tp), split_gather / ring over tp); other ZeRO stages are refused
-// until they land.
+// evaluation); every sequence-parallel mode composes with it (ring_attn /
+// all_to_all on a mesh (dp, pp, sp, tp), split_gather / ring over tp).
+// ZeRO-1 (zero_stage = 1) composes with all of these: the optimizer state and
+// fp32 masters are sharded over dp (hybrid_parallel_zero.cpp); ZeRO-2 only
+// without a pipeline (as Colossal-AI).
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
@@ -30,6 +31,9 @@
 
 namespace colossus::amp {
 class MixedPrecisionOptimizer;
+}
+namespace colossus::zero {
+class LowLevelZeroOptimizer;
 }
 
 namespace colossus::booster {
@@ -73,7 +77,9 @@ struct HybridParallelPluginOptions {
   // ring_attn: two-level rings, inner rings of this many consecutive sp ranks
   // (a node) and an outer ring between them. 0 = one ring over all sp ranks.
   int inner_ring_size = 0;
-  int zero_stage = 0;                        // only 0 for now
+  // 1: optimizer state and fp32 masters sharded over dp (any tp, pp, sp);
+  // 2: gradients too, without a pipeline only.
+  int zero_stage = 0;
   std::string precision = "fp32";            // fp32 | bf16 | fp16 (fp32 masters, loss scaling)
   double max_norm = 0.0;                     // > 0: clip to this global norm (counted once per element)
   double norm_type = 2.0;                    // 2 or infinity
@@ -120,10 +126,12 @@ class HybridParallelModel : public ModelWrapper {
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
                   std::optional<int64_t> num_items = std::nullopt) override;
   models::CausalLM& unwrap() override { return *model_; }
-  void set_grad_sync(bool enabled) override {
-    reducer_->set_sync_enabled(enabled);
-    if (partial_reducer_) partial_reducer_->set_sync_enabled(enabled);
-  }
+  // Without ZeRO the dp reducers follow it; with ZeRO (no pipeline) the zero
+  // optimizer's reduce-scatter does.
+  void set_grad_sync(bool enabled) override;
+  // ZeRO reduces the gradients itself: the dp reducers go (their hooks with
+  // them, before the zero optimizer installs its own).
+  void release_grad_reducers();
   const parallel::plan::ShardedModel& sharded() const { return sharded_; }
   // Pipeline parallelism (hybrid_parallel_pipeline.cpp): this rank's stages,
   // set by the plugin with pp_size > 1 (forward() is refused then); null without.
@@ -135,6 +143,8 @@ class HybridParallelModel : public ModelWrapper {
   // Set by the plugin when it wraps the optimizer with fp32 masters, so that a
   // model load can move them (the optimizer outlives the loads done with it).
   amp::MixedPrecisionOptimizer* mixed_optimizer = nullptr;
+  // Set with zero_stage > 0: a model load refreshes its masters.
+  zero::LowLevelZeroOptimizer* zero_optimizer = nullptr;
 
  private:
   std::shared_ptr<models::CausalLM> model_;
@@ -187,6 +197,14 @@ class HybridParallelPlugin : public Plugin {
   PluginCheckpointIO* checkpoint_io() override;
 
  private:
+  // How many ranks of norm_group() hold each element of a parameter: its tp
+  // replicas, twice for a tied embedding held by the first and last stage.
+  int64_t norm_replicas(const HybridParallelModel& model, const std::string& name) const;
+  // zero_stage > 0 (hybrid_parallel_zero.cpp): `optimizer` inside a
+  // LowLevelZeroOptimizer over dp.
+  std::unique_ptr<optim::Optimizer> wrap_zero_optimizer(HybridParallelModel& model,
+                                                        std::unique_ptr<optim::Optimizer> optimizer);
+
   HybridParallelPluginOptions options_;
   std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
   std::vector<at::Tensor> fp32_originals_;  // between wrap_model and wrap_optimizer (bf16/fp16)

@@ -1,6 +1,7 @@
 #include "tests/booster/booster_testing.h"
 
 #include "colossus/amp/clip_grad.h"
+#include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/adam.h"
 #include "colossus/optim/lr_scheduler.h"
@@ -77,6 +78,39 @@ std::vector<double> reference_losses(const models::ModelConfig& config, int64_t 
       at::NoGradGuard no_grad;
       amp::clip_grad_norm(grads, max_norm);
     }
+    optimizer->step();
+    scheduler->step();
+    optimizer->zero_grad();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
+std::vector<double> reference_losses_bf16(const models::ModelConfig& config, int64_t steps) {
+  auto model = models::create_model(config, {.seed = kModelSeed});
+  std::vector<at::Tensor> originals;
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) {
+      originals.push_back(p.detach().clone());
+      p.set_data(p.detach().to(at::kBFloat16));
+    }
+    for (auto& b : model->buffers()) {
+      if (at::isFloatingType(b.scalar_type())) b.set_data(b.detach().to(at::kBFloat16));
+    }
+  }
+  auto optimizer = std::make_unique<amp::MixedPrecisionOptimizer>(make_optimizer(*model),
+                                                                   amp::MixedPrecisionOptions{.precision = "bf16"});
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < originals.size(); ++i) optimizer->master_params()[i].copy_(originals[i]);
+  }
+  auto scheduler = make_scheduler(*optimizer);
+  std::vector<double> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    auto ids = global_batch(config, step);
+    auto loss = model->loss(model->forward(ids), ids);
+    loss.backward();
     optimizer->step();
     scheduler->step();
     optimizer->zero_grad();

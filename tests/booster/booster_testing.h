@@ -29,6 +29,9 @@ at::Tensor global_batch(const models::ModelConfig& config, int64_t step);
 // Loss of every step of one process on the full global batch: plain model,
 // AdamW, warmup + cosine schedule, no Booster (optionally plain clipping).
 std::vector<double> reference_losses(const models::ModelConfig& config, int64_t steps, double max_norm = 0.0);
+// The same run in bf16 with fp32 masters (amp::MixedPrecisionOptimizer, the
+// masters starting at the fp32 init): what a parallel bf16 run should track.
+std::vector<double> reference_losses_bf16(const models::ModelConfig& config, int64_t steps);
 
 // A run through the Booster with DDP over the world: model seed 7, AdamW and
 // the same schedule as the reference.

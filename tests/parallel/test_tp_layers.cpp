@@ -285,7 +285,8 @@ TEST(TensorParallelPlan, ConfigErrors) {
   EXPECT_THROW(booster::HybridParallelPlugin({.sp_size = 2}, world), ConfigError);
   EXPECT_THROW(booster::HybridParallelPlugin({.enable_sequence_parallelism = true}, world), ConfigError);
   EXPECT_THROW(booster::HybridParallelPlugin({.sequence_parallelism_mode = "ring"}, world), ConfigError);
-  EXPECT_THROW(booster::HybridParallelPlugin({.zero_stage = 1}, world), ConfigError);
+  EXPECT_NO_THROW(booster::HybridParallelPlugin({.zero_stage = 1}, world));  // ZeRO composes with tp
+  EXPECT_THROW(booster::HybridParallelPlugin({.zero_stage = 3}, world), ConfigError);
   EXPECT_THROW(booster::HybridParallelPlugin({.precision = "fp8"}, world), ConfigError);
   try {
     booster::HybridParallelPlugin({.pp_size = 2}, world);

@@ -121,6 +121,10 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
   if (options_.stage != 1 && options_.stage != 2) {
     throw ConfigError(fmt::format("LowLevelZeroOptimizer: stage={} is not ZeRO-1/2; use 1 or 2", options_.stage));
   }
+  if (!options_.norm_replicas.empty() && options_.norm_replicas.size() != params_.size()) {
+    throw ConfigError(fmt::format("LowLevelZeroOptimizer: norm_replicas has {} entries for {} parameters",
+                                  options_.norm_replicas.size(), params_.size()));
+  }
   if (options_.bucket_numel <= 0) {
     throw ConfigError(fmt::format("LowLevelZeroOptimizer: bucket_numel={} must be positive", options_.bucket_numel));
   }
@@ -396,13 +400,7 @@ void LowLevelZeroOptimizer::step() {
   for (const auto& bucket : buckets_) grads.push_back(bucket.master_grad);
   bool overflow = false;
   if (options_.precision != "fp32") {
-    overflow = amp::unscale_and_check_finite(grads, 1.0 / loss_scale());
-    if (dp_group_->size() > 1) {
-      at::Tensor flag =
-          at::full({1}, overflow ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*dp_group_)));
-      dp_group_->all_reduce(flag, cluster::ReduceOp::Max).wait();
-      overflow = flag.item<float>() > 0.0f;
-    }
+    overflow = overflow_anywhere(amp::unscale_and_check_finite(grads, 1.0 / loss_scale()));
   }
   last_step_skipped_ = overflow;
   if (overflow) {
@@ -410,22 +408,55 @@ void LowLevelZeroOptimizer::step() {
     if (scaler_) scaler_->update(true);
     return;
   }
-  if (options_.max_norm > 0.0) {
-    // Each rank holds a disjoint part of the whole gradient: sum (or max) over
-    // dp (with several shard groups: over the first, see the constructor).
-    amp::NormReducer reducer;
-    if (dp_group_->size() > 1) {
-      reducer = [group = dp_group_](const at::Tensor& local, double norm_type) {
-        at::Tensor total = local.to(collective_device(*group), /*non_blocking=*/false, /*copy=*/true);
-        group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
-        return total.to(local.device());
-      };
-    }
-    last_grad_norm_ = amp::clip_grad_norm(grads, options_.max_norm, options_.norm_type, reducer);
-  }
+  if (options_.max_norm > 0.0) last_grad_norm_ = clip_master_grads(grads);
   inner_->step();
   if (scaler_) scaler_->update(false);
   gather_params();
+}
+
+bool LowLevelZeroOptimizer::overflow_anywhere(bool local) const {
+  // Every rank must skip the same steps: the shards over dp, and the other
+  // parts of the model over model_parallel_group, each saw other gradients.
+  for (const auto& group : {dp_group_, options_.model_parallel_group}) {
+    if (!group || group->size() == 1) continue;
+    at::Tensor flag = at::full({1}, local ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*group)));
+    group->all_reduce(flag, cluster::ReduceOp::Max).wait();
+    local = flag.item<float>() > 0.0f;
+  }
+  return local;
+}
+
+double LowLevelZeroOptimizer::clip_master_grads(const std::vector<at::Tensor>& bucket_grads) const {
+  // Each dp rank holds a disjoint part of the gradient (with several shard
+  // groups: over the first, see the constructor), each model-parallel rank
+  // other parameters or slices: sum (or max) over dp, then over those.
+  amp::NormReducer reducer = [this](const at::Tensor& local, double norm_type) {
+    const auto op = std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum;
+    at::Tensor total = local;
+    for (const auto& group : {dp_group_, options_.model_parallel_group}) {
+      if (!group || group->size() == 1) continue;
+      total = total.to(collective_device(*group), /*non_blocking=*/false, /*copy=*/true);
+      group->all_reduce(total, op).wait();
+    }
+    return total.to(local.device());
+  };
+  if (options_.norm_replicas.empty())
+    return amp::clip_grad_norm(bucket_grads, options_.max_norm, options_.norm_type, reducer);
+  // Per parameter, so each term takes its weight: this rank's part of it.
+  std::vector<at::Tensor> grads;
+  std::vector<double> weights;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const auto& slot = layout_.slots[k];
+    if (!slot.managed) continue;
+    grads.push_back(buckets_[slot.bucket].master_grad.narrow(0, slot.own_offset, slot.own_numel));
+    weights.push_back(1.0 / static_cast<double>(options_.norm_replicas.at(k)));
+  }
+  // A rank with nothing here still joins the reduction (a zero term).
+  if (grads.empty()) {
+    grads.push_back(at::zeros({1}, at::TensorOptions().dtype(master_dtype_).device(collective_device(*dp_group_))));
+    weights.push_back(1.0);
+  }
+  return amp::clip_grad_norm(grads, options_.max_norm, options_.norm_type, reducer, weights);
 }
 
 void LowLevelZeroOptimizer::refresh_masters_from_params() {

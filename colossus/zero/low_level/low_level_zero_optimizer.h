@@ -36,6 +36,13 @@ struct LowLevelZeroOptions {
   bool overlap_allgather = false;     // all-gather after the step; wait at the next forward
   bool cpu_offload = false;           // masters and optimizer state on CPU
   bool master_weights = true;         // false: step the bf16/fp16 chunk itself
+  // Model parallelism around the dp shards (HybridParallelPlugin: tp, or
+  // pp x tp): the ranks holding the model's other parts. Norms and the fp16
+  // overflow flag are reduced over it after dp, each parameter's norm term
+  // divided by norm_replicas[k] (params order; empty: 1 each), the number of
+  // its ranks holding that parameter (tp-replicated: tp), so it counts once.
+  cluster::ProcessGroupPtr model_parallel_group = nullptr;
+  std::vector<int64_t> norm_replicas;
 };
 
 // A part of the parameters sharded over its own ranks. MoE: the dense part
@@ -138,6 +145,10 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   void launch(Bucket& bucket);
   void gather_params();
   std::vector<size_t> flat_to_param() const;
+  // Whether any rank of dp (and model_parallel_group) saw a non-finite gradient.
+  bool overflow_anywhere(bool local) const;
+  // The global norm of the master gradients, clipped to max_norm in place.
+  double clip_master_grads(const std::vector<at::Tensor>& bucket_grads) const;
 
   std::unique_ptr<optim::Optimizer> inner_;
   NamedParams params_;
