@@ -421,12 +421,17 @@ int main(int argc, char** argv) try {
              cfg.cuda_graph != "off" ? ", CUDA-graph step" : "", ours.tokens_per_s, ours.ms_per_step,
              100 * mfu(ours.tokens_per_s), ours.peak_allocated_gib);
   if (eager) {
+    // The first check_steps, as for the peers: random tokens at this lr make
+    // later steps chaotic, so run-to-run noise (cuDNN's backward accumulates
+    // with atomics) grows to percent level there for any two runs.
     double worst = 0;
-    for (size_t i = 0; i < ours.losses.size() && i < eager->losses.size(); ++i) {
+    const size_t steps = std::min({ours.losses.size(), eager->losses.size(), static_cast<size_t>(cfg.check_steps)});
+    for (size_t i = 0; i < steps; ++i) {
       worst = std::max(worst, std::abs(ours.losses[i] - eager->losses[i]) / std::abs(eager->losses[i]));
     }
-    fmt::print("CUDA-graph step vs eager step, same init and batches: max rel loss diff {:.2e} over {} steps: {}\n",
-               worst, ours.losses.size(), worst <= 1e-2 ? "PASS (<= 1e-2)" : "FAIL (> 1e-2)");
+    fmt::print("CUDA-graph step vs eager step, same init and batches: max rel loss diff {:.2e} over the first {} "
+               "steps: {}\n",
+               worst, steps, worst <= 1e-2 ? "PASS (<= 1e-2)" : "FAIL (> 1e-2)");
   }
   std::fflush(stdout);
 

@@ -4,6 +4,7 @@
 #include "colossus/kernels/cuda_slots.h"
 
 #include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -62,6 +63,9 @@ at::Tensor GraphedTrainStep::step(const at::Tensor& batch) {
     optimizer_.zero_grad(/*set_to_none=*/true);
     return loss;
   }
+  // The eager steps' cached activation blocks would sit beside the graph's
+  // own pool for the rest of the run: hand them back first.
+  at::accelerator::emptyCache();
   try {
     graph_->capture([&] { loss_ = eager_step(); });
   } catch (const std::exception& e) {
