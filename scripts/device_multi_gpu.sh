@@ -29,7 +29,7 @@
 #    optimizer offload (dp=N); hybrid_parallel tp=N; sp all_to_all and
 #    ring_attn (sp_size=N), split_gather (tp=N); pp=N 1f1b, interleaved (2
 #    chunks), zero_bubble; N>=4: tp2 x pp(N/2); zero_stage 1 with tp2 (dp
-#    N/2); N=8: zero_stage 1 dp2 x tp2 x pp2. A zero_stage + tp run that stops
+#    N/2; N=1: dp1 x tp1); N=8: zero_stage 1 dp2 x tp2 x pp2. A zero_stage + tp run that stops
 #    with an error (the composition not built yet) is SKIP with the message.
 #    With N=1 every plugin runs at world size 1 on the GPU through NCCL and
 #    the layouts needing 2+ ranks (split_gather, pp) are SKIP.
@@ -92,6 +92,8 @@ commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${COLOSSUS_COMMIT:-unkn
 
 if [[ $device == cuda ]]; then
   stamp "build (scripts/device_build.sh)"
+  # Run from an exported tree inside the checkout (.devhead): use the carried .devdeps beside it.
+  [[ -d .devdeps || ! -d ../.devdeps ]] || ln -s ../.devdeps .devdeps
   OUT="$work/build" COLOSSUS_TESTS=OFF bash scripts/device_build.sh > "$work/device_build.log" 2>&1 \
     || { tail -60 "$work/device_build.log"; exit 1; }
   grep -E "^build:|FAIL" "$work/device_build.log" | head -20
@@ -113,7 +115,9 @@ else
   gpus=0
   N=${ranks:-2}
   machine="CPU ($(nproc) cores), MPI"
-  L=4 H=64 HEADS=4 KV=2 T=32 G=4 STEPS=${steps:-8} BYTES=200000 RUN_LIMIT=300
+  L=$(( 2 * N > 4 ? 2 * N : 4 ))
+  HEADS=$(( N > 4 ? N : 4 )) G=$(( N > 4 ? N : 4 ))
+  H=64 KV=2 T=32 STEPS=${steps:-8} BYTES=200000 RUN_LIMIT=300
   SCALE=("gpt2-tiny:2:32" "llama-tiny:2:32") SCALE_STEPS=10 SCALE_LOG=2 SCALE_LIMIT=300 SCALE_BYTES=200000
 fi
 case $N in 1|2|4|8) ;; *) echo "N = $N ranks: use 1, 2, 4 or 8 (--ranks)"; exit 2 ;; esac
@@ -386,8 +390,8 @@ layouts() {
   fi
   if (( N >= 2 )); then
     echo "zero1tp|hybrid zero_stage 1 dp$half x tp2|$N|$(( G / half ))|1|1||$hp --plugin.tp_size=2 --plugin.zero_stage=1"
-  else
-    echo "zero1tp|hybrid zero_stage 1 dp(N/2) x tp2|$N|1|1|1|needs 2+ ranks|"
+  else  # world size 1: the hybrid plugin's ZeRO path at dp1 x tp1
+    echo "zero1tp|hybrid zero_stage 1 dp1 x tp1|$N|$G|1|1||$hp --plugin.tp_size=1 --plugin.zero_stage=1"
   fi
   if (( N == 8 )); then
     echo "zero1tppp|hybrid zero_stage 1 dp2 x tp2 x pp2 1f1b, 2 microbatches|$N|$(( G / 4 ))|2|1||$hp --plugin.tp_size=2 --plugin.pp_size=2 --plugin.pp_style=1f1b --plugin.zero_stage=1"
