@@ -9,6 +9,7 @@
 # offloaded curve should match DDP to reduction-order noise (~1e-7).
 # Trains a small GPT-2 50 steps, fp32, clipping at 1.0, DDP vs Gemini static
 # with offload_optim_frac 1.0, for optimizer adamw and hybrid_adam; prints a table.
+# CASES="opt:max_norm:frac ..." picks other cases (frac 0: Gemini without offload).
 # Usage (device): bash scripts/device_offload_numerics.sh   (needs .devdeps carried)
 #   CPU dry run of the configs: COLOSSUS_BIN=build/bin/colossus STEPS=2 bash scripts/device_offload_numerics.sh
 set -uo pipefail
@@ -57,29 +58,34 @@ save_every = 0
 tensorboard = false
 sample_tokens = 0
 TOML
-for opt in adamw hybrid_adam; do
-  for layout in ddp gemini_offload; do
-    args=(--plugin.name=ddp --booster.max_norm=1.0)
-    [[ $layout == gemini_offload ]] && args=(--plugin.name=gemini --plugin.placement_policy=static
-                                             --plugin.offload_optim_frac=1.0 --plugin.precision=fp32 --plugin.max_norm=1.0)
+# Cases: optimizer:max_norm:offload_optim_frac (a frac of 0 is Gemini without offload).
+cases=(${CASES:-adamw:1.0:1.0 hybrid_adam:1.0:1.0})
+for case in "${cases[@]}"; do
+  IFS=: read -r opt clip frac <<< "$case"
+  for layout in ddp gemini; do
+    args=(--plugin.name=ddp --booster.max_norm=$clip)
+    [[ $layout == gemini ]] && args=(--plugin.name=gemini --plugin.placement_policy=static
+                                     --plugin.offload_optim_frac=$frac --plugin.precision=fp32 --plugin.max_norm=$clip)
     "$bin" train "$work/gpt2.toml" --optimizer.name=$opt "${args[@]}" \
-      --train.output_dir="$work/${opt}_$layout" > "$work/${opt}_$layout.log" 2>&1
-    echo "$opt $layout: exit $?"
+      --train.output_dir="$work/${case//:/_}_$layout" > "$work/${case//:/_}_$layout.log" 2>&1
+    echo "$case $layout: exit $?"
   done
 done
-python3 - "$work" <<'PY'
+python3 - "$work" "${cases[@]}" <<'PY'
 import json, sys
 w = sys.argv[1]
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if r.get("loss") is not None]
-print("| optimizer | max rel loss diff, Gemini offload vs DDP (50 steps, fp32) | at step |")
-print("|---|---|---|")
-for opt in ("adamw", "hybrid_adam"):
+print("| optimizer | max_norm | offload_optim_frac | max rel loss diff, Gemini vs DDP (fp32) | at step |")
+print("|---|---|---|---|---|")
+for case in sys.argv[2:]:
+    opt, clip, frac = case.split(":")
+    tag = case.replace(":", "_")
     try:
-        a, b = losses(f"{w}/{opt}_ddp/metrics.jsonl"), losses(f"{w}/{opt}_gemini_offload/metrics.jsonl")
+        a, b = losses(f"{w}/{tag}_ddp/metrics.jsonl"), losses(f"{w}/{tag}_gemini/metrics.jsonl")
     except OSError as e:
-        print(f"| {opt} | missing ({e}) | |"); continue
+        print(f"| {opt} | {clip} | {frac} | missing ({e}) | |"); continue
     rel = [abs(x - y) / abs(x) for x, y in zip(a, b)]
     i = max(range(len(rel)), key=rel.__getitem__)
-    print(f"| {opt} | {rel[i]:.2e} | {i + 1} |")
+    print(f"| {opt} | {clip} | {frac} | {rel[i]:.2e} | {i + 1} |")
 PY
