@@ -10,6 +10,7 @@
 //
 // Usage: bench_cpu_adam [--numel N] [--tensors K] [--steps S] [--warmup W]
 //                       [--rounds R] [--threads T] [--no-python] [--no-record]
+#include "bench/bench_common.h"
 #include "colossus/kernels/adam.h"
 
 #include <ATen/ATen.h>
@@ -21,7 +22,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -32,6 +32,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+namespace bench = colossus::bench;
 using colossus::kernels::CpuIsa;
 
 struct Config {
@@ -137,21 +138,6 @@ double memcpy_gb_per_s(int threads) {
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
 }
 
-std::string run_command(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  ::pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-// The repository: two levels above the binary (<repo>/<build>/bin/bench_cpu_adam).
-fs::path repo_root() { return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path(); }
-
 struct Row {
   std::string impl;
   double ms;
@@ -189,7 +175,7 @@ int main(int argc, char** argv) try {
   std::map<std::string, std::vector<double>> samples;
   std::vector<std::string> our_names, peer_names;
   std::string torch_version = "?";
-  const fs::path repo = repo_root();
+  const fs::path repo = bench::repo_root();
   for (int round = 0; round < cfg.rounds; ++round) {
     for (CpuIsa isa : {CpuIsa::kAvx512, CpuIsa::kAvx2, CpuIsa::kScalar}) {
       if (!colossus::kernels::cpu_supports(isa)) continue;
@@ -204,9 +190,10 @@ int main(int argc, char** argv) try {
     }
     samples[kStream].push_back(median_ms(cfg.warmup, cfg.steps, [&] { stream_step(table, cfg.threads); }));
     if (cfg.python) {
-      const std::string out = run_command(fmt::format("'{}' '{}' {} {} {} {} {}", (repo / ".venv/bin/python").string(),
-                                                      (repo / "bench/bench_cpu_adam.py").string(), cfg.numel,
-                                                      cfg.tensors, cfg.steps, cfg.warmup, cfg.threads));
+      const std::string out = bench::run_command(fmt::format("'{}' '{}' {} {} {} {} {}",
+                                                             (repo / ".venv/bin/python").string(),
+                                                             (repo / "bench/bench_cpu_adam.py").string(), cfg.numel,
+                                                             cfg.tensors, cfg.steps, cfg.warmup, cfg.threads));
       try {
         const auto j = nlohmann::json::parse(out.substr(out.rfind('{')));
         samples["torch.optim.AdamW(foreach=True)"].push_back(j.at("foreach").get<double>());
@@ -259,13 +246,12 @@ int main(int argc, char** argv) try {
   fmt::print(")\n");
 
   if (!cfg.record) return 0;
-  const std::string commit = run_command(fmt::format("git -C '{}' rev-parse --short HEAD", repo.string()));
-  std::string model = run_command("lscpu | sed -n 's/^Model name: *//p' | head -1");
+  // Not bench::commit_or: this git call's stderr is not silenced.
+  const std::string commit = bench::run_command(fmt::format("git -C '{}' rev-parse --short HEAD", repo.string()));
+  std::string model = bench::run_command("lscpu | sed -n 's/^Model name: *//p' | head -1");
   const std::string machine = fmt::format("{}, {} cores", model.empty() ? "unknown CPU" : model,
                                           std::thread::hardware_concurrency());
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  const std::string date = bench::today(bench::kDateTimeUtc);
   {
     std::ofstream md(repo / "bench/RESULTS.md", std::ios::app);
     md << fmt::format("\n## cpu_adam — {}\n\nmachine: {}; commit {}; torch {}\ncommand: `{}`\nconfig: {}\n\n", date,

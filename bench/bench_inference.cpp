@@ -27,6 +27,7 @@
 //          [--python PATH | --no-python] [--out-dir DIR] [--commit SHA] [--no-record]
 // (bench_inference --help lists every flag.) --device cpu --tiny is a smoke
 // test of the whole flow; it never records.
+#include "bench/bench_common.h"
 #include "colossus/core/errors.h"
 #include "colossus/inference/engine/engine.h"
 #include "colossus/models/pretrained.h"
@@ -44,18 +45,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
 
 namespace fs = std::filesystem;
+namespace bench = colossus::bench;
 namespace models = colossus::models;
 namespace inference = colossus::inference;
 using nlohmann::json;
@@ -103,21 +103,6 @@ double copy_bandwidth(const c10::Device& device) {
   sync(device);
   return 2.0 * static_cast<double>(bytes) * iters / seconds_since(start);
 }
-
-std::string run_command(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  ::pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-// The repository: two levels above the binary (<repo>/<build>/bin/bench_inference).
-fs::path repo_root() { return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path(); }
 
 std::vector<int64_t> random_tokens(std::mt19937_64& rng, int64_t n, int64_t vocab) {
   std::uniform_int_distribution<int64_t> token(1, vocab - 1);  // 0 is the peer's padding
@@ -375,7 +360,7 @@ int main(int argc, char** argv) try {
 
   // (b) The transformers peer.
   json peer_result;
-  const fs::path repo = repo_root();
+  const fs::path repo = bench::repo_root();
   if (peer) {
     json spec{{"decode", {{"prompt", prompt}, {"warmup_prompt", warmup_prompt}, {"new_tokens", cfg.new_tokens}}},
               {"throughput", json::array()}};
@@ -384,7 +369,7 @@ int main(int argc, char** argv) try {
     std::ofstream(spec_path) << spec.dump();
     std::string python = cfg.python;
     if (python.empty()) python = fs::exists(repo / ".venv/bin/python") ? (repo / ".venv/bin/python").string() : "python3";
-    const std::string out = run_command(fmt::format(
+    const std::string out = bench::run_command(fmt::format(
         "timeout {} '{}' '{}' --model '{}' --requests '{}' --device {} --variants {} --batch {} --max-seconds {}",
         cfg.peer_timeout_s, python, (repo / "bench/bench_inference.py").string(), model_dir.string(), spec_path.string(),
         cfg.device, cfg.peer_variants, cfg.peer_batch, cfg.peer_max_seconds));
@@ -490,7 +475,7 @@ int main(int argc, char** argv) try {
   }
 
   // Machine, date, commit.
-  std::string machine = fmt::format("CPU, {} threads", std::thread::hardware_concurrency());
+  std::string machine = bench::machine_name(false);
 #ifdef BENCH_INFERENCE_CUDA
   if (device.is_cuda()) {
     const auto* prop = at::cuda::getCurrentDeviceProperties();
@@ -502,12 +487,8 @@ int main(int argc, char** argv) try {
                           runtime / 1000, runtime % 1000 / 10);
   }
 #endif
-  std::string commit = cfg.commit;
-  if (commit.empty()) commit = run_command(fmt::format("git -C '{}' rev-parse --short HEAD 2>/dev/null", repo.string()));
-  if (commit.empty()) commit = "unknown (pass --commit)";
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  const std::string commit = bench::commit_or(cfg.commit, repo, "unknown (pass --commit)");
+  const std::string date = bench::today(bench::kDateTimeUtc);
   const std::string config = fmt::format(
       "llama-1b-like: hidden {}, {} layers, {} query / {} KV heads of {}, SwiGLU {}, vocab {}, untied head ({:.3f}B params), "
       "seeded random weights (seed {}), bf16; engine: paged KV cache (block {}), {}, greedy, "
@@ -536,11 +517,7 @@ int main(int argc, char** argv) try {
                  .dump() +
              "\n";
   }
-  const auto append = [](const fs::path& path, const std::string& text) {
-    std::ofstream f(path, std::ios::app);
-    f << text;
-    if (!f) throw std::runtime_error("cannot write " + path.string());
-  };
+  const auto append = bench::append_file;
   if (!cfg.out_dir.empty()) {
     fs::create_directories(cfg.out_dir);
     append(fs::path(cfg.out_dir) / "inference_RESULTS.md", section);

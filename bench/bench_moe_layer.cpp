@@ -19,6 +19,7 @@
 // Prints a table; appends to bench/RESULTS.md and bench/results.jsonl.
 //
 // Usage: bench_moe_layer [--device cuda|cpu] [--quick] [--iters N] [--commit SHA] [--no-record]
+#include "bench/bench_common.h"
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
 #include "colossus/models/moe_layer.h"
@@ -31,18 +32,16 @@
 
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <string>
-#include <thread>
 #include <variant>
 #include <vector>
 
 namespace {
 
 namespace fs = std::filesystem;
+namespace bench = colossus::bench;
 using colossus::models::Linear;
 using colossus::models::MixtralConfig;
 using colossus::models::SparseMoeBlock;
@@ -99,18 +98,6 @@ double time_ms(const at::Device& device, int warmup, int iters, const std::funct
   for (int i = 0; i < iters; ++i) fn();
   sync(device);
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / iters;
-}
-
-std::string run_command(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  ::pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
 }
 
 // transformers' eager MixtralSparseMoeBlock: a loop over experts, each finding
@@ -243,11 +230,7 @@ int main(int argc, char** argv) try {
                row.loop.fwd_ms, row.naive.fwd_ms, row.dense.fwd_ms);
   }
 
-  std::string machine = fmt::format("CPU, {} threads", std::thread::hardware_concurrency());
-  if (device.is_cuda()) {
-    const std::string gpu = run_command("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1");
-    machine = "1x " + (gpu.empty() ? std::string("CUDA GPU") : gpu);
-  }
+  const std::string machine = bench::machine_name(device.is_cuda());
   std::vector<std::string> lines = {
       "| layer | tokens | rows/expert min-max | pass | colossus grouped ms | TFLOP/s | colossus loop ms | naive loop ms | "
       "x vs naive | dense roofline ms | of roofline | rel diff loop / naive |",
@@ -292,13 +275,9 @@ int main(int argc, char** argv) try {
   }
   if (!opt.record) return 0;
 
-  const fs::path repo = fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path();
-  std::string commit = opt.commit;
-  if (commit.empty()) commit = run_command(fmt::format("git -C '{}' rev-parse --short HEAD 2>/dev/null", repo.string()));
-  if (commit.empty()) commit = "unknown (pass --commit)";
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  const fs::path repo = bench::repo_root();
+  const std::string commit = bench::commit_or(opt.commit, repo, "unknown (pass --commit)");
+  const std::string date = bench::today(bench::kDateTimeUtc);
   const std::string config = fmt::format(
       "{}, random tokens and gate (seed 0), weights N(0, 0.02); mean of {} calls after 3 warm-up, wall clock around a "
       "device sync; fwd under no_grad, fwd+bwd = forward + backward of a fixed output gradient; TFLOP/s count the "
@@ -339,13 +318,8 @@ int main(int argc, char** argv) try {
       }
     }
   }
-  const auto append = [](const fs::path& path, const std::string& text) {
-    std::ofstream f(path, std::ios::app);
-    f << text;
-    if (!f) throw std::runtime_error("cannot write " + path.string());
-  };
-  append(repo / "bench/RESULTS.md", section);
-  append(repo / "bench/results.jsonl", jsonl);
+  bench::append_file(repo / "bench/RESULTS.md", section);
+  bench::append_file(repo / "bench/results.jsonl", jsonl);
   fmt::print("\nappended to {} and {}\n", (repo / "bench/RESULTS.md").string(), (repo / "bench/results.jsonl").string());
   return 0;
 } catch (const std::exception& e) {

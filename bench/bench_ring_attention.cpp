@@ -17,6 +17,7 @@
 //                             (0: auto)]
 //                             [--iters N] [--out-dir DIR] [--commit SHA]
 //                             [--no-record]
+#include "bench/bench_common.h"
 #include "colossus/parallel/sequence/ring_attention.h"
 
 #include <ATen/ATen.h>
@@ -33,19 +34,17 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
 
 namespace fs = std::filesystem;
+namespace bench = colossus::bench;
 namespace ps = colossus::parallel::sequence;
 using Clock = std::chrono::steady_clock;
 
@@ -147,30 +146,6 @@ double rel_err(const at::Tensor &a, const at::Tensor &b) {
          std::max(bf.abs().max().item<double>(), 1e-30);
 }
 
-std::string run_command(const std::string &command) {
-  std::string out;
-  FILE *pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr)
-    return out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0)
-    out.append(buffer, n);
-  ::pclose(pipe);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' '))
-    out.pop_back();
-  return out;
-}
-
-// The repository: two levels above the binary
-// (<repo>/<build>/bin/bench_ring_attention).
-fs::path repo_root() {
-  return fs::canonical("/proc/self/exe")
-      .parent_path()
-      .parent_path()
-      .parent_path();
-}
-
 struct Row {
   int64_t batch, heads, seq, sp;
   std::string status; // "ok" or why a config was skipped (out of memory)
@@ -253,8 +228,7 @@ int main(int argc, char **argv) try {
   const at::ScalarType dtype = device.is_cuda() ? at::kBFloat16 : at::kFloat;
   const std::string dtype_name = device.is_cuda() ? "bf16" : "fp32";
 
-  std::string machine =
-      fmt::format("CPU, {} threads", std::thread::hardware_concurrency());
+  std::string machine = bench::machine_name(false);
 #ifdef BENCH_RING_ATTENTION_CUDA
   if (device.is_cuda()) {
     const auto *prop = at::cuda::getCurrentDeviceProperties();
@@ -341,16 +315,10 @@ int main(int argc, char **argv) try {
                "bench_ring_attention: ring and SDPA disagree beyond {:.0e}\n",
                tolerance);
 
-  const fs::path repo = repo_root();
-  std::string commit = cfg.commit;
-  if (commit.empty())
-    commit = run_command(fmt::format(
-        "git -C '{}' rev-parse --short HEAD 2>/dev/null", repo.string()));
-  if (commit.empty())
-    commit = "unknown (pass --commit)";
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  const fs::path repo = bench::repo_root();
+  const std::string commit =
+      bench::commit_or(cfg.commit, repo, "unknown (pass --commit)");
+  const std::string date = bench::today(bench::kDateTimeUtc);
   std::string section =
       fmt::format("\n## ring_attention — {}\n\nmachine: {}; commit {}; torch "
                   "{}\ncommand: `{}`\n"
@@ -390,12 +358,7 @@ int main(int argc, char **argv) try {
     emit("ms_fwd", r.ring_fwd_ms, r.sdpa_fwd_ms, r.out_err);
     emit("ms_fwd_bwd", r.ring_train_ms, r.sdpa_train_ms, r.grad_err);
   }
-  const auto append = [](const fs::path &path, const std::string &text) {
-    std::ofstream f(path, std::ios::app);
-    f << text;
-    if (!f)
-      throw std::runtime_error("cannot write " + path.string());
-  };
+  const auto append = bench::append_file;
   if (!cfg.out_dir.empty()) {
     fs::create_directories(cfg.out_dir);
     append(fs::path(cfg.out_dir) / "ring_attention_RESULTS.md", section);

@@ -35,6 +35,7 @@
 // --cuda-graph (CUDA; default both): our step captured in a CUDA graph after 3
 // eager steps (amp::GraphedTrainStep) and replayed; `both` also times the
 // eager step first and prints it as a row of its own.
+#include "bench/bench_common.h"
 #include "colossus/amp/graphed_train_step.h"
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
@@ -139,20 +140,6 @@ Config parse(int argc, char** argv) {
   if (c.device != "cuda" && c.device != "cpu") throw std::runtime_error("--device is '" + c.device + "'; use cuda or cpu");
   c.check_steps = std::min(c.check_steps, c.warmup + c.steps);
   return c;
-}
-
-// The repository: two levels above the binary (<repo>/<build>/bin/bench_train_gpt2).
-fs::path repo_root() { return fs::canonical("/proc/self/exe").parent_path().parent_path().parent_path(); }
-
-std::string run_command(const std::string& command) {
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-  ::pclose(pipe);
-  return out;
 }
 
 // Waits for all queued work on the device (a no-op on CPU).
@@ -436,16 +423,18 @@ int main(int argc, char** argv) try {
   std::fflush(stdout);
 
   // The peers, one process each (a torch.compile failure costs only its row).
-  const fs::path repo = repo_root();
+  const fs::path repo = colossus::bench::repo_root();
   std::string python = cfg.python;
   if (python.empty()) python = fs::exists(repo / ".venv/bin/python") ? (repo / ".venv/bin/python").string() : "python3";
   std::map<std::string, json> peers;
   for (const auto& variant : cfg.peers) {
-    const std::string out = run_command(fmt::format(
+    // Untrimmed: a failed peer's output is echoed as it came.
+    const std::string out = colossus::bench::run_command(fmt::format(
         "timeout {} '{}' '{}' --init '{}' --data '{}' --batch {} --seq {} --steps {} --warmup {} --phase-steps {} --variant {} "
         "--device {} --profile-steps {}",
         cfg.peer_timeout_s, python, (repo / "bench/bench_train_gpt2.py").string(), init_dir.string(), data_path.string(), cfg.batch,
-        cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device, cfg.profile_steps));
+        cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device, cfg.profile_steps),
+        /*trim=*/false);
     const size_t brace = out.rfind("\n{");
     try {
       peers[variant] = json::parse(out.substr(brace == std::string::npos ? 0 : brace + 1));
