@@ -26,6 +26,16 @@ target_compile_definitions(colossus_options INTERFACE COLOSSUS_VERSION="${PROJEC
 # fmt is used header-only from there rather than linked from Debian.
 target_compile_definitions(colossus_options INTERFACE FMT_HEADER_ONLY OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
 target_link_libraries(colossus_options INTERFACE torch_cpu c10 nlohmann_json::nlohmann_json Threads::Threads)
+# The torch wheel's libtorch.so and libtorch_cpu.so export their own statically
+# linked copies of libstdc++'s std::filesystem (strong symbols, from RHEL's
+# libstdc++_nonshared.a). Linked ahead of the system libstdc++, they win the
+# symbol lookup: a CUDA build's `colossus` (which links libtorch.so) called
+# libtorch.so's std::filesystem::remove_all, which segfaults on a directory
+# tree, the first time keep_last pruned a checkpoint (issue 20; reproduced on
+# the CPU by linking libtorch.so first). libstdc++ first in every executable's
+# DT_NEEDED makes each std:: symbol bind to the library our headers describe
+# (tests/core/stdlib_binding_test.cpp checks it, linking libtorch.so).
+target_link_options(colossus_options INTERFACE "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
 
 add_library(colossus_pch OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch_anchor.cpp)
 target_link_libraries(colossus_pch PUBLIC colossus_options)

@@ -2,6 +2,7 @@
 
 #include "colossus/core/errors.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -150,12 +151,73 @@ void remove_file(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) fail("cannot remove", path, errno);
 }
 
+namespace {
+
+// Removes the entries of the directory open at `dir_fd` (which it closes),
+// depth first, never following a symbolic link out of the tree.
+void remove_entries(int dir_fd, const std::string& path) {
+  DIR* dir = ::fdopendir(dir_fd);
+  if (dir == nullptr) {
+    const int err = errno;
+    ::close(dir_fd);
+    fail("cannot list directory", path, err);
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(dir, ::closedir);
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string_view name(entry->d_name);
+    if (name == "." || name == "..") continue;
+    const std::string child = path + "/" + std::string(name);
+    struct stat st {};
+    if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) fail("cannot stat", child, errno);
+    if (S_ISDIR(st.st_mode)) {
+      const int child_fd = ::openat(::dirfd(dir), entry->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (child_fd < 0) fail("cannot open directory", child, errno);
+      remove_entries(child_fd, child);
+      if (::unlinkat(::dirfd(dir), entry->d_name, AT_REMOVEDIR) != 0) fail("cannot remove", child, errno);
+    } else if (::unlinkat(::dirfd(dir), entry->d_name, 0) != 0) {
+      fail("cannot remove", child, errno);
+    }
+  }
+}
+
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    fail("cannot stat", path, errno);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) fail("cannot open directory", path, errno);
+    remove_entries(fd, path);
+    if (::rmdir(path.c_str()) != 0) fail("cannot remove", path, errno);
+  } else {
+    remove_file(path);
+  }
+}
+
 void fsync_dir(const std::string& dir) {
   FdGuard d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (d.fd < 0) fail("cannot open directory", dir, errno);
   // Some filesystems cannot fsync a directory (EINVAL); their renames are as
   // durable as they get, so that is not an error.
   if (::fsync(d.fd) != 0 && errno != EINVAL && errno != ENOTSUP) fail("cannot fsync directory", dir, errno);
+}
+
+void fsync_tree(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_directory()) {
+      fsync_dir(entry.path().string());
+    } else if (entry.is_regular_file()) {
+      FdGuard f{::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
+      if (f.fd < 0) fail("cannot open", entry.path().string(), errno);
+      if (::fsync(f.fd) != 0) fail("cannot fsync", entry.path().string(), errno);
+    }
+  }
+  fsync_dir(dir);
 }
 
 std::string parent_dir(const std::string& path) {

@@ -73,8 +73,15 @@ void rename_file(const std::string& from, const std::string& to);
 // link where the filesystem has them, else a flushed copy.
 void link_or_copy(const std::string& from, const std::string& to);
 void remove_file(const std::string& path);  // a missing file is not an error
+// Removes a file or a directory tree (a missing one is not an error). POSIX
+// calls only: a link inside is removed, never followed; and no std::filesystem,
+// whose remove_all torch's libraries export in a copy that crashed (issue 20).
+void remove_tree(const std::string& path);
 // Makes renames and removals inside `dir` durable.
 void fsync_dir(const std::string& dir);
+// Flushes every file and directory under `dir` (and `dir`): what a checkpoint
+// step directory needs before it is renamed into place, whoever wrote its files.
+void fsync_tree(const std::string& dir);
 std::string parent_dir(const std::string& path);  // "." for a bare file name
 
 // Crash-test hook: the save protocols call fault_point("step") between their

@@ -45,8 +45,10 @@ std::string CheckpointDirs::partial_dir(int64_t step) const { return step_dir(st
 
 void CheckpointDirs::publish(int64_t step, int64_t keep_last) const {
   const auto final_dir = step_dir(step);
-  std::error_code ec;
-  if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
+  checkpoint::io::remove_tree(final_dir);
+  // Every file durable before the step is published: some writers (tokenizer
+  // files, config.json) do not fsync their own.
+  checkpoint::io::fsync_tree(partial_dir(step));
   checkpoint::io::rename_file(partial_dir(step), final_dir);
   checkpoint::io::fsync_dir(root());
   {
@@ -71,7 +73,7 @@ void CheckpointDirs::publish(int64_t step, int64_t keep_last) const {
       if (*it != newest) ++kept;
       continue;
     }
-    fs::remove_all(fs::path(root()) / *it, ec);
+    checkpoint::io::remove_tree((fs::path(root()) / *it).string());
   }
 }
 

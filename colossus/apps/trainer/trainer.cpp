@@ -8,6 +8,7 @@
 #include "colossus/apps/trainer/train_state.h"
 #include "colossus/apps/trainer/training_data.h"
 #include "colossus/booster/booster.h"
+#include "colossus/checkpoint/file_io.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/gemini_plugin.h"
@@ -244,8 +245,7 @@ void Trainer::save_checkpoint(int64_t step) {
   publish_pending_checkpoint();  // at most one save in flight
   const auto partial = dirs_.partial_dir(step);
   if (world_->rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(partial, ec);  // debris of a crashed save
+    checkpoint::io::remove_tree(partial);  // debris of a crashed save
     fs::create_directories(partial);
   }
   world_->barrier().wait();

@@ -1,5 +1,6 @@
 #include "colossus/apps/trainer/training_data.h"
 
+#include "colossus/checkpoint/file_io.h"
 #include "colossus/core/errors.h"
 #include "colossus/data/corpus.h"
 #include "colossus/data/token_shards.h"
@@ -95,10 +96,9 @@ TokenizedData prepare_training_data(const TrainConfig& config, const data::Token
   if (world.rank() == 0) {
     bool fresh = fs::exists(stamp_path) && read_file(stamp_path) == stamp;
     if (!fresh) {
-      std::error_code ec;
-      fs::remove_all(cache / "train", ec);
-      fs::remove_all(cache / "eval", ec);
-      fs::remove(stamp_path, ec);
+      checkpoint::io::remove_tree((cache / "train").string());
+      checkpoint::io::remove_tree((cache / "eval").string());
+      checkpoint::io::remove_file(stamp_path.string());
       fs::create_directories(cache);
       data::tokenize_to_shards(corpus_text(data), tokenizer, cache.string(), {.eval_fraction = data.eval_fraction});
       // The stamp goes last: a crash mid-way leaves no stamp, so the next run redoes it.

@@ -1,0 +1,169 @@
+// `colossus train` as a process, the way users run it (issue 20): a run whose
+// saves prune older checkpoints exits 0 with every checkpoint published, async
+// or not, and resumes to its end; a save that fails on the background writer
+// fails the run, naming the cause, and never publishes the half-written step.
+#include "colossus/apps/trainer/checkpoint_dirs.h"
+#include "colossus/apps/trainer/train_config.h"
+#include "colossus/apps/trainer/trainer.h"
+#include "colossus/checkpoint/file_io.h"
+#include "tests/testing/command.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+using colossus::apps::CheckpointDirs;
+
+constexpr const char* kConfig = R"(
+[model]
+preset = "gpt2-tiny"
+[model.config]
+n_embd = 32
+n_layer = 2
+n_head = 2
+n_positions = 64
+[data]
+source = "builtin"
+builtin_bytes = 100000
+seq_len = 32
+batch_size = 2
+[optimizer]
+name = "hybrid_adam"
+lr = 1e-3
+[lr_scheduler]
+total_steps = 8
+[train]
+steps = 6
+log_every = 2
+eval_every = 2
+eval_batches = 1
+save_every = 2
+keep_last = 2
+tensorboard = false
+sample_tokens = 0
+)";
+
+struct TrainRun {
+  int exit_code;
+  std::string output;
+};
+
+TrainRun colossus_train(const fs::path& config, const std::string& flags) {
+  const auto result = colossus::testing::run_command(fmt::format("'{}' train '{}' {} 2>&1", COLOSSUS_BIN, config.string(), flags));
+  return {result.exit_code, result.output};
+}
+
+// The entries of a run's checkpoints folder.
+std::set<std::string> checkpoint_entries(const fs::path& run) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(run / "checkpoints")) names.insert(entry.path().filename().string());
+  return names;
+}
+
+std::string read_line(const fs::path& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+TEST(TrainCli, PruningRunsExitZeroWithEveryCheckpointPublishedAndResume) {
+  const fs::path dir = colossus::testing::scratch_dir("train_cli");
+  const fs::path config = dir / "tiny.toml";
+  std::ofstream(config) << kConfig;
+  for (const bool async : {true, false}) {
+    SCOPED_TRACE(async ? "async saves" : "sync saves");
+    const fs::path run = dir / (async ? "async" : "sync");
+    // Three saves with keep_last 2: the third prunes the first (the GPU crash's trigger).
+    const TrainRun first = colossus_train(config, fmt::format("--train.output_dir='{}' --train.async_save={}", run.string(), async));
+    ASSERT_EQ(first.exit_code, 0) << first.output;
+    for (int step : {2, 4, 6}) {
+      EXPECT_NE(first.output.find(fmt::format("step {}: checkpoint saved", step)), std::string::npos)
+          << "step " << step << "\n" << first.output;
+    }
+    EXPECT_EQ(checkpoint_entries(run), (std::set<std::string>{"latest", "step-00000004", "step-00000006"}));
+    EXPECT_EQ(read_line(run / "checkpoints" / "latest"), "step-00000006");
+    EXPECT_TRUE(fs::exists(run / "checkpoints" / "step-00000006" / "model" / "model.safetensors"));
+
+    // --resume continues to a longer end, publishing and pruning again.
+    const TrainRun resumed = colossus_train(
+        config, fmt::format("--train.output_dir='{}' --train.async_save={} --train.steps=8 --resume", run.string(), async));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+    EXPECT_NE(resumed.output.find("step 8: checkpoint saved"), std::string::npos) << resumed.output;
+    EXPECT_EQ(checkpoint_entries(run), (std::set<std::string>{"latest", "step-00000006", "step-00000008"}));
+    EXPECT_EQ(read_line(run / "checkpoints" / "latest"), "step-00000008");
+  }
+}
+
+TEST(TrainCli, FailedAsyncSaveFailsTheRunAndIsNeverPublished) {
+  namespace io = colossus::checkpoint::io;
+  const fs::path dir = colossus::testing::scratch_dir("train_cli") / "failed_save";
+  auto config_for = [&](const std::string& name, int steps) {
+    return colossus::apps::parse_train_config(
+        kConfig, {fmt::format("train.output_dir=\"{}\"", (dir / name).string()), fmt::format("train.steps={}", steps),
+                  "train.async_save=true"});
+  };
+  // How many fault points one save passes: a run with one save (at step 2).
+  // The writer thread and the training thread both pass them: atomics.
+  std::atomic<int> calls{0};
+  io::set_fault_hook([&](std::string_view) { ++calls; });
+  colossus::apps::train(config_for("count", 2));
+  const int per_save = calls.load();
+  ASSERT_GT(per_save, 0);
+
+  // The second save (step 4) fails at its first fault point on the background writer's thread.
+  calls = 0;
+  std::atomic<bool> failed{false};
+  const auto main_thread = std::this_thread::get_id();
+  io::set_fault_hook([&](std::string_view step) {
+    if (++calls > per_save && std::this_thread::get_id() != main_thread && !failed.exchange(true)) {
+      throw std::runtime_error(fmt::format("injected failure at '{}'", step));
+    }
+  });
+  try {
+    colossus::apps::train(config_for("run", 6));
+    ADD_FAILURE() << "a run whose save failed returned normally";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("injected failure"), std::string::npos) << e.what();
+  }
+  io::set_fault_hook(nullptr);
+  const CheckpointDirs dirs((dir / "run").string());
+  ASSERT_TRUE(dirs.latest().has_value());
+  EXPECT_EQ(fs::path(*dirs.latest()).filename(), "step-00000002") << "latest moved past the failed save";
+  EXPECT_FALSE(fs::exists(dirs.step_dir(4))) << "the half-written step was published";
+
+  // The run resumes from the last good checkpoint and finishes.
+  const auto rest = colossus::apps::train(config_for("run", 6), {.resume = "auto"});
+  EXPECT_EQ(rest.first_step, 2);
+  EXPECT_EQ(rest.final_step, 6);
+  EXPECT_EQ(fs::path(*dirs.latest()).filename(), "step-00000006");
+}
+
+TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {
+  // The trainer read the context length with std::get<LlamaConfig>, which a
+  // Mixtral config (a variant of its own) threw bad_variant_access on.
+  const fs::path dir = colossus::testing::scratch_dir("train_cli") / "mixtral";
+  const auto result = colossus::apps::train(colossus::apps::parse_train_config(
+      "[model]\npreset = \"mixtral-tiny\"\n",
+      {fmt::format("train.output_dir=\"{}\"", dir.string()), "train.steps=2", "train.save_every=0",
+       "train.eval_every=0", "train.tensorboard=false", "train.sample_tokens=0", "data.builtin_bytes=50000",
+       "data.seq_len=32", "data.batch_size=2"}));
+  EXPECT_EQ(result.final_step, 2);
+  ASSERT_FALSE(result.steps.empty());
+  EXPECT_TRUE(std::isfinite(result.steps.back().loss));
+  EXPECT_TRUE(fs::exists(dir / "checkpoints" / "step-00000002" / "model" / "config.json"));
+}
+
+}  // namespace
