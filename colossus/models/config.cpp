@@ -390,6 +390,33 @@ int64_t num_layers(const ModelConfig& config) {
   return std::get<LlamaConfig>(config).num_hidden_layers;
 }
 
+double estimated_parameters(const ModelConfig& config) {
+  if (const auto* g = std::get_if<GPT2Config>(&config)) {
+    const double e = static_cast<double>(g->n_embd);
+    const double f = static_cast<double>(g->ffn_size());
+    const double per_layer = 4 * e * e + 2 * e * f + 9 * e + f;  // + biases and the two norms
+    return static_cast<double>(g->vocab_size + g->n_positions) * e * (g->tie_word_embeddings ? 1 : 2) -
+           (g->tie_word_embeddings ? 0 : static_cast<double>(g->n_positions) * e) +
+           static_cast<double>(g->n_layer) * per_layer + 2 * e;
+  }
+  const auto& l = std::holds_alternative<MixtralConfig>(config) ? static_cast<const LlamaConfig&>(std::get<MixtralConfig>(config))
+                                                                 : std::get<LlamaConfig>(config);
+  const double h = static_cast<double>(l.hidden_size);
+  const double d = static_cast<double>(l.resolved_head_dim());
+  const double attention = h * d * static_cast<double>(2 * l.num_attention_heads + 2 * l.kv_heads());
+  double mlp = 3 * h * static_cast<double>(l.intermediate_size);
+  if (const auto* m = std::get_if<MixtralConfig>(&config)) mlp = mlp * static_cast<double>(m->num_local_experts) + h * static_cast<double>(m->num_local_experts);
+  const double norms = 2 * h;
+  return static_cast<double>(l.vocab_size) * h * (l.tie_word_embeddings ? 1 : 2) +
+         static_cast<double>(l.num_hidden_layers) * (attention + mlp + norms) + h;
+}
+
+int64_t max_positions(const ModelConfig& config) {
+  if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_positions;
+  if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->max_position_embeddings;
+  return std::get<LlamaConfig>(config).max_position_embeddings;
+}
+
 void validate(const ModelConfig& config) {
   std::visit([](const auto& c) { c.validate(); }, config);
 }

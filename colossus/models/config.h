@@ -105,7 +105,12 @@ std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
 int64_t num_layers(const ModelConfig& config);
+// Positions the model was configured for (n_positions / max_position_embeddings).
+int64_t max_positions(const ModelConfig& config);
 void validate(const ModelConfig& config);
+// Parameters the config describes (optional Llama biases left out), in double so a
+// config with absurd sizes cannot overflow: what creating the model would allocate.
+double estimated_parameters(const ModelConfig& config);
 
 // Parses config.json text (transformers v4 "rope_theta"/"rope_scaling" or v5
 // "rope_parameters"); the model kind comes from "model_type". Throws

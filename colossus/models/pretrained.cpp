@@ -6,8 +6,11 @@
 #include "colossus/models/mixtral.h"
 
 #include <ATen/core/grad_mode.h>
+#include <c10/core/ScalarType.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <vector>
@@ -16,8 +19,30 @@ namespace colossus::models {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A config with absurd sizes (a typo'd n_layer) is refused before any
+// allocation, naming its sizes, instead of growing until the OOM killer ends
+// the process. Host memory bounds what one process can create; a larger model
+// is built lazily (meta device) and sharded.
+void check_fits_in_host_memory(const ModelConfig& config, const CreateOptions& options) {
+  if (options.device.is_meta()) return;
+  const double bytes = estimated_parameters(config) * static_cast<double>(c10::elementSize(options.dtype));
+  const double host = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double limit = options.device.is_cpu() ? host : std::max(host, 1.0e12);
+  if (bytes > limit) {
+    throw ConfigError(fmt::format("the {} config describes about {:.3g} parameters ({} layers, hidden size {}): {:.3g} GB "
+                                  "in {}, more than this machine's {:.3g} GB of memory; check num_layers/hidden sizes",
+                                  model_type(config), estimated_parameters(config), num_layers(config),
+                                  hidden_size(config), bytes / 1e9, c10::toString(options.dtype), limit / 1e9));
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOptions& options) {
   validate(config);
+  check_fits_in_host_memory(config, options);
   at::TensorOptions tensor_options = at::TensorOptions().dtype(options.dtype).device(options.device);
   std::shared_ptr<CausalLM> model;
   if (const auto* gpt2 = std::get_if<GPT2Config>(&config)) {

@@ -37,6 +37,19 @@ int64_t parameter_count(const ModelConfig& config) {
   return total;
 }
 
+TEST(ModelConfig, EstimatedParametersTrackTheRealCountAndAbsurdSizesAreRefused) {
+  for (const auto& name : preset_names()) {
+    const double real = static_cast<double>(parameter_count(preset(name)));
+    EXPECT_NEAR(estimated_parameters(preset(name)) / real, 1.0, 0.02) << name;
+  }
+  // A typo'd n_layer is refused before anything is allocated, naming the sizes.
+  auto config = std::get<GPT2Config>(preset("gpt2-tiny"));
+  config.n_layer = 1'000'000'000'000;
+  const std::string error = config_error_of([&] { create_model(config); });
+  EXPECT_NE(error.find("1000000000000 layers"), std::string::npos) << error;
+  EXPECT_NE(error.find("more than this machine's"), std::string::npos) << error;
+}
+
 TEST(ModelConfig, PresetsHaveTheirNamedSizes) {
   // HF's gpt2 (124M) and gpt2-medium (355M) parameter counts.
   EXPECT_EQ(parameter_count(preset("gpt2-124m")), 124439808);

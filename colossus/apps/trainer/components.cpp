@@ -15,14 +15,6 @@
 
 namespace colossus::apps {
 
-namespace {
-
-int64_t max_positions(const models::ModelConfig& config) {
-  if (const auto* gpt2 = std::get_if<models::GPT2Config>(&config)) return gpt2->n_positions;
-  return std::get<models::LlamaConfig>(config).max_position_embeddings;
-}
-
-}  // namespace
 
 models::ModelConfig build_model_config(const TrainConfig& config, const data::Tokenizer& tokenizer) {
   const int64_t tokenizer_vocab = tokenizer.vocab_size();
@@ -51,7 +43,7 @@ models::ModelConfig build_model_config(const TrainConfig& config, const data::To
                                   "model.config.vocab_size >= {} or use a matching tokenizer",
                                   vocab, tokenizer_vocab, tokenizer_vocab));
   }
-  const int64_t positions = max_positions(out);
+  const int64_t positions = models::max_positions(out);
   if (config.data.seq_len > positions) {
     const char* key = std::holds_alternative<models::GPT2Config>(out) ? "n_positions" : "max_position_embeddings";
     throw ConfigError(fmt::format("data.seq_len = {} exceeds the model's {} = {}; lower data.seq_len or set "
