@@ -30,7 +30,23 @@ pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 # cpp-httplib for `colossus serve` (Debian's split build: its pkg-config carries
 # the compile definitions the library was built with). Optional: without it
 # the server is left out and `colossus serve` says so.
+# Machines without the package (the GPU image) may bring upstream's
+# header-only httplib.h through COLOSSUS_EXTRA_INCLUDE (scripts/pack_device_deps.sh
+# fetches the release Debian packages); a split declarations-only header is not enough.
 pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib)
+add_library(colossus_httplib INTERFACE)
+if(HTTPLIB_FOUND)
+  target_link_libraries(colossus_httplib INTERFACE PkgConfig::HTTPLIB)
+else()
+  find_path(HTTPLIB_HEADER_DIR httplib.h HINTS ${COLOSSUS_EXTRA_INCLUDE} NO_DEFAULT_PATH)
+  if(HTTPLIB_HEADER_DIR)
+    file(STRINGS ${HTTPLIB_HEADER_DIR}/httplib.h httplib_definitions LIMIT_COUNT 1 REGEX "^inline Server::Server\\(\\)")
+    if(httplib_definitions)
+      target_include_directories(colossus_httplib SYSTEM INTERFACE ${HTTPLIB_HEADER_DIR})
+      set(HTTPLIB_FOUND ON)
+    endif()
+  endif()
+endif()
 
 set(torch_has_cuda OFF)
 if(TARGET torch_cuda)
@@ -68,4 +84,4 @@ if(COLOSSUS_WITH_CUDA)
     message(FATAL_ERROR "CUDA build needs nccl.h and libnccl (from the nvidia-nccl wheel); found include='${NCCL_INCLUDE_DIR}' lib='${NCCL_LIBRARY}'")
   endif()
 endif()
-message(STATUS "Colossus: torch ${Torch_VERSION} at ${COLOSSUS_TORCH_ROOT}, CUDA parts: ${COLOSSUS_WITH_CUDA}")
+message(STATUS "Colossus: torch ${Torch_VERSION} at ${COLOSSUS_TORCH_ROOT}, CUDA parts: ${COLOSSUS_WITH_CUDA}, server (cpp-httplib): ${HTTPLIB_FOUND}")

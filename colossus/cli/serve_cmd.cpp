@@ -35,6 +35,8 @@ struct ServeArgs {
   std::string device = "cpu";
   int threads = 0;
   bool quiet = false;
+  std::string api_key;
+  std::vector<std::string> allowed_origins;
   inference::InferenceConfig config{};
 };
 
@@ -61,6 +63,17 @@ Examples:
 
 #ifdef COLOSSUS_WITH_SERVER
 int run_serve(const ServeArgs& args) {
+  // SIGINT/SIGTERM go to one waiting thread, blocked from the first line so
+  // that every thread started later (loading starts torch's and CUDA's, the
+  // server its pool) inherits the mask and a signal during a long load is
+  // not fatal; a client gone away must not kill us by SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   inference::InferenceConfig config = args.config;
   config.validate();  // before the (slow) load
   const c10::Device device = parse_device(args.device);
@@ -89,14 +102,12 @@ int run_serve(const ServeArgs& args) {
                static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size),
                chat.has_template() ? "the model's template" : "no template (plain role: content lines)");
 
-  // SIGINT/SIGTERM go to one waiting thread (blocked everywhere else, which
-  // the server's threads inherit); a client gone away must not kill us by SIGPIPE.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Asked to stop while loading: nothing was served, nothing to drain.
+  const timespec no_wait{0, 0};
+  if (const int sig = sigtimedwait(&stop_signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
+    std::fprintf(stderr, "%s during loading: stopped\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    return 0;
+  }
 
   inference::serving::Server server(std::move(engine), std::move(chat),
                                     {.host = args.host,
@@ -104,7 +115,9 @@ int run_serve(const ServeArgs& args) {
                                      .served_model_name = name,
                                      .max_context = context,
                                      .threads = args.threads,
-                                     .log_requests = !args.quiet});
+                                     .log_requests = !args.quiet,
+                                     .api_key = args.api_key,
+                                     .allowed_origins = args.allowed_origins});
   const int port = server.bind();
   std::fprintf(stderr, "serving '%s' on http://%s:%d (max_batch_size %lld, max_input_len %lld, max_output_len %lld)\n",
                name.c_str(), args.host.c_str(), port, static_cast<long long>(config.max_batch_size),
@@ -150,10 +163,19 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer directory or file (default: the model directory); 'byte' = the built-in byte tokenizer");
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
-  sub->add_option("--threads", args->threads, "HTTP worker threads, one per open connection; 0 = max(16, 2 x max_batch_size)")
-      ->check(CLI::NonNegativeNumber)
+  sub->add_option("--threads", args->threads,
+                  "HTTP worker threads, one per open connection (at most 4096); 0 = max(16, 2 x max_batch_size)")
+      ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   sub->add_flag("--quiet", args->quiet, "No log line per request");
+  sub->add_option("--api_key,--api-key", args->api_key,
+                  "Clients must send 'Authorization: Bearer KEY' (every route but /health); prefer the env "
+                  "COLOSSUS_API_KEY, which `ps` does not show")
+      ->envname("COLOSSUS_API_KEY");
+  sub->add_option("--allowed_origins,--allowed-origins", args->allowed_origins,
+                  "Web origins (e.g. http://localhost:3000) whose browser requests are served; '*' = any. "
+                  "Requests with another Origin header get 403")
+      ->delimiter(',');
   // InferenceConfig's fields, under their own names.
   sub->add_option("--max_batch_size,--max-batch-size", c.max_batch_size, "Sequences decoded together in one step")
       ->capture_default_str();
@@ -173,7 +195,9 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--kv_cache_dtype,--kv-cache-dtype", c.kv_cache_dtype, "KV cache dtype; auto = the model's")
       ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  sub->add_option("--block_size,--block-size", c.block_size, "Tokens per KV cache block")->capture_default_str();
+  sub->add_option("--block_size,--block-size", c.block_size, "Tokens per KV cache block (1..1024)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   sub->add_option("--num_blocks,--num-blocks", c.num_blocks,
                   "KV cache blocks; 0 = from free GPU memory, or max_batch_size full sequences on the CPU")
       ->capture_default_str();
@@ -182,6 +206,12 @@ Command add_serve_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--enable_prefix_caching,--enable-prefix-caching", c.enable_prefix_caching,
                   "Reuse KV blocks of shared prompt prefixes (true/false)")
+      ->capture_default_str();
+  sub->add_option("--use_cuda_graph,--use-cuda-graph", c.use_cuda_graph,
+                  "Replay decode steps from CUDA graphs (cuda only; true/false)")
+      ->capture_default_str();
+  sub->add_option("--max_context_len_to_capture,--max-context-len-to-capture", c.max_context_len_to_capture,
+                  "With use_cuda_graph: longest context a replayed decode step may have")
       ->capture_default_str();
   sub->add_flag("--do_sample,--do-sample", c.do_sample, "Sample by default (requests may still set temperature 0)");
   sub->add_option("--temperature", c.temperature, "Default temperature")->capture_default_str();

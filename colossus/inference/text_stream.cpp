@@ -31,6 +31,9 @@ size_t complete_utf8_prefix(const std::string& text) {
 }
 
 std::string TextStream::push(int64_t token) {
+  // An id the tokenizer has no piece for (a model vocabulary padded past the
+  // tokenizer's) decodes to nothing, as in transformers, rather than failing.
+  if (token < 0 || token >= tokenizer_.vocab_size()) return {};
   ids_.push_back(static_cast<int32_t>(token));
   text_ = tokenizer_.decode(ids_, skip_special_tokens_);
   const size_t ready = complete_utf8_prefix(text_);

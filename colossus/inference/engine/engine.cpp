@@ -234,6 +234,10 @@ std::vector<RequestOutput> InferenceEngine::step() {
   if (batch.empty()) return outputs;
   if (drafter_) add_drafts(batch);
   at::Tensor logits = runner_->run(batch);
+  // A model trained with its vocabulary padded past the tokenizer's (the
+  // trainer pads to a multiple of 64) has logits for ids no text decodes to:
+  // never draw them, greedy, sampled, beams or verified drafts alike.
+  if (tokenizer_ && tokenizer_->vocab_size() < logits.size(-1)) logits = logits.narrow(-1, 0, tokenizer_->vocab_size());
   ++steps_;
   finish_step(batch, logits, outputs);
   return outputs;

@@ -72,7 +72,7 @@ std::shared_ptr<Channel> EngineLoop::submit(std::vector<std::vector<int64_t>> pr
   {
     std::lock_guard lock(mutex_);
     if (stop_) {
-      channel->fail("the server is shutting down");
+      channel->fail(kShuttingDown);
       return channel;
     }
     incoming_.push_back({channel, std::move(prompts), std::move(options)});
@@ -185,7 +185,7 @@ void EngineLoop::run() {
       stopping = stop_;
     }
     for (Submission& submission : incoming) {
-      if (stopping) submission.channel->fail("the server is shutting down");
+      if (stopping) submission.channel->fail(kShuttingDown);
       else admit(submission);
     }
     for (const auto& channel : aborts) {
@@ -215,7 +215,7 @@ void EngineLoop::run() {
     }
     refresh_stats();
     if (stopping) {
-      for (const auto& [id, live] : live_) live.channel->fail("the server is shutting down");
+      for (const auto& [id, live] : live_) live.channel->fail(kShuttingDown);
       live_.clear();
       return;
     }

@@ -19,6 +19,9 @@
 
 namespace colossus::inference::serving {
 
+// The one failure message a client may see verbatim from a 5xx (others are logged).
+inline constexpr const char* kShuttingDown = "the server is shutting down";
+
 // One output of one choice (prompt) of a submission.
 struct ChoiceOutput {
   int64_t index = 0;  // the prompt's position in the submission

@@ -117,6 +117,10 @@ GenerationRequest parse_generation(const json& body, const char* max_tokens_alia
   if (request.top_k && *request.top_k == -1) request.top_k = 0;  // vLLM's "off"
   request.repetition_penalty = number_field(body, "repetition_penalty");
   request.no_repeat_ngram_size = integer_field(body, "no_repeat_ngram_size");
+  if (request.no_repeat_ngram_size && (*request.no_repeat_ngram_size < 0 || *request.no_repeat_ngram_size > 64)) {
+    throw ApiError(400, fmt::format("no_repeat_ngram_size = {} is outside 0..64 (0 = off, e.g. 3)", *request.no_repeat_ngram_size),
+                   "no_repeat_ngram_size");
+  }
   if (auto seed = integer_field(body, "seed")) request.seed = static_cast<uint64_t>(*seed);
   request.ignore_eos = bool_field(body, "ignore_eos");
   if (const json* stop = field(body, "stop")) {
@@ -130,8 +134,13 @@ GenerationRequest parse_generation(const json& body, const char* max_tokens_alia
     } else {
       throw wrong_type("stop", *stop, "a string or a list of strings");
     }
+    // Every stop string is searched for after every token: a bounded set.
+    if (request.stop.size() > 16) {
+      throw ApiError(400, fmt::format("{} stop strings; at most 16 are allowed", request.stop.size()), "stop");
+    }
     for (const auto& s : request.stop) {
       if (s.empty()) throw ApiError(400, "a stop string is empty; remove it", "stop");
+      if (s.size() > 1024) throw ApiError(400, fmt::format("a stop string is {} bytes; at most 1024", s.size()), "stop");
     }
   }
   request.stream = bool_field(body, "stream").value_or(false);

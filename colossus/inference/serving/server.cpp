@@ -12,9 +12,14 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
@@ -72,6 +77,7 @@ struct Server::Impl {
   std::mutex mutex;  // guards rng and http_counts
   std::mt19937_64 rng{std::random_device{}()};
   HttpCounts http_counts;
+  std::atomic<bool> stop_sent{false};  // Server::stop() took effect
 
   uint64_t random_seed() {
     std::lock_guard lock(mutex);
@@ -97,19 +103,60 @@ struct Server::Impl {
     return {ids.begin(), ids.end()};
   }
 
+  // The API key (when the server has one) and the Origin of browser requests.
+  void check_access(const httplib::Request& req) const {
+    if (req.has_header("Origin")) {
+      const std::string origin = req.get_header_value("Origin");
+      const auto& allowed = options.allowed_origins;
+      if (std::find(allowed.begin(), allowed.end(), "*") == allowed.end() &&
+          std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) {
+        throw ApiError(403,
+                       fmt::format("requests from the web origin '{}' are refused; start the server with "
+                                   "--allowed_origins {} to allow it",
+                                   origin, origin),
+                       {}, "invalid_request_error", "origin_not_allowed");
+      }
+    }
+    if (options.api_key.empty()) return;
+    const std::string expected = "Bearer " + options.api_key;
+    const std::string given = req.get_header_value("Authorization");
+    // Compared in time independent of where they differ.
+    unsigned char difference = given.size() == expected.size() ? 0 : 1;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      difference |= static_cast<unsigned char>(expected[i] ^ (i < given.size() ? given[i] : 0));
+    }
+    if (difference != 0) {
+      throw ApiError(401, "missing or incorrect API key: send the header 'Authorization: Bearer <key>'", {},
+                     "invalid_request_error", "invalid_api_key");
+    }
+  }
+
+  // A failure of the server, not of the request: the details (which may name
+  // files of this machine) go to the log under an id; the client gets the id.
+  void send_server_error(httplib::Response& res, int status, const std::string& path, const std::string& detail) {
+    const std::string id = new_id("err");
+    logger().error(fmt::format("{} failed ({}): {}", path, id, detail));
+    send_error(res, ApiError(status, fmt::format("the server could not complete the request (logged as {})", id), {},
+                             "server_error"));
+  }
+
   // Wraps a handler: ApiError and ConfigError become OpenAI error bodies; every response is counted.
   void route(const char* method, const std::string& path,
              std::function<void(const httplib::Request&, httplib::Response&)> handler) {
     auto wrapped = [this, path, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
       try {
+        if (path != "/health") check_access(req);
         handler(req, res);
       } catch (const ApiError& e) {
-        send_error(res, e);
+        if (e.status < 500 || e.what() == std::string(kShuttingDown)) {
+          send_error(res, e);
+        } else {
+          send_server_error(res, e.status, path, e.what());
+        }
       } catch (const ConfigError& e) {
         send_error(res, ApiError(400, e.what()));
       } catch (const std::exception& e) {
-        logger().error(fmt::format("{} failed: {}", path, e.what()));
-        send_error(res, ApiError(500, e.what(), {}, "server_error"));
+        send_server_error(res, 500, path, e.what());
       }
       count(path, res.status == -1 ? 200 : res.status);
       if (res.status >= 400 && options.log_requests) {
@@ -256,7 +303,12 @@ struct Server::Impl {
     if (state.channel->closed()) {
       state.complete = true;
       if (auto error = state.channel->error()) {
-        write({{"error", {{"message", *error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
+        std::string message = *error;
+        if (message != kShuttingDown) {
+          message = "the server could not complete the request (see its log)";
+          logger().error(fmt::format("stream {} failed: {}", state.id, *error));
+        }
+        write({{"error", {{"message", message}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
       }
       if (state.include_usage) {
         json usage = {{"id", state.id},
@@ -299,6 +351,9 @@ Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerO
 
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.http.set_keep_alive_timeout(2);
+  // A client that stops sending or reading holds a worker thread no longer than this.
+  s.http.set_read_timeout(10, 0);
+  s.http.set_write_timeout(10, 0);
   s.http.set_payload_max_length(size_t{64} << 20);
   s.route("POST", "/v1/completions", [&s](const auto& req, auto& res) { s.completions(req, res); });
   s.route("POST", "/v1/chat/completions", [&s](const auto& req, auto& res) { s.chat_completions(req, res); });
@@ -328,6 +383,31 @@ Server::~Server() {
   impl_->loop->stop();
 }
 
+namespace {
+
+// httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into
+// Debian's library), so a burst of new connections (64 clients at once) got
+// resets. listen() may be called again on a listening socket to change its
+// backlog: find ours by its port and raise it to the system's maximum.
+void raise_listen_backlog(int port) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    sockaddr_storage address{};
+    socklen_t length = sizeof(address);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) continue;
+    int bound_port = -1;
+    if (address.ss_family == AF_INET) bound_port = ntohs(reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+    if (address.ss_family == AF_INET6) bound_port = ntohs(reinterpret_cast<sockaddr_in6*>(&address)->sin6_port);
+    int listening = 0;
+    socklen_t size = sizeof(listening);
+    if (bound_port == port && ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) == 0 && listening) {
+      ::listen(fd, SOMAXCONN);
+    }
+  }
+}
+
+}  // namespace
+
 int Server::bind() {
   Impl& s = *impl_;
   const int port = s.options.port == 0 ? s.http.bind_to_any_port(s.options.host) : s.options.port;
@@ -337,6 +417,7 @@ int Server::bind() {
                                   s.options.host, s.options.port));
   }
   if (port < 0) throw ConfigError(fmt::format("cannot listen on {} (not an address of this machine?)", s.options.host));
+  raise_listen_backlog(port);
   port_ = port;
   return port;
 }
@@ -347,7 +428,9 @@ void Server::listen() {
 }
 
 void Server::stop() {
-  if (impl_->http.is_running()) impl_->http.stop();
+  // httplib's stop() may run once per listen: is_running() stays true while
+  // in-flight requests drain, and a second stop() then asserts.
+  if (impl_->http.is_running() && !impl_->stop_sent.exchange(true)) impl_->http.stop();
 }
 
 }  // namespace colossus::inference::serving

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace colossus::inference::serving {
 
@@ -19,6 +20,11 @@ struct ServerOptions {
   int64_t max_context = 0;            // positions the model has (0 = unbounded)
   int threads = 0;                    // HTTP worker threads (each holds one connection); 0 = max(16, 2 x max_batch_size)
   bool log_requests = true;           // one line per finished request
+  // When set, every route but /health needs `Authorization: Bearer <api_key>` (401 otherwise).
+  std::string api_key = "";
+  // A request that carries an Origin header (a browser page) is refused (403)
+  // unless its origin is listed here; "*" allows every origin.
+  std::vector<std::string> allowed_origins = {};
 };
 
 class Server {

@@ -487,6 +487,90 @@ TEST_F(Serve, TheOpenAiPythonClientGetsTheGreedyTexts) {
   EXPECT_NE(result.output.find("ok"), std::string::npos) << result.output;
 }
 
+TEST_F(Serve, APoisonedRequestBesideHealthyOnesFailsNoneOfThem) {
+  // The trainer pads the model's vocabulary past the tokenizer's (257 byte ids
+  // -> 320 rows): a request sampling at temperature 1e308 (uniform over every
+  // row) used to draw ids no text decodes to, and the decode error inside the
+  // engine step failed every request in the batch with 503.
+  const fs::path padded = testing::scratch_dir() / "padded_vocab";
+  models::save_pretrained(*testing::tiny_gpt2(/*vocab=*/320, /*n_positions=*/512), padded.string());
+  data::save_byte_tokenizer(padded.string());
+  ServerProcess server(padded.string(), {"--served_model_name", "tiny", "--quiet", "--max_batch_size", "8"},
+                       testing::scratch_dir() / "serve_padded.log");
+  auto complete = [&](const json& body) {
+    httplib::Client client("127.0.0.1", server.port());
+    client.set_read_timeout(60);
+    const auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    return res ? std::make_pair(res->status, res->body) : std::make_pair(-1, std::string(httplib::to_string(res.error())));
+  };
+  const json greedy = {{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 24}, {"temperature", 0}, {"ignore_eos", true}};
+  const auto [alone_status, alone_body] = complete(greedy);
+  ASSERT_EQ(alone_status, 200) << alone_body;
+  const std::string alone = json::parse(alone_body)["choices"][0]["text"];
+  json poisoned = greedy;
+  poisoned["temperature"] = 1e308;
+  poisoned["seed"] = 7;
+  std::vector<std::pair<int, std::string>> results(7);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < results.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = complete(i == 3 ? poisoned : greedy); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_EQ(results[i].first, 200) << "request " << i << ": " << results[i].second << "\n" << server.log();
+    const json body = json::parse(results[i].second);
+    EXPECT_EQ(body["usage"]["completion_tokens"], 24) << i;
+    if (i != 3) {
+      EXPECT_EQ(body["choices"][0]["text"], alone) << "greedy request " << i;
+    }
+  }
+}
+
+TEST_F(Serve, ApiKeyAndForeignOriginsAreRefused) {
+  ServerProcess guarded(dir_->string(),
+                        {"--served_model_name", "tiny", "--quiet", "--api_key", "s3cret", "--allowed_origins",
+                         "http://localhost:3000"},
+                        testing::scratch_dir() / "serve_guarded.log");
+  httplib::Client client("127.0.0.1", guarded.port());
+  const std::string body = R"({"model": "tiny", "prompt": "hi", "max_tokens": 2})";
+  auto post = [&](const httplib::Headers& headers) {
+    const auto res = client.Post("/v1/completions", headers, body, "application/json");
+    return res ? res->status : -1;
+  };
+  EXPECT_EQ(post({}), 401);
+  EXPECT_EQ(post({{"Authorization", "Bearer wrong"}}), 401);
+  EXPECT_EQ(post({{"Authorization", "Bearer s3cre"}}), 401);
+  EXPECT_EQ(post({{"Authorization", "Bearer s3cret"}}), 200);
+  const auto models = client.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  EXPECT_NE(models->body.find("invalid_api_key"), std::string::npos) << models->body;
+  const auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200) << "health checks need no key";
+  // A page in a browser: its Origin must be allowed, key or not.
+  EXPECT_EQ(post({{"Authorization", "Bearer s3cret"}, {"Origin", "http://evil.example"}}), 403);
+  EXPECT_EQ(post({{"Authorization", "Bearer s3cret"}, {"Origin", "http://localhost:3000"}}), 200);
+  // Without --allowed_origins every Origin is foreign.
+  const auto foreign = httplib::Client("127.0.0.1", server_->port())
+                           .Post("/v1/completions", {{"Origin", "http://localhost:8000"}}, body, "application/json");
+  ASSERT_TRUE(foreign);
+  EXPECT_EQ(foreign->status, 403);
+  EXPECT_NE(foreign->body.find("--allowed_origins"), std::string::npos) << foreign->body;
+}
+
+TEST_F(Serve, LoadThenSigtermWithRequestsInFlight) {
+  // The check scripts/device_serve_smoke.sh runs on the GPU, here on a second
+  // server: 64 requests from 16 clients against their single-request texts,
+  // every KV block free afterwards, then SIGTERM while 8 long requests run.
+  const auto result = testing::run_command(fmt::format(
+      "'{}' '{}' --bin '{}' --model '{}' --requests 64 --clients 16 --max-tokens 24 --inflight 8 -- "
+      "--max_batch_size 4 --max_input_len {} --max_output_len {} --block_size 8 --threads 32 2>&1",
+      COLOSSUS_PYTHON, COLOSSUS_SERVE_LOAD_CHECK, COLOSSUS_BIN, dir_->string(), kMaxInputLen, kMaxOutputLen));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("serve load check: PASS"), std::string::npos) << result.output;
+}
+
 TEST_F(Serve, SigtermShutsDownGracefully) {
   ServerProcess second(dir_->string(), {"--served_model_name", "tiny", "--quiet"},
                        testing::scratch_dir() / "serve_sigterm.log");
