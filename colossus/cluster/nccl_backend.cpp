@@ -6,6 +6,7 @@
 #include "colossus/core/errors.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -71,17 +72,23 @@ ProcessGroupPtr create_nccl(const LaunchInfo& info, const ClusterOptions& option
     throw LaunchError("the NCCL backend needs MASTER_ADDR and MASTER_PORT for rendezvous; start the job with "
                       "`colossus run` or torchrun, or set both variables");
   }
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(info.master_port);
-  store_options.isServer = info.rank == 0;
-  store_options.numWorkers = static_cast<size_t>(info.world_size);
-  store_options.timeout = options.timeout;
   c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
-  } catch (const std::exception& e) {
-    throw LaunchError(fmt::format("rendezvous at {}:{} failed (rank {} of {}): {}", info.master_addr,
-                                  info.master_port, info.rank, info.world_size, e.what()));
+  if (info.world_size == 1) {
+    // A lone process meets nobody: an in-process store, so that several
+    // one-GPU runs on a machine do not all try to listen on MASTER_PORT.
+    store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(info.master_port);
+    store_options.isServer = info.rank == 0;
+    store_options.numWorkers = static_cast<size_t>(info.world_size);
+    store_options.timeout = options.timeout;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, store_options);
+    } catch (const std::exception& e) {
+      throw LaunchError(fmt::format("rendezvous at {}:{} failed (rank {} of {}): {}", info.master_addr,
+                                    info.master_port, info.rank, info.world_size, e.what()));
+    }
   }
   auto ctx = std::make_shared<NcclContext>(NcclContext{
       store, options.timeout, c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(info.local_rank))});
