@@ -187,12 +187,19 @@ int run_generate(const GenerateArgs& args) {
   if (!args.chat) {
     for (const auto& prompt : prompts) {
       prompt_ids.push_back(encode_prompt(*tokenizer, prompt));
-      longest = std::max(longest, static_cast<int64_t>(prompt_ids.back().size()));
+      const auto length = static_cast<int64_t>(prompt_ids.back().size());
+      if (length >= context) {
+        throw ConfigError(fmt::format("the prompt '{:.40}...' is {} tokens, and the model's context is {} positions, so "
+                                      "no token could follow it; shorten it to at most {} tokens",
+                                      prompt, length, context, context - 1));
+      }
+      longest = std::max(longest, length);
     }
   }
   // One request at a time: a pool for one sequence of the longest length.
   const int64_t max_input_len = args.chat ? std::max<int64_t>(context - 1, 1) : longest;
-  const int64_t max_output_len = std::max<int64_t>(args.max_new_tokens, 1);
+  // No continuation runs past the context, so neither does the pool sized from this.
+  const int64_t max_output_len = std::clamp<int64_t>(args.max_new_tokens, 1, std::max<int64_t>(context - longest, 1));
   const int64_t most_tokens = args.chat ? context : longest + max_output_len;
   inference::InferenceEngine engine(model, tokenizer,
                                     {.max_batch_size = 1,
@@ -246,8 +253,8 @@ Command add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
-  sub->add_option("--block_size", args->block_size, "Tokens per KV cache block")
-      ->check(CLI::PositiveNumber)
+  sub->add_option("--block_size", args->block_size, "Tokens per KV cache block (1..1024)")
+      ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_flag("--chat", args->chat, "Interactive chat: user messages from stdin, replies streamed (see below)");
   sub->add_option("--system", args->system, "With --chat: a system message that starts the conversation");

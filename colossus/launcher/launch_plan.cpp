@@ -93,6 +93,12 @@ std::vector<LocalUnit> plan_nodes(const RunOptions& options, const std::vector<H
   return units;
 }
 
+std::vector<std::string> mpirun_environment(const Environment& base, const MpiLaunch& launch) {
+  Environment env = base;
+  env.set(kChannelTokenVar, launch.channel_token);
+  return env.entries();
+}
+
 std::vector<std::string> mpirun_arguments(const JobLayout& layout, const MpiLaunch& launch,
                                           const std::vector<std::string>& command, const Environment& base) {
   // Shared memory without CMA (often blocked in containers), TCP between
@@ -115,6 +121,10 @@ std::vector<std::string> mpirun_arguments(const JobLayout& layout, const MpiLaun
                                 "1"};
   if (!launch.hostfile_path.empty()) {
     args.insert(args.end(), {"--hostfile", launch.hostfile_path});
+  } else {
+    // One node: mpirun's out-of-band channel needs no other interface, so it
+    // listens on none (by default it listens on all of them).
+    args.insert(args.end(), {"--mca", "oob_tcp_if_include", "lo"});
   }
   Environment env = base;
   add_launcher_defaults(env, layout.nproc_per_node);
@@ -123,11 +133,13 @@ std::vector<std::string> mpirun_arguments(const JobLayout& layout, const MpiLaun
       {"MASTER_ADDR", layout.master_addr},
       {"MASTER_PORT", std::to_string(layout.master_port)},
       {kChannelAddressVar, launch.channel_address},
-      {kChannelTokenVar, launch.channel_token},
   };
   for (const char* name : kMulticastVariables) exported[name] = *env.get(name);
   if (auto threads = env.get("OMP_NUM_THREADS")) exported["OMP_NUM_THREADS"] = *threads;
   for (const auto& [name, value] : exported) args.insert(args.end(), {"-x", name + "=" + value});
+  // The rank token is a secret: mpirun forwards it from its own environment
+  // (mpirun_environment), so it never appears on a command line `ps` shows.
+  args.insert(args.end(), {"-x", kChannelTokenVar});
   args.insert(args.end(), {launch.self_path, "_rank", "--", launch.program_path});
   args.insert(args.end(), command.begin() + 1, command.end());
   return args;

@@ -61,8 +61,12 @@ struct MpiLaunch {
   std::string channel_address{};  // host:port of our rank channel
   std::string channel_token{};
 };
+// mpirun's environment: `base` and the rank token, which mpirun forwards by
+// name (-x NAME) so that no command line carries it.
+std::vector<std::string> mpirun_environment(const Environment& base, const MpiLaunch& launch);
 // mpirun's argv (argv[0] = "mpirun"): CPU-friendly transport flags, the
-// launcher variables as -x NAME=VALUE, and `colossus _rank -- PROGRAM ARGS`.
+// launcher variables as -x NAME=VALUE (the token as -x NAME), and
+// `colossus _rank -- PROGRAM ARGS`.
 std::vector<std::string> mpirun_arguments(const JobLayout& layout, const MpiLaunch& launch,
                                           const std::vector<std::string>& command, const Environment& base);
 

@@ -163,7 +163,7 @@ int run_mpi(const RunOptions& options, const std::string& program_path, const st
   launch.channel_token = job.token;
   job.mpirun = SpawnSpec{.path = mpirun_path,
                          .argv = mpirun_arguments(layout, launch, options.command, base),
-                         .env = base.entries(),
+                         .env = mpirun_environment(base, launch),
                          .death_signal = SIGTERM};
   job.world_size = layout.world_size();
   job.monitor = monitor_options(options, "rank", std::chrono::seconds(2));

@@ -37,6 +37,14 @@ void RunOptions::validate() const {
     throw ConfigError(
         fmt::format("--nproc_per_node {} is invalid; give the number of ranks per node (at least 1)", nproc_per_node));
   }
+  // Each rank is a process with its own threads and memory: past this a typo
+  // (-n 100000) would fork until the host cannot, not run a job.
+  constexpr int64_t kMaxRanksPerNode = 1024;
+  if (nproc_per_node > kMaxRanksPerNode) {
+    throw ConfigError(fmt::format("--nproc_per_node {} is more than {} ranks on one node; give one rank per GPU "
+                                  "(or a few per CPU core), and more nodes for more ranks",
+                                  nproc_per_node, kMaxRanksPerNode));
+  }
   if (nnodes < 1)
     throw ConfigError(fmt::format("--nnodes {} is invalid; give the number of nodes (at least 1)", nnodes));
   if (node_rank < 0 || node_rank >= nnodes) {

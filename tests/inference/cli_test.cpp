@@ -115,6 +115,21 @@ TEST_F(GenerateCli, ErrorsAreOneLineWithExitCode) {
   EXPECT_EQ(usage.exit_code, 2);
 }
 
+TEST_F(GenerateCli, SizesBeyondTheModelAreRefusedOrCapped) {
+  // A prompt that fills the 64-position context: an error, not an empty success.
+  const auto too_long = colossus(fmt::format("'{}' --prompt '{}' --greedy", model_dir_->string(), std::string(80, 'x')));
+  EXPECT_EQ(too_long.exit_code, 1) << too_long.out;
+  EXPECT_NE(too_long.err.find("context is 64 positions"), std::string::npos) << too_long.err;
+  // A huge max_new_tokens is capped by the context instead of sizing the cache from it.
+  const auto huge = colossus(fmt::format("'{}' --prompt 'Hi' --max_new_tokens 1000000000 --greedy", model_dir_->string()));
+  EXPECT_EQ(huge.exit_code, 0) << huge.err;
+  const auto prompt_tokens = static_cast<int64_t>(data::load_tokenizer(model_dir_->string())->encode("Hi", true).size());
+  EXPECT_EQ(huge.out, expected_output("Hi", {.max_new_tokens = 64 - prompt_tokens, .sampling = {.do_sample = false}}));
+  const auto block = colossus(fmt::format("'{}' --prompt 'Hi' --block_size 1000000000", model_dir_->string()));
+  EXPECT_NE(block.exit_code, 0);
+  EXPECT_NE(block.err.find("--block_size"), std::string::npos) << block.err;
+}
+
 TEST_F(GenerateCli, HelpExplainsThePaths) {
   const auto help = colossus("--help");
   EXPECT_EQ(help.exit_code, 0);

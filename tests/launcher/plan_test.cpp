@@ -37,6 +37,9 @@ TEST(RunOptions, ValidationNamesTheBadValue) {
   EXPECT_NO_THROW(with_program({}).validate());
   EXPECT_EQ(error_of([] { with_program({.nproc_per_node = 0}).validate(); }),
             "--nproc_per_node 0 is invalid; give the number of ranks per node (at least 1)");
+  EXPECT_EQ(error_of([] { with_program({.nproc_per_node = 100000}).validate(); }),
+            "--nproc_per_node 100000 is more than 1024 ranks on one node; give one rank per GPU (or a few per CPU "
+            "core), and more nodes for more ranks");
   EXPECT_EQ(error_of([] { with_program({.nnodes = 0}).validate(); }),
             "--nnodes 0 is invalid; give the number of nodes (at least 1)");
   EXPECT_EQ(error_of([] { with_program({.nnodes = 2, .node_rank = 2}).validate(); }),
@@ -213,7 +216,14 @@ TEST(LaunchPlan, MpirunCommandLine) {
             0u)
       << line;
   EXPECT_NE(line.find("-x COLOSSUS_LAUNCHER=1"), std::string::npos);
-  EXPECT_NE(line.find("-x COLOSSUS_RANK_CHANNEL=127.0.0.1:5000 -x COLOSSUS_RANK_TOKEN=tok"), std::string::npos);
+  EXPECT_NE(line.find("-x COLOSSUS_RANK_CHANNEL=127.0.0.1:5000"), std::string::npos);
+  // The token travels in mpirun's environment, never on a command line.
+  EXPECT_EQ(line.find("tok"), std::string::npos) << line;
+  EXPECT_NE(line.find("-x COLOSSUS_RANK_TOKEN "), std::string::npos) << line;
+  const auto env = mpirun_environment(Environment{}, launch);
+  EXPECT_NE(std::find(env.begin(), env.end(), "COLOSSUS_RANK_TOKEN=tok"), env.end());
+  // One node: mpirun's own channels stay on loopback.
+  EXPECT_NE(line.find("--mca oob_tcp_if_include lo"), std::string::npos) << line;
   EXPECT_NE(line.find("-x NCCL_NVLS_ENABLE=0"), std::string::npos);
   EXPECT_EQ(line.substr(line.find(" /x/colossus")), " /x/colossus _rank -- /bin/prog --flag 'a b'");
   EXPECT_EQ(line.find("--hostfile"), std::string::npos);
@@ -221,6 +231,7 @@ TEST(LaunchPlan, MpirunCommandLine) {
   line = shell_join(mpirun_arguments(layout, launch, {"prog"}, Environment{}));
   EXPECT_NE(line.find("--mca btl self,vader,tcp"), std::string::npos);
   EXPECT_NE(line.find("--hostfile /tmp/h"), std::string::npos);
+  EXPECT_EQ(line.find("oob_tcp_if_include"), std::string::npos) << "several nodes need a routable interface";
 }
 
 TEST(LaunchPlan, ShellQuoting) {

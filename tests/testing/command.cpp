@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 
 namespace colossus::testing {
 
@@ -31,10 +32,11 @@ namespace {
 
 struct ScratchDir {
   fs::path path;
-  explicit ScratchDir(const std::string& area)
-      : path(fs::temp_directory_path() / fmt::format("colossus_{}_test_{}", area, ::getpid())) {
-    fs::remove_all(path);
-    fs::create_directories(path);
+  // mkdtemp: a name nobody can predict and take first, made with mode 0700.
+  explicit ScratchDir(const std::string& area) {
+    std::string pattern = (fs::temp_directory_path() / fmt::format("colossus_{}_test_XXXXXX", area)).string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path = pattern;
   }
   ~ScratchDir() {
     if (std::getenv("COLOSSUS_KEEP_TEST_FILES") != nullptr) return;

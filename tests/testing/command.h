@@ -14,7 +14,7 @@ struct CommandResult {
 
 CommandResult run_command(const std::string& command);
 
-// `<tmp>/colossus_<area>_test_<pid>`, created fresh on first use and removed at
+// `<tmp>/colossus_<area>_test_XXXXXX` (mkdtemp), created on first use and removed at
 // exit, unless COLOSSUS_KEEP_TEST_FILES is set (to look at plots, event files).
 const std::filesystem::path& scratch_dir(const std::string& area);
 

@@ -37,6 +37,13 @@ void validate_schedule(ScheduleKind kind, int pp_size, int num_model_chunks, int
     throw ConfigError(
         fmt::format("pipeline: num_microbatches = {}; use at least pp_size = {}", num_microbatches, pp_size));
   }
+  // A schedule lists every microbatch's actions: a million per step is
+  // already far past any useful pipeline (the bubble shrinks as 1/microbatches).
+  constexpr int64_t kMaxMicrobatches = 1'000'000;
+  if (num_microbatches > kMaxMicrobatches) {
+    throw ConfigError(fmt::format("pipeline: num_microbatches = {} is more than {}; use a few times pp_size = {}",
+                                  num_microbatches, kMaxMicrobatches, pp_size));
+  }
   if (kind == ScheduleKind::Interleaved) {
     if (num_model_chunks < 2) {
       throw ConfigError(

@@ -16,6 +16,12 @@ void ScheduleReportOptions::validate() const {
                                   "1f1b's bubble under 20%)",
                                   num_microbatches, pp_size, 4 * pp_size));
   }
+  // The report simulates every action of every microbatch.
+  if (num_microbatches > 1'000'000) {
+    throw ConfigError(fmt::format("plan: num_microbatches = {} is more than 1000000; the bubble is already under "
+                                  "{:.1e} of the step at that count",
+                                  num_microbatches, static_cast<double>(pp_size - 1) / 1e6));
+  }
   if (num_model_chunks < 2) {
     throw ConfigError(fmt::format(
         "plan: num_model_chunks = {}; the interleaved row needs at least 2 chunks per rank, e.g. 2", num_model_chunks));

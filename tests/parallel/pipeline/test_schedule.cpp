@@ -194,6 +194,8 @@ TEST(PipelinePlanReport, BubblesMemoryAndRecommendation) {
   // Bad options name the value.
   EXPECT_THROW(plan_pipeline({.pp_size = 1}), ConfigError);
   EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = 0}), ConfigError);
+  // A count past any useful pipeline is refused at once, not listed action by action.
+  EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = INT64_MAX}), ConfigError);
   EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = 8, .num_layers = 12}), ConfigError);
   EXPECT_THROW(plan_pipeline({.pp_size = 4, .num_microbatches = 8, .activation_bytes = 3}), ConfigError);
 }
