@@ -209,9 +209,11 @@ void fsync_dir(const std::string& dir) {
 void fsync_tree(const std::string& dir) {
   namespace fs = std::filesystem;
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (entry.is_directory()) {
+    // Links are neither followed nor flushed: what they name is not part of the tree.
+    const fs::file_status status = entry.symlink_status();
+    if (fs::is_directory(status)) {
       fsync_dir(entry.path().string());
-    } else if (entry.is_regular_file()) {
+    } else if (fs::is_regular_file(status)) {
       FdGuard f{::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW)};
       if (f.fd < 0) fail("cannot open", entry.path().string(), errno);
       if (::fsync(f.fd) != 0) fail("cannot fsync", entry.path().string(), errno);

@@ -6,6 +6,7 @@
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
 #include "colossus/checkpoint/file_io.h"
+#include "colossus/core/errors.h"
 #include "tests/testing/command.h"
 
 #include <fmt/format.h>
@@ -149,6 +150,28 @@ TEST(TrainCli, FailedAsyncSaveFailsTheRunAndIsNeverPublished) {
   EXPECT_EQ(rest.first_step, 2);
   EXPECT_EQ(rest.final_step, 6);
   EXPECT_EQ(fs::path(*dirs.latest()).filename(), "step-00000006");
+}
+
+TEST(TrainCli, DatasetAndBinaryFilesAreRefusedAsTextSources) {
+  const fs::path dir = colossus::testing::scratch_dir("train_cli") / "sources";
+  fs::create_directories(dir);
+  std::ofstream(dir / "chat.jsonl") << R"({"messages": [{"role": "user", "content": "hi"}]})" << "\n";
+  std::ofstream(dir / "weights.dat", std::ios::binary) << std::string("text\0\xff\xfe binary", 16);
+  auto error_for = [&](const fs::path& source) {
+    try {
+      colossus::apps::train(colossus::apps::parse_train_config(
+          kConfig, {fmt::format("train.output_dir=\"{}\"", (dir / "run").string()),
+                    fmt::format("data.source=\"{}\"", source.string())}));
+    } catch (const colossus::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string jsonl = error_for(dir / "chat.jsonl");
+  EXPECT_NE(jsonl.find("is a .jsonl file, not plain text"), std::string::npos) << jsonl;
+  const std::string binary = error_for(dir / "weights.dat");
+  EXPECT_NE(binary.find("is not UTF-8 text"), std::string::npos) << binary;
+  EXPECT_NE(binary.find("offset 4"), std::string::npos) << binary;
 }
 
 TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {

@@ -4,6 +4,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/data/corpus.h"
 #include "colossus/data/token_shards.h"
+#include "colossus/data/unicode.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace colossus::apps {
@@ -29,10 +31,34 @@ std::string read_file(const fs::path& path) {
 
 // The text of data.source: the generated corpus, one file, or every *.txt of a
 // directory (sorted, separated by blank lines so documents never merge).
+// A text source is plain UTF-8 text: a dataset file (records, tensors) or a
+// binary read as text would train on its markup or bytes without a word.
+std::string read_text_source(const fs::path& path) {
+  static const std::set<std::string> datasets = {".jsonl", ".json", ".parquet", ".arrow", ".csv", ".safetensors",
+                                                 ".bin", ".pt", ".gz", ".zip", ".tar"};
+  if (datasets.contains(path.extension().string())) {
+    throw ConfigError(fmt::format("data.source = '{}' is a {} file, not plain text; give a .txt file, a folder of "
+                                  ".txt files or token shards (pretraining reads raw text)",
+                                  path.string(), path.extension().string()));
+  }
+  std::string text = read_file(path);
+  for (size_t pos = 0; pos < text.size();) {
+    const data::Utf8Char ch = data::decode_utf8(text, pos);
+    if (ch.cp == data::kInvalidCodepoint || ch.cp == 0) {
+      throw ConfigError(fmt::format("data.source file '{}' is not UTF-8 text: byte {:#04x} at offset {} {}; give plain "
+                                    "text (a binary file cannot be trained on as text)",
+                                    path.string(), static_cast<unsigned char>(text[pos]), pos,
+                                    ch.cp == 0 ? "is a NUL" : "starts no valid character"));
+    }
+    pos += ch.bytes;
+  }
+  return text;
+}
+
 std::string corpus_text(const DataSection& data) {
   if (data.source == "builtin") return data::builtin_corpus(/*seed=*/0, data.builtin_bytes);
   const fs::path source(data.source);
-  if (fs::is_regular_file(source)) return read_file(source);
+  if (fs::is_regular_file(source)) return read_text_source(source);
   std::vector<fs::path> files;
   for (const auto& entry : fs::directory_iterator(source)) {
     if (entry.is_regular_file() && entry.path().extension() == ".txt") files.push_back(entry.path());
@@ -44,7 +70,7 @@ std::string corpus_text(const DataSection& data) {
   }
   std::sort(files.begin(), files.end());
   std::string text;
-  for (const auto& f : files) text += read_file(f) + "\n\n";
+  for (const auto& f : files) text += read_text_source(f) + "\n\n";
   return text;
 }
 
