@@ -37,11 +37,19 @@ Source resolve(const std::string& path, const std::string& prefix) {
   if (fs::is_directory(status)) {
     // The single file first, as transformers' from_pretrained does: the save
     // protocol relies on both agreeing which of the two is live.
-    // Resolved and confined: a symlink may not lead out of the folder.
+    // A symlink may not lead out of the folder (confined_path throws). The
+    // path itself stays unresolved: an index's shards are named relative to
+    // the folder, not to where a linked index file lives (HF's hub cache).
     std::string single = (fs::path(path) / hf::single_file_name(prefix)).string();
-    if (exists(single)) return {false, io::confined_path(path, single)};
+    if (exists(single)) {
+      io::confined_path(path, single);
+      return {false, single};
+    }
     std::string index = (fs::path(path) / hf::index_file_name(prefix)).string();
-    if (exists(index)) return {true, io::confined_path(path, index)};
+    if (exists(index)) {
+      io::confined_path(path, index);
+      return {true, index};
+    }
     throw CheckpointError(fmt::format("no checkpoint in directory '{}': looked for '{}' and '{}'", path,
                                       hf::single_file_name(prefix), hf::index_file_name(prefix)));
   }
@@ -86,7 +94,8 @@ std::map<std::string, at::Tensor> load(const Source& source, const std::vector<s
                         shard_path, source.path, shard_names.size(), shard_names.front()));
       }
       // read_index refused "..", absolute names; this catches symlinks.
-      auto file = SafetensorsFile::open(io::confined_path(dir.string(), shard_path));
+      io::confined_path(dir.string(), shard_path);
+      auto file = SafetensorsFile::open(shard_path);
       for (const auto& name : shard_names) {
         if (!file.contains(name)) {
           throw CheckpointError(fmt::format("index '{}' puts tensor '{}' in shard '{}', which does not hold it",

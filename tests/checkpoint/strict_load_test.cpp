@@ -137,6 +137,13 @@ TEST(StrictLoad, SymlinksMayNotLeaveTheCheckpointFolder) {
   save_safetensors((repo / "blobs" / "f00d").string(), tensors);
   fs::create_symlink("../../blobs/f00d", repo / "snapshots" / "abc123" / "model.safetensors");
   EXPECT_TRUE(testing::same_state_dict(load_state_dict((repo / "snapshots" / "abc123").string()), tensors));
+  // The same for a sharded snapshot, whose index is a link into blobs/ too.
+  const fs::path sharded = repo / "snapshots" / "def456";
+  fs::create_directories(sharded);
+  hf::write_index((repo / "blobs" / "1dx").string(), {{"w", "model-00001-of-00001.safetensors"}}, 16);
+  fs::create_symlink("../../blobs/1dx", sharded / "model.safetensors.index.json");
+  fs::create_symlink("../../blobs/f00d", sharded / "model-00001-of-00001.safetensors");
+  EXPECT_TRUE(testing::same_state_dict(load_state_dict(sharded.string()), tensors));
 }
 
 TEST(StrictLoad, ErrorsNeverQuoteTheFile) {
