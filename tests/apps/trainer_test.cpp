@@ -252,6 +252,20 @@ TEST(Trainer, TransformersLoadsTheCheckpoint) {
   world->barrier().wait();
 }
 
+// Issue 21, class 7: a misspelt [model.config] key is refused by name
+// instead of being written into config.json.
+TEST(TrainerConfig, MisspeltModelConfigKeyIsRefused) {
+  auto dir = job_dir("misspelt");
+  try {
+    apps::train(tiny_config(dir, {"model.config.n_layr=2", "train.steps=1"}));
+    FAIL() << "model.config.n_layr must be refused";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("model.config.n_layr"), std::string::npos) << what;
+    EXPECT_NE(what.find("n_layer"), std::string::npos) << "the valid keys are listed: " << what;
+  }
+}
+
 int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
 
 // hybrid_parallel pp = 2 from the TOML keys (each loader batch one
