@@ -139,7 +139,15 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
         }
         // Pipeline: other stages' parameters are empty here; their owners load them.
         if (hybrid.pipeline() && !hybrid.pipeline()->holds(item.key())) continue;
-        at::Tensor local = slice_of(hybrid, item.key(), it->second.to(item.value().scalar_type()));
+        // Floating-point precisions convert; an integer tensor into a float
+        // parameter is no precision change (as models::load_state_dict).
+        const auto stored = it->second.scalar_type(), wanted = item.value().scalar_type();
+        if (stored != wanted && !(at::isFloatingType(stored) && at::isFloatingType(wanted))) {
+          throw CheckpointError(fmt::format("load_model('{}'): {} is {} in the checkpoint, the model needs {}; only "
+                                            "floating-point precisions convert",
+                                            dir, item.key(), c10::toString(stored), c10::toString(wanted)));
+        }
+        at::Tensor local = slice_of(hybrid, item.key(), it->second.to(wanted));
         if (local.sizes() != item.value().sizes()) {
           throw CheckpointError(fmt::format("load_model('{}'): {} has shape {} in the checkpoint, the model needs {}",
                                             dir, item.key(), c10::str(it->second.sizes()),
