@@ -471,7 +471,7 @@ TrainResult Trainer::run() {
         reporter_->finish();
         const auto good = dirs_.latest();
         throw DivergenceError(fmt::format(
-            "training diverged: {} consecutive step(s) up to step {} had a non-finite loss or gradients "
+            "training diverged: at least {} consecutive steps up to step {} had a non-finite loss or gradients "
             "(train.max_nonfinite_steps = {}); no checkpoint of them was published, {}. Lower optimizer.lr, set "
             "booster.max_norm, or resume from an earlier checkpoint",
             config_.train.max_nonfinite_steps, state_.step, config_.train.max_nonfinite_steps,
