@@ -58,9 +58,16 @@ void DynamicLossScaler::load_state_dict(const std::string& json) {
     if (!(scale > 0.0) || !std::isfinite(scale)) {
       throw CheckpointError(fmt::format("loss scaler state has scale={}; it must be finite and > 0", scale));
     }
+    const int64_t growth_step = j.at("growth_step").get<int64_t>();
+    const int64_t hysteresis_step = j.at("hysteresis_step").get<int64_t>();
+    if (growth_step < 0 || hysteresis_step < 0) {
+      throw CheckpointError(fmt::format("loss scaler state has growth_step={} hysteresis_step={}; both count steps "
+                                        "and are >= 0",
+                                        growth_step, hysteresis_step));
+    }
     scale_ = scale;
-    growth_step_ = j.at("growth_step").get<int64_t>();
-    hysteresis_step_ = j.at("hysteresis_step").get<int64_t>();
+    growth_step_ = growth_step;
+    hysteresis_step_ = hysteresis_step;
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("loss scaler state does not parse: {}", e.what()));
   }

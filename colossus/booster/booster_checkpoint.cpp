@@ -64,13 +64,10 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   out.publish();
 }
 
+// A regular file only (a FIFO would block the load forever); state JSON is
+// small, so 64 MB is plenty.
 std::string read_text(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot open '{}' (does it exist?)", what, path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw CheckpointError(fmt::format("{}: cannot read '{}'", what, path));
-  return text.str();
+  return checkpoint::io::read_regular_file(path, std::size_t{64} << 20, what);
 }
 
 // What models::save_pretrained writes, from tensors alone (a host snapshot

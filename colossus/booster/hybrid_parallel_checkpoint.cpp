@@ -67,6 +67,21 @@ int64_t param_index(const std::string& name) {
   return std::stoll(digits);
 }
 
+// The optimizer state JSON without the step counts of `indices` (at the top
+// level and in a mixed-precision wrapper's "inner" state): a pipeline rank
+// gets no moments for another stage's parameters, and a step count without
+// moments reads as an incomplete checkpoint.
+std::string without_steps_of(const std::string& json_text, const std::set<int64_t>& indices) {
+  if (indices.empty()) return json_text;
+  auto j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return json_text;  // the optimizer reports it
+  for (auto* level : {&j, j.contains("inner") ? &j["inner"] : nullptr}) {
+    if (level == nullptr || !level->is_object() || !level->contains("state") || !(*level)["state"].is_object()) continue;
+    for (int64_t index : indices) (*level)["state"].erase(std::to_string(index));
+  }
+  return j.dump();
+}
+
 class HybridParallelCheckpointIO : public PluginCheckpointIO {
  public:
   HybridParallelCheckpointIO(const HybridParallelPlugin& plugin, HybridParallelModel*& model)
@@ -124,7 +139,15 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
         }
         // Pipeline: other stages' parameters are empty here; their owners load them.
         if (hybrid.pipeline() && !hybrid.pipeline()->holds(item.key())) continue;
-        at::Tensor local = slice_of(hybrid, item.key(), it->second.to(item.value().scalar_type()));
+        // Floating-point precisions convert; an integer tensor into a float
+        // parameter is no precision change (as models::load_state_dict).
+        const auto stored = it->second.scalar_type(), wanted = item.value().scalar_type();
+        if (stored != wanted && !(at::isFloatingType(stored) && at::isFloatingType(wanted))) {
+          throw CheckpointError(fmt::format("load_model('{}'): {} is {} in the checkpoint, the model needs {}; only "
+                                            "floating-point precisions convert",
+                                            dir, item.key(), c10::toString(stored), c10::toString(wanted)));
+        }
+        at::Tensor local = slice_of(hybrid, item.key(), it->second.to(wanted));
         if (local.sizes() != item.value().sizes()) {
           throw CheckpointError(fmt::format("load_model('{}'): {} has shape {} in the checkpoint, the model needs {}",
                                             dir, item.key(), c10::str(it->second.sizes()),
@@ -193,14 +216,15 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
                                           source, kOptimizerStateKey));
       }
       optim::OptimizerState state;
-      state.json = json->second;
+      std::set<int64_t> other_stages;
       for (auto& [name, tensor] : checkpoint::load_state_dict(dir, kOptimizerPrefix)) {
         const int64_t index = param_index(name);
         // Pipeline: another stage steps this parameter (its JSON step count
-        // stays, harmless for a parameter that never gets a gradient here).
+        // goes too, below).
         if (hybrid.pipeline() != nullptr && index >= 0 && index < static_cast<int64_t>(names.size()) &&
             hybrid.pipeline()->placements().contains(names[index].first) &&
             !hybrid.pipeline()->holds(names[index].first)) {
+          other_stages.insert(index);
           continue;
         }
         const bool sharded = index >= 0 && index < static_cast<int64_t>(names.size()) &&
@@ -215,6 +239,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
         }
         state.tensors.emplace_back(name, tensor);
       }
+      state.json = without_steps_of(json->second, other_stages);
       optimizer.load_state_dict(state);
     } catch (...) {
       error = std::current_exception();

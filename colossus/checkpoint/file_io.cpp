@@ -53,7 +53,9 @@ std::function<void(std::string_view)>& fault_hook() {
 }  // namespace
 
 std::shared_ptr<const MappedFile> MappedFile::map(const std::string& path) {
-  FdGuard file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+  // forever; the regular-file check below refuses it. No effect on files.
+  FdGuard file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (file.fd < 0) fail("cannot open checkpoint file", path, errno);
   struct stat st {};
   if (::fstat(file.fd, &st) != 0) fail("cannot stat checkpoint file", path, errno);
@@ -74,6 +76,54 @@ std::shared_ptr<const MappedFile> MappedFile::map(const std::string& path) {
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+std::string read_regular_file(const std::string& path, std::size_t max_bytes, std::string_view what) {
+  FdGuard file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+  if (file.fd < 0) fail(fmt::format("cannot open {}", what), path, errno);
+  struct stat st {};
+  if (::fstat(file.fd, &st) != 0) fail(fmt::format("cannot stat {}", what), path, errno);
+  if (!S_ISREG(st.st_mode)) throw CheckpointError(fmt::format("{} '{}' is not a regular file", what, path));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    throw CheckpointError(fmt::format("{} '{}' is {} bytes, more than the {} such a file can have", what, path,
+                                      st.st_size, max_bytes));
+  }
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::read(file.fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(fmt::format("cannot read {}", what), path, errno);
+    }
+    if (n == 0) break;  // shrank while we read: what is there
+    done += static_cast<std::size_t>(n);
+  }
+  text.resize(done);
+  return text;
+}
+
+std::string confined_path(const std::string& root, const std::string& path) {
+  namespace fs = std::filesystem;
+  auto resolve = [](const std::string& p) {
+    std::error_code ec;
+    auto real = fs::canonical(p, ec);
+    if (ec) throw CheckpointError(fmt::format("cannot resolve '{}': {}", p, ec.message()));
+    return real;
+  };
+  const fs::path real_root = resolve(root);
+  const fs::path real = resolve(path);
+  auto inside = [&](const fs::path& dir) {
+    auto [dir_end, real_it] = std::mismatch(dir.begin(), dir.end(), real.begin(), real.end());
+    return dir_end == dir.end() && real_it != real.end();
+  };
+  if (inside(real_root)) return real.string();
+  // huggingface_hub's cache: models--org--name/snapshots/<rev>/x -> ../../blobs/<sha>.
+  const fs::path repo = real_root.parent_path().parent_path();
+  if (real_root.parent_path().filename() == "snapshots" && inside(repo / "blobs")) return real.string();
+  throw CheckpointError(fmt::format("'{}' resolves to '{}', outside the checkpoint folder '{}'; a checkpoint may only "
+                                    "name files inside its own folder",
+                                    path, real.string(), real_root.string()));
 }
 
 std::string temp_path_for(const std::string& path) { return fmt::format("{}.tmp.{}", path, ::getpid()); }

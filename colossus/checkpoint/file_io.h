@@ -39,6 +39,19 @@ class MappedFile {
   bool writable_;
 };
 
+// The whole of a small file (JSON state, `latest`): opened without blocking
+// (a FIFO or device never hangs the reader), refused unless it is a regular
+// file of at most max_bytes. `what` names the file's role in errors, which
+// never quote its contents.
+std::string read_regular_file(const std::string& path, std::size_t max_bytes, std::string_view what);
+
+// `path` with every symlink resolved (realpath), provided it lies inside
+// `root` (also resolved); else CheckpointError naming both. So a shard or an
+// index entry cannot lead a load out of its checkpoint folder. One exception:
+// a Hugging Face hub cache snapshot (`.../snapshots/<rev>/`) links its files
+// into the repository's `blobs/` folder, which is allowed for such a root.
+std::string confined_path(const std::string& root, const std::string& path);
+
 // `path + ".tmp.<pid>"`: where a file is written before it is renamed onto path.
 std::string temp_path_for(const std::string& path);
 

@@ -57,15 +57,14 @@ bool is_shard_file_name(std::string_view name, std::string_view prefix) {
 }
 
 Index read_index(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) bad_index(path, "cannot be read");
-  std::stringstream text;
-  text << in.rdbuf();
+  // Large models' indexes are a few MB; 256 MB is a corrupt or foreign file.
+  const std::string text = io::read_regular_file(path, std::size_t{256} << 20, "checkpoint index");
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    bad_index(path, fmt::format("not valid JSON ({})", e.what()));
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    // Not e.what(): it quotes the bytes last read, and the file may be anything.
+    bad_index(path, fmt::format("not valid JSON (syntax error at byte {})", e.byte));
   }
   if (!json.is_object()) bad_index(path, "not a JSON object");
   Index index;

@@ -1,6 +1,7 @@
 // Loading whole checkpoints (a file, an index and its shards, or a directory
 // holding either) and checking a loaded state dict against a model's.
 #include "colossus/checkpoint/dtypes.h"
+#include "colossus/checkpoint/file_io.h"
 #include "colossus/checkpoint/hf_index.h"
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/core/errors.h"
@@ -36,10 +37,19 @@ Source resolve(const std::string& path, const std::string& prefix) {
   if (fs::is_directory(status)) {
     // The single file first, as transformers' from_pretrained does: the save
     // protocol relies on both agreeing which of the two is live.
+    // A symlink may not lead out of the folder (confined_path throws). The
+    // path itself stays unresolved: an index's shards are named relative to
+    // the folder, not to where a linked index file lives (HF's hub cache).
     std::string single = (fs::path(path) / hf::single_file_name(prefix)).string();
-    if (exists(single)) return {false, single};
+    if (exists(single)) {
+      io::confined_path(path, single);
+      return {false, single};
+    }
     std::string index = (fs::path(path) / hf::index_file_name(prefix)).string();
-    if (exists(index)) return {true, index};
+    if (exists(index)) {
+      io::confined_path(path, index);
+      return {true, index};
+    }
     throw CheckpointError(fmt::format("no checkpoint in directory '{}': looked for '{}' and '{}'", path,
                                       hf::single_file_name(prefix), hf::index_file_name(prefix)));
   }
@@ -74,7 +84,7 @@ std::map<std::string, at::Tensor> load(const Source& source, const std::vector<s
     } else {
       for (const auto& [name, shard] : index.weight_map) by_shard[shard].push_back(name);
     }
-    fs::path dir = fs::path(source.path).parent_path();
+    fs::path dir = io::parent_dir(source.path);
     for (const auto& [shard, shard_names] : by_shard) {
       std::string shard_path = (dir / shard).string();
       if (!exists(shard_path)) {
@@ -83,6 +93,8 @@ std::map<std::string, at::Tensor> load(const Source& source, const std::vector<s
                         "e.g. '{}')",
                         shard_path, source.path, shard_names.size(), shard_names.front()));
       }
+      // read_index refused "..", absolute names; this catches symlinks.
+      io::confined_path(dir.string(), shard_path);
       auto file = SafetensorsFile::open(shard_path);
       for (const auto& name : shard_names) {
         if (!file.contains(name)) {

@@ -2,6 +2,13 @@
 // any tensor is touched, so get() can hand out views without further checks.
 // Layout: u64 little-endian header length N, N bytes of JSON, then the data
 // region that every tensor's data_offsets [begin, end) index into.
+// Acceptance follows the reference reader (the `safetensors` package): the
+// tensors, sorted by offsets, tile the data region exactly, with no gap, no
+// overlap and no trailing byte, so a header length that is off by one is
+// refused instead of shifting every tensor. tests/checkpoint/
+// differential_fuzz_test.cpp checks that whatever it refuses, we refuse.
+// Errors never quote the file's bytes (a path may point at any file): they
+// give positions, sizes and JSON types, and tensor names only sanitised.
 #include "colossus/checkpoint/dtypes.h"
 #include "colossus/checkpoint/file_io.h"
 #include "colossus/checkpoint/safetensors.h"
@@ -14,6 +21,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -44,13 +52,44 @@ struct TensorEntry {
   throw CheckpointError(fmt::format("safetensors file '{}': {}", path, what));
 }
 
+// A name from the file, fit for an error message: printable ASCII kept,
+// other bytes as \xNN, at most 96 characters.
+std::string printable(std::string_view text) {
+  constexpr std::size_t kMax = 96;
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && out.size() < kMax; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+  }
+  if (out.size() >= kMax) out += "...";
+  return out;
+}
+
+// A JSON value from the file in an error: numbers as written, anything else
+// by its type only.
+std::string describe_value(const Json& value) {
+  if (value.is_number()) return value.dump();
+  return fmt::format("a JSON {}", value.type_name());
+}
+
 [[noreturn]] void bad_tensor(const std::string& path, const std::string& name, std::string_view what) {
-  throw CheckpointError(fmt::format("safetensors file '{}', tensor '{}': {}", path, name, what));
+  throw CheckpointError(fmt::format("safetensors file '{}', tensor '{}': {}", path, printable(name), what));
 }
 
 // nlohmann keeps the last of duplicate keys silently; a header with two
 // entries for one name is ambiguous, so we find duplicates while parsing.
 Json parse_header(const std::string& path, std::string_view text) {
+  // nlohmann stops at a NUL as at the end of input, so "{...}\0junk" would
+  // parse; the reference refuses it (a NUL is never valid JSON text).
+  if (const auto nul = text.find('\0'); nul != std::string_view::npos) {
+    bad_file(path, fmt::format("header of {} bytes has a NUL byte at byte {}", text.size(), nul));
+  }
+  // nlohmann skips a UTF-8 byte-order mark; JSON (and the reference) does not.
+  if (text.starts_with("\xEF\xBB\xBF")) bad_file(path, "header starts with a UTF-8 byte-order mark");
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   auto on_event = [&](int /*depth*/, nlohmann::json::parse_event_t event, Json& parsed) {
@@ -68,17 +107,20 @@ Json parse_header(const std::string& path, std::string_view text) {
   Json header;
   try {
     header = Json::parse(text.begin(), text.end(), on_event);
+  } catch (const nlohmann::json::parse_error& e) {
+    // e.what() quotes the bytes last read; the position is enough.
+    bad_file(path, fmt::format("header of {} bytes is not valid JSON (syntax error at byte {})", text.size(), e.byte));
   } catch (const nlohmann::json::exception& e) {
-    bad_file(path, fmt::format("header is not valid JSON ({})", e.what()));
+    bad_file(path, fmt::format("header of {} bytes is not valid JSON (error {})", text.size(), e.id));
   }
   if (!header.is_object()) bad_file(path, fmt::format("header is a JSON {}, expected an object", header.type_name()));
-  if (!duplicate.empty()) bad_file(path, fmt::format("header has the key '{}' twice", duplicate));
+  if (!duplicate.empty()) bad_file(path, fmt::format("header has the key '{}' twice", printable(duplicate)));
   return header;
 }
 
 uint64_t unsigned_field(const std::string& path, const std::string& name, const Json& value, std::string_view what) {
   if (!value.is_number_unsigned()) {
-    bad_tensor(path, name, fmt::format("{} must be a non-negative integer, got {}", what, value.dump()));
+    bad_tensor(path, name, fmt::format("{} must be a non-negative integer, got {}", what, describe_value(value)));
   }
   return value.get<uint64_t>();
 }
@@ -94,7 +136,15 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
   if (dtype == value.end() || !dtype->is_string()) bad_tensor(path, name, "entry has no \"dtype\" string");
   auto info = dtype_from_name(dtype->get_ref<const std::string&>());
   if (!info) {
-    bad_tensor(path, name, fmt::format("unknown dtype {}; supported: {}", dtype->dump(), supported_dtype_names()));
+    // Quoted only when it looks like a dtype name (a short identifier).
+    const auto& text = dtype->get_ref<const std::string&>();
+    const bool identifier = !text.empty() && text.size() <= 16 && std::all_of(text.begin(), text.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+    bad_tensor(path, name,
+               fmt::format("unknown dtype {}; supported: {}",
+                           identifier ? "\"" + text + "\"" : fmt::format("(a string of {} bytes)", text.size()),
+                           supported_dtype_names()));
   }
   entry.dtype = *info;
 
@@ -110,7 +160,7 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
       has_zero_dim = true;
     } else if (__builtin_mul_overflow(nonzero_product, dim, &nonzero_product) ||
                nonzero_product > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      bad_tensor(path, name, fmt::format("shape {} has too many elements", shape->dump()));
+      bad_tensor(path, name, fmt::format("shape of {} dims has too many elements", shape->size()));
     }
     entry.shape.push_back(static_cast<int64_t>(dim));
   }
@@ -135,8 +185,9 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
       bytes != entry.end - entry.begin) {
     bad_tensor(
         path, name,
-        fmt::format("{} {} needs {} elements x {} bytes, but data_offsets [{}, {}] span {} bytes", entry.dtype.name,
-                    shape->dump(), numel, entry.dtype.itemsize, entry.begin, entry.end, entry.end - entry.begin));
+        fmt::format("{} [{}] needs {} elements x {} bytes, but data_offsets [{}, {}] span {} bytes", entry.dtype.name,
+                    fmt::join(entry.shape, ", "), numel, entry.dtype.itemsize, entry.begin, entry.end,
+                    entry.end - entry.begin));
   }
   entry.numel = static_cast<int64_t>(numel);
   return entry;
@@ -155,8 +206,8 @@ struct SafetensorsFile::Impl {
   const TensorEntry& entry(const std::string& name) const {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      std::vector<std::string_view> some;
-      for (std::size_t i = 0; i < entries.size() && i < 8; ++i) some.push_back(entries[i].name);
+      std::vector<std::string> some;
+      for (std::size_t i = 0; i < entries.size() && i < 8; ++i) some.push_back(printable(entries[i].name));
       bad_tensor(path, name,
                  fmt::format("no such tensor; the file has {} tensors ({}{})", entries.size(), fmt::join(some, ", "),
                              entries.size() > some.size() ? ", ..." : ""));
@@ -191,8 +242,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       if (!value.is_object()) bad_file(path, "__metadata__ must be a JSON object of strings");
       for (const auto& [key, item] : value.items()) {
         if (!item.is_string()) {
-          bad_file(path,
-                   fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", key, item.type_name()));
+          bad_file(path, fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", printable(key),
+                                     item.type_name()));
         }
         impl->metadata.emplace(key, item.get<std::string>());
       }
@@ -201,18 +252,31 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     impl->entries.push_back(parse_entry(path, name, value, data_bytes));
   }
 
+  // The reference reader's rule: sorted by (begin, end), each tensor starts
+  // where the previous one ended (empty tensors included), and the last one
+  // ends where the file does.
   std::stable_sort(impl->entries.begin(), impl->entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
-  const TensorEntry* previous = nullptr;  // the last non-empty range
+  uint64_t covered = 0;
+  const TensorEntry* previous = nullptr;
   for (const auto& entry : impl->entries) {
-    if (entry.begin == entry.end) continue;
-    if (previous != nullptr && entry.begin < previous->end) {
+    if (entry.begin != covered) {
+      const bool overlap = entry.begin < covered;
       bad_tensor(path, entry.name,
-                 fmt::format("bytes [{}, {}) overlap tensor '{}' at [{}, {})", entry.begin, entry.end, previous->name,
-                             previous->begin, previous->end));
+                 fmt::format("bytes [{}, {}) {} {}; the tensors must tile the data region without gaps or overlaps",
+                             entry.begin, entry.end, overlap ? "overlap" : "leave a gap after",
+                             previous == nullptr ? std::string("the start of the data region")
+                                                 : fmt::format("tensor '{}' at [{}, {})", printable(previous->name),
+                                                               previous->begin, previous->end)));
     }
+    covered = entry.end;
     previous = &entry;
+  }
+  if (covered != data_bytes) {
+    bad_file(path, fmt::format("the tensors cover {} bytes but the data region after the {}-byte header has {}: the "
+                               "header length is wrong or bytes were appended",
+                               covered, header_bytes, data_bytes));
   }
   for (std::size_t i = 0; i < impl->entries.size(); ++i) impl->by_name.emplace(impl->entries[i].name, i);
   return SafetensorsFile(std::move(impl));

@@ -93,7 +93,7 @@ std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
                                                      const std::string& source) {
   auto params = model.named_parameters(/*recurse=*/true);
   const std::string base_prefix = model.blocks_path().substr(0, model.blocks_path().find('.')) + ".";
-  std::vector<std::string> unexpected, mismatched;
+  std::vector<std::string> unexpected, mismatched, dtype_mismatched;
   std::map<std::string, const at::Tensor*> assigned;
   std::set<std::string> present;  // model names the file has, matching shape or not
   for (const auto& [key, tensor] : state) {
@@ -109,17 +109,31 @@ std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
       mismatched.push_back(fmt::format("{} (file {} vs model {})", key, c10::str(tensor.sizes()), c10::str(param.sizes())));
       continue;
     }
+    // A floating-point file into a floating-point model of another precision
+    // is the cast the caller asked for by the model's dtype (a bf16 HF
+    // checkpoint into an fp32 model); integers, bools or complex values into a
+    // float parameter (or back) are no precision change but another meaning.
+    if (tensor.scalar_type() != param.scalar_type() &&
+        !(at::isFloatingType(tensor.scalar_type()) && at::isFloatingType(param.scalar_type()))) {
+      dtype_mismatched.push_back(fmt::format("{} (file {} vs model {})", key, c10::toString(tensor.scalar_type()),
+                                             c10::toString(param.scalar_type())));
+      continue;
+    }
     assigned[name] = &tensor;
   }
   std::vector<std::string> missing;
   for (const auto& item : params) {
     if (!present.contains(item.key())) missing.push_back(item.key());
   }
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty() || !dtype_mismatched.empty()) {
     std::string message = fmt::format("checkpoint {} does not match {}:", source, model.name());
     if (!missing.empty()) message += fmt::format(" missing {} tensor(s): {};", missing.size(), join_limited(missing));
     if (!unexpected.empty()) message += fmt::format(" unexpected {} tensor(s): {};", unexpected.size(), join_limited(unexpected));
     if (!mismatched.empty()) message += fmt::format(" shape mismatch: {};", join_limited(mismatched));
+    if (!dtype_mismatched.empty()) {
+      message += fmt::format(" dtype mismatch (only floating-point precisions convert): {};",
+                             join_limited(dtype_mismatched));
+    }
     message.pop_back();
     throw CheckpointError(message);
   }

@@ -34,10 +34,12 @@ struct LoadOptions {
 
 // Reads dir/config.json and the safetensors in dir (single file or index +
 // shards). Strict: tensors the model has but the files lack, tensors the files
-// have but the model does not, and shape mismatches are one CheckpointError
-// naming them. Tolerated as HF does: a tied lm_head.weight, GPT-2's legacy
-// attn.bias / attn.masked_bias mask buffers, and names without the base-model
-// prefix ("h.0..." for "transformer.h.0...").
+// have but the model does not, shape mismatches and dtype mismatches other
+// than between floating-point precisions (an I32 tensor into a float
+// parameter) are one CheckpointError naming them. Tolerated as HF does: a
+// tied lm_head.weight, GPT-2's legacy attn.bias / attn.masked_bias mask
+// buffers, and names without the base-model prefix ("h.0..." for
+// "transformer.h.0...").
 std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOptions& options = {});
 
 // Copies `state` into the model's parameters with the strict rules above;

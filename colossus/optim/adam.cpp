@@ -111,4 +111,9 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options)
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
     : Adam(std::move(groups), to_adam_options(options), true, true) {}
 
+std::vector<std::string> Adam::required_slots(const ParamGroup& group) const {
+  if (option(group, "amsgrad") != 0.0) return slot_names();
+  return {"exp_avg", "exp_avg_sq"};
+}
+
 }  // namespace colossus::optim

@@ -59,6 +59,7 @@ class Adam : public StatefulOptimizer {
   Adam(std::vector<ParamGroup> groups, const AdamOptions& options, bool decoupled, bool groups_given);
   void validate_group(const ParamGroup& group, size_t group_index) const override;
   std::vector<std::string> slot_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
+  std::vector<std::string> required_slots(const ParamGroup& group) const override;
 
  private:
   bool decoupled_;

@@ -83,8 +83,16 @@ void LRScheduler::load_state_dict(const std::string& json) {
       throw CheckpointError(fmt::format("LR scheduler state has {} base lrs but the optimizer has {} param groups",
                                         base.size(), optimizer_->param_groups().size()));
     }
+    for (size_t g = 0; g < base.size(); ++g) {
+      if (!(base[g] >= 0.0) || !std::isfinite(base[g])) {
+        throw CheckpointError(fmt::format("LR scheduler state has base lr {} for param group {}; use a finite lr >= 0",
+                                          base[g], g));
+      }
+    }
+    const int64_t step = j.at("step").get<int64_t>();
+    if (step < 0) throw CheckpointError(fmt::format("LR scheduler state has step {}; a step count is >= 0", step));
     base_lrs_ = std::move(base);
-    step_ = j.at("step").get<int64_t>();
+    step_ = step;
     apply();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("LR scheduler state does not parse: {}", e.what()));

@@ -60,4 +60,9 @@ void SGD::step() {
   });
 }
 
+std::vector<std::string> SGD::required_slots(const ParamGroup& group) const {
+  if (option(group, "momentum") == 0.0) return {};
+  return slot_names();
+}
+
 }  // namespace colossus::optim

@@ -27,6 +27,7 @@ class SGD : public StatefulOptimizer {
  protected:
   void validate_group(const ParamGroup& group, size_t group_index) const override;
   std::vector<std::string> slot_names() const override { return {"momentum_buffer"}; }
+  std::vector<std::string> required_slots(const ParamGroup& group) const override;
 
  private:
   SGD(std::vector<ParamGroup> groups, const SGDOptions& options, bool groups_given);

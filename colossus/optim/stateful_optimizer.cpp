@@ -184,7 +184,12 @@ void StatefulOptimizer::load_state_dict(const OptimizerState& state) {
         throw CheckpointError(fmt::format("{}: state for parameter {} but there are only {}", name(), index,
                                           loaded.size()));
       }
-      loaded[index].step = value.at("step").get<int64_t>();
+      const int64_t step = value.at("step").get<int64_t>();
+      if (step < 0) {
+        throw CheckpointError(fmt::format("{}: state of parameter {} has step {}; a step count is >= 0", name(), index,
+                                          step));
+      }
+      loaded[index].step = step;
     }
     const auto known_slots = slot_names();
     for (const auto& [tensor_name, tensor] : state.tensors) {
@@ -209,6 +214,13 @@ void StatefulOptimizer::load_state_dict(const OptimizerState& state) {
         throw CheckpointError(fmt::format("{}: state tensor '{}' has shape {} but parameter {} has shape {}", name(),
                                           tensor_name, tensor.sizes(), index, param.sizes()));
       }
+      if (!at::isFloatingType(tensor.scalar_type())) {
+        throw CheckpointError(fmt::format("{}: state tensor '{}' has dtype {}; optimizer state is floating point",
+                                          name(), tensor_name, c10::toString(tensor.scalar_type())));
+      }
+      if (loaded[index].slots.contains(slot_name)) {
+        throw CheckpointError(fmt::format("{}: state tensor '{}' appears twice", name(), tensor_name));
+      }
       const auto dtype = param.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
       loaded[index].slots[slot_name] = tensor.to(param.device(), dtype, /*non_blocking=*/false, /*copy=*/true);
     }
@@ -218,6 +230,23 @@ void StatefulOptimizer::load_state_dict(const OptimizerState& state) {
       restored[g].lr = jgroups[g].at("lr").get<double>();
       restored[g].weight_decay = jgroups[g].at("weight_decay").get<double>();
       restored[g].options = jgroups[g].at("options").get<std::map<std::string, double>>();
+    }
+    // Every updated parameter has each slot its group's options use: a
+    // missing moment would restart from zeros and the resume would no longer
+    // be exact.
+    size_t flat = 0;
+    for (size_t g = 0; g < restored.size(); ++g) {
+      const auto required = required_slots(restored[g]);
+      for (size_t i = 0; i < restored[g].params.size(); ++i, ++flat) {
+        if (loaded[flat].step == 0) continue;
+        for (const auto& slot_name : required) {
+          if (!loaded[flat].slots.contains(slot_name)) {
+            throw CheckpointError(fmt::format("{}: parameter {} was updated {} times but its state lacks "
+                                              "'state.{}.{}'; the optimizer checkpoint is incomplete",
+                                              name(), flat, loaded[flat].step, flat, slot_name));
+          }
+        }
+      }
     }
     std::swap(groups_, restored);
     try {

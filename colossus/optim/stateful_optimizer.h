@@ -43,6 +43,13 @@ class StatefulOptimizer : public Optimizer {
   virtual void validate_group(const ParamGroup& group, size_t group_index) const = 0;
   // Slot names a loaded state may carry.
   virtual std::vector<std::string> slot_names() const = 0;
+  // The slots every updated parameter (step > 0) of `group` has; a loaded
+  // state lacking one is refused, since zeros would silently change the
+  // resumed trajectory. All of slot_names() unless an option turns one off.
+  virtual std::vector<std::string> required_slots(const ParamGroup& group) const {
+    (void)group;
+    return slot_names();
+  }
 
   // Per-parameter state by flat index (params counted across groups in order).
   ParamState& state_at(int64_t flat_index);

@@ -82,6 +82,8 @@ TEST(DynamicLossScaler, StateRoundtripContinuesTheSequence) {
     ASSERT_EQ(a.growth_step(), b.growth_step());
   }
   EXPECT_THROW(b.load_state_dict(R"({"scale": -1, "growth_step": 0, "hysteresis_step": 0})"), CheckpointError);
+  EXPECT_THROW(b.load_state_dict(R"({"scale": 2, "growth_step": -1, "hysteresis_step": 0})"), CheckpointError);
+  EXPECT_THROW(b.load_state_dict(R"({"scale": 2, "growth_step": 0, "hysteresis_step": -4})"), CheckpointError);
   EXPECT_THROW(b.load_state_dict("{"), CheckpointError);
 }
 

@@ -98,6 +98,12 @@ TEST(TrainConfig, MistakesNameTheKey) {
   EXPECT_NE(error_of("", {"train.steps=-3"}).find("train.steps = -3"), std::string::npos);
 }
 
+TEST(TrainConfig, MaxNonfiniteSteps) {
+  EXPECT_EQ(parse_train_config("").train.max_nonfinite_steps, 3);
+  EXPECT_EQ(parse_train_config("[train]\nmax_nonfinite_steps = 10\n").train.max_nonfinite_steps, 10);
+  EXPECT_NE(error_of("[train]\nmax_nonfinite_steps = 0\n").find("train.max_nonfinite_steps = 0"), std::string::npos);
+}
+
 TEST(TrainConfig, HybridParallelKeysMapOntoItsOptions) {
   auto c = parse_train_config(R"(
 [plugin]

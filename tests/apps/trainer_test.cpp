@@ -6,6 +6,8 @@
 // sequence-parallel keys train as plain tensor parallelism.
 #include "colossus/apps/trainer/checkpoint_dirs.h"
 #include "colossus/apps/trainer/train_config.h"
+#include "colossus/apps/trainer/train_state.h"
+#include "colossus/checkpoint/safetensors.h"
 #include "colossus/apps/trainer/trainer.h"
 #include "colossus/core/errors.h"
 #include "colossus/metrics/jsonl_writer.h"
@@ -16,12 +18,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 using namespace colossus;
 namespace ct = colossus::testing;
@@ -250,6 +255,243 @@ TEST(Trainer, TransformersLoadsTheCheckpoint) {
     EXPECT_EQ(reply["encoded"].get<std::vector<int>>(), expected);
   }
   world->barrier().wait();
+}
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) { std::ofstream(path, std::ios::trunc) << text; }
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void write_json(const fs::path& path, const nlohmann::json& j) { write_text(path, j.dump()); }
+
+// The message of the CheckpointError `fn` throws ("" when it throws none).
+template <typename Fn>
+std::string checkpoint_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Issue 21, class 1: with step directories but no usable `latest`, --resume
+// continues from the newest complete step directory (never from step 0,
+// which would overwrite and prune them); `latest` cannot lead out of the
+// checkpoints folder; a folder with only incomplete checkpoints is refused;
+// stale step-N.partial/ and latest.tmp.* are removed at the start of a run.
+TEST(TrainerResume, WithoutUsableLatestTakesTheNewestCompleteStep) {
+  auto world = ct::world();
+  auto dir = job_dir("no_latest"), other = job_dir("no_latest_other");
+  const std::vector<std::string> short_run{"train.steps=4", "train.save_every=2", "train.keep_last=0",
+                                           "train.grad_accum=1", "train.eval_batches=0"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), short_run.begin(), short_run.end());
+    return extra;
+  };
+  apps::train(tiny_config(dir, with({})));
+  apps::train(tiny_config(other, with({"train.steps=2"})));
+  const auto root = dir / "checkpoints";
+  if (world->rank() == 0) {
+    fs::remove(root / "latest");
+    fs::create_directories(root / "step-00000010");  // incomplete: no train_state.json
+    fs::create_directories(root / "step-00000012.partial" / "model");
+    write_text(root / "latest.tmp.999", "step-00000012\n");
+  }
+  world->barrier().wait();
+  auto resumed = apps::train(tiny_config(dir, with({"train.steps=6"})), {.resume = "auto"});
+  EXPECT_EQ(resumed.first_step, 4) << "the newest complete step, not step 0 and not the incomplete step 10";
+  if (world->rank() == 0) {
+    EXPECT_FALSE(fs::exists(root / "step-00000012.partial")) << "stale partial checkpoints are removed";
+    EXPECT_FALSE(fs::exists(root / "latest.tmp.999"));
+    EXPECT_TRUE(fs::exists(root / "step-00000002")) << "nothing older was pruned (keep_last = 0)";
+    // `latest` naming anything but a step directory of this folder is not followed.
+    const auto other_step = (other / "checkpoints" / "step-00000002").string();
+    for (const std::string& bad : std::vector<std::string>{other_step, "../../no_latest_other/checkpoints/step-00000002",
+                                                           "step-00000099", "model", ""}) {
+      write_text(root / "latest", bad + "\n");
+      auto point = apps::find_resume_point(root.string());
+      ASSERT_TRUE(point.has_value()) << bad;
+      EXPECT_EQ(fs::path(point->dir).filename(), "step-00000006") << bad;
+      EXPECT_NE(point->note.find("newest complete checkpoint"), std::string::npos) << point->note;
+      EXPECT_THROW(apps::CheckpointDirs(dir.string()).latest(), CheckpointError) << bad;
+    }
+    // Only incomplete step directories: refused, and they are left alone.
+    for (const auto& step : {"step-00000002", "step-00000004", "step-00000006"}) fs::remove(root / step / "train_state.json");
+    fs::remove(root / "latest");
+    const auto message = checkpoint_error_of([&] { apps::find_resume_point(root.string()); });
+    EXPECT_NE(message.find("refusing to start over"), std::string::npos) << message;
+    EXPECT_TRUE(fs::exists(root / "step-00000006" / "model"));
+  }
+  world->barrier().wait();
+  EXPECT_THROW(apps::train(tiny_config(dir, with({"train.steps=8"})), {.resume = "auto"}), CheckpointError);
+  if (world->rank() == 0) {
+    EXPECT_TRUE(fs::exists(root / "step-00000006" / "model")) << "a refused resume deletes nothing";
+  }
+  world->barrier().wait();
+}
+
+// `latest` as a FIFO: read without blocking and refused as not a regular file.
+TEST(TrainerResume, LatestThatIsAFifoDoesNotBlock) {
+  if (ct::world()->rank() != 0) return;
+  const auto root = ct::scratch_dir("trainer") / "fifo_latest" / "checkpoints";
+  fs::create_directories(root);
+  ASSERT_EQ(::mkfifo((root / "latest").c_str(), 0600), 0);
+  const auto message = checkpoint_error_of([&] { apps::CheckpointDirs(root.parent_path().string()).latest(); });
+  EXPECT_NE(message.find("not a regular file"), std::string::npos) << message;
+}
+
+// Every field of train_state.json, the scheduler state and the optimizer
+// state is range-checked, and the state must belong to its step directory.
+TEST(TrainerResume, CorruptStatesAreRefused) {
+  auto world = ct::world();
+  auto dir = job_dir("corrupt");
+  apps::train(tiny_config(dir, {"train.steps=2", "train.grad_accum=1", "train.eval_batches=0"}));
+  const auto step = dir / "checkpoints" / "step-00000002";
+  const auto backup = dir / "backup";
+  if (world->rank() == 0) fs::copy(step, backup, fs::copy_options::recursive);
+  world->barrier().wait();
+  auto restore = [&] {
+    if (world->rank() == 0) {
+      fs::remove_all(step);
+      fs::copy(backup, step, fs::copy_options::recursive);
+    }
+    world->barrier().wait();
+  };
+  auto resume_error = [&](const std::function<void()>& corrupt) {
+    restore();
+    if (world->rank() == 0) corrupt();
+    world->barrier().wait();
+    return checkpoint_error_of(
+        [&] { apps::train(tiny_config(dir, {"train.steps=4", "train.grad_accum=1"}), {.resume = "auto"}); });
+  };
+  auto edit_json = [](const fs::path& path, const std::function<void(nlohmann::json&)>& edit) {  // NOLINT
+    auto j = read_json(path);
+    edit(j);
+    write_json(path, j);
+  };
+  const auto state = step / "train_state.json";
+  EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = -3; }); }).find("step = -3"),
+            std::string::npos);
+  EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = int64_t{1} << 60; }); }).find("tokens_seen"),
+            std::string::npos);
+  EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["data_position"] = -1; }); }).find("data_position"),
+            std::string::npos);
+  // A consistent state of another step is not this directory's.
+  EXPECT_NE(resume_error([&] {
+              edit_json(state, [](nlohmann::json& j) {
+                j["tokens_seen"] = j["tokens_seen"].get<int64_t>() / 2;
+                j["step"] = 1;
+              });
+            }).find("the directory is step 2"),
+            std::string::npos);
+  EXPECT_NE(resume_error([&] { edit_json(step / "lr_scheduler.json", [](nlohmann::json& j) { j["step"] = -5; }); }).find("step -5"),
+            std::string::npos);
+  EXPECT_NE(resume_error([&] { edit_json(step / "lr_scheduler.json", [](nlohmann::json& j) { j["step"] = 7; }); })
+                .find("lr_scheduler.json is at step 7"),
+            std::string::npos);
+  // The optimizer file: a negative step count, then a missing moment.
+  const auto optimizer = (step / "optimizer" / "optimizer.safetensors").string();
+  auto rewrite_optimizer = [&](const std::function<void(nlohmann::json&, checkpoint::NamedTensors&)>& edit) {
+    checkpoint::NamedTensors tensors;
+    std::map<std::string, std::string> metadata;
+    {
+      auto file = checkpoint::SafetensorsFile::open(optimizer);
+      for (const auto& name : file.keys()) tensors.emplace_back(name, file.get(name).clone());
+      metadata = file.metadata();
+    }
+    auto j = nlohmann::json::parse(metadata.at("colossus.optimizer_state"));
+    edit(j, tensors);
+    metadata["colossus.optimizer_state"] = j.dump();
+    checkpoint::save_safetensors(optimizer, tensors, metadata);
+  };
+  EXPECT_NE(resume_error([&] {
+              rewrite_optimizer([](nlohmann::json& j, checkpoint::NamedTensors&) { j["state"]["0"]["step"] = -1; });
+            }).find("step -1"),
+            std::string::npos);
+  EXPECT_NE(resume_error([&] {
+              rewrite_optimizer([](nlohmann::json&, checkpoint::NamedTensors& tensors) {
+                std::erase_if(tensors, [](const auto& t) { return t.first == "state.0.exp_avg_sq"; });
+              });
+            }).find("lacks 'state.0.exp_avg_sq'"),
+            std::string::npos);
+  restore();
+  auto ok = apps::train(tiny_config(dir, {"train.steps=3", "train.grad_accum=1", "train.eval_batches=0"}),
+                        {.resume = "auto"});
+  EXPECT_EQ(ok.first_step, 2) << "the restored checkpoint resumes";
+}
+
+// Issue 21, class 6: a diverging run (lr 1e30: parameters overflow within a
+// few steps) stops with DivergenceError after train.max_nonfinite_steps
+// non-finite steps, and no checkpoint of a non-finite state is published, so
+// keep_last never prunes the good ones in its favour.
+TEST(TrainerDivergence, StopsAndNeverPublishesANonFiniteCheckpoint) {
+  auto world = ct::world();
+  auto dir = job_dir("diverge");
+  const auto config = tiny_config(dir, {"optimizer.lr=1e30", "lr_scheduler.warmup_steps=0", "train.save_every=1",
+                                        "train.keep_last=2", "train.max_nonfinite_steps=2", "train.grad_accum=1",
+                                        "train.eval_batches=0"});
+  std::string message;
+  try {
+    apps::train(config);
+  } catch (const apps::DivergenceError& e) {
+    message = e.what();
+  }
+  ASSERT_NE(message.find("training diverged"), std::string::npos) << "the run must stop: " << message;
+  EXPECT_NE(message.find("train.max_nonfinite_steps = 2"), std::string::npos) << message;
+  if (world->rank() == 0) {
+    apps::CheckpointDirs dirs(dir.string());
+    const auto complete = dirs.complete_steps();
+    ASSERT_FALSE(complete.empty()) << "the first step's checkpoint is finite";
+    ASSERT_TRUE(dirs.latest().has_value());
+    EXPECT_EQ(*dirs.latest(), complete.back());
+    for (const auto& step : complete) {
+      for (const auto& [name, tensor] : checkpoint::load_state_dict((fs::path(step) / "model").string())) {
+        EXPECT_TRUE(at::isfinite(tensor).all().item<bool>()) << step << " " << name;
+      }
+      const auto state = apps::TrainState::load((fs::path(step) / "train_state.json").string());
+      EXPECT_TRUE(std::isfinite(state.last_loss)) << step;
+    }
+    EXPECT_LT(apps::step_of_dir(complete.back()), 20);
+  }
+  world->barrier().wait();
+}
+
+// Issue 21, class 7: a misspelt [model.config] key is refused by name
+// instead of being written into config.json.
+TEST(TrainerConfig, MisspeltModelConfigKeyIsRefused) {
+  auto dir = job_dir("misspelt");
+  try {
+    apps::train(tiny_config(dir, {"model.config.n_layr=2", "train.steps=1"}));
+    FAIL() << "model.config.n_layr must be refused";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("model.config.n_layr"), std::string::npos) << what;
+    EXPECT_NE(what.find("n_layer"), std::string::npos) << "the valid keys are listed: " << what;
+  }
+}
+
+// Issue 21, class 2: an integer tensor is not silently cast into a float
+// parameter; a bf16 checkpoint into an fp32 model (a precision cast) loads.
+TEST(PretrainedLoad, IntegerTensorIntoFloatParameterIsRefused) {
+  if (ct::world()->rank() != 0) return;
+  const auto base = ct::scratch_dir("trainer") / "pretrained_dtype";
+  auto model = models::create_model(models::preset("gpt2-tiny"), {.seed = 1});
+  models::save_pretrained(*model, (base / "fp32").string());
+  auto bf16 = models::create_model(models::preset("gpt2-tiny"), {.seed = 1, .dtype = at::kBFloat16});
+  models::save_pretrained(*bf16, (base / "bf16").string());
+  EXPECT_NO_THROW(models::load_pretrained((base / "bf16").string()));
+  auto state = checkpoint::load_state_dict((base / "fp32").string());
+  state["transformer.wpe.weight"] = state["transformer.wpe.weight"].to(at::kInt);
+  const auto message = checkpoint_error_of([&] { models::load_state_dict(*model, state, "int32 file"); });
+  EXPECT_NE(message.find("dtype mismatch"), std::string::npos) << message;
+  EXPECT_NE(message.find("transformer.wpe.weight"), std::string::npos) << message;
 }
 
 int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }

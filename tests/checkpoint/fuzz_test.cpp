@@ -1,8 +1,9 @@
 // Randomised headers: thousands of mutations of a valid file and of generated
 // near-valid headers. Each must either throw CheckpointError or open, and an
 // opened file must satisfy, by an independent check, every invariant the
-// reader promises: offsets inside the data region, sizes matching shapes, no
-// overlaps, and get() returning exactly the bytes at those offsets.
+// reader promises: offsets inside the data region, sizes matching shapes, the
+// data region tiled exactly (no gap, no overlap, nothing after the last
+// tensor), and get() returning exactly the bytes at those offsets.
 #include "colossus/checkpoint/dtypes.h"
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/core/errors.h"
@@ -66,12 +67,16 @@ std::string probe(const std::string& path, const std::string& bytes, Outcome& ou
     if (t.nbytes() > 0 && std::memcmp(t.const_data_ptr(), bytes.data() + data_start + begin, t.nbytes()) != 0) {
       return fmt::format("'{}' does not hold the bytes at its offsets", name);
     }
-    if (begin < end) ranges.emplace_back(begin, end);
+    ranges.emplace_back(begin, end);
   }
   std::sort(ranges.begin(), ranges.end());
-  for (std::size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) return "accepted overlapping tensors";
+  uint64_t covered = 0;
+  for (const auto& [begin, end] : ranges) {
+    if (begin < covered) return "accepted overlapping tensors";
+    if (begin > covered) return "accepted a gap between tensors";
+    covered = end;
   }
+  if (covered != data_bytes) return "accepted a data region the tensors do not cover exactly";
   return "";
 }
 
@@ -206,7 +211,8 @@ TEST(HeaderFuzz, GeneratedNearValidHeaders) {
       header[fmt::format("t{}", uniform(6))] = uniform(30) == 0 ? nlohmann::json(number()) : entry;
     }
     if (uniform(4) == 0) header["__metadata__"] = {{"format", uniform(5) == 0 ? number() : nlohmann::json("pt")}};
-    data_bytes = std::max(data_bytes, uniform(2) == 0 ? std::min<uint64_t>(offset, 4096) : uint64_t{0});
+    // Mostly exactly what the tensors cover, as a valid file must be.
+    if (uniform(3) != 0) data_bytes = std::min<uint64_t>(offset, 4096);
     std::string text = header.dump();
     text.append(uniform(9), ' ');
     std::string problem = probe(path, testing::raw_safetensors(text, std::string(data_bytes, '\x5a')), outcome);

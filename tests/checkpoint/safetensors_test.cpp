@@ -126,17 +126,25 @@ TEST(SafetensorsViews, UnalignedDataIsCopiedAligned) {
   EXPECT_EQ(t[1].item<double>(), -2.25);
 }
 
-TEST(SafetensorsReader, AcceptsGapsSharedEmptyOffsetsAndUnknownEntryFields) {
+// As the reference reader: tensors must tile the data region (a gap is
+// refused), empty tensors may share the offset where the tiling is, and
+// entry fields other than dtype, shape and data_offsets are ignored.
+TEST(SafetensorsReader, RefusesGapsAcceptsSharedEmptyOffsetsAndUnknownEntryFields) {
   TempDir dir;
-  std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[4,6],"note":"x"},)"
-                       R"("e1":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},)"
-                       R"("e2":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}})";
-  std::string path = dir.file("gaps.safetensors");
-  testing::write_bytes(path, testing::raw_safetensors(header, std::string("\x00\x00\x00\x00\x07\x09\x00", 7)));
+  std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2],"note":"x"},)"
+                       R"("e1":{"dtype":"F32","shape":[0],"data_offsets":[2,2]},)"
+                       R"("e2":{"dtype":"F32","shape":[0,3],"data_offsets":[2,2]}})";
+  std::string path = dir.file("tiled.safetensors");
+  testing::write_bytes(path, testing::raw_safetensors(header, std::string("\x07\x09", 2)));
   auto file = SafetensorsFile::open(path);
   EXPECT_EQ(file.get("a")[1].item<uint8_t>(), 9);
   EXPECT_EQ(file.shape("e2"), (std::vector<int64_t>{0, 3}));
   EXPECT_TRUE(file.metadata().empty());
+  std::string gaps = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},)"
+                     R"("e1":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})";
+  path = dir.file("gaps.safetensors");
+  testing::write_bytes(path, testing::raw_safetensors(gaps, std::string("\x00\x00\x00\x00\x07\x09\x00", 7)));
+  EXPECT_TRUE(throws_checkpoint_error([&] { SafetensorsFile::open(path); }, {path, "gap"}));
 }
 
 TEST(SafetensorsWriter, RefusesBadTensorsAndLeavesNoTempFile) {

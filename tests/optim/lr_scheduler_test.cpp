@@ -121,6 +121,10 @@ TEST(LRSchedule, StateRoundtripContinuesTheSameSequence) {
   LinearWarmupDecayLR other(b, {.total_steps = 10});
   EXPECT_THROW(other.load_state_dict(sa.state_dict()), CheckpointError);
   EXPECT_THROW(sb.load_state_dict("[1, 2"), CheckpointError);
+  // Issue 21: a negative step made the warmup lr negative; base lrs must be usable lrs.
+  EXPECT_THROW(sb.load_state_dict(R"({"scheduler": "cosine", "step": -3, "base_lrs": [0.1]})"), CheckpointError);
+  EXPECT_THROW(sb.load_state_dict(R"({"scheduler": "cosine", "step": 3, "base_lrs": [-0.1]})"), CheckpointError);
+  EXPECT_EQ(sb.last_step(), 27) << "a refused state changes nothing";
 }
 
 TEST(LRSchedule, InvalidOptionsAreConfigErrors) {

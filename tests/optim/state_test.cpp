@@ -123,6 +123,44 @@ TEST(LoadState, RefusesWrongShapesAndCounts) {
   EXPECT_THROW(reshaped.load_state_dict({{}, "{not json"}), CheckpointError);
 }
 
+// Issue 21: a loaded state is range-checked, and a missing moment is an error
+// rather than zeros (which would silently change the resumed trajectory).
+TEST(LoadState, RefusesNegativeStepsAndMissingOrIntegerMoments) {
+  auto params = random_params(1);
+  AdamW adamw(params);
+  set_grads(params, 0);
+  adamw.step();
+  const auto state = adamw.state_dict();
+  auto message_of = [&](const OptimizerState& bad) {
+    AdamW fresh(std::vector<at::Tensor>{params[0].clone(), params[1].clone(), params[2].clone()});
+    try {
+      fresh.load_state_dict(bad);
+    } catch (const CheckpointError& e) {
+      EXPECT_EQ(fresh.state_dict().tensors.size(), 0u) << "a failed load changes nothing";
+      return std::string(e.what());
+    }
+    return std::string("(loaded)");
+  };
+  OptimizerState negative = state;
+  const auto step_at = negative.json.find("\"step\":1");
+  ASSERT_NE(step_at, std::string::npos) << negative.json;
+  negative.json.replace(step_at, 8, "\"step\":-1");
+  EXPECT_NE(message_of(negative).find("step -1"), std::string::npos);
+  OptimizerState missing = state;
+  std::erase_if(missing.tensors, [](const auto& t) { return t.first == "state.1.exp_avg_sq"; });
+  EXPECT_NE(message_of(missing).find("lacks 'state.1.exp_avg_sq'"), std::string::npos);
+  OptimizerState integer = state;
+  integer.tensors[0].second = integer.tensors[0].second.to(at::kInt);
+  EXPECT_NE(message_of(integer).find("floating point"), std::string::npos);
+  // SGD without momentum keeps no moments: nothing is required.
+  auto sgd_params = random_params(1);
+  SGD plain(sgd_params, {.lr = 0.1});
+  set_grads(sgd_params, 0);
+  plain.step();
+  SGD again(std::vector<at::Tensor>{sgd_params[0].clone(), sgd_params[1].clone(), sgd_params[2].clone()}, {.lr = 0.1});
+  EXPECT_NO_THROW(again.load_state_dict(plain.state_dict()));
+}
+
 TEST(OptimizerBase, ZeroGradAndSetLr) {
   auto params = random_params(2);
   SGD sgd(params, {.lr = 0.1});

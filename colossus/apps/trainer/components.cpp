@@ -9,12 +9,37 @@
 #include "colossus/optim/stateful_optimizer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
+#include <set>
 
 namespace colossus::apps {
 
+namespace {
+
+// config.json keeps keys it does not know (HF configs carry many), so a
+// misspelt [model.config] key would be written there and ignored: only keys
+// the base config has (every field the model reads, and a pretrained
+// config's own extras) or that any HF config may carry are accepted.
+void check_config_keys(const std::map<std::string, std::string>& overrides, const nlohmann::json& base,
+                       const std::string& model_type) {
+  std::set<std::string> generic{"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype",
+                                "dtype",        "use_cache",    "transformers_version"};
+  // Mixtral's optional fields, written to config.json only when set.
+  if (model_type == "mixtral") generic.insert({"router_z_loss_coef", "capacity_factor"});
+  for (const auto& [key, value] : overrides) {
+    if (base.contains(key) || generic.contains(key)) continue;
+    std::set<std::string> valid = generic;
+    for (const auto& item : base.items()) valid.insert(item.key());
+    throw ConfigError(fmt::format("model.config.{} is not a config key of a {} model; valid keys: {}", key, model_type,
+                                  fmt::join(valid, ", ")));
+  }
+}
+
+}  // namespace
 
 models::ModelConfig build_model_config(const TrainConfig& config, const data::Tokenizer& tokenizer) {
   const int64_t tokenizer_vocab = tokenizer.vocab_size();
@@ -23,6 +48,7 @@ models::ModelConfig build_model_config(const TrainConfig& config, const data::To
   models::ModelConfig base = pretrained ? models::read_config((std::filesystem::path(m.pretrained) / "config.json").string())
                                         : models::preset(m.preset);
   auto j = nlohmann::json::parse(models::config_to_json(base));
+  check_config_keys(m.config, j, models::model_type(base));
   for (const auto& [key, value_json] : m.config) j[key] = nlohmann::json::parse(value_json);
   const bool vocab_given = m.config.count("vocab_size") > 0;
   if (!pretrained && !vocab_given) j["vocab_size"] = (tokenizer_vocab + 63) / 64 * 64;

@@ -366,6 +366,7 @@ TrainConfig from_table(const toml::table& root) {
     s.get("eval_batches", t.eval_batches);
     s.get("save_every", t.save_every);
     s.get("keep_last", t.keep_last);
+    s.get("max_nonfinite_steps", t.max_nonfinite_steps);
     s.get("async_save", t.async_save);
     s.get("cuda_graph", t.cuda_graph);
     s.get("size_per_shard_mb", t.size_per_shard_mb);
@@ -463,6 +464,7 @@ void TrainConfig::validate() const {
   require_non_negative("train.eval_batches", train.eval_batches);
   require_non_negative("train.save_every", train.save_every);
   require_non_negative("train.keep_last", train.keep_last);
+  require_positive("train.max_nonfinite_steps", train.max_nonfinite_steps, "3");
   require_positive("train.size_per_shard_mb", train.size_per_shard_mb, "1024");
   require_non_negative("train.sample_tokens", train.sample_tokens);
   if (!(train.sample_temperature >= 0.0)) {

@@ -89,6 +89,11 @@ struct TrainSection {
   int64_t eval_batches = 8;   // per rank
   int64_t save_every = 0;     // 0: only the final checkpoint
   int64_t keep_last = 2;      // older step checkpoints are removed; 0 keeps all
+  // The run stops (DivergenceError) once this many consecutive steps had a
+  // non-finite loss or gradients (steps the fp16 loss scaler skips do not
+  // count). Checked at log points, so it stops at the first log point after.
+  // A checkpoint with a non-finite loss or parameters is never published.
+  int64_t max_nonfinite_steps = 3;
   bool async_save = false;
   // Capture the whole step (forward, backward, optimizer) in a CUDA graph
   // after 3 eager steps and replay it (amp::GraphedTrainStep): one GPU, bf16

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,13 +33,14 @@ void TrainState::save(const std::string& path) const {
 }
 
 TrainState TrainState::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot read the training state (missing file)", path));
-  std::stringstream text;
-  text << in.rdbuf();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw CheckpointError(fmt::format("{}: cannot read the training state (missing file)", path));
+  }
+  const std::string text = checkpoint::io::read_regular_file(path, 1 << 20, "training state");
   TrainState s;
   try {
-    auto j = nlohmann::json::parse(text.str());
+    auto j = nlohmann::json::parse(text);
     s.step = j.at("step").get<int64_t>();
     s.tokens_seen = j.at("tokens_seen").get<int64_t>();
     s.data_epoch = j.at("data_epoch").get<int64_t>();
@@ -48,10 +50,41 @@ TrainState TrainState::load(const std::string& path) {
     s.grad_accum = j.at("grad_accum").get<int64_t>();
     s.seq_len = j.at("seq_len").get<int64_t>();
     s.last_loss = j.value("last_loss", 0.0);
+  } catch (const nlohmann::json::parse_error& e) {
+    // Not e.what(): it quotes the bytes last read.
+    throw CheckpointError(fmt::format("{}: the training state is not valid JSON (syntax error at byte {})", path,
+                                      e.byte));
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("{}: the training state is malformed: {}", path, e.what()));
   }
+  s.validate(path);
   return s;
+}
+
+void TrainState::validate(const std::string& path) const {
+  auto bad = [&](std::string_view field, auto value, std::string_view rule) {
+    throw CheckpointError(fmt::format("{}: {} = {} is invalid; {}", path, field, value, rule));
+  };
+  if (step < 0) bad("step", step, "it counts optimizer steps and is >= 0");
+  if (dp_size < 1) bad("dp_size", dp_size, "it is >= 1");
+  if (micro_batch < 1) bad("micro_batch", micro_batch, "it is >= 1");
+  if (grad_accum < 1) bad("grad_accum", grad_accum, "it is >= 1");
+  if (seq_len < 1) bad("seq_len", seq_len, "it is >= 1");
+  if (data_epoch < 0) bad("data_epoch", data_epoch, "it is >= 0");
+  if (data_position < 0) bad("data_position", data_position, "it is >= 0");
+  if (!std::isfinite(last_loss)) bad("last_loss", last_loss, "a published checkpoint's loss is finite");
+  // Every step consumes the same global batch, so the token count follows
+  // from the step and the layout; anything else is a corrupt (or huge) step.
+  int64_t expected = step;
+  bool overflow = false;
+  for (int64_t factor : {dp_size, micro_batch, grad_accum, seq_len}) {
+    overflow = overflow || __builtin_mul_overflow(expected, factor, &expected);
+  }
+  if (overflow || expected != tokens_seen) {
+    throw CheckpointError(fmt::format("{}: tokens_seen = {} does not match step {} x dp_size {} x micro_batch {} x "
+                                      "grad_accum {} x seq_len {}; the training state is corrupt",
+                                      path, tokens_seen, step, dp_size, micro_batch, grad_accum, seq_len));
+  }
 }
 
 namespace {

@@ -25,8 +25,12 @@ struct TrainState {
   double last_loss = 0.0;
 
   void save(const std::string& path) const;  // atomic
-  // Throws CheckpointError naming the file for a missing file or field.
+  // Throws CheckpointError naming the file for a missing file or field, or a
+  // field out of range (validate()).
   static TrainState load(const std::string& path);
+  // Every count >= 0 (sizes >= 1), last_loss finite, tokens_seen equal to
+  // step x the global batch's tokens; CheckpointError naming `path` and the field.
+  void validate(const std::string& path) const;
 };
 
 // The CPU generator's state (and `device`'s, when it is a GPU)

@@ -8,16 +8,20 @@
 #include "colossus/apps/trainer/train_state.h"
 #include "colossus/apps/trainer/training_data.h"
 #include "colossus/booster/booster.h"
-#include "colossus/checkpoint/file_io.h"
+#include "colossus/booster/clip_grad_optimizer.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
+#include "colossus/booster/tp_clip_optimizer.h"
+#include "colossus/checkpoint/file_io.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
 #include "colossus/inference/generate.h"
 #include "colossus/models/config.h"
+
+#include "colossus/amp/mixed_precision_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -25,6 +29,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -70,6 +75,25 @@ class StopSignalScope {
   void (*previous_term_)(int);
 };
 
+// Whether the optimizer's last step met non-finite gradients that no loss
+// scaler accounts for: a bf16 mixed-precision step skipped for them, or a
+// non-finite clipped norm. Reads only what the step already brought to the
+// host; in device-step mode (CUDA graph) nothing is read and the loss alone
+// decides. fp16 steps the scaler skips are its normal work and do not count.
+bool nonfinite_gradients(const optim::Optimizer& optimizer, bool device_step) {
+  if (device_step) return false;
+  if (const auto* mixed = dynamic_cast<const amp::MixedPrecisionOptimizer*>(&optimizer)) {
+    return mixed->loss_scaler() == nullptr && mixed->last_step_skipped();
+  }
+  if (const auto* clip = dynamic_cast<const booster::ClipGradOptimizer*>(&optimizer)) {
+    return !std::isfinite(clip->last_grad_norm());
+  }
+  if (const auto* clip = dynamic_cast<const booster::TPClipOptimizer*>(&optimizer)) {
+    return !std::isfinite(clip->last_grad_norm());
+  }
+  return false;
+}
+
 class Trainer {
  public:
   Trainer(const TrainConfig& config, const TrainOptions& options)
@@ -83,6 +107,9 @@ class Trainer {
   // Mean loss over the held-out split (eval_batches per rank), all ranks combined.
   double evaluate();
   void save_checkpoint(int64_t step);
+  // Collective: true when the last step's loss and this run's parameters are
+  // finite on every rank, so that a checkpoint of them may be published.
+  bool state_is_finite();
   // Continues train.sample_prompt with the trained model (rank 0 only).
   void print_sample();
   void publish_pending_checkpoint();
@@ -111,6 +138,10 @@ class Trainer {
   double flops_per_token_ = 0.0;
 
   TrainState state_;
+  // Consecutive steps with a non-finite loss or gradients, and the longest
+  // such run so far: device scalars, so a step needs no host sync.
+  at::Tensor nonfinite_run_;
+  at::Tensor nonfinite_longest_;
   std::optional<int64_t> pending_publish_;  // an async checkpoint still being written
   std::unique_ptr<RunReporter> reporter_;
 };
@@ -120,7 +151,11 @@ void Trainer::build() {
   world_ = cluster.world;
   const bool fresh = options_.resume.empty();
   at::manual_seed(config_.train.seed);
-  if (world_->rank() == 0) fs::create_directories(config_.train.output_dir);
+  if (world_->rank() == 0) {
+    fs::create_directories(config_.train.output_dir);
+    // Debris of crashed saves; nothing of this run is being written yet.
+    for (const auto& path : dirs_.remove_stale()) log.info(fmt::format("removed {}, left by an interrupted save", path));
+  }
   world_->barrier().wait();
 
   tokenizer_ = make_tokenizer(config_.data);
@@ -169,8 +204,9 @@ void Trainer::build() {
   state_.grad_accum = config_.train.grad_accum;
   state_.seq_len = config_.data.seq_len;
   if (!fresh) {
-    if (auto dir = resolve_resume_dir(options_.resume, dirs_)) {
-      resume_from(*dir);
+    if (auto point = resolve_resume_dir(options_.resume, dirs_)) {
+      if (!point->note.empty()) log.warning(point->note);
+      resume_from(point->dir);
     } else {
       log.info(fmt::format("no checkpoint in {} yet; starting from step 0", dirs_.root()));
     }
@@ -205,9 +241,33 @@ void Trainer::resume_from(const std::string& dir) {
         dir, saved.dp_size, saved.micro_batch, saved.grad_accum, saved.seq_len, state_.dp_size, state_.micro_batch,
         state_.grad_accum, state_.seq_len));
   }
+  // A step directory's name and its state agree, or the state is not its own.
+  const auto name = fs::path(dir).filename().string();
+  if (is_step_dir_name(name) && step_of_dir(name) != saved.step) {
+    throw CheckpointError(fmt::format("{}/train_state.json says step {}, but the directory is step {}; the "
+                                      "checkpoint is corrupt",
+                                      dir, saved.step, step_of_dir(name)));
+  }
+  // Each step reads grad_accum batches, so the data position follows from the step.
+  const int64_t per_epoch = boosted_.dataloader->batches_per_epoch();
+  int64_t batches = 0;
+  if (__builtin_mul_overflow(saved.data_epoch, per_epoch, &batches) ||
+      __builtin_add_overflow(batches, saved.data_position, &batches) ||
+      batches != saved.step * saved.grad_accum || saved.data_position >= per_epoch) {
+    throw CheckpointError(fmt::format("{}/train_state.json: data position (epoch {}, batch {}) at {} batches per epoch "
+                                      "is not where step {} x grad_accum {} ends; the checkpoint is corrupt or the "
+                                      "dataset changed",
+                                      dir, saved.data_epoch, saved.data_position, per_epoch, saved.step,
+                                      saved.grad_accum));
+  }
   booster_->load_model(*boosted_.model, (fs::path(dir) / "model").string());
   booster_->load_optimizer(*boosted_.optimizer, (fs::path(dir) / "optimizer").string());
   booster_->load_lr_scheduler(*boosted_.lr_scheduler, (fs::path(dir) / "lr_scheduler.json").string());
+  if (boosted_.lr_scheduler->last_step() != saved.step) {
+    throw CheckpointError(fmt::format("{}/lr_scheduler.json is at step {}, but train_state.json at step {}; the "
+                                      "checkpoint is corrupt",
+                                      dir, boosted_.lr_scheduler->last_step(), saved.step));
+  }
   load_rng_state((fs::path(dir) / "rng" / fmt::format("rank-{:05d}.safetensors", world_->rank())).string(), device_);
   boosted_.dataloader->set_state(saved.data_epoch, saved.data_position);
   state_ = saved;
@@ -239,6 +299,23 @@ double Trainer::evaluate() {
   dp_->all_reduce(total).wait();
   auto host = total.cpu();
   return host[0].item<double>() / host[1].item<double>();
+}
+
+bool Trainer::state_is_finite() {
+  // [last step's loss was non-finite, some parameter is non-finite], summed over ranks.
+  auto flags = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  flags[0] = at::gt(nonfinite_run_, 0.0).to(at::kDouble);
+  c10::NoGradGuard no_grad;
+  for (const auto& group : boosted_.optimizer->param_groups()) {
+    for (const auto& p : group.params) {
+      // Parameters whose storage a plugin released (gathered on demand) hold nothing to check.
+      if (p.numel() == 0 || p.is_meta() || p.storage().nbytes() < p.nbytes()) continue;
+      flags[1] += at::logical_not(at::isfinite(p)).any().to(at::kDouble);
+    }
+  }
+  world_->all_reduce(flags).wait();
+  auto host = flags.cpu();
+  return host[0].item<double>() == 0.0 && host[1].item<double>() == 0.0;
 }
 
 void Trainer::save_checkpoint(int64_t step) {
@@ -329,11 +406,14 @@ TrainResult Trainer::run() {
   auto last_log_time = std::chrono::steady_clock::now();
   int64_t last_saved = -1;
   std::optional<amp::GraphedTrainStep> graphed = make_graphed_step();
+  nonfinite_run_ = at::zeros({}, f64);
+  nonfinite_longest_ = at::zeros({}, f64);
 
   while (state_.step < config_.train.steps) {
+    at::Tensor step_loss;  // this step's loss (double, on the device)
     if (graphed) {
       // The whole step replays from one graph (optimizer step and zeroing included).
-      loss_since_log += graphed->step(loader.next()).to(at::kDouble);
+      step_loss = graphed->step(loader.next()).to(at::kDouble);
     } else if (pipeline_) {
       // The grad_accum loader batches as one pipeline batch; its loss is the
       // mean over microbatches, as the accumulated loss below.
@@ -342,8 +422,9 @@ TrainResult Trainer::run() {
       const auto ids = at::cat(batches);
       auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, model, {},
                                             optimizer);
-      loss_since_log += out.loss.detach().to(at::kDouble);
+      step_loss = out.loss.detach().to(at::kDouble);
     } else {
+      step_loss = at::zeros({}, f64);
       for (int64_t micro = 0; micro < accum; ++micro) {
         auto ids = loader.next().to(device_, /*non_blocking=*/true);
         std::optional<booster::Booster::NoSyncGuard> no_sync;
@@ -352,12 +433,22 @@ TrainResult Trainer::run() {
         // logits, DDP and ZeRO with the head fused into the loss.
         auto loss = model.forward_loss(ids, ids) / static_cast<double>(accum);
         booster_->backward(loss, optimizer);
-        loss_since_log += loss.detach().to(at::kDouble);
+        const auto detached = loss.detach().to(at::kDouble);
+        step_loss += detached;
+        loss_since_log += detached;  // micro-batch by micro-batch, as the logged loss always was
       }
     }
+    if (graphed || pipeline_) loss_since_log += step_loss;
     if (!graphed) {
       optimizer.step();
       optimizer.zero_grad();
+    }
+    {
+      // run = (run + 1) * bad: counts consecutive bad steps, on the device.
+      auto bad = at::logical_not(at::isfinite(step_loss)).to(at::kDouble);
+      if (nonfinite_gradients(optimizer, graphed.has_value())) bad.fill_(1.0);
+      nonfinite_run_.add_(1.0).mul_(bad);
+      nonfinite_longest_ = at::maximum(nonfinite_longest_, nonfinite_run_);
     }
     scheduler.step();
     ++state_.step;
@@ -366,11 +457,26 @@ TrainResult Trainer::run() {
 
     const bool last = state_.step == config_.train.steps;
     if (state_.step % config_.train.log_every == 0 || last) {
-      // One all-reduce carries the loss and whether any rank was asked to stop.
+      // One all-reduce carries the loss, whether any rank was asked to stop,
+      // and whether any rank saw max_nonfinite_steps non-finite steps in a row.
       auto packed = at::stack({loss_since_log, at::full({}, stop_requested.load() ? 1.0 : 0.0, f64)});
       packed[0] = packed[0] / static_cast<double>(dp_size_);
       dp_->all_reduce(packed).wait();
+      // Over the world, not dp: a pipeline's first stages never see the loss.
+      auto diverged = at::ge(nonfinite_longest_, static_cast<double>(config_.train.max_nonfinite_steps)).to(at::kDouble);
+      world_->all_reduce(diverged).wait();
       auto host = packed.cpu();
+      if (diverged.item<double>() > 0) {
+        publish_pending_checkpoint();  // saved before the bad steps, when it was checked finite
+        reporter_->finish();
+        const auto good = dirs_.latest();
+        throw DivergenceError(fmt::format(
+            "training diverged: at least {} consecutive steps up to step {} had a non-finite loss or gradients "
+            "(train.max_nonfinite_steps = {}); no checkpoint of them was published, {}. Lower optimizer.lr, set "
+            "booster.max_norm, or resume from an earlier checkpoint",
+            config_.train.max_nonfinite_steps, state_.step, config_.train.max_nonfinite_steps,
+            good ? "the last good one is " + *good : std::string("and there is no earlier one")));
+      }
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - last_log_time).count();
       StepRecord record{.step = state_.step,
@@ -390,10 +496,16 @@ TrainResult Trainer::run() {
         log.warning(fmt::format("stop requested: saving a checkpoint at step {} and exiting; rerun with --resume "
                                 "to continue",
                                 state_.step));
-        save_checkpoint(state_.step);
+        const bool finite = state_is_finite();
+        if (finite) {
+          save_checkpoint(state_.step);
+        } else {
+          log.warning(fmt::format("step {}: the loss or the parameters are not finite; not saving a checkpoint",
+                                  state_.step));
+        }
         publish_pending_checkpoint();
         result.interrupted = true;
-        result.final_checkpoint = dirs_.step_dir(state_.step);
+        if (finite) result.final_checkpoint = dirs_.step_dir(state_.step);
         result.final_step = state_.step;
         reporter_->finish();
         return result;
@@ -408,8 +520,20 @@ TrainResult Trainer::run() {
       last_log_time = std::chrono::steady_clock::now();  // eval time is not training throughput
     }
     if ((config_.train.save_every > 0 && state_.step % config_.train.save_every == 0) || last) {
-      save_checkpoint(state_.step);
-      last_saved = state_.step;
+      // A NaN checkpoint published as `latest` would also let keep_last prune the good ones.
+      if (state_is_finite()) {
+        save_checkpoint(state_.step);
+        last_saved = state_.step;
+      } else if (last) {
+        publish_pending_checkpoint();
+        reporter_->finish();
+        const auto good = dirs_.latest();
+        throw DivergenceError(fmt::format("training ended at step {} with a non-finite loss or parameters; no "
+                                          "checkpoint of it was published, {}",
+                                          state_.step, good ? "the last good one is " + *good : "there is no earlier one"));
+      } else {
+        log.warning(fmt::format("step {}: the loss or the parameters are not finite; not saving a checkpoint", state_.step));
+      }
       last_log_time = std::chrono::steady_clock::now();
     }
   }

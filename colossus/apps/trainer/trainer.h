@@ -11,6 +11,7 @@
 // The logged loss is the mean over the step's micro-batches and all dp ranks.
 #pragma once
 #include "colossus/apps/trainer/train_config.h"
+#include "colossus/core/errors.h"
 
 #include <cstdint>
 #include <string>
@@ -18,6 +19,12 @@
 #include <vector>
 
 namespace colossus::apps {
+
+// The run stopped because its loss or gradients stayed non-finite for
+// train.max_nonfinite_steps steps in a row (see docs/reliability.md).
+struct DivergenceError : Error {
+  using Error::Error;
+};
 
 struct TrainOptions {
   // "" starts fresh; "auto" continues from OUTPUT_DIR's latest checkpoint if
