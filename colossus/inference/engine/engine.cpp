@@ -340,19 +340,33 @@ void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, c
   const bool all_rows = sampled_rows.size() == static_cast<size_t>(row);
   const std::vector<int64_t> tokens =
       draw_tokens(sampled, all_rows ? logits : logits.index_select(0, at::tensor(sampled_rows, at::kLong).to(logits.device())));
-  std::vector<int64_t> done;
+  std::vector<int64_t> failed;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence& seq = *sampled[i];
     seq.tokens.push_back(tokens[i]);
     ++generated_tokens_;
     RequestOutput out{.request_id = seq.id, .new_tokens = {tokens[i]}};
-    check_stop(seq, out);
-    out.finished = seq.finished();
-    out.finish_reason = seq.finish_reason;
     out.prompt_tokens = seq.prompt_len;
     out.generated_tokens = seq.num_generated();
     out.cached_prompt_tokens = seq.num_cached_prefix;
+    try {
+      check_stop(seq, out);
+      out.finished = seq.finished();
+      out.finish_reason = seq.finish_reason;
+    } catch (const std::exception& e) {
+      // This request's own text handling failed: it ends alone, with the
+      // error; the others in the batch go on.
+      out.finished = true;
+      out.finish_reason = FinishReason::Abort;
+      out.error = e.what();
+      failed.push_back(seq.id);
+    }
     outputs.push_back(std::move(out));
+  }
+  for (int64_t id : failed) {
+    scheduler_->remove(id);
+    texts_.erase(id);
+    if (drafter_) drafter_->release(id);
   }
   finish_requests(outputs);
 }

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct RequestOutput {
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t cached_prompt_tokens = 0;  // reused from the prefix cache
+  // Set when this request alone failed (finished, finish_reason Abort): why.
+  std::optional<std::string> error{};
 };
 
 struct EngineStats {

@@ -131,6 +131,13 @@ void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
     auto it = live_.find(out.request_id);
     if (it == live_.end()) continue;  // a prompt of a refused submission
     Live& live = it->second;
+    if (out.error) {
+      // This request failed alone: its client gets the error, the batch goes on.
+      ++aborted;
+      live.channel->fail(std::string("the engine failed on this request: ") + *out.error);
+      live_.erase(it);
+      continue;
+    }
     const bool finished = out.finished;
     bool last = false;
     if (finished) {

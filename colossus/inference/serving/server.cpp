@@ -352,8 +352,8 @@ Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerO
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   s.http.set_keep_alive_timeout(2);
   // A client that stops sending or reading holds a worker thread no longer than this.
-  s.http.set_read_timeout(10, 0);
-  s.http.set_write_timeout(10, 0);
+  s.http.set_read_timeout(5, 0);
+  s.http.set_write_timeout(5, 0);
   s.http.set_payload_max_length(size_t{64} << 20);
   s.route("POST", "/v1/completions", [&s](const auto& req, auto& res) { s.completions(req, res); });
   s.route("POST", "/v1/chat/completions", [&s](const auto& req, auto& res) { s.chat_completions(req, res); });

@@ -11,8 +11,10 @@
 #include "colossus/inference/generate.h"
 #include "tests/inference/support.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -273,6 +275,70 @@ TEST(InferenceEngine, BadRequestsAndConfigsGetErrorsNamingTheValue) {
   graphs.use_cuda_graph = true;
   expect_config_error([&] { InferenceEngine(model, nullptr, graphs); }, {"use_cuda_graph", "cpu"});
   EXPECT_EQ(engine.stats().waiting, 0) << "refused requests are not queued";
+}
+
+// A tokenizer of one character per id whose decode fails on one id: one
+// request's text failing must end that request alone.
+class FailingTokenizer : public data::Tokenizer {
+ public:
+  FailingTokenizer(int32_t vocab, int32_t failing_id) : vocab_(vocab), failing_id_(failing_id) {}
+  int32_t vocab_size() const override { return vocab_; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::optional<int32_t> eos_id() const override { return std::nullopt; }
+  std::optional<int32_t> pad_id() const override { return std::nullopt; }
+  std::optional<int32_t> token_to_id(std::string_view) const override { return std::nullopt; }
+  std::optional<std::string> id_to_token(int32_t id) const override { return std::string(1, static_cast<char>('a' + id % 26)); }
+
+ protected:
+  std::vector<int32_t> do_encode(std::string_view text, bool) const override {
+    std::vector<int32_t> ids;
+    for (char c : text) ids.push_back(static_cast<unsigned char>(c) % vocab_);
+    return ids;
+  }
+  std::string do_decode(const std::vector<int32_t>& ids, bool) const override {
+    std::string text;
+    for (int32_t id : ids) {
+      if (id == failing_id_) throw ConfigError(fmt::format("cannot decode id {}", id));
+      text += static_cast<char>('a' + id % 26);
+    }
+    return text;
+  }
+
+ private:
+  int32_t vocab_;
+  int32_t failing_id_;
+};
+
+TEST(InferenceEngine, ARequestWhoseTextFailsEndsAloneWithItsError) {
+  auto model = tiny_gpt2(/*vocab=*/64, /*n_positions=*/64);
+  const auto prompts = random_prompts({5, 7}, 64, 11);
+  const auto first = reference(*model, prompts[0], 6);
+  const auto second = reference(*model, prompts[1], 6);
+  // Fail on a token only the first request draws (its third), after two good ones.
+  const int32_t failing = static_cast<int32_t>(first[2]);
+  if (std::find(second.begin(), second.end(), failing) != second.end() ||
+      std::find(first.begin(), first.begin() + 2, failing) != first.begin() + 2) {
+    GTEST_SKIP() << "the seeded model's two continuations share the token; pick other prompts";
+  }
+  InferenceEngine engine(model, std::make_shared<FailingTokenizer>(64, failing), small_config());
+  const int64_t a = engine.add_request(prompts[0], {.max_new_tokens = 6});
+  const int64_t b = engine.add_request(prompts[1], {.max_new_tokens = 6});
+  std::map<int64_t, std::vector<int64_t>> tokens;
+  std::map<int64_t, RequestOutput> last;
+  for (int guard = 0; engine.has_unfinished() && guard < 100; ++guard) {
+    for (RequestOutput& out : engine.step()) {
+      for (int64_t t : out.new_tokens) tokens[out.request_id].push_back(t);
+      if (out.finished) last[out.request_id] = out;
+    }
+  }
+  ASSERT_TRUE(last.contains(a) && last.contains(b));
+  ASSERT_TRUE(last[a].error.has_value());
+  EXPECT_NE(last[a].error->find("cannot decode id"), std::string::npos) << *last[a].error;
+  EXPECT_EQ(last[a].finish_reason, FinishReason::Abort);
+  EXPECT_FALSE(last[b].error.has_value());
+  EXPECT_EQ(tokens[b], second) << "the other request went on as if alone";
+  EXPECT_EQ(engine.stats().running, 0);
+  EXPECT_EQ(engine.stats().blocks_used, 0) << "the failed request's blocks were not freed";
 }
 
 }  // namespace
