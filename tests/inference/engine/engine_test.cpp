@@ -311,15 +311,23 @@ class FailingTokenizer : public data::Tokenizer {
 
 TEST(InferenceEngine, ARequestWhoseTextFailsEndsAloneWithItsError) {
   auto model = tiny_gpt2(/*vocab=*/64, /*n_positions=*/64);
-  const auto prompts = random_prompts({5, 7}, 64, 11);
-  const auto first = reference(*model, prompts[0], 6);
-  const auto second = reference(*model, prompts[1], 6);
-  // Fail on a token only the first request draws (its third), after two good ones.
-  const int32_t failing = static_cast<int32_t>(first[2]);
-  if (std::find(second.begin(), second.end(), failing) != second.end() ||
-      std::find(first.begin(), first.begin() + 2, failing) != first.begin() + 2) {
-    GTEST_SKIP() << "the seeded model's two continuations share the token; pick other prompts";
+  // Two prompts whose greedy continuations differ in a token the first draws
+  // after at least one good one: the tokenizer fails on exactly that token.
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<int64_t> first, second;
+  int32_t failing = -1;
+  for (unsigned seed = 0; seed < 200 && failing < 0; ++seed) {
+    prompts = random_prompts({5, 7}, 64, seed);
+    first = reference(*model, prompts[0], 6);
+    second = reference(*model, prompts[1], 6);
+    for (size_t k = 1; k < first.size() && failing < 0; ++k) {
+      const bool elsewhere = std::find(second.begin(), second.end(), first[k]) != second.end() ||
+                             std::find(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(k), first[k]) !=
+                                 first.begin() + static_cast<std::ptrdiff_t>(k);
+      if (!elsewhere) failing = static_cast<int32_t>(first[k]);
+    }
   }
+  ASSERT_GE(failing, 0) << "no pair of prompts with a token only the first one draws";
   InferenceEngine engine(model, std::make_shared<FailingTokenizer>(64, failing), small_config());
   const int64_t a = engine.add_request(prompts[0], {.max_new_tokens = 6});
   const int64_t b = engine.add_request(prompts[1], {.max_new_tokens = 6});
