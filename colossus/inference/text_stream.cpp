@@ -4,9 +4,12 @@ namespace colossus::inference {
 
 size_t complete_utf8_prefix(const std::string& text) {
   size_t end = text.size();
-  // Trailing replacement characters (EF BF BD) may be an incomplete character
-  // a lossy decoder rendered; they are handed out once more text follows.
-  while (end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
+  // A trailing replacement character (EF BF BD) may be an incomplete
+  // character a lossy decoder rendered: it waits for more text. Only the last
+  // one can still change (a lossy decoder renders an incomplete tail as one
+  // U+FFFD); those before it are final, so a run of invalid bytes streams out
+  // as it comes instead of waiting for the next valid character.
+  if (end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
   // Find the start of the last character and check it is complete.
   size_t start = end;
   int continuation = 0;

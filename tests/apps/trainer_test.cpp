@@ -34,12 +34,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// One directory for the whole job: rank 0's pid, shared by broadcast.
+// One directory for the whole job (ct::job_scratch_dir), a fresh subfolder per name.
 fs::path job_dir(const std::string& name) {
   auto world = ct::world();
-  auto pid = at::full({1}, static_cast<int64_t>(::getpid()), at::kLong);
-  world->broadcast(pid, 0).wait();
-  auto dir = fs::temp_directory_path() / fmt::format("colossus_trainer_test_{}", pid.item<int64_t>()) / name;
+  auto dir = ct::job_scratch_dir("trainer_test") / name;
   if (world->rank() == 0) {
     fs::remove_all(dir);
     fs::create_directories(dir);

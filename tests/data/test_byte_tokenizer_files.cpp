@@ -41,8 +41,7 @@ std::vector<std::string> texts() {
 class ByteTokenizerFiles : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / fmt::format("colossus_byte_tokenizer_{}", ::getpid()));
-    fs::remove_all(*dir_);
+    dir_ = new fs::path(colossus::testing::scratch_dir("byte_tokenizer") / "tokenizer");
     save_byte_tokenizer(dir_->string());
   }
   static void TearDownTestSuite() {

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <numeric>
 #include <set>
+#include <stdexcept>
+#include <stdlib.h>
 
 using namespace colossus::data;
 namespace fs = std::filesystem;
@@ -21,13 +23,14 @@ namespace fs = std::filesystem;
 namespace {
 
 struct TempDir {
-  TempDir() : path(fs::temp_directory_path() / fmt::format("colossus-data-{}-{}", getpid(), counter++)) {
-    fs::create_directories(path);
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "colossus-data-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path = pattern;
   }
   ~TempDir() { fs::remove_all(path); }
   std::string str(const std::string& name = "") const { return (path / name).string(); }
   fs::path path;
-  static inline int counter = 0;
 };
 
 std::vector<int32_t> iota_tokens(int n, int32_t start = 0) {

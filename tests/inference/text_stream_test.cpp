@@ -65,6 +65,8 @@ TEST(TextStream, CompleteUtf8Prefix) {
   EXPECT_EQ(complete_utf8_prefix("a\xF0\x9F\x98"), 1u);
   EXPECT_EQ(complete_utf8_prefix("a\xF0\x9F\x98\x80"), 5u);
   EXPECT_EQ(complete_utf8_prefix("a\xEF\xBF\xBD"), 1u);  // U+FFFD waits for more
+  // Only the last U+FFFD can still change: the ones before it stream out.
+  EXPECT_EQ(complete_utf8_prefix("a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"), 7u);
   EXPECT_EQ(complete_utf8_prefix("\xFF"), 1u);           // invalid bytes never complete: pass
 }
 

@@ -29,10 +29,8 @@ TEST(ExpertCheckpoint, SavedWithEpLoadsWithAnyEpAndIntoTransformers) {
   auto config = std::get<models::MixtralConfig>(models::preset("mixtral-tiny"));
   config.initializer_range = 0.2;
   config.num_local_experts = 4;
-  // One directory for all ranks: rank 0's pid.
-  at::Tensor pid = at::full({1}, static_cast<int64_t>(getpid()), at::kLong);
-  world->broadcast(pid, 0).wait();
-  const fs::path dir = fs::temp_directory_path() / fmt::format("colossus_moe_ckpt_{}", pid.item<int64_t>());
+  // One directory for all ranks, made by rank 0 with mkdtemp.
+  const fs::path dir = colossus::testing::job_scratch_dir("moe_ckpt");
 
   auto ep_group = world->split(0, world->rank(), "ckpt_ep");  // ep = world size
   auto base = models::create_model(config, {.seed = 9});

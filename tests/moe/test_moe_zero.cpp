@@ -177,9 +177,8 @@ TEST(MoeZero, LowPrecisionTracksTheFp32Curve) {
 TEST(MoeZero, CheckpointResumesOntoTheSameCurve) {
   auto world = ct::world();
   if (world->size() != 4) GTEST_SKIP() << "laid out for 4 ranks";
-  at::Tensor pid = at::full({1}, static_cast<int64_t>(getpid()), at::kLong);
-  world->broadcast(pid, 0).wait();
-  const fs::path dir = fs::temp_directory_path() / fmt::format("colossus_moe_zero_{}", pid.item<int64_t>());
+  // One directory for all ranks, made by rank 0 with mkdtemp.
+  const fs::path dir = colossus::testing::job_scratch_dir("moe_zero");
   constexpr int kSaveAt = 3, kEnd = 7;
   const MoeHybridParallelPluginOptions options{.ep_size = 2, .zero_stage = 2};
   auto first = boost(options, world);
