@@ -161,10 +161,14 @@ int run_mpi(const RunOptions& options, const std::string& program_path, const st
   job.token = random_token();
   launch.channel_address = fmt::format("{}:{}", reachable, channel_port);
   launch.channel_token = job.token;
+  // A launcher that dies abruptly takes mpirun with it by SIGKILL: mpirun
+  // defers a SIGTERM until it has started every rank, which with many ranks
+  // left it running for tens of seconds. The ranks' wrappers stop their
+  // programs themselves when mpirun or the launcher's channel goes away.
   job.mpirun = SpawnSpec{.path = mpirun_path,
                          .argv = mpirun_arguments(layout, launch, options.command, base),
                          .env = mpirun_environment(base, launch),
-                         .death_signal = SIGTERM};
+                         .death_signal = SIGKILL};
   job.world_size = layout.world_size();
   job.monitor = monitor_options(options, "rank", std::chrono::seconds(2));
   job.watch_stdin = options.watch_stdin;

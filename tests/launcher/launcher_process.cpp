@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -148,6 +149,54 @@ bool wait_until_gone(pid_t pid, double timeout_s) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return process_gone(pid);
+}
+
+namespace {
+
+std::vector<pid_t> all_processes() {
+  std::vector<pid_t> pids;
+  std::error_code error;  // processes come and go while we list them
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      pids.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return pids;
+}
+
+}  // namespace
+
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> children;
+  for (pid_t candidate : all_processes()) {
+    std::string stat = read_file("/proc/" + std::to_string(candidate) + "/stat");
+    auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    // After ")": state, then the parent's pid.
+    std::istringstream fields(stat.substr(close_paren + 2));
+    std::string state;
+    pid_t parent = 0;
+    if (fields >> state >> parent && parent == pid) children.push_back(candidate);
+  }
+  return children;
+}
+
+int processes_naming(const std::string& marker) {
+  int count = 0;
+  for (pid_t pid : all_processes()) {
+    std::string cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    if (cmdline.find(marker) != std::string::npos && !process_gone(pid)) ++count;
+  }
+  return count;
+}
+
+void kill_processes_naming(const std::string& marker) {
+  for (pid_t pid : all_processes()) {
+    if (pid == ::getpid()) continue;
+    std::string cmdline = read_file("/proc/" + std::to_string(pid) + "/cmdline");
+    if (cmdline.find(marker) != std::string::npos) ::kill(pid, SIGKILL);
+  }
 }
 
 std::vector<std::string> lines_of(const std::string& text) {

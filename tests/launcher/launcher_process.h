@@ -59,6 +59,12 @@ int wait_for_pid_file(const std::string& path, double timeout_s = 30);
 bool process_gone(pid_t pid);
 // Polls process_gone for up to timeout_s.
 bool wait_until_gone(pid_t pid, double timeout_s = 10);
+// Processes whose parent is `pid`.
+std::vector<pid_t> children_of(pid_t pid);
+// Live processes (not zombies) whose command line contains `marker`.
+int processes_naming(const std::string& marker);
+// SIGKILLs them: what a failed test leaves behind.
+void kill_processes_naming(const std::string& marker);
 // Lines of `text`, without their newlines.
 std::vector<std::string> lines_of(const std::string& text);
 

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <thread>
+#include <chrono>
 
 namespace colossus::launcher::testing {
 namespace {
@@ -248,6 +250,36 @@ TEST(LauncherMpiMode, HostfileIsTranslatedForMpirun) {
   auto out = lines_of(result.out);
   std::sort(out.begin(), out.end());
   EXPECT_EQ(out, (std::vector<std::string>{"[r0] 0/3", "[r1] 1/3", "[r2] 2/3"}));
+}
+
+// mpirun busy starting many ranks used to outlive a SIGKILLed launcher for
+// tens of seconds (it got SIGTERM as its parent-death signal and finished
+// launching first); mpirun, the rank wrappers and the programs all carry the
+// scratch path on their command lines, so none of them may survive.
+TEST(LauncherMpiMode, NothingOutlivesALauncherKilledWhileRanksStart) {
+  ScratchDir dir;
+  LauncherProcess launcher({"run", "-n", "192", "--backend", "mpi", "sh", "-c", "sleep 60; true", dir.path()});
+  std::vector<pid_t> mpirun;
+  for (int i = 0; i < 1000 && mpirun.empty(); ++i) {
+    mpirun = children_of(launcher.pid());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(mpirun.size(), 1u) << "the launcher did not start mpirun";
+  // Kill once the first ranks run (the launcher and mpirun name the path too),
+  // long before all 192 do.
+  for (int i = 0; i < 1000 && processes_naming(dir.path()) < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(launcher.pid(), SIGKILL);
+  launcher.wait();
+  EXPECT_TRUE(wait_until_gone(mpirun[0], 5)) << "mpirun outlived its launcher";
+  int left = processes_naming(dir.path());
+  for (int i = 0; i < 500 && left > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = processes_naming(dir.path());
+  }
+  EXPECT_EQ(left, 0) << "processes of the job outlived its launcher";
+  kill_processes_naming(dir.path());
 }
 
 TEST(LauncherDryRun, HostfileOfTwoHostsShowsOneCommandPerNode) {
