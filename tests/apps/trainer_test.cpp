@@ -8,6 +8,7 @@
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/train_state.h"
 #include "colossus/checkpoint/safetensors.h"
+#include "colossus/checkpoint/file_io.h"
 #include "colossus/apps/trainer/trainer.h"
 #include "colossus/core/errors.h"
 #include "colossus/metrics/jsonl_writer.h"
@@ -332,6 +333,31 @@ TEST(TrainerResume, WithoutUsableLatestTakesTheNewestCompleteStep) {
   if (world->rank() == 0) {
     EXPECT_TRUE(fs::exists(root / "step-00000006" / "model")) << "a refused resume deletes nothing";
   }
+  world->barrier().wait();
+}
+
+// Issue 21, class 1: a fresh run (no --resume) into a folder that holds an
+// earlier run's checkpoints is refused before anything is written; its
+// checkpoints stay as they were, and --resume continues that run.
+TEST(TrainerResume, FreshRunIntoAnEarlierRunsCheckpointsIsRefused) {
+  auto world = ct::world();
+  auto dir = job_dir("fresh_over_old");
+  const std::vector<std::string> run{"train.steps=2", "train.save_every=1", "train.keep_last=1", "train.grad_accum=1",
+                                     "train.eval_batches=0"};
+  apps::train(tiny_config(dir, run));
+  const auto root = dir / "checkpoints";
+  const auto message = checkpoint_error_of([&] { apps::train(tiny_config(dir, run)); });
+  EXPECT_NE(message.find("already holds checkpoints"), std::string::npos) << message;
+  EXPECT_NE(message.find("step-00000002"), std::string::npos) << message;
+  EXPECT_NE(message.find("--resume"), std::string::npos) << message;
+  world->barrier().wait();
+  if (world->rank() == 0) {
+    EXPECT_TRUE(fs::exists(root / "step-00000002" / "train_state.json")) << "a refused run deletes nothing";
+    // A `latest` file alone (its step directory gone) is refused too.
+    checkpoint::io::remove_tree((root / "step-00000002").string());
+  }
+  world->barrier().wait();
+  EXPECT_THROW(apps::train(tiny_config(dir, run)), CheckpointError);
   world->barrier().wait();
 }
 

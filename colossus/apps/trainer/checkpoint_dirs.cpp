@@ -128,6 +128,19 @@ std::optional<std::string> CheckpointDirs::latest() const {
 
 std::vector<std::string> CheckpointDirs::complete_steps() const { return complete_step_dirs(root()); }
 
+void CheckpointDirs::require_no_checkpoints() const {
+  const auto steps = step_names(root());
+  if (steps.empty() && !present(fs::path(root()) / kLatest)) return;
+  const std::string held = steps.empty() ? std::string(kLatest)
+                                         : fmt::format("{} step director{} ({}{})", steps.size(),
+                                                       steps.size() == 1 ? "y" : "ies", steps.back(),
+                                                       steps.size() == 1 ? "" : " the newest");
+  throw CheckpointError(fmt::format("{} already holds checkpoints of an earlier run: {}. A new run would overwrite "
+                                    "and prune them; pass --resume to continue that run, train into another "
+                                    "train.output_dir, or remove {} to start over",
+                                    root(), held, root()));
+}
+
 std::vector<std::string> CheckpointDirs::remove_stale() const {
   std::vector<fs::path> stale;
   std::error_code ec;

@@ -31,6 +31,10 @@ struct CheckpointDirs {
   std::optional<std::string> latest() const;
   // Complete step directories (those with train_state.json), oldest first.
   std::vector<std::string> complete_steps() const;
+  // Throws CheckpointError when the folder holds a step directory or a
+  // `latest` file: a fresh run (no --resume) would overwrite and prune the
+  // checkpoints of an earlier run, so it is refused, naming the ways out.
+  void require_no_checkpoints() const;
   // Removes what crashed runs leave: step-N.partial/ directories and
   // latest.tmp.* files. Rank 0, at the start of a run, before any save.
   // Returns what it removed.

@@ -150,6 +150,8 @@ void Trainer::build() {
   const auto& cluster = cluster::launch_from_env({.backend = config_.train.backend});
   world_ = cluster.world;
   const bool fresh = options_.resume.empty();
+  // Every rank checks, before anything is written, so all of them stop alike.
+  if (fresh) dirs_.require_no_checkpoints();
   at::manual_seed(config_.train.seed);
   if (world_->rank() == 0) {
     fs::create_directories(config_.train.output_dir);
