@@ -34,6 +34,8 @@ struct ServeArgs {
   std::string tokenizer;
   std::string device = "cpu";
   int threads = 0;
+  int max_connections = 0;
+  double request_timeout = 10;
   bool quiet = false;
   std::string api_key;
   std::vector<std::string> allowed_origins;
@@ -115,6 +117,8 @@ int run_serve(const ServeArgs& args) {
                                      .served_model_name = name,
                                      .max_context = context,
                                      .threads = args.threads,
+                                     .max_connections = args.max_connections,
+                                     .request_timeout_s = args.request_timeout,
                                      .log_requests = !args.quiet,
                                      .api_key = args.api_key,
                                      .allowed_origins = args.allowed_origins});
@@ -166,6 +170,16 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--threads", args->threads,
                   "HTTP worker threads, one per open connection (at most 4096); 0 = max(16, 2 x max_batch_size)")
       ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  sub->add_option("--max_connections", args->max_connections,
+                  "Open connections (served or waiting for a thread) beyond which new ones get 503 at once; "
+                  "0 = 4 x threads")
+      ->check(CLI::Range(0, 1'000'000))
+      ->capture_default_str();
+  sub->add_option("--request_timeout", args->request_timeout,
+                  "Seconds a connection has to send a whole request (from opening, or from its last response) "
+                  "before it is cut with 408; a running request or stream has no limit")
+      ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
   sub->add_flag("--quiet", args->quiet, "No log line per request");
   sub->add_option("--api_key,--api-key", args->api_key,

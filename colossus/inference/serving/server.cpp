@@ -6,6 +6,7 @@
 
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
+#include "colossus/inference/serving/connection_pool.h"
 #include "colossus/inference/serving/engine_loop.h"
 #include "colossus/inference/serving/openai_api.h"
 #include "colossus/inference/serving/server_metrics.h"
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -144,6 +146,7 @@ struct Server::Impl {
   void route(const char* method, const std::string& path,
              std::function<void(const httplib::Request&, httplib::Response&)> handler) {
     auto wrapped = [this, path, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
+      ConnectionPool::request_started();
       try {
         if (path != "/health") check_access(req);
         handler(req, res);
@@ -337,6 +340,39 @@ struct Server::Impl {
   }
 };
 
+namespace {
+
+// Each connection holds a file descriptor; the model, the engine and the
+// process keep some more (kReservedFds).
+constexpr int kReservedFds = 128;
+
+int connection_limit(int requested, int threads) {
+  rlimit limit{};
+  const int64_t fds = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
+                          ? static_cast<int64_t>(limit.rlim_cur)
+                          : int64_t{1} << 20;
+  const int64_t available = std::max<int64_t>(1, fds - kReservedFds);
+  if (requested == 0) return static_cast<int>(std::min<int64_t>(4 * int64_t{threads}, available));
+  if (requested < 0 || requested > 1'000'000) {
+    throw ConfigError(fmt::format("max_connections = {}: must be between 1 and 1000000 (0 = 4 x threads)", requested));
+  }
+  if (requested > available) {
+    throw ConfigError(fmt::format("max_connections = {}: this process may open {} files (ulimit -n), {} of them "
+                                  "kept for the server itself; lower --max_connections or raise ulimit -n",
+                                  requested, fds, kReservedFds));
+  }
+  return requested;
+}
+
+std::chrono::milliseconds request_timeout(double seconds) {
+  if (!(seconds >= 0.1 && seconds <= 3600)) {
+    throw ConfigError(fmt::format("request_timeout = {} s: must be between 0.1 and 3600", seconds));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+}  // namespace
+
 Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
@@ -349,7 +385,12 @@ Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerO
                                             : static_cast<int>(std::max<int64_t>(16, 2 * config.max_batch_size));
   s.loop = std::make_unique<EngineLoop>(std::move(engine));
 
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  const ConnectionLimits limits{.threads = threads,
+                                .max_connections = connection_limit(s.options.max_connections, threads),
+                                .request_timeout = request_timeout(s.options.request_timeout_s)};
+  // Called by listen(), after bind() has set port_.
+  s.http.new_task_queue = [this, limits] { return new ConnectionPool(limits, port_); };
+  s.http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionPool::response_written(); });
   s.http.set_keep_alive_timeout(2);
   // A client that stops sending or reading holds a worker thread no longer than this.
   s.http.set_read_timeout(5, 0);

@@ -19,6 +19,12 @@ struct ServerOptions {
   std::string served_model_name = "";  // the `model` requests must name
   int64_t max_context = 0;            // positions the model has (0 = unbounded)
   int threads = 0;                    // HTTP worker threads (each holds one connection); 0 = max(16, 2 x max_batch_size)
+  // Open connections (served or waiting for a worker) beyond which new ones
+  // get 503 at once; 0 = 4 x threads.
+  int max_connections = 0;
+  // A connection must deliver a whole request (headers and body) within this
+  // many seconds of opening or of its last response, or it is cut (408).
+  double request_timeout_s = 10;
   bool log_requests = true;           // one line per finished request
   // When set, every route but /health needs `Authorization: Bearer <api_key>` (401 otherwise).
   std::string api_key = "";

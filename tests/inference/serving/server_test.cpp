@@ -14,7 +14,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <fstream>
@@ -557,6 +562,99 @@ TEST_F(Serve, ApiKeyAndForeignOriginsAreRefused) {
   ASSERT_TRUE(foreign);
   EXPECT_EQ(foreign->status, 403);
   EXPECT_NE(foreign->body.find("--allowed_origins"), std::string::npos) << foreign->body;
+}
+
+namespace raw {
+
+// A loopback TCP connection that the test drives byte by byte.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// What the server sends within timeout_s, until it closes the connection.
+std::string read_until_closed(int fd, double timeout_s) {
+  timeval tv{static_cast<time_t>(timeout_s), static_cast<suseconds_t>((timeout_s - static_cast<int>(timeout_s)) * 1e6)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string text;
+  char buffer[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+}  // namespace raw
+
+// Issue 21, class 5: clients that trickle their headers a byte at a time
+// held every worker for as long as they kept trickling (httplib's read
+// timeout restarts with each byte); now a connection without a whole request
+// within --request_timeout is cut with 408, so a healthy request queued
+// behind them is served; and connections beyond --max_connections get 503
+// at once instead of queueing without bound.
+TEST_F(Serve, SlowClientsAreCutAndConnectionsAreCapped) {
+  ServerProcess guarded(dir_->string(),
+                        {"--served_model_name", "tiny", "--quiet", "--threads", "2", "--max_connections", "3",
+                         "--request_timeout", "1"},
+                        testing::scratch_dir() / "serve_slow.log");
+  std::atomic<bool> trickling{true};
+  std::vector<std::thread> tricklers;
+  std::vector<std::string> answers(2);
+  for (int i = 0; i < 2; ++i) {
+    tricklers.emplace_back([&, i] {
+      const int fd = raw::connect_to(guarded.port());
+      ASSERT_GE(fd, 0);
+      const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + std::string(200, 'a');
+      // One byte every 200 ms for up to 40 s; stop sending once the server
+      // answers (bytes sent after its close would make it reset the connection).
+      for (size_t k = 0; k < request.size() && trickling; ++k) {
+        if (::send(fd, &request[k], 1, MSG_NOSIGNAL) != 1) break;
+        pollfd answer{fd, POLLIN, 0};
+        if (::poll(&answer, 1, 200) > 0) break;
+      }
+      answers[i] = raw::read_until_closed(fd, 1);
+      ::close(fd);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both workers now hold a trickler
+  // A third connection queues for a worker; a fourth is over the limit of 3.
+  const auto start = std::chrono::steady_clock::now();
+  std::thread healthy_client([&] {
+    httplib::Client client("127.0.0.1", guarded.port());
+    client.set_read_timeout(30, 0);
+    const auto res = client.Post("/v1/completions", R"({"model": "tiny", "prompt": "hi", "max_tokens": 2})",
+                                 "application/json");
+    EXPECT_TRUE(res);
+    if (res) {
+      EXPECT_EQ(res->status, 200) << res->body;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int extra = raw::connect_to(guarded.port());
+  ASSERT_GE(extra, 0);
+  const std::string refused = raw::read_until_closed(extra, 5);
+  ::close(extra);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 503", 0), 0u) << "a connection over --max_connections: " << refused;
+  EXPECT_NE(refused.find("--max_connections"), std::string::npos) << refused;
+  healthy_client.join();
+  const double healthy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  trickling = false;
+  for (auto& t : tricklers) t.join();
+  EXPECT_LT(healthy_s, 10) << "the healthy request waited for the tricklers (they trickle for 40 s)";
+  for (const auto& answer : answers) {
+    EXPECT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << "a trickling client is cut with 408: " << answer;
+  }
+  EXPECT_EQ(guarded.stop(SIGTERM), 0) << guarded.log();
 }
 
 TEST_F(Serve, LoadThenSigtermWithRequestsInFlight) {
