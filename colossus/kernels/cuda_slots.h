@@ -49,6 +49,9 @@ using CudaScaleCheckFn = bool (*)(float* const* data, const int64_t* numel, int6
 // nothing, when the kernels do not handle the arguments: use the reference.
 using CudaPagedAttentionFn = bool (*)(const PagedAttentionArgs& args, int device_index);
 using CudaReshapeAndCacheFn = bool (*)(const ReshapeAndCacheArgs& args, int device_index);
+// Whether the paged-attention kernels handle this head size at all (callers
+// that must be sure the kernels run, such as CUDA graph capture, ask first).
+using CudaPagedAttentionHeadDimFn = bool (*)(int32_t head_dim);
 
 // Cross-entropy rows with the gradient in place (cross_entropy.h) on CUDA
 // device `device_index`, on its current stream (asynchronous). Returns false,
@@ -84,6 +87,7 @@ struct CudaSlots {
   CudaCrossEntropyRowsFn cross_entropy_rows = nullptr;
   CudaPagedAttentionFn paged_attention = nullptr;
   CudaReshapeAndCacheFn reshape_and_cache = nullptr;
+  CudaPagedAttentionHeadDimFn paged_attention_head_dim = nullptr;
   MakeDeviceGraphFn make_device_graph = nullptr;
   CudaMoeSortFn moe_sort = nullptr;
   CudaMoePermuteFn moe_permute = nullptr;

@@ -64,6 +64,8 @@ struct PagedAttentionArgs {
 // {32, 64, 80, 96, 128, 256}, any block size, heads % kv_heads == 0, 16-byte
 // aligned caches. When false, nothing may be launched: use the reference.
 bool paged_attention_cuda_supports(const PagedAttentionArgs& args);
+// The head sizes alone: {32, 64, 80, 96, 128, 256}.
+bool paged_attention_cuda_handles_head_dim(int32_t head_dim);
 // Device scratch the decode split needs (partial max, sum and output per
 // partition); 0 when every sequence fits one partition.
 size_t paged_attention_workspace_bytes(const PagedAttentionArgs& args);

@@ -66,8 +66,8 @@ std::string ModelRunner::enable_graphs(int64_t max_batch_size, int64_t max_conte
   // The graph must launch the CUDA decode kernel; the reference path reads
   // host copies of the metadata that a replay would not refresh.
   const int64_t head_dim = keys.size(3);
-  const std::vector<int64_t> supported = {32, 64, 80, 96, 128, 256};
-  if (std::find(supported.begin(), supported.end(), head_dim) == supported.end()) {
+  const auto handles_head_dim = kernels::cuda_slots().paged_attention_head_dim;
+  if (handles_head_dim == nullptr || !handles_head_dim(static_cast<int32_t>(head_dim))) {
     return fmt::format("the CUDA paged-attention kernels do not handle head_dim {}", head_dim);
   }
   graphs_ = true;

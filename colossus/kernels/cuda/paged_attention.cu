@@ -433,6 +433,8 @@ int32_t paged_attention_partition_size(const PagedAttentionArgs& a) {
   return partition;
 }
 
+bool paged_attention_cuda_handles_head_dim(int32_t head_dim) { return paged::is_supported_head_dim(head_dim); }
+
 bool paged_attention_cuda_supports(const PagedAttentionArgs& a) {
   if (a.dtype != AttentionDtype::kFloat32 && a.dtype != AttentionDtype::kFloat16 &&
       a.dtype != AttentionDtype::kBFloat16) {

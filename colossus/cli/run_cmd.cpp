@@ -1,4 +1,5 @@
-// Registers `colossus run` and the hidden `colossus _rank` on the CLI.
+// `colossus run` and the hidden `colossus _rank` on the CLI (the launcher
+// layer does the work; this file only maps options onto it).
 // Everything after PROGRAM belongs to the program: the positional list takes
 // it whole (positionals_at_end), so `colossus run -n 2 prog -n 5` gives prog
 // its own `-n 5`.

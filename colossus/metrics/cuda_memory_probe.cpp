@@ -1,23 +1,23 @@
-// Fills the metrics layer's device-memory slot in CUDA builds, so progress
-// lines show the caching allocator's figures for this rank's GPU (the CPU
-// libraries stay free of CUDA headers).
+// CUDA builds only (in the colossus_cuda bundle): fills the device-memory
+// slot, so progress lines show the caching allocator's figures for this
+// rank's GPU while the CPU libraries stay free of CUDA headers.
 #include "colossus/metrics/memory.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 
-namespace colossus::kernels {
+namespace colossus::metrics {
 
 namespace {
 
-std::optional<metrics::DeviceMemory> cuda_memory() {
+std::optional<DeviceMemory> cuda_memory() {
   if (c10::cuda::device_count() == 0) return std::nullopt;
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
   constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
-  return metrics::DeviceMemory{.allocated_bytes = stats.allocated_bytes[all].current,
+  return DeviceMemory{.allocated_bytes = stats.allocated_bytes[all].current,
                                .reserved_bytes = stats.reserved_bytes[all].current,
                                .peak_allocated_bytes = stats.allocated_bytes[all].peak,
                                .free_bytes = static_cast<int64_t>(free_bytes),
@@ -25,10 +25,10 @@ std::optional<metrics::DeviceMemory> cuda_memory() {
 }
 
 [[maybe_unused]] const bool registered = [] {
-  metrics::set_device_memory_probe(cuda_memory);
+  set_device_memory_probe(cuda_memory);
   return true;
 }();
 
 }  // namespace
 
-}  // namespace colossus::kernels
+}  // namespace colossus::metrics

@@ -1,0 +1,275 @@
+// CUDA builds only (in the colossus_cuda bundle): the `colossus check`
+// self-tests of the paged-attention kernels, registered with the kernel
+// registry. The KV-cache write is checked against the CPU path bit for bit,
+// and attention over random paged layouts (shuffled blocks, mixed lengths, a
+// long split context, GQA, prefill chunks next to decode rows; bf16/fp16
+// prefill on tensor cores and on CUDA cores) against
+// paged_attention_reference run in float64 on the CPU. While a test runs, the
+// kernel slots are wrapped to count launches, so a dispatch that fell back to
+// the reference is caught.
+#include "colossus/inference/attention/paged_attention.h"
+#include "colossus/kernels/cuda_slots.h"
+#include "colossus/kernels/registry.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace colossus::inference {
+
+namespace {
+
+// The slots as the kernel layer filled them, wrapped for the duration of a test.
+struct CountingSlots {
+  kernels::CudaPagedAttentionFn attention = nullptr;
+  kernels::CudaReshapeAndCacheFn reshape_and_cache = nullptr;
+  std::atomic<int64_t> attention_launches{0};
+  std::atomic<int64_t> cache_writes{0};
+  std::atomic<bool> cuda_core_prefill{false};  // bf16/fp16 prefill on the CUDA-core kernel
+};
+CountingSlots counting;
+
+bool counted_attention(const kernels::PagedAttentionArgs& args, int device_index) {
+  kernels::PagedAttentionArgs a = args;
+  if (counting.cuda_core_prefill.load()) a.prefill_tensor_cores = false;
+  const bool launched = counting.attention(a, device_index);
+  if (launched) ++counting.attention_launches;
+  return launched;
+}
+
+bool counted_cache_write(const kernels::ReshapeAndCacheArgs& args, int device_index) {
+  const bool launched = counting.reshape_and_cache(args, device_index);
+  if (launched) ++counting.cache_writes;
+  return launched;
+}
+
+// Installs the counting wrappers; restores the kernel layer's slots on exit.
+class CountLaunches {
+ public:
+  CountLaunches() {
+    auto& slots = kernels::cuda_slots();
+    counting.attention = slots.paged_attention;
+    counting.reshape_and_cache = slots.reshape_and_cache;
+    if (counting.attention != nullptr) slots.paged_attention = counted_attention;
+    if (counting.reshape_and_cache != nullptr) slots.reshape_and_cache = counted_cache_write;
+  }
+  ~CountLaunches() {
+    auto& slots = kernels::cuda_slots();
+    slots.paged_attention = counting.attention;
+    slots.reshape_and_cache = counting.reshape_and_cache;
+    counting.cuda_core_prefill = false;
+  }
+  CountLaunches(const CountLaunches&) = delete;
+  CountLaunches& operator=(const CountLaunches&) = delete;
+};
+
+
+struct Tolerance {
+  double atol, rtol;
+};
+
+Tolerance tolerance_for(at::ScalarType dtype) {
+  // Inputs are the same rounded values for both sides; what remains is fp32
+  // accumulation and the rounding of the output to the input dtype.
+  if (dtype == at::kBFloat16) return {2e-2, 1e-2};
+  if (dtype == at::kHalf) return {4e-3, 2e-3};
+  return {1e-4, 1e-4};
+}
+
+std::string dtype_name(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? "bf16" : dtype == at::kHalf ? "fp16" : "fp32";
+}
+
+// Bit-level equality (NaN == NaN), so caches poisoned with NaN compare.
+bool same_bits(const at::Tensor& a, const at::Tensor& b) {
+  const auto int_type = a.element_size() == 4 ? at::kInt : at::kShort;
+  return at::equal(a.contiguous().view(int_type), b.contiguous().view(int_type));
+}
+
+struct Layout {
+  const char* name;
+  int64_t heads, kv_heads, head_dim, block_size;
+  std::vector<int64_t> context_lens;  // per sequence, this step's tokens included
+  std::vector<int64_t> query_lens;    // new tokens per sequence
+};
+
+// One layout in one dtype: K/V of every cached position written through
+// write_kv_cache (strided rows plus junk rows at slot -1) into NaN-poisoned
+// caches with shuffled blocks, then paged_attention against the reference.
+std::string check_layout(const Layout& l, at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(static_cast<int64_t>(seed));
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  const auto on_gpu = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+  int64_t blocks_needed = 0;
+  for (int64_t c : l.context_lens) blocks_needed += (c + l.block_size - 1) / l.block_size;
+  const int64_t num_blocks = blocks_needed + 5;
+  at::Tensor key_cache = at::full({num_blocks, l.kv_heads, l.block_size, l.head_dim}, NAN, on_gpu);
+  at::Tensor value_cache = at::full_like(key_cache, NAN);
+  std::vector<int64_t> free_blocks(static_cast<size_t>(num_blocks));
+  std::iota(free_blocks.begin(), free_blocks.end(), 0);
+  std::shuffle(free_blocks.begin(), free_blocks.end(), rng);
+
+  AttentionMetadata meta;
+  meta.host_query_start.push_back(0);
+  std::vector<int64_t> step_slots;
+  std::vector<at::Tensor> queries;
+  const int64_t writes_before = counting.cache_writes.load();
+  for (size_t s = 0; s < l.context_lens.size(); ++s) {
+    const int64_t context = l.context_lens[s], q_len = l.query_lens[s];
+    std::vector<int32_t> table;
+    for (int64_t b = 0; b < (context + l.block_size - 1) / l.block_size; ++b) {
+      table.push_back(static_cast<int32_t>(free_blocks.back()));
+      free_blocks.pop_back();
+    }
+    // Rows of a (tokens, 2, kv_heads, D) buffer: K and V are strided views.
+    // Three junk rows of huge values go to slot -1 and must land nowhere.
+    at::Tensor kv = at::randn({context + 3, 2, l.kv_heads, l.head_dim}, on_gpu);
+    kv.narrow(0, context, 3).fill_(1e4);
+    std::vector<int64_t> slots;
+    for (int64_t p = 0; p < context; ++p) slots.push_back(table[p / l.block_size] * l.block_size + p % l.block_size);
+    slots.insert(slots.end(), {-1, -1, -1});
+    write_kv_cache(kv.select(1, 0), kv.select(1, 1), key_cache, value_cache,
+                              at::tensor(slots, at::kLong).to(at::kCUDA));
+    for (int64_t p = context - q_len; p < context; ++p) step_slots.push_back(slots[p]);
+    queries.push_back(at::randn({q_len, l.heads, l.head_dim}, on_gpu));
+    meta.host_block_tables.push_back(table);
+    meta.host_context_lens.push_back(static_cast<int32_t>(context));
+    meta.host_query_start.push_back(meta.host_query_start.back() + static_cast<int32_t>(q_len));
+  }
+  if (counting.cache_writes.load() == writes_before) return "write_kv_cache did not use the CUDA kernel";
+  upload_metadata(meta, step_slots, key_cache.device());
+  // q as a strided view (two extra heads per row) on odd seeds.
+  at::Tensor q = at::cat(queries);
+  if (seed % 2 == 1) {
+    at::Tensor wide = at::randn({q.size(0), l.heads + 2, l.head_dim}, on_gpu);
+    wide.narrow(1, 1, l.heads).copy_(q);
+    q = wide.narrow(1, 1, l.heads);
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(l.head_dim));
+
+  const int64_t launches_before = counting.attention_launches.load();
+  const at::Tensor out = paged_attention(q, key_cache, value_cache, meta, scale);
+  if (counting.attention_launches.load() == launches_before) return "paged_attention fell back to the reference";
+  const at::Tensor expected = paged_attention_reference(
+      q.cpu().to(at::kDouble), key_cache.cpu().to(at::kDouble), value_cache.cpu().to(at::kDouble), meta, scale);
+  const at::Tensor got = out.cpu().to(at::kDouble);
+  const Tolerance tol = tolerance_for(dtype);
+  const at::Tensor err = (got - expected).abs();
+  const at::Tensor bad = err.gt(expected.abs() * tol.rtol + tol.atol).logical_or(got.isnan());
+  if (!bad.any().item<bool>()) return {};
+  const int64_t flat = bad.flatten().nonzero()[0][0].item<int64_t>();
+  const int64_t row = flat / (l.heads * l.head_dim), head = flat / l.head_dim % l.heads;
+  int64_t seq = 0;
+  while (meta.host_query_start[seq + 1] <= row) ++seq;
+  return fmt::format(
+      "{} of {} values off (max err {:.3g}, tolerance {} + {}*|ref|); first at row {} (sequence {}: "
+      "context {}, q_len {}), head {}: got {:.5g}, expected {:.5g}",
+      bad.sum().item<int64_t>(), bad.numel(), err.nan_to_num(INFINITY).max().item<double>(), tol.atol, tol.rtol, row,
+      seq, l.context_lens[seq], l.query_lens[seq], head, got.flatten()[flat].item<double>(),
+      expected.flatten()[flat].item<double>());
+}
+
+std::vector<int64_t> ones(size_t n) { return std::vector<int64_t>(n, 1); }
+
+std::string check_paged_attention_cuda() {
+  if (!at::hasCUDA()) return "no CUDA device";
+  if (kernels::cuda_slots().paged_attention == nullptr) return "no paged-attention kernel in this build";
+  const CountLaunches count_launches;
+  const std::vector<int64_t> decode_lens = {1, 2, 15, 16, 17, 31, 32, 33, 64, 65, 100, 511, 512, 513, 1000, 2047, 8192};
+  std::vector<Layout> layouts;
+  for (int64_t d : {64, 128}) {
+    // Decode at block-boundary lengths; 512 tokens per partition, so 513..8192 merge 2-16 partitions.
+    layouts.push_back({"decode, GQA 32q/8kv, block 16", 32, 8, d, 16, decode_lens, ones(decode_lens.size())});
+    // One long sequence: the split shrinks to fill the GPU (64 partitions of 128).
+    layouts.push_back({"decode, one 8K context, GQA 32q/8kv, block 32", 32, 8, d, 32, {8192}, {1}});
+    // Prefill chunks (whole prompts, chunks behind a cached prefix) beside decode rows.
+    layouts.push_back({"mixed prefill + decode, GQA 32q/8kv, block 16", 32, 8, d, 16,
+                       {17, 3, 40, 9, 64, 300, 1, 700}, {17, 1, 7, 1, 30, 100, 1, 129}});
+    layouts.push_back({"prefill only, MHA 8q/8kv, block 32", 8, 8, d, 32, {33, 128, 77}, {33, 5, 2}});
+    layouts.push_back({"mixed, 3 heads per KV head (12q/4kv), block 8", 12, 4, d, 8, {50, 1, 20, 600}, {50, 1, 4, 1}});
+  }
+  for (int64_t d : {32, 80, 96, 256}) {
+    layouts.push_back({"mixed, GQA 8q/2kv, block 16", 8, 2, d, 16, {17, 1, 600, 45}, {17, 1, 1, 20}});
+  }
+  std::vector<std::string> failures;
+  int cases = 0;
+  uint64_t seed = 1;
+  // bf16/fp16 prefill runs on tensor cores (head_dim <= 128) by default; each
+  // 16-bit layout runs again with the CUDA-core prefill kernel.
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (bool cuda_cores : {false, true}) {
+      if (cuda_cores && dtype == at::kFloat) continue;
+      counting.cuda_core_prefill = cuda_cores;
+      for (const Layout& l : layouts) {
+        const bool prefill = std::any_of(l.query_lens.begin(), l.query_lens.end(), [](int64_t n) { return n > 1; });
+        if (cuda_cores && !prefill) continue;
+        ++cases;
+        std::string error;
+        try {
+          error = check_layout(l, dtype, seed++);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        if (!error.empty()) {
+          const bool tensor_cores = dtype != at::kFloat && !cuda_cores && l.head_dim <= 128;
+          failures.push_back(fmt::format("[{} head_dim {} {}, prefill on {}] {}", l.name, l.head_dim, dtype_name(dtype),
+                                         tensor_cores ? "tensor cores" : "CUDA cores", error));
+        }
+      }
+    }
+  }
+  if (failures.empty()) return {};
+  std::string report = fmt::format("{} of {} cases failed:", failures.size(), cases);
+  for (size_t i = 0; i < failures.size() && i < 24; ++i) report += "\n      " + failures[i];
+  return report;
+}
+
+// The cache write alone: strided K/V, skipped slots, every dtype, 16-byte and
+// element-wise copies (head_dim 36 rows are not 16-byte multiples in bf16).
+std::string check_reshape_and_cache_cuda() {
+  if (!at::hasCUDA()) return "no CUDA device";
+  if (kernels::cuda_slots().reshape_and_cache == nullptr) return "no KV-cache write kernel in this build";
+  const CountLaunches count_launches;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (int64_t head_dim : {64, 36}) {
+      const int64_t kv_heads = 4, block_size = 16, num_blocks = 9, tokens = 70;
+      const auto on_gpu = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+      at::Tensor kv = at::randn({tokens, 2, kv_heads, head_dim}, on_gpu);
+      std::vector<int64_t> slots(static_cast<size_t>(num_blocks * block_size));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::shuffle(slots.begin(), slots.end(), std::mt19937(static_cast<unsigned>(head_dim)));
+      slots.resize(static_cast<size_t>(tokens));
+      for (size_t i = 0; i < slots.size(); i += 7) slots[i] = -1;
+      const at::Tensor slot_mapping = at::tensor(slots, at::kLong);
+      at::Tensor key_cache = at::full({num_blocks, kv_heads, block_size, head_dim}, NAN, on_gpu);
+      at::Tensor value_cache = at::full_like(key_cache, NAN);
+      at::Tensor key_cpu = key_cache.cpu(), value_cpu = value_cache.cpu();
+      const int64_t before = counting.cache_writes.load();
+      write_kv_cache(kv.select(1, 0), kv.select(1, 1), key_cache, value_cache, slot_mapping.to(at::kCUDA));
+      if (counting.cache_writes.load() == before)
+        return fmt::format("{} head_dim {}: fell back to the reference", dtype_name(dtype), head_dim);
+      const at::Tensor kv_cpu = kv.cpu();
+      write_kv_cache(kv_cpu.select(1, 0), kv_cpu.select(1, 1), key_cpu, value_cpu, slot_mapping);
+      if (!same_bits(key_cache.cpu(), key_cpu) || !same_bits(value_cache.cpu(), value_cpu)) {
+        return fmt::format("{} head_dim {}: caches differ from the CPU write", dtype_name(dtype), head_dim);
+      }
+    }
+  }
+  return {};
+}
+
+[[maybe_unused]] const bool registered = [] {
+  kernels::register_kernel({"reshape_and_cache", "cuda", check_reshape_and_cache_cuda});
+  kernels::register_kernel({"paged_attention", "cuda", check_paged_attention_cuda});
+  return true;
+}();
+
+}  // namespace
+
+}  // namespace colossus::inference
