@@ -10,7 +10,7 @@
 
 namespace colossus::amp {
 
-GraphedTrainStep::GraphedTrainStep(LossFn loss_fn, MixedPrecisionOptimizer& optimizer,
+GraphedTrainStep::GraphedTrainStep(LossFn loss_fn, optim::Optimizer& optimizer,
                                    GraphedTrainStepOptions options)
     : loss_fn_(std::move(loss_fn)), optimizer_(optimizer), options_(options) {
   if (options_.eager_steps < 1) {

@@ -32,7 +32,7 @@ class GraphedTrainStep {
 
   // Puts `optimizer` in device-step mode (throws ConfigError if it cannot be:
   // see MixedPrecisionOptimizer::enable_device_step) and needs the CUDA build.
-  GraphedTrainStep(LossFn loss_fn, MixedPrecisionOptimizer& optimizer, GraphedTrainStepOptions options = {});
+  GraphedTrainStep(LossFn loss_fn, optim::Optimizer& optimizer, GraphedTrainStepOptions options = {});
 
   // One step on `batch` (any device; the first call fixes its shape and
   // dtype). Returns the loss, a device scalar of its own, without waiting.
@@ -45,7 +45,7 @@ class GraphedTrainStep {
   at::Tensor eager_step();
 
   LossFn loss_fn_;
-  MixedPrecisionOptimizer& optimizer_;
+  optim::Optimizer& optimizer_;
   GraphedTrainStepOptions options_;
   std::unique_ptr<kernels::DeviceGraph> graph_;
   at::Tensor batch_;  // the fixed input buffer the graph reads

@@ -82,6 +82,22 @@ at::Tensor MixedPrecisionOptimizer::scale_loss(const at::Tensor& loss) const {
   return scaler_ ? loss * scaler_->scale() : loss;
 }
 
+int64_t MixedPrecisionOptimizer::follow_parameters() {
+  at::NoGradGuard no_grad;
+  int64_t changed = 0;
+  size_t flat = 0;
+  for (const auto& group : param_groups()) {
+    for (const auto& param : group.params) {
+      const at::Tensor& master = masters_[flat++];
+      if (master.is_same(param)) continue;  // an fp32 parameter is its own master
+      if (master.sizes() == param.sizes() && at::equal(master.to(param.scalar_type()), param)) continue;
+      master.copy_(param);
+      ++changed;
+    }
+  }
+  return changed;
+}
+
 void MixedPrecisionOptimizer::mirror_groups_to_inner() {
   auto& inner_groups = inner_->param_groups();
   for (size_t g = 0; g < groups_.size() && g < inner_groups.size(); ++g) {

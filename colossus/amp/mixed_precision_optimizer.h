@@ -45,7 +45,13 @@ class MixedPrecisionOptimizer : public optim::Optimizer {
 
   // The factor to multiply the loss by before backward (1 for bf16).
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
-  at::Tensor scale_loss(const at::Tensor& loss) const;
+  at::Tensor scale_loss(const at::Tensor& loss) const override;
+  // A bf16/fp32 step skipped for non-finite gradients (fp16 skips are the
+  // loss scaler's normal work and do not count).
+  bool last_step_nonfinite() const override { return !scaler_ && last_step_skipped(); }
+  // Masters of parameters that no longer equal their master's rounding are
+  // re-read from them (an fp32 parameter is its own master).
+  int64_t follow_parameters() override;
   // In device-step mode these read the device counters (a synchronisation).
   bool last_step_skipped() const;
   int64_t skipped_steps() const;

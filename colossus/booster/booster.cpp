@@ -3,12 +3,12 @@
 // collective checkpoint functions live in booster_checkpoint.cpp.
 #include "colossus/booster/booster.h"
 
+#include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster_impl.h"
 #include "colossus/booster/clip_grad_optimizer.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
-#include "colossus/zero/gemini/gemini_optimizer.h"
-#include "colossus/zero/low_level/low_level_zero_optimizer.h"
+#include "colossus/core/precision.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/equal.h>
@@ -26,15 +26,6 @@ namespace {
 
 const std::vector<std::string> kPrecisions = {"fp32", "bf16", "fp16"};
 
-c10::ScalarType dtype_of(const std::string& precision) {
-  return precision == "bf16" ? at::kBFloat16 : precision == "fp16" ? at::kHalf : at::kFloat;
-}
-
-// Where a collective's small tensors must live: NCCL only moves GPU memory.
-c10::Device collective_device(const cluster::ProcessGroup& group) {
-  return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
-}
-
 amp::NormReducer norm_reducer_over(const cluster::ProcessGroupPtr& group) {
   if (!group || group->size() == 1) return {};
   return [group](const at::Tensor& local, double norm_type) {
@@ -47,10 +38,7 @@ amp::NormReducer norm_reducer_over(const cluster::ProcessGroupPtr& group) {
 std::function<bool(bool)> overflow_reducer_over(const cluster::ProcessGroupPtr& group) {
   if (!group || group->size() == 1) return {};
   return [group](bool local_overflow) {
-    at::Tensor flag =
-        at::full({1}, local_overflow ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*group)));
-    group->all_reduce(flag, cluster::ReduceOp::Max).wait();
-    return flag.item<float>() > 0.0f;
+    return group->all_reduce_scalar(local_overflow ? 1.0 : 0.0, cluster::ReduceOp::Max) > 0.0;
   };
 }
 
@@ -94,22 +82,6 @@ void reset_masters_from_params(amp::MixedPrecisionOptimizer& optimizer) {
 }
 
 }  // namespace
-
-int64_t refresh_masters(amp::MixedPrecisionOptimizer& optimizer) {
-  at::NoGradGuard no_grad;
-  int64_t changed = 0;
-  size_t flat = 0;
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& param : group.params) {
-      const at::Tensor& master = optimizer.master_params()[flat++];
-      if (master.is_same(param)) continue;  // an fp32 parameter is its own master
-      if (master.sizes() == param.sizes() && at::equal(master.to(param.scalar_type()), param)) continue;
-      master.copy_(param);
-      ++changed;
-    }
-  }
-  return changed;
-}
 
 void BoosterOptions::validate() const {
   if (std::find(kPrecisions.begin(), kPrecisions.end(), mixed_precision) == kPrecisions.end()) {
@@ -199,7 +171,7 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
     for (const auto& group : optimizer->param_groups()) {
       for (const auto& param : group.params) originals.push_back(param.detach().clone());
     }
-    cast_floating(*model, dtype_of(options_.mixed_precision));
+    cast_floating(*model, scalar_type_of(parse_precision(options_.mixed_precision, "booster: mixed_precision")));
     mixed = std::make_shared<amp::MixedPrecisionOptimizer>(
         std::move(optimizer), amp::MixedPrecisionOptions{.precision = options_.mixed_precision,
                                                          .loss_scaler = options_.loss_scaler,
@@ -224,13 +196,9 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
     // Wrapping may overwrite parameters (DDP broadcasts rank 0's), leaving a
     // rank's masters behind. If that happened on any rank, all ranks restart
     // their masters from the (now identical) parameters, so they cannot drift.
-    int64_t changed = refresh_masters(*mixed);
-    auto group = plugin_->dp_group();
-    if (group && group->size() > 1) {
-      at::Tensor total =
-          at::full({1}, static_cast<float>(changed), at::TensorOptions().device(collective_device(*group)));
-      group->all_reduce(total, cluster::ReduceOp::Sum).wait();
-      changed = static_cast<int64_t>(total.item<float>());
+    int64_t changed = mixed->follow_parameters();
+    if (auto group = plugin_->dp_group()) {
+      changed = static_cast<int64_t>(group->all_reduce_scalar(static_cast<double>(changed), cluster::ReduceOp::Sum));
     }
     if (changed > 0) {
       reset_masters_from_params(*mixed);
@@ -240,8 +208,9 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
                       "the fp32 originals. Build the model with the same seed on every rank.",
                       plugin_->name(), changed, options_.mixed_precision));
     }
-    impl_->mixed_models.push_back({wrapped.get(), mixed});
   }
+  // Loading weights into the model later moves the optimizer's own copies too.
+  wrapped->attach_optimizer(boosted_optimizer);
   if (lr_scheduler) lr_scheduler->attach(*boosted_optimizer);
   return Boosted{.model = std::move(wrapped),
                  .optimizer = std::move(boosted_optimizer),
@@ -263,19 +232,7 @@ std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<co
 }
 
 void Booster::backward(const at::Tensor& loss, optim::Optimizer& optimizer) {
-  if (auto* mixed = dynamic_cast<amp::MixedPrecisionOptimizer*>(&optimizer)) {
-    mixed->scale_loss(loss).backward();
-    return;
-  }
-  if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer)) {
-    zero->scale_loss(loss).backward();
-    return;
-  }
-  if (auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(&optimizer)) {
-    gemini->scale_loss(loss).backward();
-    return;
-  }
-  loss.backward();
+  optimizer.scale_loss(loss).backward();
 }
 
 PipelineOutput Booster::execute_pipeline(const PipelineDataIter& data_iter, ModelWrapper& model,
@@ -283,13 +240,12 @@ PipelineOutput Booster::execute_pipeline(const PipelineDataIter& data_iter, Mode
                                          bool return_loss, bool return_outputs) {
   if (!data_iter) throw ConfigError("Booster::execute_pipeline: data_iter is empty; pass a function yielding batches");
   const PipelineBatch batch = data_iter();
-  std::function<at::Tensor(const at::Tensor&)> scale_loss;
-  if (auto* mixed = dynamic_cast<amp::MixedPrecisionOptimizer*>(&optimizer)) {
-    scale_loss = [mixed](const at::Tensor& loss) { return mixed->scale_loss(loss); };
-  } else if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer)) {
-    scale_loss = [zero](const at::Tensor& loss) { return zero->scale_loss(loss); };
-  }
+  const auto scale_loss = [&optimizer](const at::Tensor& loss) { return optimizer.scale_loss(loss); };
   return model.execute_pipeline(batch, criterion, scale_loss, return_loss, return_outputs);
+}
+
+void ModelWrapper::parameters_changed() {
+  if (auto optimizer = optimizer_.lock()) optimizer->follow_parameters();
 }
 
 PipelineOutput ModelWrapper::execute_pipeline(const PipelineBatch&, const PipelineCriterion&,

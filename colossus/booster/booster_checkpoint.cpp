@@ -17,6 +17,7 @@
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/models/pretrained.h"
 
 #include <ATen/ops/full.h>
@@ -40,22 +41,11 @@ int64_t shard_bytes(const SaveOptions& options, const std::string& what, const s
   return options.size_per_shard_mb * (int64_t{1} << 20);
 }
 
-std::string hf_dtype_name(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kFloat:
-      return "float32";
-    case c10::kBFloat16:
-      return "bfloat16";
-    case c10::kHalf:
-      return "float16";
-    case c10::kDouble:
-      return "float64";
-    default:
-      throw CheckpointError(
-          fmt::format("save_model: parameters of dtype {} have no Hugging Face torch_dtype; use "
-                      "float32, bfloat16, float16 or float64",
-                      c10::toString(dtype)));
-  }
+std::string hf_torch_dtype(c10::ScalarType dtype) {
+  if (auto name = hf_dtype_name(dtype)) return *name;
+  throw CheckpointError(fmt::format("save_model: parameters of dtype {} have no Hugging Face torch_dtype; use "
+                                    "float32, bfloat16, float16 or float64",
+                                    c10::toString(dtype)));
 }
 
 void write_text_atomically(const std::string& path, const std::string& text) {
@@ -76,7 +66,7 @@ std::string read_text(const std::string& path, const std::string& what) {
 void write_model_dir(models::ModelConfig config, const checkpoint::NamedTensors& tensors, const std::string& dir,
                      int64_t max_shard_bytes) {
   if (tensors.empty()) throw CheckpointError(fmt::format("save_model('{}'): the model has no parameters", dir));
-  hf_dtype_name(tensors.front().second.scalar_type());  // refuse before writing anything
+  hf_torch_dtype(tensors.front().second.scalar_type());  // refuse before writing anything
   checkpoint::save_sharded(dir, tensors, {.max_shard_bytes = max_shard_bytes});
   write_model_config(std::move(config), tensors.front().second.scalar_type(), dir);
 }
@@ -103,7 +93,7 @@ std::string model_source(const std::string& dir) {
 }  // namespace
 
 void write_model_config(models::ModelConfig config, c10::ScalarType dtype, const std::string& dir) {
-  const std::string name = hf_dtype_name(dtype);
+  const std::string name = hf_torch_dtype(dtype);
   std::visit(
       [&](auto& c) {
         c.extra.erase("dtype");
@@ -119,11 +109,8 @@ void write_model_config(models::ModelConfig config, c10::ScalarType dtype, const
 void agree_on_success(cluster::ProcessGroup& group, std::exception_ptr local_error, const std::string& what) {
   if (group.size() > 1) {
     // failed rank + 1, or 0: the MAX names one failed rank to the others.
-    const auto device = group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
-    at::Tensor failed =
-        at::full({1}, local_error ? static_cast<float>(group.rank() + 1) : 0.0f, at::TensorOptions().device(device));
-    group.all_reduce(failed, cluster::ReduceOp::Max).wait();
-    const int failed_rank = static_cast<int>(failed.item<float>()) - 1;
+    const int failed_rank =
+        static_cast<int>(group.all_reduce_scalar(local_error ? group.rank() + 1 : 0, cluster::ReduceOp::Max)) - 1;
     if (!local_error && failed_rank >= 0) {
       throw CheckpointError(fmt::format("{} failed on rank {} of the '{}' group (its error is in that rank's log)",
                                         what, failed_rank, group.name()));
@@ -149,16 +136,18 @@ void Booster::save_model(ModelWrapper& model, const std::string& dir, const Save
 }
 
 void Booster::load_model(ModelWrapper& model, const std::string& dir) {
-  if (auto* io = plugin_->checkpoint_io()) return io->load_model(model, dir);
-  read_on_all(*plugin_->dp_group(), fmt::format("load_model('{}')", dir), [&] {
-    require_dir(dir, "load_model", "config.json and model.safetensors (or shards + model.safetensors.index.json)");
-    const std::string source = model_source(dir);
-    models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
-    for (const auto& entry : impl_->mixed_models) {
-      if (entry.model != &model) continue;
-      if (auto optimizer = entry.optimizer.lock()) refresh_masters(*optimizer);
-    }
-  });
+  if (auto* io = plugin_->checkpoint_io()) {
+    io->load_model(model, dir);
+  } else {
+    read_on_all(*plugin_->dp_group(), fmt::format("load_model('{}')", dir), [&] {
+      require_dir(dir, "load_model", "config.json and model.safetensors (or shards + model.safetensors.index.json)");
+      const std::string source = model_source(dir);
+      models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
+    });
+  }
+  // Every plugin alike: the optimizer's own copies (fp32 masters) follow the
+  // loaded weights, or its next step would write the old ones back.
+  model.parameters_changed();
 }
 
 void Booster::save_optimizer(optim::Optimizer& optimizer, const std::string& dir, const SaveOptions& options) {

@@ -1,7 +1,6 @@
 // Internal to the Booster: its private state, shared by booster.cpp (boosting,
 // training-step helpers) and booster_checkpoint.cpp (collective save/load).
 #pragma once
-#include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster.h"
 #include "colossus/checkpoint/async_writer.h"
 #include "colossus/cluster/logger.h"
@@ -19,13 +18,6 @@ struct Booster::Impl {
   // after it are both in flight while training goes on.
   checkpoint::AsyncWriter model_writer;
   checkpoint::AsyncWriter optimizer_writer;
-  // Models boosted with fp32 masters, and their optimizer: load_model must
-  // move the masters too, or the next step would write the old weights back.
-  struct MixedModel {
-    const ModelWrapper* model;
-    std::weak_ptr<amp::MixedPrecisionOptimizer> optimizer;
-  };
-  std::vector<MixedModel> mixed_models;
 };
 
 // Collective error agreement over `group` (a 1-element all-reduce, which also
@@ -76,10 +68,5 @@ optim::OptimizerState read_optimizer_state(const std::string& dir);
 void write_model_config(models::ModelConfig config, c10::ScalarType dtype, const std::string& dir);
 // read_optimizer_state + optimizer.load_state_dict, errors naming `dir`.
 void load_optimizer_state(optim::Optimizer& optimizer, const std::string& dir);
-
-// fp32 masters follow the model's bf16/fp16 parameters where they no longer
-// round to them (weights loaded or broadcast into the model after the masters
-// were made). Returns how many masters changed.
-int64_t refresh_masters(amp::MixedPrecisionOptimizer& optimizer);
 
 }  // namespace colossus::booster

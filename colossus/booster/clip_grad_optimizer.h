@@ -8,6 +8,7 @@
 #include "colossus/amp/clip_grad.h"
 #include "colossus/optim/optimizer.h"
 
+#include <cmath>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,9 @@ class ClipGradOptimizer : public optim::Optimizer {
 
   // Global gradient norm of the last step, before clipping.
   double last_grad_norm() const { return last_grad_norm_; }
+  at::Tensor scale_loss(const at::Tensor& loss) const override { return inner_->scale_loss(loss); }
+  bool last_step_nonfinite() const override { return !std::isfinite(last_grad_norm_); }
+  int64_t follow_parameters() override { return inner_->follow_parameters(); }
   optim::Optimizer& inner() { return *inner_; }
 
  private:

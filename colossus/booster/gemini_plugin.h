@@ -95,6 +95,7 @@ class GeminiPlugin : public Plugin {
   std::string name() const override { return "gemini"; }
   std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16", "fp16"}; }
   bool control_precision() const override { return true; }
+  bool holds_whole_model() const override { return false; }  // parameters live in sharded chunks
   bool control_device() const override { return true; }  // chunks are built on the device / host directly
   cluster::ProcessGroupPtr dp_group() const override { return group_; }
   cluster::ProcessGroupPtr grad_partition_group() const override { return group_; }

@@ -17,6 +17,7 @@
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
@@ -44,16 +45,8 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string hf_dtype(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kFloat:
-      return "float32";
-    case c10::kBFloat16:
-      return "bfloat16";
-    case c10::kHalf:
-      return "float16";
-    default:
-      throw CheckpointError(fmt::format("save_model: no Hugging Face torch_dtype for {}", c10::toString(dtype)));
-  }
+  if (auto name = precision_of(dtype)) return hf_dtype_name(*name);
+  throw CheckpointError(fmt::format("save_model: no Hugging Face torch_dtype for {}", c10::toString(dtype)));
 }
 
 // "state.12.exp_avg" / "master.12" -> 12; -1 when the name has no index.
@@ -164,9 +157,6 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
         throw CheckpointError(fmt::format("load_model('{}'): missing [{}], unexpected [{}]", dir,
                                           fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
       }
-      if (hybrid.mixed_optimizer != nullptr) refresh_masters(*hybrid.mixed_optimizer);
-      // ZeRO's fp32 masters are its own (bf16/fp16: not the parameters' chunks).
-      if (hybrid.zero_optimizer != nullptr) hybrid.zero_optimizer->refresh_masters_from_params();
     } catch (...) {
       error = std::current_exception();
     }
@@ -273,13 +263,10 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     pp->broadcast(tensor, it->second.pp_rank).wait();
     return tensor;
   }
-  c10::Device comm_device(const cluster::ProcessGroup& group) const {
-    return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
-  }
 
   // Every rank's `mine`, in rank order (lengths first, then padded bytes).
   std::vector<std::string> all_gather_strings(cluster::ProcessGroup& group, const std::string& mine) {
-    const auto device = comm_device(group);
+    const auto device = group.device();
     at::Tensor length = at::full({1}, static_cast<int64_t>(mine.size()), at::TensorOptions(at::kLong).device(device));
     std::vector<at::Tensor> lengths;
     for (int r = 0; r < group.size(); ++r) lengths.push_back(at::empty_like(length));
@@ -357,7 +344,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
         if (r == pp->rank()) {
           tensor = mine.at(name).contiguous();
         } else {
-          const auto device = mine.empty() ? comm_device(*pp) : mine.begin()->second.device();
+          const auto device = mine.empty() ? pp->device() : mine.begin()->second.device();
           tensor = at::empty(entry.at("shape").get<std::vector<int64_t>>(),
                              at::TensorOptions(static_cast<c10::ScalarType>(entry.at("dtype").get<int>())).device(device));
         }

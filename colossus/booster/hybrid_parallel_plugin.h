@@ -173,6 +173,8 @@ class HybridParallelPlugin : public Plugin {
   std::string name() const override { return "hybrid_parallel"; }
   std::vector<std::string> supported_precisions() const override { return {"fp32", "bf16", "fp16"}; }
   bool control_precision() const override { return true; }
+  bool pipeline_parallel() const override { return options_.pp_size > 1; }
+  bool holds_whole_model() const override { return options_.tp_size == 1 && options_.pp_size == 1; }
   cluster::ProcessGroupPtr dp_group() const override { return mesh_->group("dp"); }
   cluster::ProcessGroupPtr tp_group() const { return mesh_->group("tp"); }
   // The pipeline group; null unless pp_size > 1.

@@ -14,6 +14,7 @@
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/zero/optimizer_state.h"
 
@@ -30,13 +31,6 @@ namespace colossus::booster {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::optional<c10::ScalarType> dtype_named(const std::string& name) {
-  if (name == "fp32") return at::kFloat;
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  return std::nullopt;
-}
 
 zero::LowLevelZeroOptimizer& zero_optimizer(optim::Optimizer& optimizer, const char* what) {
   auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer);
@@ -95,7 +89,6 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
       auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
       if (zero_model && zero_model->optimizer()) zero_model->optimizer()->wait_for_params();
       models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
-      if (zero_model && zero_model->optimizer()) zero_model->optimizer()->refresh_masters_from_params();
     });
   }
 
@@ -147,11 +140,11 @@ void LowLevelZeroPluginOptions::validate() const {
                     "(gradients too); ZeRO-3 is the gemini plugin",
                     stage));
   }
-  if (!dtype_named(precision)) {
+  if (!precision_named(precision)) {
     throw ConfigError(
         fmt::format("low_level_zero: precision='{}' is unknown; use 'fp16', 'bf16' or 'fp32'", precision));
   }
-  if (!communication_dtype.empty() && !dtype_named(communication_dtype)) {
+  if (!communication_dtype.empty() && !precision_named(communication_dtype)) {
     throw ConfigError(
         fmt::format("low_level_zero: communication_dtype='{}' is unknown; use '' (the parameters' "
                     "dtype), 'fp32', 'bf16' or 'fp16'",
@@ -188,7 +181,7 @@ zero::LowLevelZeroOptions LowLevelZeroPluginOptions::zero_options() const {
       .max_norm = max_norm,
       .norm_type = norm_type,
       .bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(reduce_bucket_size_in_m * 1024 * 1024)),
-      .communication_dtype = communication_dtype.empty() ? std::nullopt : dtype_named(communication_dtype),
+      .communication_dtype = communication_dtype.empty() ? std::nullopt : std::optional(scalar_type_of(*precision_named(communication_dtype))),
       .overlap_communication = overlap_communication,
       .overlap_allgather = overlap_allgather,
       .cpu_offload = cpu_offload,
@@ -251,7 +244,7 @@ std::unique_ptr<optim::Optimizer> LowLevelZeroPlugin::wrap_optimizer(ModelWrappe
   auto zero = std::make_unique<zero::LowLevelZeroOptimizer>(std::move(optimizer), std::move(named), shard_group_,
                                                             extra_group_, options_.zero_options());
   // Buffers follow the precision as the Booster's own bf16/fp16 path casts them.
-  const auto dtype = *dtype_named(options_.precision);
+  const auto dtype = scalar_type_of(*precision_named(options_.precision));
   at::NoGradGuard no_grad;
   for (auto& item : model.unwrap().named_buffers(/*recurse=*/true)) {
     at::Tensor& buffer = item.value();

@@ -48,6 +48,15 @@ class ModelWrapper {
   virtual PipelineOutput execute_pipeline(const PipelineBatch& batch, const PipelineCriterion& criterion,
                                           const std::function<at::Tensor(const at::Tensor&)>& scale_loss,
                                           bool return_loss, bool return_outputs);
+
+  // The optimizer boosted with this model (Booster::boost attaches it; not owned).
+  void attach_optimizer(std::weak_ptr<optim::Optimizer> optimizer) { optimizer_ = std::move(optimizer); }
+  // This model's parameters were overwritten (Booster::load_model): the
+  // attached optimizer's own copies of them follow (Optimizer::follow_parameters).
+  void parameters_changed();
+
+ private:
+  std::weak_ptr<optim::Optimizer> optimizer_;
 };
 
 struct SaveOptions {
@@ -92,6 +101,13 @@ class Plugin {
   // True when the plugin handles mixed precision itself (ZeRO: fp32 master
   // shards); else the Booster wraps the optimizer with master weights.
   virtual bool control_precision() const { return false; }
+  // Whether a step runs through Booster::execute_pipeline (pipeline stages)
+  // rather than forward + backward.
+  virtual bool pipeline_parallel() const { return false; }
+  // Whether every rank holds the whole model, so one rank alone can run a
+  // forward (rank 0's sample at the end of training); false when parameters
+  // are split over ranks (tensor or pipeline parallel, Gemini's chunks).
+  virtual bool holds_whole_model() const { return true; }
   // The data-parallel group: the dataloader shards by it, logs count it.
   virtual cluster::ProcessGroupPtr dp_group() const = 0;
   // The ranks over which gradients are partitioned when the optimizer steps

@@ -112,13 +112,7 @@ ClipAndMasters wrap_clip_and_masters(std::unique_ptr<optim::Optimizer> optimizer
   // The gradients are partitioned over norm_group: an overflow anywhere in it
   // skips the step on all its ranks.
   auto overflow = [group = options.norm_group](bool local) {
-    if (group->size() == 1) return local;
-    at::Tensor flag =
-        at::full({1}, local ? 1.0f : 0.0f,
-                 at::TensorOptions().device(group->backend_name() == "nccl" ? cluster::current_cluster().device
-                                                                            : c10::Device(c10::kCPU)));
-    group->all_reduce(flag, cluster::ReduceOp::Max).wait();
-    return flag.item<float>() > 0.0f;
+    return group->all_reduce_scalar(local ? 1.0 : 0.0, cluster::ReduceOp::Max) > 0.0;
   };
   auto mixed = std::make_unique<amp::MixedPrecisionOptimizer>(
       std::move(optimizer),

@@ -9,6 +9,7 @@
 #include "colossus/cluster/process_group.h"
 #include "colossus/optim/optimizer.h"
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,9 @@ class TPClipOptimizer : public optim::Optimizer {
   optim::OptimizerState state_dict() const override { return inner_->state_dict(); }
   void load_state_dict(const optim::OptimizerState& state) override;
   double last_grad_norm() const { return last_grad_norm_; }
+  at::Tensor scale_loss(const at::Tensor& loss) const override { return inner_->scale_loss(loss); }
+  bool last_step_nonfinite() const override { return !std::isfinite(last_grad_norm_); }
+  int64_t follow_parameters() override { return inner_->follow_parameters(); }
 
  private:
   std::unique_ptr<optim::Optimizer> inner_;

@@ -1,6 +1,9 @@
 #include "colossus/cluster/process_group.h"
 
+#include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+
+#include <ATen/ops/full.h>
 
 #include <fmt/format.h>
 
@@ -158,6 +161,17 @@ void shutdown_process_groups() {
   for (auto it = backends.rbegin(); it != backends.rend(); ++it) {
     if (auto backend = it->lock()) backend->shutdown();
   }
+}
+
+c10::Device ProcessGroup::device() const {
+  return backend_name_ == "nccl" ? current_cluster().device : c10::Device(c10::kCPU);
+}
+
+double ProcessGroup::all_reduce_scalar(double value, ReduceOp op) {
+  if (size() == 1) return value;
+  at::Tensor scalar = at::full({1}, value, at::TensorOptions(at::kDouble).device(device()));
+  all_reduce(scalar, op).wait();
+  return scalar.item<double>();
 }
 
 }  // namespace colossus::cluster

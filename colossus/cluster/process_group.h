@@ -51,6 +51,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
   ProcessGroupPtr split(int color, int key, const std::string& name) const;
 
+  // Where this group's collective tensors must live: the job's device for
+  // NCCL (it moves only GPU memory), else the CPU.
+  c10::Device device() const;
+  // One number reduced over the group (blocking): flags, counts, a failed
+  // rank. Exact for integers below 2^53.
+  double all_reduce_scalar(double value, ReduceOp op);
+
   // tensor: any shape, reduced in place.
   Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   // input: (size() * N) elements, output: N elements; output = reduce over

@@ -1,6 +1,7 @@
 #include "colossus/models/pretrained.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/models/gpt2.h"
 #include "colossus/models/llama.h"
 #include "colossus/models/mixtral.h"
@@ -76,14 +77,10 @@ bool ignorable(const CausalLM& model, const std::string& key) {
 }
 
 std::string dtype_name(c10::ScalarType dtype) {
-  switch (dtype) {
-    case c10::kFloat: return "float32";
-    case c10::kBFloat16: return "bfloat16";
-    case c10::kHalf: return "float16";
-    case c10::kDouble: return "float64";
-    default: throw CheckpointError(fmt::format("save_pretrained: parameters of dtype {} have no HF torch_dtype; use float32, bfloat16, float16 or float64",
-                                               c10::toString(dtype)));
-  }
+  if (auto name = hf_dtype_name(dtype)) return *name;
+  throw CheckpointError(fmt::format(
+      "save_pretrained: parameters of dtype {} have no HF torch_dtype; use float32, bfloat16, float16 or float64",
+      c10::toString(dtype)));
 }
 
 }  // namespace

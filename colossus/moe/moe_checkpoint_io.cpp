@@ -190,10 +190,6 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
       if (moe.zero_optimizer) moe.zero_optimizer->wait_for_params();
       auto state = checkpoint::load_tensors(dir, names);
       models::load_state_dict(moe.unwrap(), state, dir);
-      // Masters follow the loaded weights, or the next
-      // step writes the old ones back.
-      if (moe.zero_optimizer) moe.zero_optimizer->refresh_masters_from_params();
-      if (moe.mixed_optimizer) booster::refresh_masters(*moe.mixed_optimizer);
     });
   }
 

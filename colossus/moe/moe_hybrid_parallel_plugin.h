@@ -128,6 +128,10 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   // Masters and clipping need the ep/moe_dp layout, which the Booster's own
   // wrappers do not know.
   bool control_precision() const override { return true; }
+  bool pipeline_parallel() const override { return options_.pp_size > 1; }
+  bool holds_whole_model() const override {
+    return options_.tp_size == 1 && options_.pp_size == 1 && options_.ep_size == 1;
+  }
   // moe_dp x ep: the ranks that see different data (the world when tp = pp = 1).
   cluster::ProcessGroupPtr dp_group() const override { return has_tp_pp() ? mesh_->group({"moe_dp", "ep"}) : world_; }
   cluster::ProcessGroupPtr ep_group() const { return mesh_->group("ep"); }

@@ -74,6 +74,24 @@ class Optimizer {
   // step, outside any captured graph.
   virtual void prepare_device_step() {}
 
+  // What a training step asks of the optimizer it holds, whatever wraps it
+  // (mixed precision, ZeRO, Gemini, clipping), so callers never ask which
+  // one it is. Plain optimizers answer for themselves; wrappers pass the
+  // question on to what they wrap where they do not answer it.
+  //
+  // The loss to run backward on: times the loss scale where the optimizer
+  // keeps one (fp16), else the loss itself.
+  virtual at::Tensor scale_loss(const at::Tensor& loss) const { return loss; }
+  // Whether the last step met non-finite gradients that no loss scaler
+  // accounts for (a skipped bf16 step, a non-finite clipped norm). Reads only
+  // what the step already brought to the host.
+  virtual bool last_step_nonfinite() const { return false; }
+  // The model's parameters were overwritten (a checkpoint loaded into them, a
+  // plugin's broadcast): an optimizer that keeps its own copies (fp32
+  // masters) re-reads the parameters that changed. Returns how many it
+  // re-read.
+  virtual int64_t follow_parameters() { return 0; }
+
   void zero_grad(bool set_to_none = true);
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

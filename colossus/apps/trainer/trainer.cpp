@@ -8,20 +8,18 @@
 #include "colossus/apps/trainer/train_state.h"
 #include "colossus/apps/trainer/training_data.h"
 #include "colossus/booster/booster.h"
-#include "colossus/booster/clip_grad_optimizer.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
-#include "colossus/booster/tp_clip_optimizer.h"
 #include "colossus/checkpoint/file_io.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/inference/generate.h"
 #include "colossus/models/config.h"
 
-#include "colossus/amp/mixed_precision_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -81,17 +79,7 @@ class StopSignalScope {
 // host; in device-step mode (CUDA graph) nothing is read and the loss alone
 // decides. fp16 steps the scaler skips are its normal work and do not count.
 bool nonfinite_gradients(const optim::Optimizer& optimizer, bool device_step) {
-  if (device_step) return false;
-  if (const auto* mixed = dynamic_cast<const amp::MixedPrecisionOptimizer*>(&optimizer)) {
-    return mixed->loss_scaler() == nullptr && mixed->last_step_skipped();
-  }
-  if (const auto* clip = dynamic_cast<const booster::ClipGradOptimizer*>(&optimizer)) {
-    return !std::isfinite(clip->last_grad_norm());
-  }
-  if (const auto* clip = dynamic_cast<const booster::TPClipOptimizer*>(&optimizer)) {
-    return !std::isfinite(clip->last_grad_norm());
-  }
-  return false;
+  return !device_step && optimizer.last_step_nonfinite();
 }
 
 class Trainer {
@@ -176,8 +164,7 @@ void Trainer::build() {
                                              : models::checkpoint_source(*model, config_.model.pretrained);
   }
   plugin_ = make_plugin(plugin_section, world_);
-  const auto* hybrid = dynamic_cast<const booster::HybridParallelPlugin*>(plugin_.get());
-  pipeline_ = hybrid != nullptr && hybrid->options().pp_size > 1;
+  pipeline_ = plugin_->pipeline_parallel();
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
   dp_ = plugin_->dp_group();
@@ -221,8 +208,8 @@ void Trainer::build() {
   std::string precision = "fp32";
   for (const auto& p : boosted_.model->unwrap().parameters()) {
     params += p.numel();
-    if (p.scalar_type() == at::kBFloat16) precision = "bf16";
-    if (p.scalar_type() == at::kHalf) precision = "fp16";
+    const auto of_param = precision_of(p.scalar_type());
+    if (of_param && *of_param != Precision::kFp32) precision = precision_name(*of_param);
   }
   log.info(fmt::format("{} ({:.2f}M parameters), plugin {} on {} rank(s), {} on {}, global batch {} x {} tokens "
                        "({} per rank x {} accumulation x {} dp)",
@@ -375,20 +362,21 @@ void Trainer::print_sample() {
 
 std::optional<amp::GraphedTrainStep> Trainer::make_graphed_step() {
   if (!config_.train.cuda_graph) return std::nullopt;
-  auto* mixed = dynamic_cast<amp::MixedPrecisionOptimizer*>(boosted_.optimizer.get());
-  if (!device_.is_cuda() || world_->size() != 1 || pipeline_ || config_.train.grad_accum != 1 || mixed == nullptr) {
+  // The booster's own fp32 masters (a mixed-precision optimizer) are what the captured step updates.
+  const bool mixed = !plugin_->control_precision() && config_.booster.mixed_precision != "fp32";
+  if (!device_.is_cuda() || world_->size() != 1 || pipeline_ || config_.train.grad_accum != 1 || !mixed) {
     throw ConfigError(fmt::format(
         "train.cuda_graph = true captures one process's whole step on a GPU; this run has device {}, {} rank(s), "
         "grad_accum {}, plugin '{}' with {}; use one GPU, grad_accum = 1, the ddp plugin and booster.mixed_precision "
         "= \"bf16\" (or set train.cuda_graph = false)",
         device_.str(), world_->size(), config_.train.grad_accum, config_.plugin.name,
-        mixed != nullptr ? "mixed precision" : "no mixed-precision optimizer"));
+        mixed ? "mixed precision" : "no mixed-precision optimizer"));
   }
   // At world size 1 the DDP wrapper has nothing to reduce: the plain model's
   // loss keeps its hooks out of the captured step.
   models::CausalLM& plain = boosted_.model->unwrap();
   return std::make_optional<amp::GraphedTrainStep>(
-      [&plain](const at::Tensor& ids) { return plain.forward_loss(ids, ids); }, *mixed);
+      [&plain](const at::Tensor& ids) { return plain.forward_loss(ids, ids); }, *boosted_.optimizer);
 }
 
 TrainResult Trainer::run() {
@@ -543,17 +531,14 @@ TrainResult Trainer::run() {
   result.final_step = state_.step;
   if (last_saved >= 0) result.final_checkpoint = dirs_.step_dir(last_saved);
   reporter_->finish();
-  // Sampling runs the plain model on rank 0 alone; a tensor-parallel model
-  // needs its whole tp group for a forward, so its sample is left to `colossus generate`.
-  const auto* hybrid = dynamic_cast<const booster::HybridParallelPlugin*>(plugin_.get());
-  // A pipeline stage holds only its own blocks: the same.
-  const bool tp_sharded = hybrid != nullptr && (hybrid->options().tp_size > 1 || pipeline_);
-  // Gemini's parameters are sharded chunks gathered collectively: the same.
-  const bool chunked = dynamic_cast<const booster::GeminiPlugin*>(plugin_.get()) != nullptr;
+  // Sampling runs the plain model on rank 0 alone: a model split over ranks
+  // (tensor or pipeline parallel, Gemini's chunks) needs them all for a
+  // forward, so its sample is left to `colossus generate`.
   if (world_->rank() == 0 && !config_.train.sample_prompt.empty() && config_.train.sample_tokens > 0) {
-    if (tp_sharded || chunked) {
-      log.info(fmt::format("no sample with {}: run `colossus generate` on the saved checkpoint",
-                           chunked ? "plugin gemini" : (pipeline_ ? "pp_size > 1" : "tp_size > 1")));
+    if (!plugin_->holds_whole_model()) {
+      log.info(fmt::format("no sample with plugin {} (the model is split over ranks): run `colossus generate` on "
+                           "the saved checkpoint",
+                           plugin_->name()));
     } else {
       print_sample();
     }

@@ -206,8 +206,7 @@ std::vector<std::vector<TimedAction>> gather_timelines(cluster::ProcessGroup& pp
                                                        const std::vector<TimedAction>& local) {
   // Rows of (kind, microbatch, chunk, start, end) in doubles (exact for these
   // integers and microsecond times), padded to the longest timeline.
-  const auto device =
-      pp_group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
+  const auto device = pp_group.device();
   at::Tensor count = at::full({1}, static_cast<double>(local.size()), at::TensorOptions(at::kDouble).device(device));
   std::vector<at::Tensor> counts;
   for (int r = 0; r < pp_group.size(); ++r) counts.push_back(at::empty_like(count));

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/zero/gemini/chunk_storage.h"
 
@@ -32,13 +33,6 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
   size_t index_;
 };
 
-c10::ScalarType dtype_of(const std::string& precision) {
-  if (precision == "fp32") return at::kFloat;
-  if (precision == "bf16") return at::kBFloat16;
-  if (precision == "fp16") return at::kHalf;
-  throw ConfigError(fmt::format("gemini: precision='{}' is unknown; use fp32, bf16 or fp16", precision));
-}
-
 }  // namespace
 
 GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGroupPtr dp_group, c10::Device device,
@@ -46,7 +40,7 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
     : model_(std::move(model)), dp_group_(std::move(dp_group)), device_(device), options_(std::move(options)) {
   if (!model_) throw ConfigError("gemini: the model is null");
   if (!dp_group_) throw ConfigError("gemini: the dp group is null");
-  dtype_ = dtype_of(options_.precision);
+  dtype_ = scalar_type_of(parse_precision(options_.precision, "gemini: precision"));
   master_dtype_ = options_.master_weights ? at::kFloat : dtype_;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) params_.emplace_back(item.key(), item.value());
   std::vector<int64_t> numels;

@@ -27,10 +27,6 @@ const optim::Optimizer& require(const std::unique_ptr<optim::Optimizer>& inner) 
   return *inner;
 }
 
-c10::Device collective_device(const cluster::ProcessGroup& group) {
-  return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
-}
-
 // Master + gradient shard + two moments, per element (the auto policy's
 // estimate).
 constexpr int64_t kOptimBytesPerElement = 16;
@@ -91,7 +87,7 @@ GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, Gemini
     lamb->set_partition_reducer([group = ddp_.dp_group()](std::vector<double>& sums) {
       if (group->size() == 1 || sums.empty()) return;
       at::Tensor t = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
-                         .to(collective_device(*group), /*non_blocking=*/false,
+                         .to(group->device(), /*non_blocking=*/false,
                              /*copy=*/true);
       group->all_reduce(t, cluster::ReduceOp::Sum).wait();
       at::Tensor host = t.cpu();
@@ -130,9 +126,7 @@ void GeminiOptimizer::step() {
   if (ddp_.options().precision != "fp32") {
     overflow = amp::unscale_and_check_finite(grads, 1.0 / loss_scale());
     if (group->size() > 1) {
-      at::Tensor flag = at::full({1}, overflow ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*group)));
-      group->all_reduce(flag, cluster::ReduceOp::Max).wait();
-      overflow = flag.item<float>() > 0.0f;
+      overflow = group->all_reduce_scalar(overflow ? 1.0 : 0.0, cluster::ReduceOp::Max) > 0.0;
     }
   }
   last_step_skipped_ = overflow;
@@ -150,7 +144,7 @@ void GeminiOptimizer::step() {
     amp::NormReducer reducer;
     if (group->size() > 1) {
       reducer = [group](const at::Tensor& local, double norm_type) {
-        at::Tensor total = local.to(collective_device(*group),
+        at::Tensor total = local.to(group->device(),
                                     /*non_blocking=*/false, /*copy=*/true);
         group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
         return total.to(local.device());

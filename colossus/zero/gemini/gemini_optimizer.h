@@ -40,7 +40,7 @@ class GeminiOptimizer : public optim::Optimizer {
   // Each rank takes its parts of an unsharded state (not collective).
   void load_state_dict(const optim::OptimizerState& state) override;
 
-  at::Tensor scale_loss(const at::Tensor& loss) const;
+  at::Tensor scale_loss(const at::Tensor& loss) const override;
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   bool last_step_skipped() const { return last_step_skipped_; }
   double last_grad_norm() const { return last_grad_norm_; }

@@ -8,6 +8,7 @@
 #include "colossus/amp/unscale.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/core/precision.h"
 #include "colossus/optim/lamb.h"
 
 #include <ATen/ATen.h>
@@ -35,22 +36,10 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
   size_t index_;
 };
 
-c10::ScalarType dtype_of(const std::string& precision) {
-  if (precision == "fp32") return at::kFloat;
-  if (precision == "bf16") return at::kBFloat16;
-  if (precision == "fp16") return at::kHalf;
-  throw ConfigError(fmt::format("LowLevelZeroOptimizer: precision='{}' is unknown; use fp32, bf16 or fp16", precision));
-}
-
 const optim::Optimizer& require(const std::unique_ptr<optim::Optimizer>& inner) {
   if (!inner)
     throw ConfigError("LowLevelZeroOptimizer: the inner optimizer is null; pass e.g. std::make_unique<AdamW>(...)");
   return *inner;
-}
-
-// Small collectives (norms, flags) must live where the backend can move them.
-c10::Device collective_device(const cluster::ProcessGroup& group) {
-  return group.backend_name() == "nccl" ? cluster::current_cluster().device : c10::Device(c10::kCPU);
 }
 
 // One layout over all shard groups: each group's parameters packed by
@@ -132,7 +121,7 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     throw ConfigError(
         fmt::format("LowLevelZeroOptimizer: {} has already stepped; wrap it before its first step", inner_->name()));
   }
-  const auto dtype = dtype_of(options_.precision);
+  const auto dtype = scalar_type_of(parse_precision(options_.precision, "LowLevelZeroOptimizer: precision"));
   master_dtype_ = options_.master_weights ? at::kFloat : dtype;
   comm_dtype_ = options_.communication_dtype.value_or(dtype);
   if (options_.precision == "fp16") {
@@ -234,7 +223,7 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     lamb->set_partition_reducer([group = dp_group_](std::vector<double>& sums) {
       if (group->size() == 1 || sums.empty()) return;
       at::Tensor t = at::from_blob(sums.data(), {static_cast<int64_t>(sums.size())}, at::kDouble)
-                         .to(collective_device(*group), /*non_blocking=*/false, /*copy=*/true);
+                         .to(group->device(), /*non_blocking=*/false, /*copy=*/true);
       group->all_reduce(t, cluster::ReduceOp::Sum).wait();
       at::Tensor host = t.cpu();
       std::copy_n(host.data_ptr<double>(), sums.size(), sums.data());
@@ -419,9 +408,7 @@ bool LowLevelZeroOptimizer::overflow_anywhere(bool local) const {
   // parts of the model over model_parallel_group, each saw other gradients.
   for (const auto& group : {dp_group_, options_.model_parallel_group}) {
     if (!group || group->size() == 1) continue;
-    at::Tensor flag = at::full({1}, local ? 1.0f : 0.0f, at::TensorOptions().device(collective_device(*group)));
-    group->all_reduce(flag, cluster::ReduceOp::Max).wait();
-    local = flag.item<float>() > 0.0f;
+    local = group->all_reduce_scalar(local ? 1.0 : 0.0, cluster::ReduceOp::Max) > 0.0;
   }
   return local;
 }
@@ -435,7 +422,7 @@ double LowLevelZeroOptimizer::clip_master_grads(const std::vector<at::Tensor>& b
     at::Tensor total = local;
     for (const auto& group : {dp_group_, options_.model_parallel_group}) {
       if (!group || group->size() == 1) continue;
-      total = total.to(collective_device(*group), /*non_blocking=*/false, /*copy=*/true);
+      total = total.to(group->device(), /*non_blocking=*/false, /*copy=*/true);
       group->all_reduce(total, op).wait();
     }
     return total.to(local.device());
@@ -453,20 +440,22 @@ double LowLevelZeroOptimizer::clip_master_grads(const std::vector<at::Tensor>& b
   }
   // A rank with nothing here still joins the reduction (a zero term).
   if (grads.empty()) {
-    grads.push_back(at::zeros({1}, at::TensorOptions().dtype(master_dtype_).device(collective_device(*dp_group_))));
+    grads.push_back(at::zeros({1}, at::TensorOptions().dtype(master_dtype_).device(dp_group_->device())));
     weights.push_back(1.0);
   }
   return amp::clip_grad_norm(grads, options_.max_norm, options_.norm_type, reducer, weights);
 }
 
-void LowLevelZeroOptimizer::refresh_masters_from_params() {
+int64_t LowLevelZeroOptimizer::follow_parameters() {
   wait_for_params();
   at::NoGradGuard no_grad;
+  int64_t reread = 0;
   for (auto& bucket : buckets_) {
     const int rank = shard_groups_[bucket.group].dp_group->rank();
     const int64_t shard = bucket.layout.shard_numel;
     at::Tensor own = bucket.flat_params.narrow(0, int64_t{rank} * shard, shard).to(bucket.master.device());
     if (aliases_params(bucket)) continue;  // the master is the parameters' own chunk
+    ++reread;
     if (bucket.layout.dtype == master_dtype_) {
       bucket.master.copy_(own);
       continue;
@@ -475,6 +464,7 @@ void LowLevelZeroOptimizer::refresh_masters_from_params() {
     at::Tensor same = bucket.master.to(bucket.layout.dtype).eq(own);
     bucket.master.copy_(at::where(same, bucket.master, own.to(master_dtype_)));
   }
+  return reread;
 }
 
 LowLevelZeroOptimizer::MemoryBytes LowLevelZeroOptimizer::memory_bytes() const {

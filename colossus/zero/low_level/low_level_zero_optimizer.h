@@ -95,9 +95,10 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   void wait_for_params();
   // Masters follow the parameters where they no longer round to them (after
   // loading weights into the model); fp32 masters are copied outright.
-  void refresh_masters_from_params();
+  // Returns the buckets re-read.
+  int64_t follow_parameters() override;
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
-  at::Tensor scale_loss(const at::Tensor& loss) const;
+  at::Tensor scale_loss(const at::Tensor& loss) const override;
   bool last_step_skipped() const { return last_step_skipped_; }
   double last_grad_norm() const { return last_grad_norm_; }
   optim::Optimizer& inner() { return *inner_; }
