@@ -1,11 +1,14 @@
 // The training config: TOML sections map onto the option structs, overrides
 // apply over the file, and every mistake is a ConfigError naming the key.
+#include "colossus/apps/trainer/config_schema.h"
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/core/errors.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 using colossus::ConfigError;
 using colossus::apps::parse_train_config;
@@ -246,4 +249,55 @@ max_norm = 1.0
             std::string::npos);
   EXPECT_NE(error_of("[plugin]\nname = \"low_level_zero\"\n[booster]\nmax_norm = 1.0\n").find("plugin.max_norm"),
             std::string::npos);
+}
+
+// Issue 22: the key lists are the one source of truth. The committed
+// reference equals the generated one (regenerate with
+// `colossus train --config_reference > docs/config-reference.md`), every key
+// in it is one the reader takes, and --print_config's effective config reads
+// back to itself with the overrides kept.
+TEST(ConfigSchema, CommittedReferenceIsTheGeneratedOne) {
+  std::ifstream in(COLOSSUS_CONFIG_REFERENCE);
+  ASSERT_TRUE(in) << "missing " << COLOSSUS_CONFIG_REFERENCE;
+  std::stringstream committed;
+  committed << in.rdbuf();
+  EXPECT_EQ(committed.str(), colossus::apps::config_reference_markdown())
+      << "docs/config-reference.md is stale: regenerate it with `colossus train --config_reference > "
+         "docs/config-reference.md`";
+}
+
+TEST(ConfigSchema, EveryReferencedKeyIsReadAndPrintConfigRoundTrips) {
+  const std::string reference = colossus::apps::config_reference_markdown();
+  // "## [plugin] with name = "gemini"" headings, then "| `key` |" rows.
+  std::istringstream lines(reference);
+  std::string line, section, plugin;
+  int keys = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("## [", 0) == 0) {
+      section = line.substr(4, line.find(']') - 4);
+      const auto with = line.find("name = \"");
+      plugin = with == std::string::npos ? "" : line.substr(with + 8, line.rfind('"') - with - 8);
+      continue;
+    }
+    if (line.rfind("| `", 0) != 0) continue;
+    const std::string key = line.substr(3, line.find('`', 3) - 3);
+    // The key's own default, set explicitly, must be accepted (no "unknown key").
+    std::string text = plugin.empty() ? "" : "[plugin]\nname = \"" + plugin + "\"\n";
+    const auto printed = colossus::apps::effective_config_toml(parse_train_config(text));
+    EXPECT_NE(printed.find(key + " = "), std::string::npos) << section << "." << key << " missing from --print_config";
+    ++keys;
+  }
+  EXPECT_GT(keys, 100) << reference;
+
+  const auto config = parse_train_config("[plugin]\nname = \"gemini\"\n[model.config]\nn_layer = 3\n",
+                                         {"train.steps=77", "plugin.offload_optim_frac=0.5", "booster.device=cpu"});
+  const std::string printed = colossus::apps::effective_config_toml(config);
+  const auto again = parse_train_config(printed);
+  EXPECT_EQ(colossus::apps::effective_config_toml(again), printed);
+  EXPECT_EQ(again.train.steps, 77);
+  EXPECT_EQ(again.plugin.gemini.offload_optim_frac, 0.5);
+  EXPECT_EQ(again.model.config.at("n_layer"), "3");
+  ASSERT_TRUE(again.booster.device.has_value());
+  EXPECT_NE(printed.find("[plugin]"), std::string::npos) << printed;
+  EXPECT_EQ(printed.find("bucket_cap_mb"), std::string::npos) << "only the chosen plugin's keys: " << printed;
 }
