@@ -110,6 +110,8 @@ class InferenceEngine {
                   std::vector<RequestOutput>& outputs);
   std::vector<int64_t> draw_tokens(const std::vector<Sequence*>& seqs, const at::Tensor& logits);
   void check_stop(Sequence& seq, RequestOutput& out);
+  // A request's progress into its step output: counts, and whether and why it finished.
+  static void fill_progress(const Sequence& seq, RequestOutput& out);
 
   std::shared_ptr<models::CausalLM> model_;
   std::shared_ptr<const data::Tokenizer> tokenizer_;
