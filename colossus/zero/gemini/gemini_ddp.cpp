@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <unordered_map>
 
 #include "colossus/core/errors.h"
@@ -33,6 +34,35 @@ class ReadyHook : public torch::autograd::PostAccumulateGradHook {
   size_t index_;
 };
 
+// Which chunks each segment's forward needs: 0 the embedding, 1..L the
+// blocks, L+1 the final norm and head (and a tied embedding). A parameter
+// belongs to the block that holds it (matched by identity, not by name).
+std::vector<std::vector<size_t>> plan_segments(const models::CausalLM& model, const NamedParams& params,
+                                               const Layout& layout) {
+  const size_t blocks = model.blocks().size();
+  std::unordered_map<const c10::TensorImpl*, size_t> segment_of;
+  for (size_t i = 0; i < blocks; ++i) {
+    for (const auto& p : model.blocks()[i]->parameters()) segment_of[p.unsafeGetTensorImpl()] = i + 1;
+  }
+  for (const auto& p : model.norm().parameters()) segment_of[p.unsafeGetTensorImpl()] = blocks + 1;
+  if (auto* head = model.lm_head()) {
+    for (const auto& p : head->parameters()) segment_of[p.unsafeGetTensorImpl()] = blocks + 1;
+  }
+  const at::Tensor tied_weight = model.tied_embeddings() ? model.embedding().weight : at::Tensor();
+  std::vector<std::set<size_t>> segments(blocks + 2);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const auto& slot = layout.slots[k];
+    if (!slot.managed) continue;
+    const at::Tensor& p = params[k].second;
+    const auto it = segment_of.find(p.unsafeGetTensorImpl());
+    segments[it == segment_of.end() ? 0 : it->second].insert(slot.bucket);
+    if (tied_weight.defined() && p.is_same(tied_weight)) segments[blocks + 1].insert(slot.bucket);
+  }
+  std::vector<std::vector<size_t>> out;
+  for (const auto& segment : segments) out.emplace_back(segment.begin(), segment.end());
+  return out;
+}
+
 }  // namespace
 
 GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGroupPtr dp_group, c10::Device device,
@@ -53,62 +83,28 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
   layout_ = plan_chunks(params_, chunk_numel_, dp, rank);
   const size_t n = layout_.buckets.size();
 
-  // Segments: 0 embedding, 1..L blocks, L+1 final norm + head (+ tied
-  // embedding).
-  const size_t blocks = model_->blocks().size();
-  std::unordered_map<const c10::TensorImpl*, bool> in_head;
-  for (const auto& p : model_->norm().parameters()) in_head[p.unsafeGetTensorImpl()] = true;
-  if (auto* head = model_->lm_head()) {
-    for (const auto& p : head->parameters()) in_head[p.unsafeGetTensorImpl()] = true;
-  }
-  const bool tied = model_->tied_embeddings();
-  const at::Tensor tied_weight = tied ? model_->embedding().weight : at::Tensor();
-  std::vector<std::set<size_t>> segments(blocks + 2);
-  const std::string block_prefix = model_->blocks_path() + ".";
-  for (size_t k = 0; k < params_.size(); ++k) {
-    const auto& slot = layout_.slots[k];
-    if (!slot.managed) continue;
-    const std::string& name = params_[k].first;
-    const at::Tensor& p = params_[k].second;
-    if (name.rfind(block_prefix, 0) == 0) {
-      const size_t index = std::stoul(name.substr(block_prefix.size()));
-      segments.at(index + 1).insert(slot.bucket);
-    } else if (in_head.count(p.unsafeGetTensorImpl())) {
-      segments[blocks + 1].insert(slot.bucket);
-    } else {
-      segments[0].insert(slot.bucket);
-      if (tied && p.is_same(tied_weight)) segments[blocks + 1].insert(slot.bucket);
-    }
-  }
-  for (const auto& s : segments) segment_chunks_.emplace_back(s.begin(), s.end());
-
-  // Placement: static now; auto starts from the warm-up budget.
-  std::vector<ChunkPlacement> placement;
-  if (options_.placement_policy == "static") {
-    placement =
-        static_placement(n, options_.shard_param_frac, options_.offload_optim_frac, options_.offload_param_frac);
-  } else if (options_.placement_policy == "auto") {
-    warming_up_ = true;
-    const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
-    if (memory) {
-      const int64_t elem = c10::elementSize(dtype_);
-      placement =
-          auto_placement(n, {.device_budget_bytes = static_cast<int64_t>(static_cast<double>(memory->total_bytes) *
-                                                                         (1.0 - options_.warmup_non_model_data_ratio)),
-                             .param_shard_bytes = chunk_numel_ / dp * elem,
-                             .optim_shard_bytes = 0,
-                             .working_bytes = 0,
-                             .gpu_margin_mem_ratio = 0.0});
-      for (auto& chunk : placement) chunk.optim_on_host = true;  // optimizer side on the host while warming up
-    } else {
-      placement.assign(n, ChunkPlacement{});  // no device figures: nothing to offload from
-    }
-  } else {
-    throw ConfigError(
-        fmt::format("gemini: placement_policy='{}' is unknown; use 'static' or 'auto'", options_.placement_policy));
-  }
+  segment_chunks_ = plan_segments(*model_, params_, layout_);
+  const std::vector<ChunkPlacement> placement = initial_placement(n, dp);
 
   at::NoGradGuard no_grad;
+  materialise_chunks(placement, rank);
+  move_unmanaged_to_device();
+  ready_.assign(params_.size(), false);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (layout_.slots[k].managed) {
+      torch::autograd::impl::set_post_acc_grad_hooks(params_[k].second, std::make_unique<ReadyHook>(this, k));
+    }
+  }
+  for (size_t i = 0; i < model_->blocks().size(); ++i) {
+    model_->replace_block(i, std::make_shared<GeminiBlock>(model_->blocks()[i], this, i + 1));
+  }
+}
+
+// Each chunk's full buffer on the device, the parameters made views into it,
+// and this rank's shard (and master) where the placement puts them; the
+// values come from each parameter's whole values, one at a time.
+void GeminiDDP::materialise_chunks(const std::vector<ChunkPlacement>& placement, int rank) {
+  const size_t n = placement.size();
   chunks_.resize(n);
   master_views_.resize(params_.size());
   for (size_t c = 0; c < n; ++c) {
@@ -161,8 +157,11 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
     chunk.layout.dtype = dtype_;
     point_views(c);
   }
-  // Everything else (frozen parameters, buffers) moves to the device in the
-  // model's precision.
+}
+
+// Everything the chunks do not manage (frozen parameters, buffers) moves to
+// the device in the model's precision.
+void GeminiDDP::move_unmanaged_to_device() {
   for (size_t k = 0; k < params_.size(); ++k) {
     at::Tensor& p = params_[k].second;
     if (p.requires_grad()) continue;
@@ -182,15 +181,36 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
     }
     b.set_data(b.to(device_, at::isFloatingType(b.scalar_type()) ? dtype_ : b.scalar_type()));
   }
-  ready_.assign(params_.size(), false);
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (layout_.slots[k].managed) {
-      torch::autograd::impl::set_post_acc_grad_hooks(params_[k].second, std::make_unique<ReadyHook>(this, k));
+}
+
+// Where each chunk starts: the static policy's fractions, or for auto the
+// warm-up budget (optimizer side on the host until the first step measured).
+std::vector<ChunkPlacement> GeminiDDP::initial_placement(size_t n, int dp) {
+  std::vector<ChunkPlacement> placement;
+  if (options_.placement_policy == "static") {
+    placement =
+        static_placement(n, options_.shard_param_frac, options_.offload_optim_frac, options_.offload_param_frac);
+  } else if (options_.placement_policy == "auto") {
+    warming_up_ = true;
+    const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
+    if (memory) {
+      const int64_t elem = c10::elementSize(dtype_);
+      placement =
+          auto_placement(n, {.device_budget_bytes = static_cast<int64_t>(static_cast<double>(memory->total_bytes) *
+                                                                         (1.0 - options_.warmup_non_model_data_ratio)),
+                             .param_shard_bytes = chunk_numel_ / dp * elem,
+                             .optim_shard_bytes = 0,
+                             .working_bytes = 0,
+                             .gpu_margin_mem_ratio = 0.0});
+      for (auto& chunk : placement) chunk.optim_on_host = true;  // optimizer side on the host while warming up
+    } else {
+      placement.assign(n, ChunkPlacement{});  // no device figures: nothing to offload from
     }
+  } else {
+    throw ConfigError(
+        fmt::format("gemini: placement_policy='{}' is unknown; use 'static' or 'auto'", options_.placement_policy));
   }
-  for (size_t i = 0; i < blocks; ++i) {
-    model_->replace_block(i, std::make_shared<GeminiBlock>(model_->blocks()[i], this, i + 1));
-  }
+  return placement;
 }
 
 GeminiDDP::~GeminiDDP() {

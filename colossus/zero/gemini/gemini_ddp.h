@@ -198,6 +198,10 @@ class GeminiDDP {
   at::Tensor host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const;
   at::Tensor whole_values(size_t param_index) const;  // the model's tensor, or param_source's for a meta one
   void point_views(size_t chunk);
+  // The constructor's steps.
+  std::vector<ChunkPlacement> initial_placement(size_t num_chunks, int dp);
+  void materialise_chunks(const std::vector<ChunkPlacement>& placement, int rank);
+  void move_unmanaged_to_device();
   void refresh_chunk(size_t chunk);  // shard and master from the gathered chunk
 
   std::shared_ptr<models::CausalLM> model_;
