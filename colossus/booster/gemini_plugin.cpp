@@ -28,33 +28,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-zero::gemini::GeminiOptimizer& gemini_optimizer(optim::Optimizer& optimizer, const char* what) {
-  auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(&optimizer);
-  if (!gemini) {
-    throw ConfigError(
-        fmt::format("{}: {} is not the optimizer the gemini "
-                    "plugin boosted; pass Boosted::optimizer",
-                    what, optimizer.name()));
+// The per-rank sharded save of an optimizer this plugin boosted; refused for others.
+optim::OptimizerState rank_state_of(const optim::Optimizer& optimizer, const std::string& what) {
+  auto state = optimizer.rank_state_dict();  // collective
+  if (!state) {
+    throw ConfigError(fmt::format("{}: {} is not the optimizer the gemini plugin boosted; pass Boosted::optimizer",
+                                  what, optimizer.name()));
   }
-  return *gemini;
-}
-
-zero::gemini::GeminiDDP& gemini_ddp(ModelWrapper& model, const char* what) {
-  auto* gemini = dynamic_cast<GeminiModel*>(&model);
-  if (!gemini) throw ConfigError(fmt::format("{}: the model was not boosted by the gemini plugin", what));
-  return gemini->ddp();
+  return std::move(*state);
 }
 
 class GeminiCheckpointIO : public PluginCheckpointIO {
  public:
-  explicit GeminiCheckpointIO(cluster::ProcessGroupPtr group) : group_(std::move(group)) {}
+  GeminiCheckpointIO(cluster::ProcessGroupPtr group, const WrappedModel<GeminiModel>& boosted)
+      : group_(std::move(group)), boosted_(boosted) {}
 
   void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
     if (options.size_per_shard_mb <= 0) {
       throw ConfigError(fmt::format("save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
                                     options.size_per_shard_mb));
     }
-    auto& ddp = gemini_ddp(model, "save_model");
+    auto& ddp = boosted_.of(model, "save_model").ddp();
     const std::string what = fmt::format("save_model('{}')", dir);
     if (!options.shard) {
       ddp.with_all_gathered([&] {
@@ -83,7 +77,7 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
   }
 
   void load_model(ModelWrapper& model, const std::string& dir) override {
-    auto& ddp = gemini_ddp(model, "load_model");
+    auto& ddp = boosted_.of(model, "load_model").ddp();
     read_on_all(*group_, fmt::format("load_model('{}')", dir), [&] {
       // Mapped, not read: each rank touches only the chunks it loads.
       const auto state = models::resolve_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), dir);
@@ -98,15 +92,14 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
                       "positive, e.g. 1024",
                       dir, options.size_per_shard_mb));
     }
-    auto& gemini = gemini_optimizer(optimizer, "save_optimizer");
     const std::string what = fmt::format("save_optimizer('{}')", dir);
     if (options.shard) {
-      optim::OptimizerState state = gemini.rank_state_dict();  // collective
+      optim::OptimizerState state = rank_state_of(optimizer, what);
       save_rank_shards(*group_, {.file_rank = group_->rank(), .file_count = group_->size()}, dir, kOptimizerPrefix,
                        state.tensors, {{kOptimizerStateKey, state.json}}, what);
       return;
     }
-    optim::OptimizerState state = gemini.state_dict();  // collective
+    optim::OptimizerState state = optimizer.state_dict();  // collective
     write_on_rank0(*group_, what, [&] {
       checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
                                              .prefix = kOptimizerPrefix};
@@ -116,12 +109,12 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
   }
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
-    auto& gemini = gemini_optimizer(optimizer, "load_optimizer");
-    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] { load_optimizer_state(gemini, dir); });
+    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] { load_optimizer_state(optimizer, dir); });
   }
 
  private:
   cluster::ProcessGroupPtr group_;
+  const WrappedModel<GeminiModel>& boosted_;
 };
 
 bool is_fraction(double x) { return x >= 0.0 && x <= 1.0; }
@@ -252,7 +245,7 @@ zero::gemini::GeminiOptions GeminiPluginOptions::gemini_options() const {
 GeminiPlugin::GeminiPlugin(GeminiPluginOptions options, cluster::ProcessGroupPtr group)
     : options_(std::move(options)), group_(group ? std::move(group) : cluster::current_cluster().world) {
   options_.validate();
-  io_ = std::make_unique<GeminiCheckpointIO>(group_);
+  io_ = std::make_unique<GeminiCheckpointIO>(group_, boosted_);
 }
 
 GeminiPlugin::~GeminiPlugin() = default;
@@ -286,13 +279,16 @@ std::shared_ptr<ModelWrapper> GeminiPlugin::wrap_model(std::shared_ptr<models::C
   } else {
     broadcast_tensors(tensors, *group_);
   }
-  return std::make_shared<GeminiModel>(
+  auto wrapped = std::make_shared<GeminiModel>(
       std::make_unique<zero::gemini::GeminiDDP>(std::move(model), group_, device, options_.gemini_options()));
+  boosted_.set(wrapped);
+  return wrapped;
 }
 
 std::unique_ptr<optim::Optimizer> GeminiPlugin::wrap_optimizer(ModelWrapper& model,
                                                                std::unique_ptr<optim::Optimizer> optimizer) {
-  return std::make_unique<zero::gemini::GeminiOptimizer>(std::move(optimizer), gemini_ddp(model, "wrap_optimizer"));
+  return std::make_unique<zero::gemini::GeminiOptimizer>(std::move(optimizer),
+                                                        boosted_.of(model, "gemini: wrap_optimizer").ddp());
 }
 
 }  // namespace colossus::booster

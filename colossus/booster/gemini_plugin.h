@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "colossus/booster/plugin.h"
+#include "colossus/booster/wrapped_model.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
 #include "colossus/zero/gemini/gemini_optimizer.h"
 
@@ -109,6 +110,7 @@ class GeminiPlugin : public Plugin {
  private:
   GeminiPluginOptions options_;
   cluster::ProcessGroupPtr group_;
+  WrappedModel<GeminiModel> boosted_{"gemini"};
   std::unique_ptr<PluginCheckpointIO> io_;
 };
 

@@ -77,11 +77,10 @@ std::string without_steps_of(const std::string& json_text, const std::set<int64_
 
 class HybridParallelCheckpointIO : public PluginCheckpointIO {
  public:
-  HybridParallelCheckpointIO(const HybridParallelPlugin& plugin, HybridParallelModel*& model)
-      : plugin_(plugin), model_(model) {}
+  explicit HybridParallelCheckpointIO(const HybridParallelPlugin& plugin) : plugin_(plugin) {}
 
   void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
-    auto& hybrid = as_hybrid(model, "save_model");
+    auto& hybrid = plugin_.boosted().of(model, "save_model");
     auto& world = *plugin_.mesh().world();
     std::exception_ptr error;
     try {
@@ -115,7 +114,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
   }
 
   void load_model(ModelWrapper& model, const std::string& dir) override {
-    auto& hybrid = as_hybrid(model, "load_model");
+    auto& hybrid = plugin_.boosted().of(model, "load_model");
     std::exception_ptr error;
     try {
       const auto state = checkpoint::load_state_dict(dir);
@@ -167,7 +166,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     auto& world = *plugin_.mesh().world();
     std::exception_ptr error;
     try {
-      auto& hybrid = current_model("save_optimizer");
+      auto& hybrid = plugin_.boosted().current("save_optimizer");
       const auto names = param_names(hybrid, optimizer);
       optim::OptimizerState state = optimizer.state_dict();
       if (hybrid.pipeline() != nullptr) state = merge_over_pp(hybrid, names, std::move(state));
@@ -188,7 +187,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
     std::exception_ptr error;
     try {
-      auto& hybrid = current_model("load_optimizer");
+      auto& hybrid = plugin_.boosted().current("load_optimizer");
       const auto names = param_names(hybrid, optimizer);
       const std::string single = (fs::path(dir) / checkpoint::hf::single_file_name(kOptimizerPrefix)).string();
       std::string source = single;
@@ -238,16 +237,6 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
   }
 
  private:
-  HybridParallelModel& as_hybrid(ModelWrapper& model, const char* what) {
-    auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
-    if (hybrid == nullptr)
-      throw ConfigError(fmt::format("{}: the model was not boosted by HybridParallelPlugin", what));
-    return *hybrid;
-  }
-  HybridParallelModel& current_model(const char* what) {
-    if (model_ == nullptr) throw ConfigError(fmt::format("{}: boost a model with this plugin first", what));
-    return *model_;
-  }
   int tp_rank() const { return plugin_.tp_group()->rank(); }
 
   // Pipeline: the owning stage's tensor, broadcast over pp (every rank then
@@ -406,14 +395,12 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
   }
 
   const HybridParallelPlugin& plugin_;
-  HybridParallelModel*& model_;
 };
 
 }  // namespace
 
-std::unique_ptr<PluginCheckpointIO> make_hybrid_parallel_checkpoint_io(const HybridParallelPlugin& plugin,
-                                                                       HybridParallelModel*& model) {
-  return std::make_unique<HybridParallelCheckpointIO>(plugin, model);
+std::unique_ptr<PluginCheckpointIO> make_hybrid_parallel_checkpoint_io(const HybridParallelPlugin& plugin) {
+  return std::make_unique<HybridParallelCheckpointIO>(plugin);
 }
 
 }  // namespace colossus::booster

@@ -8,7 +8,6 @@
 #include "colossus/models/activation_checkpoint.h"
 #include "colossus/parallel/tensor/comm.h"
 #include "colossus/parallel/tensor/layers.h"
-#include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
@@ -138,7 +137,9 @@ HybridParallelModel::HybridParallelModel(std::shared_ptr<models::CausalLM> model
 void HybridParallelModel::set_grad_sync(bool enabled) {
   // Under a pipeline the schedule reduces once per step (execute_pipeline
   // turns these back off), with or without ZeRO.
-  if (zero_optimizer != nullptr && !pipeline_) zero_optimizer->set_grad_sync(enabled);
+  if (!pipeline_) {
+    if (auto optimizer = attached_optimizer()) optimizer->set_grad_sync(enabled);
+  }
   if (reducer_) reducer_->set_sync_enabled(enabled);
   if (partial_reducer_) partial_reducer_->set_sync_enabled(enabled);
 }
@@ -266,7 +267,7 @@ HybridParallelPlugin::~HybridParallelPlugin() = default;
 
 std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
   if (!model) throw ConfigError("HybridParallelPlugin::wrap_model: the model is null");
-  if (model_ != nullptr) {
+  if (boosted_.alive()) {
     throw ConfigError("HybridParallelPlugin: one plugin wraps one model; make a second plugin for a second model");
   }
   // Full weights must agree before slicing: dp rank 0's, over the whole world
@@ -325,21 +326,19 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       std::move(model), std::move(sharded), std::move(grad_group), options_.parallel_output, options_.bucket_cap_mb,
       options_.sequence_over_tp() ? nullptr : sp_group(), sp_mode, options_.inner_ring_size,
       options_.sequence_over_tp() ? mesh_->group({"dp", "tp"}) : nullptr);
-  model_ = wrapped.get();
+  boosted_.set(wrapped);
   if (pipeline) wrapped->attach_pipeline(std::move(pipeline));
   return wrapped;
 }
 
 std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrapper& model,
                                                                        std::unique_ptr<optim::Optimizer> optimizer) {
-  auto* hybrid = dynamic_cast<HybridParallelModel*>(&model);
-  if (hybrid == nullptr)
-    throw ConfigError("HybridParallelPlugin::wrap_optimizer: the model was not wrapped by this plugin");
-  if (options_.zero_stage > 0) return wrap_zero_optimizer(*hybrid, std::move(optimizer));
+  auto& hybrid = boosted_.of(model, "HybridParallelPlugin::wrap_optimizer");
+  if (options_.zero_stage > 0) return wrap_zero_optimizer(hybrid, std::move(optimizer));
   // Each optimizer parameter's replica count over tp, in the optimizer's flat order.
   std::unordered_map<const c10::TensorImpl*, std::pair<std::string, size_t>> by_impl;
   size_t index = 0;
-  for (const auto& item : hybrid->unwrap().named_parameters(/*recurse=*/true)) {
+  for (const auto& item : hybrid.unwrap().named_parameters(/*recurse=*/true)) {
     by_impl[item.value().unsafeGetTensorImpl()] = {item.key(), index++};
   }
   std::vector<int64_t> replicas;
@@ -350,7 +349,7 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
       if (it == by_impl.end()) {
         throw ConfigError("HybridParallelPlugin: the optimizer holds a tensor that is not a parameter of the model");
       }
-      replicas.push_back(norm_replicas(*hybrid, it->second.first));
+      replicas.push_back(norm_replicas(hybrid, it->second.first));
       if (!fp32_originals_.empty()) originals.push_back(fp32_originals_[it->second.second]);
     }
   }
@@ -363,7 +362,6 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_optimizer(ModelWrap
                                                              .norm_group = norm_group(),
                                                              .originals = std::move(originals)});
   fp32_originals_.clear();
-  if (wrapped.mixed) hybrid->mixed_optimizer = wrapped.mixed;
   return std::move(wrapped.optimizer);
 }
 
@@ -374,7 +372,7 @@ int64_t HybridParallelPlugin::norm_replicas(const HybridParallelModel& model, co
 }
 
 PluginCheckpointIO* HybridParallelPlugin::checkpoint_io() {
-  if (!io_) io_ = make_hybrid_parallel_checkpoint_io(*this, model_);
+  if (!io_) io_ = make_hybrid_parallel_checkpoint_io(*this);
   return io_.get();
 }
 

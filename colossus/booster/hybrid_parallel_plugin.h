@@ -20,6 +20,7 @@
 #include "colossus/booster/grad_reducer.h"
 #include "colossus/booster/hybrid_parallel_pipeline.h"
 #include "colossus/booster/plugin.h"
+#include "colossus/booster/wrapped_model.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/parallel/plan/sharder.h"
 #include "colossus/parallel/sequence/sp_model.h"
@@ -28,13 +29,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-namespace colossus::amp {
-class MixedPrecisionOptimizer;
-}
-namespace colossus::zero {
-class LowLevelZeroOptimizer;
-}
 
 namespace colossus::booster {
 
@@ -140,12 +134,6 @@ class HybridParallelModel : public ModelWrapper {
   PipelineOutput execute_pipeline(const PipelineBatch& batch, const PipelineCriterion& criterion,
                                   const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
                                   bool return_outputs) override;
-  // Set by the plugin when it wraps the optimizer with fp32 masters, so that a
-  // model load can move them (the optimizer outlives the loads done with it).
-  amp::MixedPrecisionOptimizer* mixed_optimizer = nullptr;
-  // Set with zero_stage > 0: a model load refreshes its masters.
-  zero::LowLevelZeroOptimizer* zero_optimizer = nullptr;
-
  private:
   std::shared_ptr<models::CausalLM> model_;
   parallel::plan::ShardedModel sharded_;
@@ -189,6 +177,8 @@ class HybridParallelPlugin : public Plugin {
   cluster::ProcessGroupPtr sp_group() const;
   const cluster::ProcessGroupMesh& mesh() const { return *mesh_; }
   const HybridParallelPluginOptions& options() const { return options_; }
+  // The model this plugin wrapped (its checkpoint IO is handed the generic one).
+  const WrappedModel<HybridParallelModel>& boosted() const { return boosted_; }
 
   // Shards the full model (same weights on every rank: built with one seed, or
   // broadcast here from dp rank 0), casts it to the precision, hooks dp reduction.
@@ -210,15 +200,14 @@ class HybridParallelPlugin : public Plugin {
   HybridParallelPluginOptions options_;
   std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
   std::vector<at::Tensor> fp32_originals_;  // between wrap_model and wrap_optimizer (bf16/fp16)
+  WrappedModel<HybridParallelModel> boosted_{"hybrid_parallel"};
   std::unique_ptr<PluginCheckpointIO> io_;
-  HybridParallelModel* model_ = nullptr;
 };
 
 // The plugin's checkpoint IO (hybrid_parallel_checkpoint.cpp): full HF model
 // directories and full optimizer state, gathered over tp and written by world
 // rank 0; loads slice them for this rank's layout, so a tp=2 save loads with
 // tp=1, under DDP, or into transformers.
-std::unique_ptr<PluginCheckpointIO> make_hybrid_parallel_checkpoint_io(const HybridParallelPlugin& plugin,
-                                                                       HybridParallelModel*& model);
+std::unique_ptr<PluginCheckpointIO> make_hybrid_parallel_checkpoint_io(const HybridParallelPlugin& plugin);
 
 }  // namespace colossus::booster

@@ -65,7 +65,6 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
     zero_optimizer->set_grad_sync(false);  // reduced once per schedule
     model.pipeline()->set_zero_optimizer(zero_optimizer.get());
   }
-  model.zero_optimizer = zero_optimizer.get();
   return zero_optimizer;
 }
 

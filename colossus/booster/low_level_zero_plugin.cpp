@@ -16,7 +16,6 @@
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
 #include "colossus/models/pretrained.h"
-#include "colossus/zero/optimizer_state.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -32,15 +31,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-zero::LowLevelZeroOptimizer& zero_optimizer(optim::Optimizer& optimizer, const char* what) {
-  auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(&optimizer);
-  if (!zero) {
-    throw ConfigError(
-        fmt::format("{}: {} is not the optimizer the low_level_zero plugin boosted; pass "
-                    "Boosted::optimizer",
-                    what, optimizer.name()));
+// The per-rank sharded save of an optimizer this plugin boosted; refused for others.
+optim::OptimizerState rank_state_of(const optim::Optimizer& optimizer, const std::string& what) {
+  auto state = optimizer.rank_state_dict();  // collective over the shard group
+  if (!state) {
+    throw ConfigError(fmt::format("{}: {} is not the optimizer the low_level_zero plugin boosted; pass "
+                                  "Boosted::optimizer",
+                                  what, optimizer.name()));
   }
-  return *zero;
+  return std::move(*state);
 }
 
 class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
@@ -48,26 +47,29 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
   // group: all dp ranks; shard_group: the ranks state is sharded over;
   // extra_group: replicas of one shard (null when extra_dp_size is 1).
   LowLevelZeroCheckpointIO(cluster::ProcessGroupPtr group, cluster::ProcessGroupPtr shard_group,
-                           cluster::ProcessGroupPtr extra_group)
-      : group_(std::move(group)), shard_group_(std::move(shard_group)), extra_group_(std::move(extra_group)) {}
+                           cluster::ProcessGroupPtr extra_group, const WrappedModel<LowLevelZeroModel>& boosted)
+      : group_(std::move(group)),
+        shard_group_(std::move(shard_group)),
+        extra_group_(std::move(extra_group)),
+        boosted_(boosted) {}
 
   void save_model(ModelWrapper& model, const std::string& dir, const SaveOptions& options) override {
     if (options.size_per_shard_mb <= 0) {
       throw ConfigError(fmt::format("save_model('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
                                     options.size_per_shard_mb));
     }
-    auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
-    zero::LowLevelZeroOptimizer* zero = zero_model ? zero_model->optimizer() : nullptr;
-    if (zero) zero->wait_for_params();
+    auto& zero_model = boosted_.of(model, "save_model");
+    zero_model.wait_for_params();
     const std::string what = fmt::format("save_model('{}')", dir);
-    if (options.shard && zero) {
+    if (options.shard) {
       // Parameters are whole on every rank: each writes its share as it is.
-      const auto& params = zero->named_params();
-      const int rank = shard_group_->rank(), dp = shard_group_->size();
+      checkpoint::NamedTensors params;
+      for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
+        params.emplace_back(item.key(), item.value().detach());
+      const auto writers = writer_ranks_by_bytes(params, shard_group_->size());
       checkpoint::NamedTensors mine;
-      for (size_t k = 0; k < params.size(); ++k) {
-        if (zero::writer_rank(zero->layout(), k, dp) == rank) mine.emplace_back(params[k].first, params[k].second.detach());
-      }
+      for (size_t k = 0; k < params.size(); ++k)
+        if (writers[k] == shard_group_->rank()) mine.push_back(params[k]);
       write_on_rank0(*group_, what, [&] {
         write_model_config(model.unwrap().config(), params.front().second.scalar_type(), dir);
       });
@@ -86,8 +88,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
       const fs::path single = fs::path(dir) / checkpoint::hf::single_file_name("model");
       const std::string source =
           fs::exists(single) ? single.string() : (fs::path(dir) / checkpoint::hf::index_file_name("model")).string();
-      auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
-      if (zero_model && zero_model->optimizer()) zero_model->optimizer()->wait_for_params();
+      boosted_.of(model, "load_model").wait_for_params();
       models::load_state_dict(model.unwrap(), checkpoint::load_state_dict(dir), source);
     });
   }
@@ -97,15 +98,14 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
       throw ConfigError(fmt::format("save_optimizer('{}'): size_per_shard_mb={} must be positive, e.g. 1024", dir,
                                     options.size_per_shard_mb));
     }
-    auto& zero = zero_optimizer(optimizer, "save_optimizer");
     const std::string what = fmt::format("save_optimizer('{}')", dir);
     if (options.shard) {
-      optim::OptimizerState state = zero.rank_state_dict();  // collective over the shard group
+      optim::OptimizerState state = rank_state_of(optimizer, what);
       save_rank_shards(*group_, rank_shard(), dir, kOptimizerPrefix, state.tensors, {{kOptimizerStateKey, state.json}},
                        what);
       return;
     }
-    optim::OptimizerState state = zero.state_dict();  // collective: gathers the shards
+    optim::OptimizerState state = optimizer.state_dict();  // collective: gathers the shards
     write_on_rank0(*group_, what, [&] {
       checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
                                              .prefix = kOptimizerPrefix};
@@ -115,8 +115,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
   }
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
-    auto& zero = zero_optimizer(optimizer, "load_optimizer");
-    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] { load_optimizer_state(zero, dir); });
+    read_on_all(*group_, fmt::format("load_optimizer('{}')", dir), [&] { load_optimizer_state(optimizer, dir); });
   }
 
  private:
@@ -129,6 +128,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
   }
 
   cluster::ProcessGroupPtr group_, shard_group_, extra_group_;
+  const WrappedModel<LowLevelZeroModel>& boosted_;
 };
 
 }  // namespace
@@ -188,20 +188,23 @@ zero::LowLevelZeroOptions LowLevelZeroPluginOptions::zero_options() const {
       .master_weights = master_weights};
 }
 
+void LowLevelZeroModel::wait_for_params() const {
+  if (auto optimizer = attached_optimizer()) optimizer->wait_for_params();
+}
+
 at::Tensor LowLevelZeroModel::forward(const at::Tensor& input_ids) {
-  if (optimizer_) optimizer_->wait_for_params();
+  wait_for_params();
   return model_->forward(input_ids);
 }
 
 at::Tensor LowLevelZeroModel::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
                                           std::optional<int64_t> num_items) {
-  if (optimizer_) optimizer_->wait_for_params();
+  wait_for_params();
   return model_->forward_loss(input_ids, labels, num_items);
 }
 
 void LowLevelZeroModel::set_grad_sync(bool enabled) {
-  grad_sync_ = enabled;
-  if (optimizer_) optimizer_->set_grad_sync(enabled);
+  if (auto optimizer = attached_optimizer()) optimizer->set_grad_sync(enabled);
 }
 
 LowLevelZeroPlugin::LowLevelZeroPlugin(LowLevelZeroPluginOptions options, cluster::ProcessGroupPtr group)
@@ -220,7 +223,7 @@ LowLevelZeroPlugin::LowLevelZeroPlugin(LowLevelZeroPluginOptions options, cluste
     shard_group_ = mesh.group("dp");
     extra_group_ = mesh.group("extra_dp");
   }
-  io_ = std::make_unique<LowLevelZeroCheckpointIO>(group_, shard_group_, extra_group_);
+  io_ = std::make_unique<LowLevelZeroCheckpointIO>(group_, shard_group_, extra_group_, boosted_);
 }
 
 LowLevelZeroPlugin::~LowLevelZeroPlugin() = default;
@@ -231,13 +234,14 @@ std::shared_ptr<ModelWrapper> LowLevelZeroPlugin::wrap_model(std::shared_ptr<mod
   for (const auto& item : model->named_parameters(/*recurse=*/true)) tensors.push_back(item.value());
   for (const auto& item : model->named_buffers(/*recurse=*/true)) tensors.push_back(item.value());
   broadcast_tensors(tensors, *group_);
-  return std::make_shared<LowLevelZeroModel>(std::move(model));
+  auto wrapped = std::make_shared<LowLevelZeroModel>(std::move(model));
+  boosted_.set(wrapped);
+  return wrapped;
 }
 
 std::unique_ptr<optim::Optimizer> LowLevelZeroPlugin::wrap_optimizer(ModelWrapper& model,
                                                                      std::unique_ptr<optim::Optimizer> optimizer) {
-  auto* zero_model = dynamic_cast<LowLevelZeroModel*>(&model);
-  if (!zero_model) throw ConfigError("low_level_zero: wrap_optimizer needs the model this plugin wrapped");
+  boosted_.of(model, "low_level_zero: wrap_optimizer");
   zero::NamedParams named;
   for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
     named.emplace_back(item.key(), item.value());
@@ -250,7 +254,6 @@ std::unique_ptr<optim::Optimizer> LowLevelZeroPlugin::wrap_optimizer(ModelWrappe
     at::Tensor& buffer = item.value();
     if (at::isFloatingType(buffer.scalar_type()) && buffer.scalar_type() != dtype) buffer.set_data(buffer.to(dtype));
   }
-  zero_model->attach(zero.get());
   return zero;
 }
 

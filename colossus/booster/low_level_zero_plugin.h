@@ -4,6 +4,7 @@
 // by zero::LowLevelZeroOptimizer, which also owns precision and clipping.
 #pragma once
 #include "colossus/booster/plugin.h"
+#include "colossus/booster/wrapped_model.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <cstdint>
@@ -50,14 +51,11 @@ class LowLevelZeroModel : public ModelWrapper {
                           std::optional<int64_t> num_items = std::nullopt) override;
   models::CausalLM& unwrap() override { return *model_; }
   void set_grad_sync(bool enabled) override;
-  // Set by wrap_optimizer; not owned (the Booster's Boosted holds it).
-  void attach(zero::LowLevelZeroOptimizer* optimizer) { optimizer_ = optimizer; }
-  zero::LowLevelZeroOptimizer* optimizer() const { return optimizer_; }
+  // Blocks until the attached optimizer's last update reached the parameters.
+  void wait_for_params() const;
 
  private:
   std::shared_ptr<models::CausalLM> model_;
-  zero::LowLevelZeroOptimizer* optimizer_ = nullptr;
-  bool grad_sync_ = true;
 };
 
 class LowLevelZeroPlugin : public Plugin {
@@ -83,6 +81,7 @@ class LowLevelZeroPlugin : public Plugin {
   cluster::ProcessGroupPtr group_;        // all data-parallel ranks
   cluster::ProcessGroupPtr shard_group_;  // the ranks state is sharded over
   cluster::ProcessGroupPtr extra_group_;  // replicas of one shard (null when extra_dp_size is 1)
+  WrappedModel<LowLevelZeroModel> boosted_{"low_level_zero"};
   std::unique_ptr<PluginCheckpointIO> io_;
 };
 

@@ -55,6 +55,10 @@ class ModelWrapper {
   // attached optimizer's own copies of them follow (Optimizer::follow_parameters).
   void parameters_changed();
 
+ protected:
+  // The attached optimizer, or null (none attached, or already destroyed).
+  std::shared_ptr<optim::Optimizer> attached_optimizer() const { return optimizer_.lock(); }
+
  private:
   std::weak_ptr<optim::Optimizer> optimizer_;
 };

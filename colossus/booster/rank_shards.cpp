@@ -4,6 +4,7 @@
 #include <c10/core/ScalarType.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -101,6 +102,21 @@ void save_rank_shards(cluster::ProcessGroup& group, const RankShard& shard, cons
     }
     checkpoint::io::fsync_dir(dir);
   });
+}
+
+std::vector<int> writer_ranks_by_bytes(const checkpoint::NamedTensors& tensors, int ranks) {
+  int64_t total = 0;
+  for (const auto& [name, tensor] : tensors) total += tensor.nbytes();
+  std::vector<int> writers;
+  writers.reserve(tensors.size());
+  int64_t before = 0;
+  for (const auto& [name, tensor] : tensors) {
+    // The rank whose equal share holds this tensor's middle byte.
+    const int64_t middle = before + static_cast<int64_t>(tensor.nbytes()) / 2;
+    writers.push_back(total == 0 ? 0 : static_cast<int>(std::min<int64_t>(ranks - 1, middle * ranks / total)));
+    before += tensor.nbytes();
+  }
+  return writers;
 }
 
 }  // namespace colossus::booster

@@ -9,6 +9,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <vector>
 
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/cluster/process_group.h"
@@ -30,5 +31,9 @@ struct RankShard {
 void save_rank_shards(cluster::ProcessGroup& group, const RankShard& shard, const std::string& dir,
                       const std::string& prefix, const checkpoint::NamedTensors& mine,
                       std::map<std::string, std::string> metadata, const std::string& what);
+
+// The writing rank of each of `tensors` when every rank holds them whole:
+// contiguous runs of about equal bytes, in order, one run per rank.
+std::vector<int> writer_ranks_by_bytes(const checkpoint::NamedTensors& tensors, int ranks);
 
 }  // namespace colossus::booster

@@ -16,7 +16,6 @@
 #include "colossus/models/pretrained.h"
 #include "colossus/moe/expert_checkpoint.h"
 #include "colossus/moe/moe_hybrid_parallel_plugin.h"
-#include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -169,7 +168,7 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
   void save_model(booster::ModelWrapper& model, const std::string& dir, const booster::SaveOptions&) override {
     refuse_tp_pp("save_model", dir);
     auto& moe = moe_model(model, "save_model");
-    if (moe.zero_optimizer) moe.zero_optimizer->wait_for_params();
+    moe.wait_for_params();
     auto world = plugin_.dp_group();
     std::exception_ptr error;
     try {
@@ -187,7 +186,7 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
     booster::read_on_all(*plugin_.dp_group(), fmt::format("load_model('{}')", dir), [&] {
       std::vector<std::string> names;  // the dense part and this rank's experts
       for (const auto& item : moe.unwrap().named_parameters(/*recurse=*/true)) names.push_back(item.key());
-      if (moe.zero_optimizer) moe.zero_optimizer->wait_for_params();
+      moe.wait_for_params();
       auto state = checkpoint::load_tensors(dir, names);
       models::load_state_dict(moe.unwrap(), state, dir);
     });

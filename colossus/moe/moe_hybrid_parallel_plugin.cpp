@@ -172,9 +172,13 @@ MoeHybridParallelModel::MoeHybridParallelModel(std::shared_ptr<models::MixtralFo
   expert_reducer_ = std::make_unique<booster::GradReducer>(std::move(experts), moe_dp_group_, reducer);
 }
 
+void MoeHybridParallelModel::wait_for_params() const {
+  if (auto optimizer = attached_optimizer()) optimizer->wait_for_params();
+}
+
 at::Tensor MoeHybridParallelModel::forward(const at::Tensor& input_ids) {
   if (tp_pp_) return tp_pp_->forward(input_ids);
-  if (zero_optimizer) zero_optimizer->wait_for_params();
+  wait_for_params();
   return model_->forward(input_ids);
 }
 
@@ -187,7 +191,7 @@ at::Tensor MoeHybridParallelModel::loss(const at::Tensor& logits, const at::Tens
 void MoeHybridParallelModel::set_grad_sync(bool enabled) {
   if (dense_reducer_) dense_reducer_->set_sync_enabled(enabled);
   if (expert_reducer_) expert_reducer_->set_sync_enabled(enabled);
-  if (zero_optimizer) zero_optimizer->set_grad_sync(enabled);
+  if (auto optimizer = attached_optimizer()) optimizer->set_grad_sync(enabled);
 }
 
 booster::PipelineOutput MoeHybridParallelModel::execute_pipeline(
@@ -364,7 +368,6 @@ std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booste
             .bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(options_.reduce_bucket_size_in_m * (1 << 20))),
             .overlap_communication = options_.overlap_communication});
     cast_floating_buffers(moe->unwrap(), dtype_of(options_.precision));
-    moe->zero_optimizer = zero.get();
     return zero;
   }
 
@@ -397,7 +400,6 @@ std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booste
                                                                                .originals = std::move(originals)});
   moe->fp32_originals.clear();
   fp32_originals_.clear();
-  if (wrapped.mixed) moe->mixed_optimizer = wrapped.mixed;
   return std::move(wrapped.optimizer);
 }
 

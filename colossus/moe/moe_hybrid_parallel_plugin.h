@@ -29,13 +29,6 @@
 #include <string>
 #include <vector>
 
-namespace colossus::amp {
-class MixedPrecisionOptimizer;
-}
-namespace colossus::zero {
-class LowLevelZeroOptimizer;
-}
-
 namespace colossus::moe {
 
 struct MoeHybridParallelPluginOptions {
@@ -102,9 +95,8 @@ class MoeHybridParallelModel : public booster::ModelWrapper {
   cluster::ProcessGroupPtr ep_group() const { return ep_group_; }
   cluster::ProcessGroupPtr moe_dp_group() const { return moe_dp_group_; }
 
-  // Set by wrap_optimizer (not owned: the Booster's Boosted holds them).
-  zero::LowLevelZeroOptimizer* zero_optimizer = nullptr;
-  amp::MixedPrecisionOptimizer* mixed_optimizer = nullptr;
+  // Blocks until the attached optimizer's last update reached the parameters.
+  void wait_for_params() const;
   // zero_stage 0 with bf16/fp16: the fp32 values before the cast, by
   // named_parameters order, so the masters start exact (taken by
   // wrap_optimizer).

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -91,6 +92,18 @@ class Optimizer {
   // masters) re-reads the parameters that changed. Returns how many it
   // re-read.
   virtual int64_t follow_parameters() { return 0; }
+  // Gradient accumulation, for optimizers that reduce gradients themselves
+  // (ZeRO's hooks): while false, backward only accumulates them locally.
+  virtual void set_grad_sync(bool enabled) { (void)enabled; }
+  // For optimizers that update parameters asynchronously (ZeRO's all-gather
+  // overlapping the next forward): returns once the parameters hold the last
+  // step's values. Forwards and checkpoint saves call it first.
+  virtual void wait_for_params() {}
+  // Optimizers whose state is sharded over ranks (ZeRO, Gemini): collective;
+  // whole-parameter state for the parameters this rank writes in a per-rank
+  // sharded checkpoint (the ranks' results together are state_dict()).
+  // Others: nullopt.
+  virtual std::optional<OptimizerState> rank_state_dict() const { return std::nullopt; }
 
   void zero_grad(bool set_to_none = true);
   std::vector<ParamGroup>& param_groups() { return groups_; }

@@ -36,7 +36,7 @@ class GeminiOptimizer : public optim::Optimizer {
   optim::OptimizerState state_dict() const override;
   // Collective over dp: the same format, but only the parameters this rank
   // writes in a per-rank sharded save (zero::writer_rank).
-  optim::OptimizerState rank_state_dict() const;
+  std::optional<optim::OptimizerState> rank_state_dict() const override;
   // Each rank takes its parts of an unsharded state (not collective).
   void load_state_dict(const optim::OptimizerState& state) override;
 

@@ -38,7 +38,7 @@ optim::OptimizerState GeminiOptimizer::state_dict() const {
   return state_for([](size_t) { return true; });
 }
 
-optim::OptimizerState GeminiOptimizer::rank_state_dict() const {
+std::optional<optim::OptimizerState> GeminiOptimizer::rank_state_dict() const {
   const int rank = ddp_.dp_group()->rank(), dp = ddp_.dp_group()->size();
   return state_for([&](size_t k) { return writer_rank(ddp_.layout(), k, dp) == rank; });
 }

@@ -85,14 +85,14 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   // Collective over dp: the same format, but only the parameters this rank
   // writes in a per-rank sharded save (zero::writer_rank): the dp ranks'
   // results together are state_dict(), and no rank holds all of it.
-  optim::OptimizerState rank_state_dict() const;
+  std::optional<optim::OptimizerState> rank_state_dict() const override;
   // Each rank takes its parts of an unsharded state (not collective).
   void load_state_dict(const optim::OptimizerState& state) override;
 
   // Backward with gradient sync off only accumulates param.grad locally.
-  void set_grad_sync(bool enabled) { sync_enabled_ = enabled; }
+  void set_grad_sync(bool enabled) override { sync_enabled_ = enabled; }
   // Blocks until the parameters hold the last step's values (overlap_allgather).
-  void wait_for_params();
+  void wait_for_params() override;
   // Masters follow the parameters where they no longer round to them (after
   // loading weights into the model); fp32 masters are copied outright.
   // Returns the buckets re-read.

@@ -58,7 +58,7 @@ optim::OptimizerState LowLevelZeroOptimizer::state_dict() const {
   return state_for([](size_t) { return true; });
 }
 
-optim::OptimizerState LowLevelZeroOptimizer::rank_state_dict() const {
+std::optional<optim::OptimizerState> LowLevelZeroOptimizer::rank_state_dict() const {
   return state_for([&](size_t k) {
     const auto& slot = layout_.slots[k];
     const auto& group = *shard_groups_[slot.managed ? buckets_[slot.bucket].group : 0].dp_group;
