@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/plugin.h"
 #include "colossus/booster/wrapped_model.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
@@ -43,14 +44,8 @@ struct GeminiPluginOptions {
   double search_range_m = 32.0;
   double min_chunk_size_m = 32.0;
   int64_t hidden_dim = 0;
-  // Dynamic loss scaling (fp16), Colossal-AI's GeminiPlugin defaults.
-  double initial_scale = 65536.0;  // 2^16
-  double min_scale = 1.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 1000;
-  int64_t hysteresis = 2;
-  double max_scale = 4294967296.0;  // 2^32
+  // Dynamic loss scaling (fp16), Colossal-AI's GeminiPlugin defaults (2^16 to start, at most 2^32).
+  amp::LossScalerOptions loss_scaler = {.initial_scale = 65536.0, .max_scale = 4294967296.0};
   double max_norm = 0.0;            // > 0: clip to this global norm (over the shards)
   double norm_type = 2.0;           // 2 or infinity
   // NVMe offload (static only, as Colossal-AI's HybridAdam nvme_offload_*):

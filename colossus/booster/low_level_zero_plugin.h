@@ -3,6 +3,7 @@
 // optimizer state (stage 1) and gradients (stage 2) are sharded over dp ranks
 // by zero::LowLevelZeroOptimizer, which also owns precision and clipping.
 #pragma once
+#include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/plugin.h"
 #include "colossus/booster/wrapped_model.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
@@ -17,14 +18,8 @@ namespace colossus::booster {
 struct LowLevelZeroPluginOptions {
   int stage = 1;                   // 1: optimizer state sharded; 2: gradients too
   std::string precision = "fp16";  // "fp16" (loss-scaled), "bf16" or "fp32"
-  // Dynamic loss scaling (fp16), Colossal-AI's defaults.
-  double initial_scale = 4294967296.0;  // 2^32
-  double min_scale = 1.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 1000;
-  int64_t hysteresis = 2;
-  double max_scale = 4294967296.0;
+  // Dynamic loss scaling (fp16), Colossal-AI's defaults (2^32 to start and at most).
+  amp::LossScalerOptions loss_scaler = {.initial_scale = 4294967296.0, .max_scale = 4294967296.0};
   double max_norm = 0.0;                  // > 0: clip to this global norm
   double norm_type = 2.0;                 // 2 or infinity
   double reduce_bucket_size_in_m = 12.0;  // million elements per reduce-scatter bucket

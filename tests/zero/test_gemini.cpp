@@ -301,7 +301,7 @@ TEST(Gemini, BadOptionsAreConfigErrors) {
   expect_error({.precision = "fp8"}, "precision='fp8'");
   expect_error({.max_prefetch = -1}, "max_prefetch=-1");
   expect_error({.precision = "fp16", .master_weights = false}, "master_weights=false");
-  expect_error({.initial_scale = 0}, "initial_scale");
+  expect_error({.loss_scaler = {.initial_scale = 0}}, "initial_scale");
   // Accumulating without the option is refused, not silently wrong.
   ZeroRun run({.model = "gpt2", .plugin = "gemini"});
   EXPECT_THROW(run.booster().no_sync(*run.boosted().model), ConfigError);

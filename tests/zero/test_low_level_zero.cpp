@@ -159,7 +159,7 @@ TEST(LowLevelZero, BadOptionsAreConfigErrors) {
   expect_error({.communication_dtype = "int8"}, "communication_dtype='int8'");
   expect_error({.max_norm = -1}, "max_norm=-1");
   expect_error({.extra_dp_size = 0}, "extra_dp_size=0");
-  expect_error({.initial_scale = 0}, "initial_scale");
+  expect_error({.loss_scaler = {.initial_scale = 0}}, "initial_scale");
   EXPECT_THROW(booster::LowLevelZeroPlugin({.extra_dp_size = 3 * ct::world()->size()}), ConfigError);
 }
 

@@ -101,7 +101,7 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                                      .enable_gradient_accumulation = spec.micro_batches > 1,
                                      .search_range_m = spec.search_range_m,
                                      .min_chunk_size_m = spec.min_chunk_size_m,
-                                     .initial_scale = spec.initial_scale,
+                                     .loss_scaler = {.initial_scale = spec.initial_scale, .max_scale = 4294967296.0},
                                      .max_norm = spec.max_norm,
                                      .nvme_offload_fraction = spec.nvme_offload_fraction,
                                      .nvme_offload_dir = spec.nvme_offload_dir,
@@ -117,7 +117,7 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
     plugin = std::make_shared<booster::LowLevelZeroPlugin>(
         booster::LowLevelZeroPluginOptions{.stage = spec.stage,
                                            .precision = spec.precision,
-                                           .initial_scale = spec.initial_scale,
+                                           .loss_scaler = {.initial_scale = spec.initial_scale, .max_scale = 4294967296.0},
                                            .max_norm = spec.max_norm,
                                            .reduce_bucket_size_in_m = spec.bucket_size_in_m,
                                            .communication_dtype = spec.communication_dtype,

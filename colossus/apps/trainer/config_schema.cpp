@@ -179,6 +179,10 @@ std::vector<Key> loss_scaler_keys(const char* prefix_doc, const std::function<am
           k("max_scale", "the scale never grows past this", &amp::LossScalerOptions::max_scale)};
 }
 
+void append_keys(std::vector<Key>& keys, std::vector<Key> more) {
+  for (auto& key : more) keys.push_back(std::move(key));
+}
+
 const std::vector<Section>& sections() {
   static const std::vector<Section> all = [] {
     std::vector<Section> s;
@@ -223,13 +227,6 @@ const std::vector<Section>& sections() {
     s.push_back({"plugin", "name = \"low_level_zero\"", {
         COLOSSUS_KEY("stage", "1: optimizer state sharded over dp; 2: gradients too", plugin.low_level_zero.stage),
         COLOSSUS_KEY("precision", "fp16 (loss-scaled) | bf16 | fp32; replaces booster.mixed_precision", plugin.low_level_zero.precision),
-        COLOSSUS_KEY("initial_scale", "fp16 loss scale at the first step", plugin.low_level_zero.initial_scale),
-        COLOSSUS_KEY("min_scale", "fp16: the scale never goes below this", plugin.low_level_zero.min_scale),
-        COLOSSUS_KEY("growth_factor", "fp16: scale x this after growth_interval finite steps", plugin.low_level_zero.growth_factor),
-        COLOSSUS_KEY("backoff_factor", "fp16: scale x this after hysteresis overflowing steps", plugin.low_level_zero.backoff_factor),
-        COLOSSUS_KEY("growth_interval", "fp16: finite steps between growths", plugin.low_level_zero.growth_interval),
-        COLOSSUS_KEY("hysteresis", "fp16: overflowing steps tolerated before a backoff", plugin.low_level_zero.hysteresis),
-        COLOSSUS_KEY("max_scale", "fp16: the scale never grows past this", plugin.low_level_zero.max_scale),
         COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm", plugin.low_level_zero.max_norm),
         COLOSSUS_KEY("norm_type", "2 or infinity", plugin.low_level_zero.norm_type),
         COLOSSUS_KEY("reduce_bucket_size_in_m", "million elements per reduce-scatter bucket", plugin.low_level_zero.reduce_bucket_size_in_m),
@@ -239,6 +236,9 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("cpu_offload", "fp32 masters, optimizer state and its update on the CPU", plugin.low_level_zero.cpu_offload),
         COLOSSUS_KEY("master_weights", "false: bf16/fp16 shards are stepped directly", plugin.low_level_zero.master_weights),
         COLOSSUS_KEY("extra_dp_size", "> 1: state sharded over world/extra_dp_size ranks, replicated over the groups", plugin.low_level_zero.extra_dp_size)}});
+    append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
+                  return c.plugin.low_level_zero.loss_scaler;
+                }));
     s.push_back({"plugin", "name = \"gemini\"", {
         COLOSSUS_KEY("placement_policy", "static | auto", plugin.gemini.placement_policy),
         COLOSSUS_KEY("shard_param_frac", "static: share of chunks sharded (the rest stay gathered)", plugin.gemini.shard_param_frac),
@@ -255,18 +255,14 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("search_range_m", "chunk size search range, millions of elements", plugin.gemini.search_range_m),
         COLOSSUS_KEY("min_chunk_size_m", "smallest chunk, millions of elements", plugin.gemini.min_chunk_size_m),
         COLOSSUS_KEY("hidden_dim", "> 0: the chunk size search steps by this", plugin.gemini.hidden_dim),
-        COLOSSUS_KEY("initial_scale", "fp16 loss scale at the first step", plugin.gemini.initial_scale),
-        COLOSSUS_KEY("min_scale", "fp16: the scale never goes below this", plugin.gemini.min_scale),
-        COLOSSUS_KEY("growth_factor", "fp16: scale x this after growth_interval finite steps", plugin.gemini.growth_factor),
-        COLOSSUS_KEY("backoff_factor", "fp16: scale x this after hysteresis overflowing steps", plugin.gemini.backoff_factor),
-        COLOSSUS_KEY("growth_interval", "fp16: finite steps between growths", plugin.gemini.growth_interval),
-        COLOSSUS_KEY("hysteresis", "fp16: overflowing steps tolerated before a backoff", plugin.gemini.hysteresis),
-        COLOSSUS_KEY("max_scale", "fp16: the scale never grows past this", plugin.gemini.max_scale),
         COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm (over the shards)", plugin.gemini.max_norm),
         COLOSSUS_KEY("norm_type", "2 or infinity", plugin.gemini.norm_type),
         COLOSSUS_KEY("nvme_offload_fraction", "static: share of host-offloaded chunks whose moments live in files", plugin.gemini.nvme_offload_fraction),
         COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.nvme_offload_dir),
         COLOSSUS_KEY("lazy_init", "build the model on the meta device; each rank materialises only its shards", plugin.lazy_init)}});
+    append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
+                  return c.plugin.gemini.loss_scaler;
+                }));
     s.push_back({"plugin", "name = \"hybrid_parallel\"", {
         COLOSSUS_KEY("tp_size", "tensor-parallel ranks", plugin.hybrid_parallel.tp_size),
         COLOSSUS_KEY("pp_size", "pipeline stages", plugin.hybrid_parallel.pp_size),
@@ -284,17 +280,13 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("precision", "fp32 | bf16 | fp16 (loss-scaled); replaces booster.mixed_precision", plugin.hybrid_parallel.precision),
         COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm", plugin.hybrid_parallel.max_norm),
         COLOSSUS_KEY("norm_type", "2 or infinity", plugin.hybrid_parallel.norm_type),
-        COLOSSUS_KEY("initial_scale", "fp16 loss scale at the first step", plugin.hybrid_parallel.loss_scaler.initial_scale),
-        COLOSSUS_KEY("min_scale", "fp16: the scale never goes below this", plugin.hybrid_parallel.loss_scaler.min_scale),
-        COLOSSUS_KEY("growth_factor", "fp16: scale x this after growth_interval finite steps", plugin.hybrid_parallel.loss_scaler.growth_factor),
-        COLOSSUS_KEY("backoff_factor", "fp16: scale x this after hysteresis overflowing steps", plugin.hybrid_parallel.loss_scaler.backoff_factor),
-        COLOSSUS_KEY("growth_interval", "fp16: finite steps between growths", plugin.hybrid_parallel.loss_scaler.growth_interval),
-        COLOSSUS_KEY("hysteresis", "fp16: overflowing steps tolerated before a backoff", plugin.hybrid_parallel.loss_scaler.hysteresis),
-        COLOSSUS_KEY("max_scale", "fp16: the scale never grows past this", plugin.hybrid_parallel.loss_scaler.max_scale),
         COLOSSUS_KEY("parallel_output", "true: vocab-parallel logits and loss; false: logits gathered", plugin.hybrid_parallel.parallel_output),
         COLOSSUS_KEY("make_vocab_size_divisible_by", "vocab padded to a multiple of this x tp", plugin.hybrid_parallel.make_vocab_size_divisible_by),
         COLOSSUS_KEY("dp_outside", "mesh (dp, tp) with tp ranks adjacent; false: (tp, dp)", plugin.hybrid_parallel.dp_outside),
         COLOSSUS_KEY("bucket_cap_mb", "dp gradient bucket size in MB", plugin.hybrid_parallel.bucket_cap_mb)}});
+    append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
+                  return c.plugin.hybrid_parallel.loss_scaler;
+                }));
     s.push_back({"booster", "", {
         COLOSSUS_KEY("mixed_precision", "fp32 | bf16 | fp16 (fp32 masters; fp16 loss-scaled); plugins that own precision ignore it", booster.mixed_precision),
         COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm before each step", booster.max_norm),
