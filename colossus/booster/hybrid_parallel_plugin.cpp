@@ -256,6 +256,13 @@ HybridParallelPlugin::HybridParallelPlugin(HybridParallelPluginOptions options, 
   // pp right inside dp (outermost without dp_outside); only when used.
   if (pp > 1) axes.insert(options_.dp_outside ? axes.begin() + 1 : axes.begin(), {"pp", pp});
   mesh_ = std::make_unique<cluster::ProcessGroupMesh>(std::move(world), std::move(axes));
+  // Every multi-axis group the getters hand out, created here (each is a
+  // collective split), so no const getter makes a hidden collective later.
+  std::vector<std::vector<std::string>> groups;
+  if (pp > 1) groups.push_back({"pp", "tp"});
+  if (sp_axis > 1) groups.push_back({"dp", "sp"});
+  if (options_.sequence_over_tp()) groups.push_back({"dp", "tp"});
+  mesh_->create_groups_and_seal(groups);
 }
 
 cluster::ProcessGroupPtr HybridParallelPlugin::sp_group() const {

@@ -86,6 +86,12 @@ ProcessGroupPtr ProcessGroupMesh::group(const std::vector<std::string>& axes) co
   }
   auto it = groups_.find(indices);
   if (it != groups_.end()) return it->second;
+  if (sealed_) {
+    throw std::logic_error(fmt::format(
+        "mesh group over [{}] was not created with the mesh's others; add it to create_groups_and_seal (creating "
+        "it here would be a collective split that only the ranks calling this would join)",
+        fmt::join(axes, ", ")));
+  }
   // color: position on the axes not in the group; key: position within it.
   int color = 0, key = 0;
   std::vector<std::string> names;
@@ -101,6 +107,11 @@ ProcessGroupPtr ProcessGroupMesh::group(const std::vector<std::string>& axes) co
   auto created = world_->split(color, key, fmt::format("{}", fmt::join(names, "+")));
   groups_.emplace(indices, created);
   return created;
+}
+
+void ProcessGroupMesh::create_groups_and_seal(const std::vector<std::vector<std::string>>& axis_sets) {
+  for (const auto& axes : axis_sets) group(axes);
+  sealed_ = true;
 }
 
 }  // namespace colossus::cluster

@@ -38,6 +38,12 @@ class ProcessGroupMesh {
     return group(std::vector<std::string>(axes));
   }
   const ProcessGroupPtr& world() const { return world_; }
+  // Creates the groups over each of `axis_sets` (a collective, in this order on
+  // every rank; each axis's own group exists from the constructor on), then
+  // seals the mesh: group() of a combination not created
+  // by then throws instead of making a collective split that only the
+  // calling ranks would join. Owners call it once, in their constructor.
+  void create_groups_and_seal(const std::vector<std::vector<std::string>>& axis_sets);
 
   // Validates sizes without creating groups (for configs checked before launch).
   static void validate(const MeshAxes& axes, int world_size);
@@ -50,6 +56,7 @@ class ProcessGroupMesh {
   std::vector<int> strides_;
   std::vector<int> coordinates_;
   mutable std::map<std::vector<int>, ProcessGroupPtr> groups_;
+  bool sealed_ = false;
 };
 
 }  // namespace colossus::cluster

@@ -258,13 +258,11 @@ MoeHybridParallelPlugin::MoeHybridParallelPlugin(MoeHybridParallelPluginOptions 
   auto layout_root = world_->split(0, world_->rank(), "moe_hybrid_parallel");
   mesh_ = std::make_unique<cluster::ProcessGroupMesh>(layout_root, std::move(axes));
   norm_group_ = world_->split(0, world_->rank(), "moe_hybrid_parallel_norm");
-  // Every rank creates the groups in one order (each is a collective split).
-  ep_group();
-  moe_dp_group();
+  // The multi-axis group dp_group() hands out, created here (a collective
+  // split), so no getter makes a hidden collective.
+  mesh_->create_groups_and_seal(has_tp_pp() ? std::vector<std::vector<std::string>>{{"moe_dp", "ep"}}
+                                            : std::vector<std::vector<std::string>>{});
   if (has_tp_pp()) {
-    dp_group();
-    tp_group();
-    pp_group();
     self_group_ = world_->split(world_->rank(), 0, "moe_hybrid_parallel_self");
   }
   io_ = make_moe_checkpoint_io(*this);

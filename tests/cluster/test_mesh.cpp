@@ -8,6 +8,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+#include <string>
+
 using colossus::cluster::MeshAxes;
 using colossus::cluster::ProcessGroupMesh;
 using colossus::testing::world;
@@ -66,6 +69,22 @@ TEST(Mesh, MultiAxisGroupsAndCache) {
   auto t = at::ones({2});
   dp_tp->all_reduce(t).wait();
   EXPECT_TRUE(at::equal(t, at::full({2}, 2.0f)));
+}
+
+TEST(Mesh, ASealedMeshHandsOutOnlyTheGroupsCreatedUpFront) {
+  auto pg = world();
+  if (pg->size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  ProcessGroupMesh mesh(pg, {{"dp", 1}, {"pp", 2}, {"tp", 2}});
+  mesh.create_groups_and_seal({{"pp", "tp"}});
+  EXPECT_EQ(mesh.group({"tp", "pp"})->size(), 4);
+  EXPECT_EQ(mesh.group("pp")->size(), 2) << "each axis's own group is made with the mesh";
+  // Creating dp x pp now would be a split that only the ranks asking join.
+  try {
+    mesh.group({"dp", "pp"});
+    FAIL() << "a sealed mesh created a new group";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("mesh group over [dp, pp] was not created"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Mesh, RefusesBadLayouts) {
