@@ -56,14 +56,6 @@ std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const
                   model_dir));
 }
 
-int64_t context_length(const models::CausalLM& model) {
-  return std::visit(
-      [](const auto& c) -> int64_t {
-        using C = std::decay_t<decltype(c)>;
-        if constexpr (std::is_same_v<C, models::GPT2Config>) return c.n_positions;
-        else return c.max_position_embeddings;
-      },
-      model.config());
-}
+int64_t context_length(const models::CausalLM& model) { return models::max_positions(model.config()); }
 
 }  // namespace colossus::cli

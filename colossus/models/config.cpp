@@ -1,4 +1,5 @@
 #include "colossus/models/config.h"
+#include "colossus/models/config_json.h"
 
 #include "colossus/core/errors.h"
 
@@ -6,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -15,73 +17,7 @@ namespace colossus::models {
 
 namespace {
 
-using nlohmann::json;
-
-template <class T>
-const char* json_type_name() {
-  if constexpr (std::is_same_v<T, bool>) return "a boolean";
-  else if constexpr (std::is_integral_v<T>) return "an integer";
-  else if constexpr (std::is_floating_point_v<T>) return "a number";
-  else return "a string";
-}
-
-// Some writers emit integers as floats (2048.0).
-bool is_whole_number(const json& value) {
-  if (!value.is_number_float()) return false;
-  double x = value.get<double>();
-  return std::isfinite(x) && x == std::trunc(x);
-}
-
-// Reads j[key] into out when present and not null; a value of the wrong JSON
-// type is an error naming the key rather than a silent default.
-template <class T>
-void read(const json& j, const char* key, T& out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return;
-  bool ok = false;
-  if constexpr (std::is_same_v<T, bool>) ok = it->is_boolean();
-  else if constexpr (std::is_integral_v<T>) ok = it->is_number_integer() || is_whole_number(*it);
-  else if constexpr (std::is_floating_point_v<T>) ok = it->is_number();
-  else ok = it->is_string();
-  if (!ok) throw ConfigError(fmt::format("config.json: \"{}\" is {} but must be {}", key, it->dump(), json_type_name<T>()));
-  out = it->get<T>();
-}
-
-template <class T>
-void read(const json& j, const char* key, std::optional<T>& out) {
-  auto it = j.find(key);
-  if (it == j.end()) return;
-  if (it->is_null()) {
-    out.reset();
-    return;
-  }
-  T value{};
-  read(j, key, value);
-  out = value;
-}
-
-// Everything not in `known` goes to extra, as JSON text.
-ExtraJson collect_extra(const json& j, const std::set<std::string>& known) {
-  ExtraJson extra;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    if (!known.contains(it.key())) extra[it.key()] = it.value().dump();
-  }
-  return extra;
-}
-
-void write_extra(json& j, const ExtraJson& extra) {
-  for (const auto& [key, text] : extra) {
-    if (!j.contains(key)) j[key] = json::parse(text);
-  }
-}
-
-void check_positive(const char* what, int64_t value) {
-  if (value <= 0) throw ConfigError(fmt::format("{} is {} but must be a positive integer", what, value));
-}
-
-void check_probability(const char* what, double value) {
-  if (!(value >= 0.0 && value < 1.0)) throw ConfigError(fmt::format("{} is {} but must be in [0, 1)", what, value));
-}
+using namespace config_json;
 
 GPT2Config gpt2_from_json(const json& j) {
   GPT2Config c;
@@ -146,8 +82,23 @@ RopeScaling rope_from_json(const json& r, const char* key) {
   return s;
 }
 
-LlamaConfig llama_from_json(const json& j) {
-  LlamaConfig c;
+json rope_to_json(const LlamaConfig& c, bool with_theta) {
+  const RopeScaling& s = c.rope_scaling;
+  json r = {{"rope_type", s.rope_type}};
+  if (with_theta) r["rope_theta"] = c.rope_theta;
+  if (s.rope_type != "default") r["factor"] = s.factor;
+  if (s.rope_type == "llama3") {
+    r["low_freq_factor"] = s.low_freq_factor;
+    r["high_freq_factor"] = s.high_freq_factor;
+    r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
+  }
+  return r;
+}
+
+}  // namespace
+
+LlamaConfig config_json::llama_from_json(const json& j, LlamaConfig defaults, const std::set<std::string>& known) {
+  LlamaConfig c = std::move(defaults);
   read(j, "vocab_size", c.vocab_size);
   read(j, "hidden_size", c.hidden_size);
   read(j, "intermediate_size", c.intermediate_size);
@@ -175,28 +126,17 @@ LlamaConfig llama_from_json(const json& j) {
     c.rope_scaling = rope_from_json(*it, "rope_scaling");
     read(*it, "rope_theta", c.rope_theta);
   }
-  c.extra = collect_extra(j, {"model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
-                              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                              "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-                              "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias",
-                              "attention_dropout", "tie_word_embeddings", "pad_token_id"});
+  std::set<std::string> read_here = {"model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
+                                     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                     "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+                                     "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias",
+                                     "attention_dropout", "tie_word_embeddings", "pad_token_id"};
+  read_here.insert(known.begin(), known.end());
+  c.extra = collect_extra(j, read_here);
   return c;
 }
 
-json rope_to_json(const LlamaConfig& c, bool with_theta) {
-  const RopeScaling& s = c.rope_scaling;
-  json r = {{"rope_type", s.rope_type}};
-  if (with_theta) r["rope_theta"] = c.rope_theta;
-  if (s.rope_type != "default") r["factor"] = s.factor;
-  if (s.rope_type == "llama3") {
-    r["low_freq_factor"] = s.low_freq_factor;
-    r["high_freq_factor"] = s.high_freq_factor;
-    r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
-  }
-  return r;
-}
-
-json llama_to_json(const LlamaConfig& c) {
+json config_json::llama_to_json(const LlamaConfig& c) {
   json j = {{"model_type", "llama"},
             {"architectures", {"LlamaForCausalLM"}},
             {"vocab_size", c.vocab_size},
@@ -224,21 +164,14 @@ json llama_to_json(const LlamaConfig& c) {
   return j;
 }
 
+namespace {
+
 MixtralConfig mixtral_from_json(const json& j) {
   MixtralConfig c = MixtralConfig::defaults();
   // LLaMA's keys; a key absent from the file keeps Mixtral's default.
-  const LlamaConfig base = llama_from_json(j);
-  const MixtralConfig d = c;
-  static_cast<LlamaConfig&>(c) = base;
-  const bool has_rope_theta = j.contains("rope_theta") || (j.contains("rope_parameters") && j["rope_parameters"].is_object() &&
-                                                           j["rope_parameters"].contains("rope_theta"));
-  if (!j.contains("intermediate_size")) c.intermediate_size = d.intermediate_size;
-  if (!j.contains("vocab_size")) c.vocab_size = d.vocab_size;
-  if (!j.contains("hidden_size")) c.hidden_size = d.hidden_size;
-  if (!j.contains("num_key_value_heads")) c.num_key_value_heads = d.num_key_value_heads;
-  if (!j.contains("max_position_embeddings")) c.max_position_embeddings = d.max_position_embeddings;
-  if (!j.contains("rms_norm_eps")) c.rms_norm_eps = d.rms_norm_eps;
-  if (!has_rope_theta) c.rope_theta = d.rope_theta;
+  static_cast<LlamaConfig&>(c) =
+      llama_from_json(j, c, {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "router_jitter_noise",
+                             "output_router_logits", "sliding_window", "router_z_loss_coef", "capacity_factor"});
   read(j, "num_local_experts", c.num_local_experts);
   read(j, "num_experts_per_tok", c.num_experts_per_tok);
   read(j, "router_aux_loss_coef", c.router_aux_loss_coef);
@@ -247,10 +180,6 @@ MixtralConfig mixtral_from_json(const json& j) {
   read(j, "sliding_window", c.sliding_window);
   read(j, "router_z_loss_coef", c.router_z_loss_coef);
   read(j, "capacity_factor", c.capacity_factor);
-  for (const char* key : {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "router_jitter_noise",
-                          "output_router_logits", "sliding_window", "router_z_loss_coef", "capacity_factor"}) {
-    c.extra.erase(key);
-  }
   return c;
 }
 
@@ -367,11 +296,28 @@ void LlamaConfig::validate() const {
   if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
     throw ConfigError(fmt::format("LlamaConfig.pad_token_id is {} but must be in [0, vocab_size={})", *pad_token_id, vocab_size));
   }
+  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral"};
+  if (!families.contains(family)) {
+    throw ConfigError(fmt::format("LlamaConfig.family is \"{}\"; supported: {}", family, fmt::join(families, ", ")));
+  }
+  if (sliding_window) check_positive("LlamaConfig.sliding_window", *sliding_window);
+  if (max_window_layers < 0) throw ConfigError(fmt::format("LlamaConfig.max_window_layers is {} but must be >= 0", max_window_layers));
+  if (!layer_types.empty()) {
+    if (static_cast<int64_t>(layer_types.size()) != num_hidden_layers) {
+      throw ConfigError(fmt::format("LlamaConfig.layer_types lists {} layers but num_hidden_layers is {}",
+                                    layer_types.size(), num_hidden_layers));
+    }
+    for (const auto& type : layer_types) {
+      if (type != "full_attention" && type != "sliding_attention") {
+        throw ConfigError(fmt::format("LlamaConfig.layer_types holds \"{}\"; use full_attention or sliding_attention", type));
+      }
+    }
+  }
 }
 
 std::string model_type(const ModelConfig& config) {
   if (std::holds_alternative<GPT2Config>(config)) return "gpt2";
-  return std::holds_alternative<MixtralConfig>(config) ? "mixtral" : "llama";
+  return std::holds_alternative<MixtralConfig>(config) ? "mixtral" : std::get<LlamaConfig>(config).family;
 }
 
 int64_t vocab_size(const ModelConfig& config) {
@@ -414,7 +360,8 @@ double estimated_parameters(const ModelConfig& config) {
 int64_t max_positions(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_positions;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->max_position_embeddings;
-  return std::get<LlamaConfig>(config).max_position_embeddings;
+  const auto& l = std::get<LlamaConfig>(config);
+  return std::min(l.max_position_embeddings, l.attention_window().value_or(l.max_position_embeddings));
 }
 
 void validate(const ModelConfig& config) {
@@ -434,12 +381,10 @@ ModelConfig config_from_json(const std::string& json_text) {
   ModelConfig config;
   if (type == "gpt2") {
     config = gpt2_from_json(j);
-  } else if (type == "llama") {
-    config = llama_from_json(j);
   } else if (type == "mixtral") {
     config = mixtral_from_json(j);
   } else {
-    throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: gpt2, llama, mixtral", type));
+    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral; else refused naming them
   }
   validate(config);
   return config;
@@ -451,7 +396,7 @@ std::string config_to_json(const ModelConfig& config) {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, GPT2Config>) return gpt2_to_json(c);
         else if constexpr (std::is_same_v<C, MixtralConfig>) return mixtral_to_json(c);
-        else return llama_to_json(c);
+        else return llama_family_to_json(c);
       },
       config);
   return j.dump(2) + "\n";
@@ -504,6 +449,21 @@ ModelConfig preset(std::string_view name) {
                        .num_key_value_heads = 2,
                        .max_position_embeddings = 128};
   }
+  if (name == "qwen2-tiny" || name == "qwen3-tiny" || name == "mistral-tiny") {
+    // The family's defaults at llama-tiny's size.
+    const std::string family(name.substr(0, name.find('-')));
+    LlamaConfig c = std::get<LlamaConfig>(config_from_json(fmt::format(R"({{"model_type": "{}"}})", family)));
+    c.vocab_size = 128;
+    c.hidden_size = 64;
+    c.intermediate_size = 160;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.max_position_embeddings = 128;
+    if (family == "mistral") c.sliding_window = 64;  // windowed, within the test lengths
+    return c;
+  }
   if (name == "mixtral-tiny") {
     MixtralConfig c = MixtralConfig::defaults();
     c.vocab_size = 128;
@@ -521,7 +481,8 @@ ModelConfig preset(std::string_view name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-124m", "gpt2-350m", "gpt2-tiny", "llama-1b-like", "llama-tiny", "mixtral-tiny"};
+  return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
+          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "mixtral-tiny"};
 }
 
 }  // namespace colossus::models

@@ -71,15 +71,34 @@ struct LlamaConfig {
   double attention_dropout = 0.0;
   bool tie_word_embeddings = false;
   std::optional<int64_t> pad_token_id{};  // its embedding row starts at zero and gets no gradient, as in HF
+  // The family, as HF's "model_type": "llama", "qwen2", "qwen3" or "mistral",
+  // which are LLaMA's architecture with the switches below (each family's
+  // config.json keys and defaults: config_families.cpp).
+  std::string family = "llama";
+  bool qkv_bias = false;  // Qwen2: bias on q/k/v_proj, none on o_proj
+  bool qk_norm = false;   // Qwen3: RMSNorm over head_dim on every q and k head, before RoPE
+  // Sliding-window attention as transformers configures it: Mistral's
+  // sliding_window; Qwen2/3's only with use_sliding_window, on the layers from
+  // max_window_layers on (or as layer_types lists them).
+  std::optional<int64_t> sliding_window{};
+  bool use_sliding_window = false;
+  int64_t max_window_layers = 0;
+  std::vector<std::string> layer_types{};  // Qwen2/3: "full_attention" / "sliding_attention" per layer; empty: derived
   ExtraJson extra{};
 
   int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
   int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
+  // The window of the layers that have one, if any layer does. A window is
+  // honoured exactly while a sequence is no longer than it (every earlier
+  // position is inside), so max_positions() stops there and longer
+  // sequences are refused naming sliding_window.
+  std::optional<int64_t> attention_window() const;
   void validate() const;
 };
 
 // Mixtral (HF MixtralConfig): LLaMA's attention, norms and RoPE (the base
-// fields, read and written under the same config.json keys) with a sparse
+// fields, read and written under the same config.json keys; sliding_window
+// must be unset) with a sparse
 // mixture-of-experts FFN per block. intermediate_size is each expert's width.
 // router_z_loss_coef and capacity_factor are Colossus extensions (config.json
 // keys of the same names, which transformers keeps and ignores).
@@ -89,7 +108,6 @@ struct MixtralConfig : LlamaConfig {
   double router_aux_loss_coef = 0.001;
   double router_jitter_noise = 0.0;
   bool output_router_logits = false;  // as HF: adds router_aux_loss_coef * aux loss to the loss
-  std::optional<int64_t> sliding_window{};  // unset: full causal attention (only unset is supported)
   double router_z_loss_coef = 0.0;          // ST-MoE z-loss, added to the loss when > 0
   std::optional<double> capacity_factor{};  // unset: dropless; else each expert keeps ceil(cf * N * k / E) tokens
 
@@ -100,12 +118,13 @@ struct MixtralConfig : LlamaConfig {
 
 using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
 
-// HF's "model_type": "gpt2", "llama" or "mixtral".
+// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral" or "mixtral".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
 int64_t num_layers(const ModelConfig& config);
-// Positions the model was configured for (n_positions / max_position_embeddings).
+// Positions the model was configured for (n_positions / max_position_embeddings),
+// and no more than a sliding window it honours (LlamaConfig::attention_window).
 int64_t max_positions(const ModelConfig& config);
 void validate(const ModelConfig& config);
 // Parameters the config describes (optional Llama biases left out), in double so a
@@ -123,7 +142,8 @@ std::string config_to_json(const ModelConfig& config);
 ModelConfig read_config(const std::string& path);
 void write_config(const ModelConfig& config, const std::string& path);
 
-// gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny, mixtral-tiny.
+// gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny,
+// qwen2-tiny, qwen3-tiny, mistral-tiny, mixtral-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

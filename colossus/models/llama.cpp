@@ -13,16 +13,27 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace colossus::models {
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options)
     : LayerHost("LlamaAttention"), head_dim_(config.resolved_head_dim()), attention_dropout_(config.attention_dropout) {
   const int64_t c = config.hidden_size, d = head_dim_;
-  const bool bias = config.attention_bias;
-  add_layer("q_proj", std::make_shared<Linear>(c, config.num_attention_heads * d, bias, options));
-  add_layer("k_proj", std::make_shared<Linear>(c, config.kv_heads() * d, bias, options));
-  add_layer("v_proj", std::make_shared<Linear>(c, config.kv_heads() * d, bias, options));
-  add_layer("o_proj", std::make_shared<Linear>(config.num_attention_heads * d, c, bias, options));
+  const bool qkv_bias = config.attention_bias || config.qkv_bias;
+  add_layer("q_proj", std::make_shared<Linear>(c, config.num_attention_heads * d, qkv_bias, options));
+  add_layer("k_proj", std::make_shared<Linear>(c, config.kv_heads() * d, qkv_bias, options));
+  add_layer("v_proj", std::make_shared<Linear>(c, config.kv_heads() * d, qkv_bias, options));
+  add_layer("o_proj", std::make_shared<Linear>(config.num_attention_heads * d, c, config.attention_bias, options));
+  if (config.qk_norm) {
+    add_layer("q_norm", std::make_shared<RMSNorm>(d, config.rms_norm_eps, options));
+    add_layer("k_norm", std::make_shared<RMSNorm>(d, config.rms_norm_eps, options));
+  }
+}
+
+at::Tensor LlamaAttention::norm_heads(const char* name, const at::Tensor& heads) {
+  // Qwen3: each head's vector normalised over head_dim, whatever the layout.
+  return has_layer(name) ? layer(name).forward(heads) : heads;
 }
 
 at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& context) {
@@ -47,8 +58,8 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
       return qkv.narrow(-1, start, width).view({batch, qkv.size(1), -1, head_dim_}).transpose(1, 2);
     };
     const int64_t q_width = layer_as<Linear>("q_proj").weight.size(0), kv_width = layer_as<Linear>("k_proj").weight.size(0);
-    q = rope(split(0, q_width));
-    k = rope(split(q_width, kv_width));
+    q = rope(norm_heads("q_norm", split(0, q_width)));
+    k = rope(norm_heads("k_norm", split(q_width, kv_width)));
     v = split(q_width + kv_width, kv_width);
   } else if (!context.rope_sin_signed.defined()) {
     // RoPE on the projections' own (B, T, H, D) layout, then the head
@@ -62,7 +73,7 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
                   " is not a multiple of head_dim ", head_dim_);
       return projected.view({batch, projected.size(1), -1, head_dim_});  // (B, T, H_local, D)
     };
-    const at::Tensor q_bthd = bthd("q_proj"), k_bthd = bthd("k_proj");
+    const at::Tensor q_bthd = norm_heads("q_norm", bthd("q_proj")), k_bthd = norm_heads("k_norm", bthd("k_proj"));
     if (auto fused = fused_rope(q_bthd, k_bthd, context.rope_cos, context.rope_sin)) {
       q = fused->first.transpose(1, 2);
       k = fused->second.transpose(1, 2);
@@ -73,8 +84,8 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
     }
     v = heads("v_proj");
   } else {
-    q = rope(heads("q_proj"));
-    k = rope(heads("k_proj"));
+    q = rope(norm_heads("q_norm", heads("q_proj")));
+    k = rope(norm_heads("k_norm", heads("k_proj")));
     v = heads("v_proj");
   }
   const int64_t local_heads = q.size(1), local_kv_heads = k.size(1), seq = q.size(2);
@@ -193,8 +204,20 @@ LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config, const at::TensorOp
   }
 }
 
+void LlamaForCausalLM::check_window(int64_t positions) const {
+  // Up to the window every earlier position is inside it: full causal
+  // attention is the windowed one. Past it, refuse rather than attend too far.
+  const auto window = llama_config().attention_window();
+  if (window && positions > *window) {
+    throw ConfigError(fmt::format("{} positions exceed the model's sliding_window = {}: attention limited to a window "
+                                  "is honoured only up to that many positions; use sequences of at most {} tokens",
+                                  positions, *window, *window));
+  }
+}
+
 at::Tensor LlamaForCausalLM::embed(const at::Tensor& input_ids) {
   check_input_ids(input_ids);
+  check_window(input_ids.size(1));
   return embedding().forward(input_ids);
 }
 
@@ -222,8 +245,10 @@ void LlamaForCausalLM::ensure_rope_table(const at::Tensor& hidden, int64_t posit
 }
 
 at::Tensor LlamaForCausalLM::embed_at(const at::Tensor& input_ids, const at::Tensor& /*positions: RoPE adds them*/,
-                                      int64_t /*position_limit*/) {
-  return embed(input_ids);
+                                      int64_t position_limit) {
+  check_input_ids(input_ids);
+  check_window(position_limit);
+  return embedding().forward(input_ids);
 }
 
 BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const at::Tensor& positions,

@@ -1,4 +1,6 @@
-// LLaMA with Hugging Face's LlamaForCausalLM parameter names and shapes:
+// LLaMA with Hugging Face's LlamaForCausalLM parameter names and shapes, and
+// the families built the same way (LlamaConfig::family): Qwen2 (q/k/v bias),
+// Qwen3 (self_attn.{q,k}_norm over each head), Mistral (a sliding window):
 // model.{embed_tokens,layers.N.{input_layernorm,self_attn.{q,k,v,o}_proj,
 // post_attention_layernorm,mlp.{gate,up,down}_proj},norm}, lm_head (untied
 // unless tie_word_embeddings). RMSNorm, RoPE (rope_scaling linear/dynamic/llama3),
@@ -25,6 +27,8 @@ class LlamaAttention : public LayerHost {
   void fuse_projections();
 
  private:
+  // heads (..., D) through q_norm / k_norm where the model has them (Qwen3), else unchanged.
+  at::Tensor norm_heads(const char* name, const at::Tensor& heads);
   int64_t head_dim_;
   double attention_dropout_;
   at::Tensor fused_qkv_, fused_qkv_bias_;
@@ -86,6 +90,8 @@ class LlamaForCausalLM : public CausalLM {
   void after_init_value(const std::string& name, at::Tensor& values) const override;
 
  private:
+  // ConfigError past the sliding window (LlamaConfig::attention_window).
+  void check_window(int64_t positions) const;
   RopeSpec rope_;
   std::shared_ptr<Backbone> model_;
   // block_context's and block_context_at's cos/sin for positions [0, rows),

@@ -38,6 +38,14 @@ def llama(**overrides):
     return transformers.LlamaConfig(**settings)
 
 
+def family(config_class, **overrides):
+    settings = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                    initializer_range=0.2, rms_norm_eps=1e-5)
+    settings.update(overrides)
+    return config_class(**settings)
+
+
 CASES = {
     "gpt2": gpt2,
     # Grouped-query attention (2 kv heads for 4 query heads), attention bias,
@@ -54,6 +62,13 @@ CASES = {
     # Dynamic NTK only changes anything past max_position_embeddings (8 < SEQ).
     "llama_rope_dynamic": lambda: llama(max_position_embeddings=8,
                                         rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+    # Qwen2: q/k/v biases (o_proj none), a tied head, its own RoPE base.
+    "qwen2": lambda: family(transformers.Qwen2Config, tie_word_embeddings=True,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+    # Qwen3: per-head q/k RMSNorm, head_dim not hidden/heads, attention biases on.
+    "qwen3": lambda: family(transformers.Qwen3Config, head_dim=8, attention_bias=True),
+    # Mistral: a sliding window longer than the sequence (exact there).
+    "mistral": lambda: family(transformers.MistralConfig, sliding_window=32),
 }
 
 

@@ -59,7 +59,7 @@ TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, HfToColossus,
                          ::testing::Values("gpt2", "llama_gqa", "llama_rope_llama3", "llama_rope_linear",
-                                           "llama_rope_dynamic"));
+                                           "llama_rope_dynamic", "qwen2", "qwen3", "mistral"));
 
 struct CppCase {
   std::string name;
@@ -84,7 +84,20 @@ std::vector<CppCase> cpp_cases() {
   llama3_tied.tie_word_embeddings = true;
   llama3_tied.rope_theta = 500000.0;
   llama3_tied.rope_scaling = {.rope_type = "llama3", .factor = 8.0, .original_max_position_embeddings = 1024};
-  return {{"cpp_gpt2", gpt2}, {"cpp_gpt2_untied", gpt2_untied}, {"cpp_llama_gqa", llama}, {"cpp_llama3_tied", llama3_tied}};
+  auto family = [](const char* name) {
+    auto c = std::get<LlamaConfig>(preset(name));
+    c.initializer_range = 0.2;
+    return c;
+  };
+  auto qwen3_bias = family("qwen3-tiny");
+  qwen3_bias.attention_bias = true;
+  return {{"cpp_gpt2", gpt2},
+          {"cpp_gpt2_untied", gpt2_untied},
+          {"cpp_llama_gqa", llama},
+          {"cpp_llama3_tied", llama3_tied},
+          {"cpp_qwen2", family("qwen2-tiny")},
+          {"cpp_qwen3", qwen3_bias},
+          {"cpp_mistral", family("mistral-tiny")}};
 }
 
 TEST(ColossusToHf, TransformersLoadsOurCheckpointsAndAgreesOnLogits) {
