@@ -113,16 +113,17 @@ HybridParallelModel::HybridParallelModel(std::shared_ptr<models::CausalLM> model
       sp_group_(std::move(sp_group)),
       sp_mode_(sp_mode),
       inner_ring_size_(inner_ring_size) {
-  const bool partial = sharded_.sequence != parallel::tensor::SequenceSharding::None;
-  if (partial && !partial_grad_group) {
-    throw ConfigError("HybridParallelModel: split_gather / ring needs the dp x tp group for tp-replicated gradients");
-  }
   GradReducer::NamedParams named, replicated;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     // On sequence shards a tp-replicated parameter (norms, row-parallel
-    // biases, GPT-2's wpe) sees only this rank's tokens.
-    auto& bucket = partial && !sharded_.specs.contains(item.key()) ? replicated : named;
+    // biases, GPT-2's wpe) sees only this rank's tokens; a head-local one
+    // (Qwen3's q/k norms) only this rank's heads.
+    auto& bucket = sharded_.grad_partial_over_tp(item.key()) ? replicated : named;
     bucket.emplace_back(item.key(), item.value());
+  }
+  if (!replicated.empty() && !partial_grad_group) {
+    throw ConfigError("HybridParallelModel: gradients summed over tp (sequence shards, head-local parameters) need "
+                      "the dp x tp group");
   }
   reducer_ = std::make_unique<GradReducer>(std::move(named), std::move(grad_group),
                                            GradReducerOptions{.bucket_cap_mb = bucket_cap_mb});
@@ -261,7 +262,7 @@ HybridParallelPlugin::HybridParallelPlugin(HybridParallelPluginOptions options, 
   std::vector<std::vector<std::string>> groups;
   if (pp > 1) groups.push_back({"pp", "tp"});
   if (sp_axis > 1) groups.push_back({"dp", "sp"});
-  if (options_.sequence_over_tp()) groups.push_back({"dp", "tp"});
+  if (options_.tp_size > 1) groups.push_back({"dp", "tp"});  // gradients summed over tp
   mesh_->create_groups_and_seal(groups);
 }
 
@@ -301,12 +302,10 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   std::unique_ptr<HybridPipeline> pipeline;
   if (options_.pp_size > 1) {
     pipeline = std::make_unique<HybridPipeline>(*model, pp_group(), grad_group, pipeline_options_of(options_));
-    if (options_.sequence_over_tp()) {
-      std::vector<std::string> partial;
-      for (const auto& item : model->named_parameters(/*recurse=*/true))
-        if (!sharded.specs.contains(item.key())) partial.push_back(item.key());
-      pipeline->set_partial_grads(std::move(partial), tp_group());
-    }
+    std::vector<std::string> partial;
+    for (const auto& item : model->named_parameters(/*recurse=*/true))
+      if (sharded.grad_partial_over_tp(item.key())) partial.push_back(item.key());
+    if (!partial.empty()) pipeline->set_partial_grads(std::move(partial), tp_group());
   }
   if (options_.precision != "fp32") {
     const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
@@ -332,7 +331,7 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   auto wrapped = std::make_shared<HybridParallelModel>(
       std::move(model), std::move(sharded), std::move(grad_group), options_.parallel_output, options_.bucket_cap_mb,
       options_.sequence_over_tp() ? nullptr : sp_group(), sp_mode, options_.inner_ring_size,
-      options_.sequence_over_tp() ? mesh_->group({"dp", "tp"}) : nullptr);
+      options_.tp_size > 1 ? mesh_->group({"dp", "tp"}) : nullptr);
   boosted_.set(wrapped);
   if (pipeline) wrapped->attach_pipeline(std::move(pipeline));
   return wrapped;

@@ -24,7 +24,10 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
   // Before the zero optimizer sets its gradient hooks: a reducer's destructor
   // clears whatever hook its parameters hold.
   model.release_grad_reducers();
-  const bool partial_over_tp = options_.sequence_over_tp() && tp_group()->size() > 1;
+  bool partial_over_tp = false;
+  for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
+    partial_over_tp = partial_over_tp || model.sharded().grad_partial_over_tp(item.key());
+  partial_over_tp = partial_over_tp && tp_group()->size() > 1;
   std::vector<zero::ShardGroup> groups{
       {.dp_group = dp_group(), .extra_dp_group = options_.sp_axis_size() > 1 ? mesh_->group("sp") : nullptr}};
   // Averaged over dp, then over tp and times tp: summed over tp.
@@ -46,7 +49,7 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
       // non-ZeRO path starts its masters at the originals).
       if (!fp32_originals_.empty() && at::isFloatingType(p.scalar_type())) p.set_data(fp32_originals_.at(index));
       ++index;
-      group_of.push_back(partial_over_tp && !model.sharded().specs.contains(item.key()) ? 1 : 0);
+      group_of.push_back(partial_over_tp && model.sharded().grad_partial_over_tp(item.key()) ? 1 : 0);
       replicas.push_back(norm_replicas(model, item.key()));
       params.emplace_back(item.key(), p);
     }

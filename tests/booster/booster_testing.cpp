@@ -53,6 +53,16 @@ models::ModelConfig tiny_llama() {
   return c;
 }
 
+models::ModelConfig tiny_family(const char* preset) {
+  auto c = std::get<models::LlamaConfig>(models::preset(preset));
+  c.vocab_size = 96;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.head_dim = 8;
+  c.max_position_embeddings = 32;
+  return c;
+}
+
 at::Tensor global_batch(const models::ModelConfig& config, int64_t step) {
   // Learnable rows (an arithmetic sequence mod V from a random start and
   // stride), so the loss falls fast and a diverging run would show.

@@ -22,6 +22,8 @@ constexpr int64_t kSteps = 20;
 
 models::ModelConfig tiny_gpt2();
 models::ModelConfig tiny_llama();  // GQA: 4 query heads, 2 key/value heads
+// A LLaMA-architecture family's preset ("qwen2-tiny", "qwen3-tiny") at tiny_llama's size.
+models::ModelConfig tiny_family(const char* preset);
 
 // The global batch of `step`: (kGlobalBatch, kSeqLen) int64, the same on every rank.
 at::Tensor global_batch(const models::ModelConfig& config, int64_t step);

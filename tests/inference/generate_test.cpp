@@ -1,4 +1,4 @@
-// generate() against transformers' generate() on tiny GPT-2 and LLaMA models
+// generate() against transformers' generate() on tiny GPT-2, LLaMA, Qwen2, Qwen3 and Mistral models
 // saved by our save_pretrained (greedy token for token; seeded sampling with
 // every processor on, draw for draw), plus eos, stop strings, streaming,
 // GPT-2's context window and input errors.
@@ -57,7 +57,7 @@ HfResult hf_generate(const std::string& dir, const std::vector<int64_t>& prompt,
 
 struct ParityCase {
   std::string name;
-  bool llama;
+  std::string model;  // "gpt2", "llama" or a family preset ("qwen2-tiny", ...)
   SamplingParams params;
 };
 
@@ -65,7 +65,9 @@ class HfGenerateParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(HfGenerateParity, SameTokensAsTransformers) {
   const ParityCase& c = GetParam();
-  auto model = c.llama ? testing::tiny_llama() : testing::tiny_gpt2();
+  auto model = c.model == "gpt2"    ? testing::tiny_gpt2()
+               : c.model == "llama" ? testing::tiny_llama()
+                                    : testing::tiny_family(c.model);
   const std::string dir = (scratch_dir() / ("parity_" + c.name)).string();
   models::save_pretrained(*model, dir);
   const std::vector<int64_t> prompt{5, 17, 3, 88, 41, 41, 2, 60};
@@ -82,14 +84,17 @@ TEST_P(HfGenerateParity, SameTokensAsTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, HfGenerateParity,
-    ::testing::Values(ParityCase{"gpt2_greedy", false, {.do_sample = false}},
-                      ParityCase{"llama_greedy", true, {.do_sample = false}},
-                      ParityCase{"gpt2_greedy_penalty", false, {.do_sample = false, .repetition_penalty = 1.5}},
+    ::testing::Values(ParityCase{"gpt2_greedy", "gpt2", {.do_sample = false}},
+                      ParityCase{"llama_greedy", "llama", {.do_sample = false}},
+                      ParityCase{"qwen2_greedy", "qwen2-tiny", {.do_sample = false}},
+                      ParityCase{"qwen3_greedy", "qwen3-tiny", {.do_sample = false}},
+                      ParityCase{"mistral_greedy", "mistral-tiny", {.do_sample = false}},
+                      ParityCase{"gpt2_greedy_penalty", "gpt2", {.do_sample = false, .repetition_penalty = 1.5}},
                       ParityCase{
                           "llama_sample",
-                          true,
+                          "llama",
                           {.temperature = 0.8, .top_k = 20, .top_p = 0.9, .repetition_penalty = 1.3, .seed = 1234}},
-                      ParityCase{"gpt2_sample", false, {.temperature = 1.3, .seed = 99}}),
+                      ParityCase{"gpt2_sample", "gpt2", {.temperature = 1.3, .seed = 99}}),
     [](const ::testing::TestParamInfo<ParityCase>& info) { return info.param.name; });
 
 TEST(Generate, StopsAfterEosAndStreamsEachToken) {

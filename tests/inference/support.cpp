@@ -47,4 +47,12 @@ std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab) {
   return models::create_model(config, {.seed = 12});
 }
 
+std::shared_ptr<models::CausalLM> tiny_family(const std::string& preset, int64_t vocab) {
+  auto config = std::get<models::LlamaConfig>(models::preset(preset));
+  config.vocab_size = vocab;
+  config.initializer_range = 0.2;
+  config.rms_norm_eps = 1e-5;
+  return models::create_model(config, {.seed = 13});
+}
+
 }  // namespace colossus::inference::testing

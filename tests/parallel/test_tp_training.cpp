@@ -1,7 +1,7 @@
 // HybridParallelPlugin against one process: 20 AdamW steps (warmup + cosine)
 // on the same global batch give the same loss curve (fp32, 1e-5 relative) for
-// every tp that divides the world (tp x dp on 4 ranks), GPT-2 and LLaMA with
-// GQA (kv heads < tp at tp 4), with clipping counted once per element; ZeRO-1/2
+// every tp that divides the world (tp x dp on 4 ranks), GPT-2, LLaMA with
+// GQA (kv heads < tp at tp 4), Qwen2 and Qwen3, with clipping counted once per element; ZeRO-1/2
 // with tp 2 x dp 2 (fp32, clipped, split_gather; bf16 against the
 // single-process bf16 run, fp16); a tp=2 checkpoint resumes exactly with tp=1
 // and loads in Hugging Face transformers.
@@ -106,7 +106,9 @@ std::vector<int> tp_sizes() {
 }  // namespace
 
 TEST(HybridParallel, LossCurvesMatchSingleProcess) {
-  for (const auto& config : {tiny_gpt2(), tiny_llama()}) {
+  // Qwen2's q/k/v biases split with their heads; Qwen3's per-head q/k norms
+  // stay whole with their gradients summed over tp.
+  for (const auto& config : {tiny_gpt2(), tiny_llama(), tiny_family("qwen2-tiny"), tiny_family("qwen3-tiny")}) {
     const auto reference = reference_losses(config, kSteps);
     for (int tp : tp_sizes()) {
       HybridRun run(config, {.tp_size = tp});
@@ -168,6 +170,9 @@ TEST(HybridParallel, ZeroWithTpMatchesSingleProcess) {
   }
   HybridRun zero2(tiny_llama(), {.tp_size = 2, .zero_stage = 2});
   expect_curve(zero2.train(0, kSteps), reference_losses(tiny_llama(), kSteps), "llama zero2 tp2 x dp2");
+  HybridRun qwen3_zero2(tiny_family("qwen3-tiny"), {.tp_size = 2, .zero_stage = 2});
+  expect_curve(qwen3_zero2.train(0, kSteps), reference_losses(tiny_family("qwen3-tiny"), kSteps),
+               "qwen3 zero2 tp2 x dp2");
   HybridRun split(tiny_gpt2(), {.tp_size = 2,
                                 .enable_sequence_parallelism = true,
                                 .sequence_parallelism_mode = "split_gather",

@@ -65,7 +65,11 @@ ShardingPlan mixtral_plan() {
 
 ShardingPlan default_plan(const models::CausalLM& model) {
   if (std::holds_alternative<models::GPT2Config>(model.config())) return gpt2_plan();
-  if (std::holds_alternative<models::LlamaConfig>(model.config())) return llama_plan();
+  if (const auto* llama = std::get_if<models::LlamaConfig>(&model.config())) {
+    ShardingPlan plan = llama_plan();
+    if (llama->qk_norm) plan.head_local = {"model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm"};
+    return plan;
+  }
   if (std::holds_alternative<models::MixtralConfig>(model.config())) return mixtral_plan();
   throw ConfigError(fmt::format("no tensor-parallel plan for model type '{}'; pass custom_policy",
                                 models::model_type(model.config())));

@@ -42,6 +42,11 @@ struct ShardingPlan {
   // ConfigError (a typo in a custom plan must not silently leave layers whole),
   // except the head pattern on a tied model.
   std::vector<std::pair<std::string, Style>> rules;
+  // Modules left whole on every tp rank that each rank applies to its own
+  // heads only (Qwen3's self_attn.q_norm / k_norm): each rank's gradient of
+  // their parameters is a part of the whole, so it is summed over tp. A
+  // pattern that matches nothing is a ConfigError, as for rules.
+  std::vector<std::string> head_local;
 };
 
 ShardingPlan gpt2_plan();
@@ -49,7 +54,7 @@ ShardingPlan llama_plan();
 // LLaMA's attention, embedding and head; the MoE router and experts stay
 // replicated over tp (expert parallelism splits the experts).
 ShardingPlan mixtral_plan();
-// The plan for the model's type (GPT-2, LLaMA or Mixtral).
+// The plan for the model's type (GPT-2, the LLaMA-architecture families, Mixtral).
 ShardingPlan default_plan(const models::CausalLM& model);
 
 // True when `path` ("transformer.h.3.attn.c_attn") matches `pattern`

@@ -207,6 +207,10 @@ class Sharder {
 
 }  // namespace
 
+bool ShardedModel::grad_partial_over_tp(const std::string& name) const {
+  return head_local.contains(name) || (sequence != tensor::SequenceSharding::None && !specs.contains(name));
+}
+
 int64_t ShardedModel::replicas(const std::string& name) const {
   auto it = specs.find(name);
   return it == specs.end() ? (tp_group ? tp_group->size() : 1) : it->second.replicas;
@@ -258,6 +262,16 @@ ShardedModel shard_model(models::CausalLM& model, const ShardingPlan& plan, clus
   if (model.tied_embeddings() && sharder.embedding_sharded()) sharder.tie_head();
   const bool embedding_sharded = sharder.embedding_sharded();
   ShardedModel sharded = std::move(sharder).finish();
+  for (const auto& pattern : plan.head_local) {
+    bool matched = false;
+    for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+      const auto dot = item.key().rfind('.');
+      if (dot == std::string::npos || !path_matches(pattern, item.key().substr(0, dot))) continue;
+      matched = true;
+      if (tp_group->size() > 1) sharded.head_local.insert(item.key());
+    }
+    if (!matched) throw ConfigError(fmt::format("sharding plan: head_local pattern '{}' matches no module of {}", pattern, model.name()));
+  }
   if (options.sequence != tensor::SequenceSharding::None && (!embedding_sharded || !sharded.vocab_parallel_logits)) {
     throw ConfigError(
         "sharding plan: sequence parallelism (split_gather / ring) needs the embedding sharded by "

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 namespace colossus::parallel::plan {
@@ -41,9 +42,16 @@ struct ShardedModel {
   // parameter replicated over tp (not in `specs`) gets a gradient from its
   // rank's tokens only, to be summed over tp.
   sequence::SequenceSharding sequence = sequence::SequenceSharding::None;
+  // Parameters of the plan's head_local modules (with tp > 1): whole on every
+  // rank, each rank's gradient a part to be summed over tp.
+  std::set<std::string> head_local;
 
   // How many tp ranks hold each element of the parameter (tp for replicated ones).
   int64_t replicas(const std::string& name) const;
+  // Whether this rank's gradient of the parameter is only its part of the
+  // whole, to be summed over tp: head-local parameters, and every replicated
+  // parameter when activations are sequence shards.
+  bool grad_partial_over_tp(const std::string& name) const;
 };
 
 // Throws ConfigError unless tp splits the model: tp divides the attention

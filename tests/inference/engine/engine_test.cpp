@@ -61,9 +61,13 @@ InferenceConfig small_config() {
   return {.max_batch_size = 3, .max_input_len = 20, .max_output_len = 10, .block_size = 4};
 }
 
-TEST(InferenceEngine, GreedyMatchesFullRecomputeForGpt2AndLlama) {
+TEST(InferenceEngine, GreedyMatchesFullRecomputeForEveryFamily) {
   const std::vector<int64_t> lengths = {1, 7, 4, 13, 2, 9, 16};  // 7 requests, 3 slots: they queue
-  for (auto [name, model] : {std::pair{"gpt2", tiny_gpt2()}, std::pair{"llama", tiny_llama()}}) {
+  // generate() equals transformers' greedy for each (generate_test.cpp).
+  for (auto [name, model] : {std::pair{"gpt2", tiny_gpt2()}, std::pair{"llama", tiny_llama()},
+                             std::pair{"qwen2", testing::tiny_family("qwen2-tiny")},
+                             std::pair{"qwen3", testing::tiny_family("qwen3-tiny")},
+                             std::pair{"mistral", testing::tiny_family("mistral-tiny")}}) {
     InferenceEngine engine(model, nullptr, small_config());
     expect_matches_reference(engine, random_prompts(lengths, 96, 1), 10, name);
     EXPECT_GT(engine.stats().steps, 10);
