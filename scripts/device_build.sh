@@ -11,6 +11,9 @@ export TORCH_CUDA_ARCH_LIST=9.0
 out=${OUT:-/tmp/colossus-out}
 mkdir -p "$out"
 torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+# utf8proc from .devdeps where the image has none (scripts/pack_device_deps.sh).
+pkg-config --exists libutf8proc 2>/dev/null || export PKG_CONFIG_PATH="$PWD/.devdeps/utf8proc/lib/pkgconfig:${PKG_CONFIG_PATH:-}"
+
 start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=${COLOSSUS_TESTS:-ON} > "$out/configure.log" 2>&1 \

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <iterator>
 
 namespace colossus::data {
@@ -55,6 +56,7 @@ void append_token_bytes(const std::string& token, std::string& out) {
 ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeConfig config)
     : source_(config.source),
       model_(make_model(config)),
+      normalizer_(config.normalizer),
       pattern_(config.pattern),
       add_prefix_space_(config.add_prefix_space),
       prefix_ids_(config.prefix_ids),
@@ -121,11 +123,18 @@ std::vector<int32_t> ByteLevelBpeTokenizer::do_encode(std::string_view text, boo
   std::vector<TextSegment> raw_segments;
   raw_matcher_.split(text, raw_segments);
   std::vector<TextSegment> segments;
+  std::deque<std::string> normalized;  // owns the text normalized segments view
   for (const TextSegment& raw : raw_segments) {
-    if (raw.id >= 0 || normalized_matcher_.empty()) {
+    if (raw.id >= 0) {
       segments.push_back(raw);
+      continue;
+    }
+    std::string_view text = raw.text;
+    if (!normalizer_.empty()) text = normalized.emplace_back(normalizer_.apply(text));
+    if (normalized_matcher_.empty()) {
+      segments.push_back(TextSegment{.text = text, .id = -1});
     } else {
-      normalized_matcher_.split(raw.text, segments);
+      normalized_matcher_.split(text, segments);
     }
   }
   for (const TextSegment& segment : segments) {

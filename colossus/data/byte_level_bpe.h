@@ -1,9 +1,10 @@
 // Byte-level BPE tokenizer (GPT-2, LLaMA-3, Qwen style): added tokens cut out
-// first, then the pre-tokenizer regex, then BPE merges over GPT-2's byte
-// alphabet. Built from a ByteLevelBpeConfig, which hf_bpe_files.h reads.
+// first, then the normalizer (Qwen's NFC), then the pre-tokenizer regex, then
+// BPE merges over GPT-2's byte alphabet. Built from a ByteLevelBpeConfig, which hf_bpe_files.h reads.
 #pragma once
 #include "colossus/data/added_tokens.h"
 #include "colossus/data/bpe_model.h"
+#include "colossus/data/normalizer.h"
 #include "colossus/data/pre_tokenize.h"
 #include "colossus/data/tokenizer.h"
 
@@ -21,6 +22,7 @@ struct ByteLevelBpeConfig {
   std::optional<std::string> unk_token;
   bool ignore_merges = false;
   std::vector<AddedToken> added_tokens;
+  Normalizer normalizer;  // on the text between raw-matched added tokens
   SplitPattern pattern = SplitPattern::kGpt2;
   bool add_prefix_space = false;  // prepend ' ' to each text segment lacking one
   // What add_special_tokens puts before and after a sequence (post processor).
@@ -55,6 +57,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
 
   std::string source_;
   BpeModel model_;
+  Normalizer normalizer_;
   SplitPattern pattern_;
   bool add_prefix_space_;
   std::vector<int32_t> prefix_ids_;

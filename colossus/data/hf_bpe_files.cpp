@@ -228,13 +228,6 @@ void check_decoder(const json& node, const std::string& path) {
       fmt::format("{}: decoder {} is not supported; expected ByteLevel", path, node.dump().substr(0, 200)));
 }
 
-void check_normalizer(const json& node, const std::string& path) {
-  if (node.is_null()) return;
-  if (type_of(node) == "Sequence" && field(node, "normalizers").is_array() && field(node, "normalizers").empty())
-    return;
-  throw ConfigError(fmt::format("{}: normalizer {} is not supported; expected null", path, node.dump().substr(0, 200)));
-}
-
 ConfiguredToken configured_token(const json& config, const char* key, const std::string& path) {
   if (!config.contains(key)) return {};
   const json& node = field(config, key);
@@ -269,7 +262,7 @@ ByteLevelBpeConfig read_hf_tokenizer_json(const json& json, const std::string& p
   config.source = path;
   try {
     read_model(field(json, "model"), path, config);
-    check_normalizer(json.value("normalizer", json::object()), path);
+    config.normalizer = Normalizer::from_json(json.value("normalizer", nlohmann::json()), path);
     if (field(json, "pre_tokenizer").is_null()) {
       throw ConfigError(fmt::format("{}: a byte-level BPE needs a ByteLevel pre_tokenizer; found none", path));
     }

@@ -67,6 +67,9 @@ def sample_texts(rng):
         "def foo(bar):\n\treturn bar * 2\n", "  \n  \t x", "\u00a0\u3000\u2028 odd spaces", "½ ⅓ ² ³ ٣ ৩ Ⅻ",
         "MiXeD CaSe 'S 'T 'Re", "éé 東東 😀😀", "ſ 's 'S", "a\u0301 combining", "trailing newline\n",
         "<tool> call <tool>x<tool> magic magically [END]  after", "<|begin_of_text|>hi<|end_of_text|>",
+        # Decomposed and compatibility forms (the normalizers' work).
+        "e\u0301cole A\u030angstro\u0308m", "\ufb01ne \ufb02ow \u2460\u2461 \uff26\uff55\uff4c\uff4c", "\u1100\u1161\u11a8",
+        "\u01c5 \u2126 \u212b \u0344", "n\u0303o\u0308 <|begin_of_text|>e\u0301",
     ]
     for _ in range(25):
         texts.append(" ".join(corpus_text(rng, 1)) + rng.choice(["", "\n", "  ", "<|endoftext|>", "\t"]))
@@ -214,6 +217,16 @@ def main():
     qwen = Tokenizer.from_str(json.dumps(qwen_json))
     save(qwen, os.path.join(out, "qwen2_json", "tokenizer.json"))
     entries.append(hf_entry("qwen2_json", "qwen2_json", qwen, texts, corpus, True, "<|begin_of_text|>", None, None))
+
+    # Qwen2's normalizer (NFC), and compatibility forms through a Sequence:
+    # decode gives the normalized text, so no round trip.
+    for name, normalizer in [("qwen2_nfc", {"type": "NFC"}),
+                             ("qwen2_nfkc", {"type": "Sequence", "normalizers": [{"type": "NFD"}, {"type": "NFKC"}]})]:
+        normalized_json = copy.deepcopy(qwen_json)
+        normalized_json["normalizer"] = normalizer
+        normalized = Tokenizer.from_str(json.dumps(normalized_json))
+        save(normalized, os.path.join(out, name, "tokenizer.json"))
+        entries.append(hf_entry(name, name, normalized, texts, corpus, False, "<|begin_of_text|>", None, None))
 
     # SentencePiece: LLaMA-2 style BPE with byte fallback, and unigram.
     os.makedirs(os.path.join(out, "sp_bpe"), exist_ok=True)

@@ -101,7 +101,7 @@ TEST_P(TokenizerParity, ConcurrentEncodeIsConsistent) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
                          ::testing::Values("gpt2_json", "gpt2_legacy_merges", "gpt2_files", "gpt2_added", "llama3_json",
-                                           "qwen2_json", "sp_bpe", "sp_unigram"));
+                                           "qwen2_json", "qwen2_nfc", "qwen2_nfkc", "sp_bpe", "sp_unigram"));
 
 // The hand-written regexes split exactly as Oniguruma does.
 TEST(PreTokenize, SplitsMatchOniguruma) {

@@ -189,7 +189,7 @@ TEST(LoadTokenizer, RefusesUnsupportedTokenizerJsonParts) {
     SCOPED_TRACE(name);
     expect_config_error([&] { load_tokenizer(path); }, parts);
   };
-  check("nfc", [](auto& j) { j["normalizer"] = {{"type", "NFC"}}; }, {"normalizer", "NFC"});
+  check("lowercase", [](auto& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, {"normalizer", "Lowercase", "NFC"});
   check("byte_fallback", [](auto& j) { j["model"]["byte_fallback"] = true; }, {"byte_fallback", "tokenizer.model"});
   check("regex",
         [](auto& j) {
