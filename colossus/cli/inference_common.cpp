@@ -37,19 +37,10 @@ c10::Device parse_device(const std::string& name) {
   return name == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(name);
 }
 
-namespace {
-bool has_tokenizer_files(const std::filesystem::path& dir) {
-  for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer.model"}) {
-    if (std::filesystem::is_regular_file(dir / name)) return true;
-  }
-  return false;
-}
-}  // namespace
-
 std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const std::string& model_dir) {
   if (option == "byte") return data::make_byte_tokenizer();
   if (!option.empty()) return data::load_tokenizer(option);
-  if (has_tokenizer_files(model_dir)) return data::load_tokenizer(model_dir);
+  if (data::holds_tokenizer(model_dir)) return data::load_tokenizer(model_dir);
   throw ConfigError(
       fmt::format("no tokenizer in '{}' (looked for tokenizer.json, vocab.json + merges.txt, "
                   "tokenizer.model); pass --tokenizer DIR, or --tokenizer byte for the byte tokenizer",

@@ -121,4 +121,11 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
                   path));
 }
 
+bool holds_tokenizer(const std::string& dir) {
+  for (const char* name : {"tokenizer.json", "vocab.json", "tokenizer.model"}) {
+    if (std::filesystem::is_regular_file(std::filesystem::path(dir) / name)) return true;
+  }
+  return false;
+}
+
 }  // namespace colossus::data

@@ -52,5 +52,8 @@ class Tokenizer {
 //   names its bos/eos/pad tokens.
 // Throws ConfigError naming the path when nothing loadable is there.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// Whether directory `dir` holds tokenizer files load_tokenizer reads
+// (tokenizer.json, vocab.json + merges.txt, tokenizer.model).
+bool holds_tokenizer(const std::string& dir);
 
 }  // namespace colossus::data

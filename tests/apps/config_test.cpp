@@ -4,9 +4,12 @@
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/core/errors.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -99,6 +102,20 @@ TEST(TrainConfig, MistakesNameTheKey) {
   EXPECT_NE(error_of("[train\n").find("config:1"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps"}).find("section.key=value"), std::string::npos);
   EXPECT_NE(error_of("", {"train.steps=-3"}).find("train.steps = -3"), std::string::npos);
+}
+
+// Without data.tokenizer a pretrained model brings its own tokenizer; one
+// without tokenizer files is refused rather than trained on byte tokens.
+TEST(TrainConfig, TokenizerDefaultsToThePretrainedModels) {
+  EXPECT_EQ(parse_train_config("").data.tokenizer, "byte");
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("colossus_tok_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string pretrained = fmt::format("[model]\npretrained = '{}'\n", dir.string());
+  EXPECT_NE(error_of(pretrained).find("set data.tokenizer"), std::string::npos) << error_of(pretrained);
+  std::ofstream(dir / "tokenizer.json") << "{}";
+  EXPECT_EQ(parse_train_config(pretrained).data.tokenizer, dir.string());
+  EXPECT_EQ(parse_train_config(pretrained + "[data]\ntokenizer = 'byte'\n").data.tokenizer, "byte");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainConfig, MaxNonfiniteSteps) {

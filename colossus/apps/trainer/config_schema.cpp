@@ -192,7 +192,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("init_seed", "seed of the Hugging Face-style initialisation (ignored with pretrained)", model.init_seed)}});
     s.push_back({"data", "", {
         COLOSSUS_KEY("source", "\"builtin\" (generated corpus), a UTF-8 text file, a directory of *.txt, or a directory of token shards", data.source),
-        COLOSSUS_KEY("tokenizer", "\"byte\", or a Hugging Face tokenizer directory or file", data.tokenizer),
+        COLOSSUS_KEY("tokenizer", "\"byte\", a Hugging Face tokenizer directory or file; empty: model.pretrained's own (byte without one)", data.tokenizer),
         COLOSSUS_KEY("builtin_bytes", "size of the built-in corpus in bytes", data.builtin_bytes),
         COLOSSUS_KEY("seq_len", "tokens per sequence", data.seq_len),
         COLOSSUS_KEY("batch_size", "sequences per rank per micro-batch", data.batch_size),

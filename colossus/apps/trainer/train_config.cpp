@@ -3,6 +3,7 @@
 #include "colossus/apps/trainer/config_schema.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/tokenizer.h"
 #include "colossus/models/config.h"
 
 #include <fmt/format.h>
@@ -160,6 +161,26 @@ void TrainConfig::validate() const {
   }
 }
 
+namespace {
+
+// data.tokenizer unset: the tokenizer the pretrained model came with, never a
+// silent byte tokenizer for a model trained on another one.
+void resolve_tokenizer(TrainConfig& config) {
+  if (!config.data.tokenizer.empty()) return;
+  if (config.model.pretrained.empty()) {
+    config.data.tokenizer = "byte";
+  } else if (data::holds_tokenizer(config.model.pretrained)) {
+    config.data.tokenizer = config.model.pretrained;
+  } else {
+    throw ConfigError(fmt::format(
+        "model.pretrained = '{}' has no tokenizer files (tokenizer.json, vocab.json + merges.txt, tokenizer.model); "
+        "set data.tokenizer to the tokenizer's directory, or data.tokenizer = \"byte\" to train on byte tokens",
+        config.model.pretrained));
+  }
+}
+
+}  // namespace
+
 TrainConfig parse_train_config(const std::string& toml_text, const std::vector<std::string>& overrides,
                                const std::string& origin) {
   toml::table root;
@@ -171,6 +192,7 @@ TrainConfig parse_train_config(const std::string& toml_text, const std::vector<s
   }
   for (const auto& o : overrides) apply_override(root, o);
   TrainConfig config = from_table(root);
+  resolve_tokenizer(config);
   std::ostringstream text;
   text << root;
   config.toml_text = text.str() + "\n";

@@ -32,7 +32,9 @@ struct DataSection {
   // of *.txt files, or a directory of token shards (*.tokens, from a previous
   // run's data/ or `tokenize_to_shards`; an eval/ subdirectory is the held-out split).
   std::string source = "builtin";
-  std::string tokenizer = "byte";  // "byte", or a Hugging Face tokenizer directory or file
+  // "byte", or a Hugging Face tokenizer directory or file; empty (the
+  // default): model.pretrained's own tokenizer, or "byte" without one.
+  std::string tokenizer = "";
   int64_t builtin_bytes = int64_t{4} << 20;
   int64_t seq_len = 128;
   int64_t batch_size = 8;  // sequences per rank per micro-batch
