@@ -69,6 +69,18 @@ json gpt2_to_json(const GPT2Config& c) {
   return j;
 }
 
+// transformers rotates only int(head_dim * partial_rotary_factor) dimensions;
+// Colossus rotates all of them, so any other factor is refused by name.
+void refuse_partial_rotary(const json& j, const char* where) {
+  double factor = 1.0;
+  read(j, "partial_rotary_factor", factor);
+  if (factor != 1.0) {
+    throw ConfigError(fmt::format("config.json: {}partial_rotary_factor is {}; only 1.0 (RoPE on the whole head) is "
+                                  "supported",
+                                  where[0] ? fmt::format("\"{}\".", where) : std::string(), factor));
+  }
+}
+
 RopeScaling rope_from_json(const json& r, const char* key) {
   if (!r.is_object()) throw ConfigError(fmt::format("config.json: \"{}\" is {} but must be an object or null", key, r.dump()));
   RopeScaling s;
@@ -79,6 +91,7 @@ RopeScaling rope_from_json(const json& r, const char* key) {
   read(r, "low_freq_factor", s.low_freq_factor);
   read(r, "high_freq_factor", s.high_freq_factor);
   read(r, "original_max_position_embeddings", s.original_max_position_embeddings);
+  refuse_partial_rotary(r, key);
   return s;
 }
 
@@ -116,6 +129,7 @@ LlamaConfig config_json::llama_from_json(const json& j, LlamaConfig defaults, co
   read(j, "attention_dropout", c.attention_dropout);
   read(j, "tie_word_embeddings", c.tie_word_embeddings);
   read(j, "pad_token_id", c.pad_token_id);
+  refuse_partial_rotary(j, "");
   // v4 writes rope_theta + rope_scaling, v5 writes rope_parameters (theta inside).
   // Like transformers v5, rope_scaling wins when both are present.
   if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {

@@ -118,6 +118,35 @@ TEST(ModelConfig, ReadsGpt2Config) {
   EXPECT_NE(config_to_json(config).find("do_sample"), std::string::npos);
 }
 
+// Each family reads its own keys with transformers' defaults and writes back
+// its model_type and architecture.
+TEST(ModelConfig, FamiliesReadTheirKeysAndDefaults) {
+  const auto qwen2 = std::get<LlamaConfig>(config_from_json(R"({"model_type": "qwen2", "attention_bias": true})"));
+  EXPECT_EQ(qwen2.family, "qwen2");
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_FALSE(qwen2.attention_bias) << "Qwen2's o_proj has no bias whatever attention_bias says";
+  EXPECT_EQ(qwen2.vocab_size, 151936);
+  EXPECT_EQ(qwen2.kv_heads(), 32);
+  EXPECT_EQ(qwen2.attention_window(), std::nullopt) << "no window without use_sliding_window";
+  const auto windowed = std::get<LlamaConfig>(config_from_json(
+      R"({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": true, "sliding_window": 512,
+          "max_window_layers": 2, "max_position_embeddings": 4096})"));
+  EXPECT_EQ(windowed.attention_window(), 512);
+  EXPECT_EQ(max_positions(windowed), 512);
+  const auto qwen3 = std::get<LlamaConfig>(config_from_json(R"({"model_type": "qwen3"})"));
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_EQ(qwen3.resolved_head_dim(), 128);
+  const auto mistral = std::get<LlamaConfig>(config_from_json(R"({"model_type": "mistral"})"));
+  EXPECT_EQ(mistral.attention_window(), 4096);
+  EXPECT_EQ(mistral.kv_heads(), 8);
+  const auto mistral_full = std::get<LlamaConfig>(config_from_json(R"({"model_type": "mistral", "sliding_window": null})"));
+  EXPECT_EQ(mistral_full.attention_window(), std::nullopt);
+  const std::string written = config_to_json(qwen2);
+  EXPECT_NE(written.find("\"Qwen2ForCausalLM\""), std::string::npos) << written;
+  EXPECT_NE(written.find("\"attention_bias\": true"), std::string::npos) << "the unused key is kept as it was";
+  EXPECT_EQ(std::get<LlamaConfig>(config_from_json(written)).qkv_bias, true);
+}
+
 TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {
   auto message = [](const char* json) { return config_error_of([&] { config_from_json(json); }); };
   EXPECT_NE(message(R"({"model_type": "bert"})").find("bert"), std::string::npos);
@@ -131,6 +160,16 @@ TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {
             std::string::npos);
   EXPECT_NE(message(R"({"model_type": "llama", "hidden_act": "gelu"})").find("hidden_act"), std::string::npos);
   EXPECT_NE(message("{not json").find("not valid JSON"), std::string::npos);
+  // Settings that change the model are refused by name, never ignored.
+  EXPECT_NE(message(R"({"model_type": "qwen2", "partial_rotary_factor": 0.5})").find("partial_rotary_factor"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                        "partial_rotary_factor": 0.25}})")
+                .find("\"rope_parameters\".partial_rotary_factor"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "gemma2"})").find("qwen3"), std::string::npos);  // the supported list
+  EXPECT_NE(message(R"({"model_type": "qwen3", "layer_types": ["full_attention"]})").find("layer_types"),
+            std::string::npos);
   EXPECT_NE(config_error_of([] { read_config("/nonexistent/config.json"); }).find("/nonexistent/config.json"),
             std::string::npos);
 }
