@@ -201,15 +201,16 @@ int probe(const Options& o) {
       plain_opt = std::make_unique<amp::MixedPrecisionOptimizer>(
           std::make_unique<optim::HybridAdam>(model->parameters(), adam), amp::MixedPrecisionOptions{.precision = "bf16"});
     } else {
-      booster::GeminiPluginOptions g{.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
-                                     .offload_optim_frac = o.probe_mode == "gemini_offload" ? 1.0 : 0.0,
-                                     // auto: optimizer shards may use 90% of the device margin left
-                                     // after the parameter shards (the default 0 keeps them all on the host).
-                                     .gpu_margin_mem_ratio = o.probe_mode == "gemini_auto" ? 0.9 : 0.0,
-                                     .precision = "bf16",
-                                     .pin_memory = device.is_cuda(),
-                                     .hidden_dim = s.hidden};
-      g.param_source = source;
+      booster::GeminiPluginOptions g{
+          .gemini = {.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
+                     .offload_optim_frac = o.probe_mode == "gemini_offload" ? 1.0 : 0.0,
+                     // auto: optimizer shards may use 90% of the device margin left
+                     // after the parameter shards (the default 0 keeps them all on the host).
+                     .gpu_margin_mem_ratio = o.probe_mode == "gemini_auto" ? 0.9 : 0.0,
+                     .precision = "bf16",
+                     .pin_memory = device.is_cuda()},
+          .hidden_dim = s.hidden};
+      g.gemini.param_source = source;
       if (!device.is_cuda()) g.search_range_m = g.min_chunk_size_m = 1.0;
       booster = std::make_unique<booster::Booster>(std::make_shared<booster::GeminiPlugin>(g, cluster.world));
       boosted = booster->boost(model, std::make_unique<optim::HybridAdam>(model->parameters(), adam));

@@ -69,12 +69,12 @@ int main(int argc, char** argv) {
     booster_options.mixed_precision = precision;
   } else if (plugin_name == "gemini" || plugin_name == "gemini_offload") {
     const double offload = plugin_name == "gemini_offload" ? 1.0 : 0.0;
-    plugin = std::make_shared<booster::GeminiPlugin>(booster::GeminiPluginOptions{.offload_optim_frac = offload,
-                                                                                  .offload_param_frac = offload,
-                                                                                  .precision = precision,
-                                                                                  .search_range_m = 1.0,
-                                                                                  .min_chunk_size_m = 0.25},
-                                                     world);
+    plugin = std::make_shared<booster::GeminiPlugin>(
+        booster::GeminiPluginOptions{
+            .gemini = {.offload_optim_frac = offload, .offload_param_frac = offload, .precision = precision},
+            .search_range_m = 1.0,
+            .min_chunk_size_m = 0.25},
+        world);
   } else {
     plugin = std::make_shared<booster::LowLevelZeroPlugin>(
         booster::LowLevelZeroPluginOptions{

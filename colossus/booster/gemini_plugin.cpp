@@ -122,55 +122,55 @@ bool is_fraction(double x) { return x >= 0.0 && x <= 1.0; }
 }  // namespace
 
 void GeminiPluginOptions::validate() const {
-  if (placement_policy != "static" && placement_policy != "auto") {
+  if (gemini.placement_policy != "static" && gemini.placement_policy != "auto") {
     throw ConfigError(
-        fmt::format("gemini: placement_policy='{}' is unknown; use 'static' or 'auto'", placement_policy));
+        fmt::format("gemini: placement_policy='{}' is unknown; use 'static' or 'auto'", gemini.placement_policy));
   }
-  if (precision != "fp16" && precision != "bf16" && precision != "fp32") {
-    throw ConfigError(fmt::format("gemini: precision='{}' is unknown; use 'fp16', 'bf16' or 'fp32'", precision));
+  if (gemini.precision != "fp16" && gemini.precision != "bf16" && gemini.precision != "fp32") {
+    throw ConfigError(fmt::format("gemini: precision='{}' is unknown; use 'fp16', 'bf16' or 'fp32'", gemini.precision));
   }
-  for (const auto& [name, value] : {std::pair<const char*, double>{"shard_param_frac", shard_param_frac},
-                                    {"offload_optim_frac", offload_optim_frac},
-                                    {"offload_param_frac", offload_param_frac},
-                                    {"gpu_margin_mem_ratio", gpu_margin_mem_ratio}}) {
+  for (const auto& [name, value] : {std::pair<const char*, double>{"shard_param_frac", gemini.shard_param_frac},
+                                    {"offload_optim_frac", gemini.offload_optim_frac},
+                                    {"offload_param_frac", gemini.offload_param_frac},
+                                    {"gpu_margin_mem_ratio", gemini.gpu_margin_mem_ratio}}) {
     if (!is_fraction(value)) {
       throw ConfigError(fmt::format("gemini: {}={} must be in [0, 1], e.g. {}", name, value,
                                     std::string(name) == "shard_param_frac" ? "1.0" : "0.0"));
     }
   }
   for (const auto& [name, value] :
-       {std::pair<const char*, double>{"warmup_non_model_data_ratio", warmup_non_model_data_ratio},
-        {"steady_cuda_cap_ratio", steady_cuda_cap_ratio}}) {
+       {std::pair<const char*, double>{"warmup_non_model_data_ratio", gemini.warmup_non_model_data_ratio},
+        {"steady_cuda_cap_ratio", gemini.steady_cuda_cap_ratio}}) {
     if (!(value > 0.0 && value <= 1.0)) {
       throw ConfigError(fmt::format("gemini: {}={} must be in (0, 1], e.g. 0.8", name, value));
     }
   }
-  if (placement_policy == "auto") {
+  if (gemini.placement_policy == "auto") {
     // Colossal-AI ignores these under auto; a setting that does nothing is
     // refused here.
-    if (shard_param_frac != 1.0 || offload_optim_frac != 0.0 || offload_param_frac != 0.0) {
+    if (gemini.shard_param_frac != 1.0 || gemini.offload_optim_frac != 0.0 || gemini.offload_param_frac != 0.0) {
       throw ConfigError(
           fmt::format("gemini: shard_param_frac={} / offload_optim_frac={} / "
                       "offload_param_frac={} only apply to "
                       "placement_policy='static'; under 'auto' the traced warm-up decides "
                       "(leave them at 1.0 / 0.0 / 0.0)",
-                      shard_param_frac, offload_optim_frac, offload_param_frac));
+                      gemini.shard_param_frac, gemini.offload_optim_frac, gemini.offload_param_frac));
     }
-  } else if (gpu_margin_mem_ratio != 0.0) {
+  } else if (gemini.gpu_margin_mem_ratio != 0.0) {
     throw ConfigError(
         fmt::format("gemini: gpu_margin_mem_ratio={} only applies to "
                     "placement_policy='auto'; use offload_optim_frac "
                     "under 'static'",
-                    gpu_margin_mem_ratio));
+                    gemini.gpu_margin_mem_ratio));
   }
-  if (offload_param_frac > 0.0 && shard_param_frac < 1.0) {
+  if (gemini.offload_param_frac > 0.0 && gemini.shard_param_frac < 1.0) {
     throw ConfigError(
         fmt::format("gemini: offload_param_frac={} needs shard_param_frac=1.0 "
                     "(got {}): a chunk kept gathered on every rank "
                     "has no shard to offload",
-                    offload_param_frac, shard_param_frac));
+                    gemini.offload_param_frac, gemini.shard_param_frac));
   }
-  if (max_prefetch < 0) throw ConfigError(fmt::format("gemini: max_prefetch={} must be >= 0, e.g. 0", max_prefetch));
+  if (gemini.max_prefetch < 0) throw ConfigError(fmt::format("gemini: max_prefetch={} must be >= 0, e.g. 0", gemini.max_prefetch));
   if (!(search_range_m >= 0.0) || !std::isfinite(search_range_m)) {
     throw ConfigError(fmt::format("gemini: search_range_m={} must be >= 0, e.g. 32", search_range_m));
   }
@@ -179,61 +179,43 @@ void GeminiPluginOptions::validate() const {
   }
   if (hidden_dim < 0)
     throw ConfigError(fmt::format("gemini: hidden_dim={} must be >= 0 (0: search by 1024)", hidden_dim));
-  if (!(max_norm >= 0.0) || !std::isfinite(max_norm)) {
-    throw ConfigError(fmt::format("gemini: max_norm={} is invalid; use 0 (no clipping) or e.g. 1.0", max_norm));
+  if (!(gemini.max_norm >= 0.0) || !std::isfinite(gemini.max_norm)) {
+    throw ConfigError(fmt::format("gemini: max_norm={} is invalid; use 0 (no clipping) or e.g. 1.0", gemini.max_norm));
   }
-  if (!(norm_type > 0.0))
-    throw ConfigError(fmt::format("gemini: norm_type={} is invalid; use 2 or infinity", norm_type));
-  if (!master_weights && precision == "fp16") {
+  if (!(gemini.norm_type > 0.0))
+    throw ConfigError(fmt::format("gemini: norm_type={} is invalid; use 2 or infinity", gemini.norm_type));
+  if (!gemini.master_weights && gemini.precision == "fp16") {
     throw ConfigError(
         "gemini: master_weights=false with precision='fp16' "
         "would step fp16 shards with a loss scale; use bf16 "
         "or keep master_weights=true");
   }
-  if (!is_fraction(nvme_offload_fraction)) {
+  if (!is_fraction(gemini.nvme_offload_fraction)) {
     throw ConfigError(
-        fmt::format("gemini: nvme_offload_fraction={} must be in [0, 1], e.g. 0.5", nvme_offload_fraction));
+        fmt::format("gemini: nvme_offload_fraction={} must be in [0, 1], e.g. 0.5", gemini.nvme_offload_fraction));
   }
-  if (nvme_offload_fraction > 0.0) {
-    if (nvme_offload_dir.empty()) {
+  if (gemini.nvme_offload_fraction > 0.0) {
+    if (gemini.nvme_offload_dir.empty()) {
       throw ConfigError(fmt::format(
-          "gemini: nvme_offload_fraction={} needs nvme_offload_dir, e.g. '/local_nvme/gemini'", nvme_offload_fraction));
+          "gemini: nvme_offload_fraction={} needs nvme_offload_dir, e.g. '/local_nvme/gemini'", gemini.nvme_offload_fraction));
     }
-    if (placement_policy != "static" || offload_optim_frac <= 0.0) {
+    if (gemini.placement_policy != "static" || gemini.offload_optim_frac <= 0.0) {
       throw ConfigError(fmt::format(
           "gemini: nvme_offload_fraction={} moves host-offloaded optimizer state to files, so it needs "
           "placement_policy='static' with offload_optim_frac > 0 (got '{}', {}); e.g. offload_optim_frac=1.0",
-          nvme_offload_fraction, placement_policy, offload_optim_frac));
+          gemini.nvme_offload_fraction, gemini.placement_policy, gemini.offload_optim_frac));
     }
   }
-  gemini_options().loss_scaler.validate();
+  gemini.loss_scaler.validate();
 }
 
 zero::gemini::GeminiOptions GeminiPluginOptions::gemini_options() const {
   constexpr double kMi = 1024.0 * 1024.0;
-  return zero::gemini::GeminiOptions{
-      .placement_policy = placement_policy,
-      .shard_param_frac = shard_param_frac,
-      .offload_optim_frac = offload_optim_frac,
-      .offload_param_frac = offload_param_frac,
-      .warmup_non_model_data_ratio = warmup_non_model_data_ratio,
-      .steady_cuda_cap_ratio = steady_cuda_cap_ratio,
-      .gpu_margin_mem_ratio = gpu_margin_mem_ratio,
-      .precision = precision,
-      .master_weights = master_weights,
-      .pin_memory = pin_memory,
-      .max_prefetch = max_prefetch,
-      .enable_gradient_accumulation = enable_gradient_accumulation,
-      .chunk_search = {.min_chunk_numel = static_cast<int64_t>(std::llround(min_chunk_size_m * kMi)),
-                       .search_range_numel = static_cast<int64_t>(std::llround(search_range_m * kMi)),
-                       .search_interval = hidden_dim > 0 ? hidden_dim : 1024},
-      .loss_scaler = loss_scaler,
-      .max_norm = max_norm,
-      .norm_type = norm_type,
-      .memory_probe = memory_probe,
-      .param_source = param_source,
-      .nvme_offload_fraction = nvme_offload_fraction,
-      .nvme_offload_dir = nvme_offload_dir};
+  zero::gemini::GeminiOptions options = gemini;
+  options.chunk_search = {.min_chunk_numel = static_cast<int64_t>(std::llround(min_chunk_size_m * kMi)),
+                          .search_range_numel = static_cast<int64_t>(std::llround(search_range_m * kMi)),
+                          .search_interval = hidden_dim > 0 ? hidden_dim : 1024};
+  return options;
 }
 
 GeminiPlugin::GeminiPlugin(GeminiPluginOptions options, cluster::ProcessGroupPtr group)

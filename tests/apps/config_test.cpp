@@ -217,7 +217,7 @@ lazy_init = true
 [train]
 grad_accum = 2
 )");
-  const auto& g = c.plugin.gemini;
+  const auto& g = c.plugin.gemini.gemini;
   EXPECT_EQ(c.plugin.name, "gemini");
   EXPECT_EQ(g.shard_param_frac, 0.5);
   EXPECT_EQ(g.offload_optim_frac, 1.0);
@@ -225,9 +225,9 @@ grad_accum = 2
   EXPECT_TRUE(g.pin_memory);
   EXPECT_EQ(g.max_prefetch, 2);
   EXPECT_TRUE(g.enable_gradient_accumulation);
-  EXPECT_EQ(g.search_range_m, 8.0);
-  EXPECT_EQ(g.min_chunk_size_m, 4.0);
-  EXPECT_EQ(g.hidden_dim, 768);
+  EXPECT_EQ(c.plugin.gemini.search_range_m, 8.0);
+  EXPECT_EQ(c.plugin.gemini.min_chunk_size_m, 4.0);
+  EXPECT_EQ(c.plugin.gemini.hidden_dim, 768);
   EXPECT_EQ(g.max_norm, 1.0);
   EXPECT_EQ(g.nvme_offload_fraction, 0.5);
   EXPECT_EQ(g.nvme_offload_dir, "/tmp/nvme");
@@ -312,7 +312,7 @@ TEST(ConfigSchema, EveryReferencedKeyIsReadAndPrintConfigRoundTrips) {
   const auto again = parse_train_config(printed);
   EXPECT_EQ(colossus::apps::effective_config_toml(again), printed);
   EXPECT_EQ(again.train.steps, 77);
-  EXPECT_EQ(again.plugin.gemini.offload_optim_frac, 0.5);
+  EXPECT_EQ(again.plugin.gemini.gemini.offload_optim_frac, 0.5);
   EXPECT_EQ(again.model.config.at("n_layer"), "3");
   ASSERT_TRUE(again.booster.device.has_value());
   EXPECT_NE(printed.find("[plugin]"), std::string::npos) << printed;

@@ -291,17 +291,17 @@ TEST(Gemini, BadOptionsAreConfigErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error({.placement_policy = "cuda"}, "placement_policy='cuda'");
-  expect_error({.shard_param_frac = 1.5}, "shard_param_frac=1.5");
-  expect_error({.offload_optim_frac = -0.1}, "offload_optim_frac=-0.1");
-  expect_error({.placement_policy = "auto", .offload_optim_frac = 1.0}, "only apply to placement_policy='static'");
-  expect_error({.gpu_margin_mem_ratio = 0.5}, "only applies to placement_policy='auto'");
-  expect_error({.shard_param_frac = 0.5, .offload_param_frac = 0.5}, "needs shard_param_frac=1.0");
-  expect_error({.steady_cuda_cap_ratio = 0.0}, "steady_cuda_cap_ratio=0");
-  expect_error({.precision = "fp8"}, "precision='fp8'");
-  expect_error({.max_prefetch = -1}, "max_prefetch=-1");
-  expect_error({.precision = "fp16", .master_weights = false}, "master_weights=false");
-  expect_error({.loss_scaler = {.initial_scale = 0}}, "initial_scale");
+  expect_error({.gemini = {.placement_policy = "cuda"}}, "placement_policy='cuda'");
+  expect_error({.gemini = {.shard_param_frac = 1.5}}, "shard_param_frac=1.5");
+  expect_error({.gemini = {.offload_optim_frac = -0.1}}, "offload_optim_frac=-0.1");
+  expect_error({.gemini = {.placement_policy = "auto", .offload_optim_frac = 1.0}}, "only apply to placement_policy='static'");
+  expect_error({.gemini = {.gpu_margin_mem_ratio = 0.5}}, "only applies to placement_policy='auto'");
+  expect_error({.gemini = {.shard_param_frac = 0.5, .offload_param_frac = 0.5}}, "needs shard_param_frac=1.0");
+  expect_error({.gemini = {.steady_cuda_cap_ratio = 0.0}}, "steady_cuda_cap_ratio=0");
+  expect_error({.gemini = {.precision = "fp8"}}, "precision='fp8'");
+  expect_error({.gemini = {.max_prefetch = -1}}, "max_prefetch=-1");
+  expect_error({.gemini = {.precision = "fp16", .master_weights = false}}, "master_weights=false");
+  expect_error({.gemini = {.loss_scaler = {.initial_scale = 0}}}, "initial_scale");
   // Accumulating without the option is refused, not silently wrong.
   ZeroRun run({.model = "gpt2", .plugin = "gemini"});
   EXPECT_THROW(run.booster().no_sync(*run.boosted().model), ConfigError);

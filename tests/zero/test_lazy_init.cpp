@@ -23,10 +23,9 @@ namespace {
 
 booster::GeminiPluginOptions small_chunks(models::ParamSource source = {}, double min_chunk_size_m = 0.001,
                                           double search_range_m = 0.004) {
-  return {.precision = "fp32",
+  return {.gemini = {.precision = "fp32", .param_source = std::move(source)},
           .search_range_m = search_range_m,
-          .min_chunk_size_m = min_chunk_size_m,
-          .param_source = std::move(source)};
+          .min_chunk_size_m = min_chunk_size_m};
 }
 
 models::ModelConfig wider_gpt2() {  // ~3.3M parameters: well above allocator noise

@@ -90,24 +90,25 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                               : models::create_model(config_of(spec), {.seed = kModelSeed});
   if (spec.plugin == "gemini") {
     plugin = std::make_shared<booster::GeminiPlugin>(
-        booster::GeminiPluginOptions{.placement_policy = spec.placement_policy,
-                                     .shard_param_frac = spec.shard_param_frac,
-                                     .offload_optim_frac = spec.offload_optim_frac,
-                                     .offload_param_frac = spec.offload_param_frac,
-                                     .gpu_margin_mem_ratio = spec.gpu_margin_mem_ratio,
-                                     .precision = spec.precision,
-                                     .master_weights = spec.master_weights,
-                                     .max_prefetch = spec.max_prefetch,
-                                     .enable_gradient_accumulation = spec.micro_batches > 1,
-                                     .search_range_m = spec.search_range_m,
-                                     .min_chunk_size_m = spec.min_chunk_size_m,
-                                     .loss_scaler = {.initial_scale = spec.initial_scale, .max_scale = 4294967296.0},
-                                     .max_norm = spec.max_norm,
-                                     .nvme_offload_fraction = spec.nvme_offload_fraction,
-                                     .nvme_offload_dir = spec.nvme_offload_dir,
-                                     .memory_probe = spec.memory_probe,
-                                     .param_source = spec.lazy_init ? models::seeded_source(model, kModelSeed)
-                                                                    : models::ParamSource()},
+        booster::GeminiPluginOptions{
+            .gemini = {.placement_policy = spec.placement_policy,
+                       .shard_param_frac = spec.shard_param_frac,
+                       .offload_optim_frac = spec.offload_optim_frac,
+                       .offload_param_frac = spec.offload_param_frac,
+                       .gpu_margin_mem_ratio = spec.gpu_margin_mem_ratio,
+                       .precision = spec.precision,
+                       .master_weights = spec.master_weights,
+                       .max_prefetch = spec.max_prefetch,
+                       .enable_gradient_accumulation = spec.micro_batches > 1,
+                       .loss_scaler = {.initial_scale = spec.initial_scale, .max_scale = 4294967296.0},
+                       .max_norm = spec.max_norm,
+                       .memory_probe = spec.memory_probe,
+                       .param_source =
+                           spec.lazy_init ? models::seeded_source(model, kModelSeed) : models::ParamSource(),
+                       .nvme_offload_fraction = spec.nvme_offload_fraction,
+                       .nvme_offload_dir = spec.nvme_offload_dir},
+            .search_range_m = spec.search_range_m,
+            .min_chunk_size_m = spec.min_chunk_size_m},
         group_);
   } else if (spec.plugin == "ddp") {
     plugin = std::make_shared<booster::DDPPlugin>(booster::DDPPluginOptions{}, group_);

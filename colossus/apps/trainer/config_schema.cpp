@@ -240,28 +240,28 @@ const std::vector<Section>& sections() {
                   return c.plugin.low_level_zero.loss_scaler;
                 }));
     s.push_back({"plugin", "name = \"gemini\"", {
-        COLOSSUS_KEY("placement_policy", "static | auto", plugin.gemini.placement_policy),
-        COLOSSUS_KEY("shard_param_frac", "static: share of chunks sharded (the rest stay gathered)", plugin.gemini.shard_param_frac),
-        COLOSSUS_KEY("offload_optim_frac", "static: share of sharded chunks whose optimizer side lives in host memory", plugin.gemini.offload_optim_frac),
-        COLOSSUS_KEY("offload_param_frac", "static: share of sharded chunks whose parameter shard lives in host memory", plugin.gemini.offload_param_frac),
-        COLOSSUS_KEY("warmup_non_model_data_ratio", "auto: non-model share of device memory assumed in the warm-up step", plugin.gemini.warmup_non_model_data_ratio),
-        COLOSSUS_KEY("steady_cuda_cap_ratio", "auto: share of device capacity chunks may use after warm-up", plugin.gemini.steady_cuda_cap_ratio),
-        COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the margin optimizer shards may take", plugin.gemini.gpu_margin_mem_ratio),
-        COLOSSUS_KEY("precision", "fp16 (loss-scaled) | bf16 | fp32; replaces booster.mixed_precision", plugin.gemini.precision),
-        COLOSSUS_KEY("master_weights", "false: the bf16/fp16 shards are stepped directly", plugin.gemini.master_weights),
-        COLOSSUS_KEY("pin_memory", "host shards pinned (CUDA)", plugin.gemini.pin_memory),
-        COLOSSUS_KEY("max_prefetch", "chunks all-gathered ahead of use", plugin.gemini.max_prefetch),
-        COLOSSUS_KEY("enable_gradient_accumulation", "backward several times per step", plugin.gemini.enable_gradient_accumulation),
+        COLOSSUS_KEY("placement_policy", "static | auto", plugin.gemini.gemini.placement_policy),
+        COLOSSUS_KEY("shard_param_frac", "static: share of chunks sharded (the rest stay gathered)", plugin.gemini.gemini.shard_param_frac),
+        COLOSSUS_KEY("offload_optim_frac", "static: share of sharded chunks whose optimizer side lives in host memory", plugin.gemini.gemini.offload_optim_frac),
+        COLOSSUS_KEY("offload_param_frac", "static: share of sharded chunks whose parameter shard lives in host memory", plugin.gemini.gemini.offload_param_frac),
+        COLOSSUS_KEY("warmup_non_model_data_ratio", "auto: non-model share of device memory assumed in the warm-up step", plugin.gemini.gemini.warmup_non_model_data_ratio),
+        COLOSSUS_KEY("steady_cuda_cap_ratio", "auto: share of device capacity chunks may use after warm-up", plugin.gemini.gemini.steady_cuda_cap_ratio),
+        COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the margin optimizer shards may take", plugin.gemini.gemini.gpu_margin_mem_ratio),
+        COLOSSUS_KEY("precision", "fp16 (loss-scaled) | bf16 | fp32; replaces booster.mixed_precision", plugin.gemini.gemini.precision),
+        COLOSSUS_KEY("master_weights", "false: the bf16/fp16 shards are stepped directly", plugin.gemini.gemini.master_weights),
+        COLOSSUS_KEY("pin_memory", "host shards pinned (CUDA)", plugin.gemini.gemini.pin_memory),
+        COLOSSUS_KEY("max_prefetch", "chunks all-gathered ahead of use", plugin.gemini.gemini.max_prefetch),
+        COLOSSUS_KEY("enable_gradient_accumulation", "backward several times per step", plugin.gemini.gemini.enable_gradient_accumulation),
         COLOSSUS_KEY("search_range_m", "chunk size search range, millions of elements", plugin.gemini.search_range_m),
         COLOSSUS_KEY("min_chunk_size_m", "smallest chunk, millions of elements", plugin.gemini.min_chunk_size_m),
         COLOSSUS_KEY("hidden_dim", "> 0: the chunk size search steps by this", plugin.gemini.hidden_dim),
-        COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm (over the shards)", plugin.gemini.max_norm),
-        COLOSSUS_KEY("norm_type", "2 or infinity", plugin.gemini.norm_type),
-        COLOSSUS_KEY("nvme_offload_fraction", "static: share of host-offloaded chunks whose moments live in files", plugin.gemini.nvme_offload_fraction),
-        COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.nvme_offload_dir),
+        COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm (over the shards)", plugin.gemini.gemini.max_norm),
+        COLOSSUS_KEY("norm_type", "2 or infinity", plugin.gemini.gemini.norm_type),
+        COLOSSUS_KEY("nvme_offload_fraction", "static: share of host-offloaded chunks whose moments live in files", plugin.gemini.gemini.nvme_offload_fraction),
+        COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.gemini.nvme_offload_dir),
         COLOSSUS_KEY("lazy_init", "build the model on the meta device; each rank materialises only its shards", plugin.lazy_init)}});
     append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
-                  return c.plugin.gemini.loss_scaler;
+                  return c.plugin.gemini.gemini.loss_scaler;
                 }));
     s.push_back({"plugin", "name = \"hybrid_parallel\"", {
         COLOSSUS_KEY("tp_size", "tensor-parallel ranks", plugin.hybrid_parallel.tp_size),

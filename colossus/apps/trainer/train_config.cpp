@@ -114,7 +114,7 @@ void TrainConfig::validate() const {
                                     "gemini; set plugin.precision and plugin.max_norm instead",
                                     booster.mixed_precision, booster.max_norm));
     }
-    if (train.grad_accum > 1 && !plugin.gemini.enable_gradient_accumulation) {
+    if (train.grad_accum > 1 && !plugin.gemini.gemini.enable_gradient_accumulation) {
       throw ConfigError(fmt::format("train.grad_accum = {} with plugin gemini needs plugin.enable_gradient_accumulation "
                                     "= true",
                                     train.grad_accum));

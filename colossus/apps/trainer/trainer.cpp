@@ -159,7 +159,7 @@ void Trainer::build() {
 
   PluginSection plugin_section = config_.plugin;
   if (plugin_section.lazy_init) {
-    plugin_section.gemini.param_source = config_.model.pretrained.empty()
+    plugin_section.gemini.gemini.param_source = config_.model.pretrained.empty()
                                              ? models::seeded_source(model, config_.model.init_seed)
                                              : models::checkpoint_source(*model, config_.model.pretrained);
   }

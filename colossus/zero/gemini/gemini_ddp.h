@@ -47,13 +47,14 @@ struct GeminiOptions {
   double warmup_non_model_data_ratio = 0.8;
   double steady_cuda_cap_ratio = 0.9;
   double gpu_margin_mem_ratio = 0.0;
-  std::string precision = "fp32";             // parameter dtype: fp32, bf16, fp16 (loss-scaled)
+  std::string precision = "fp16";             // parameter dtype: fp16 (loss-scaled, Colossal-AI's default), bf16, fp32
   bool master_weights = true;                 // fp32 master shards (false: step the bf16/fp16 shard itself)
   bool pin_memory = false;                    // host shards in pinned memory (CUDA only)
   int max_prefetch = 0;                       // chunks all-gathered ahead of the segment that needs them
   bool enable_gradient_accumulation = false;  // several backwards per step sum into the gradient shards
   ChunkSearchOptions chunk_search = {};
-  amp::LossScalerOptions loss_scaler = {};
+  // Colossal-AI's GeminiPlugin defaults: 2^16 to start, at most 2^32.
+  amp::LossScalerOptions loss_scaler = {.initial_scale = 65536.0, .max_scale = 4294967296.0};
   double max_norm = 0.0;
   double norm_type = 2.0;
   // Device memory figures for the auto policy (default:
