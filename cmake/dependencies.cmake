@@ -29,6 +29,8 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 # Unicode normalisation of tokenizer.json normalizers (NFC, NFKC, ...).
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# Split pre-tokenizer regexes beyond the hand-written ones (the engine HF tokenizers uses).
+pkg_check_modules(ONIGURUMA REQUIRED IMPORTED_TARGET oniguruma)
 # cpp-httplib for `colossus serve` (Debian's split build: its pkg-config carries
 # the compile definitions the library was built with). Optional: without it
 # the server is left out and `colossus serve` says so.

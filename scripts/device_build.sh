@@ -11,8 +11,10 @@ export TORCH_CUDA_ARCH_LIST=9.0
 out=${OUT:-/tmp/colossus-out}
 mkdir -p "$out"
 torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-# utf8proc from .devdeps where the image has none (scripts/pack_device_deps.sh).
-pkg-config --exists libutf8proc 2>/dev/null || export PKG_CONFIG_PATH="$PWD/.devdeps/utf8proc/lib/pkgconfig:${PKG_CONFIG_PATH:-}"
+# utf8proc and Oniguruma from .devdeps where the image has none (scripts/pack_device_deps.sh).
+for lib in libutf8proc oniguruma; do
+  pkg-config --exists "$lib" 2>/dev/null || export PKG_CONFIG_PATH="$PWD/.devdeps/$lib/lib/pkgconfig:${PKG_CONFIG_PATH:-}"
+done
 
 start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 TORCH_VERSION=2.11.0
 APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config python3-venv
   libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev libfmt-dev
-  libtomlplusplus-dev libcpp-httplib-dev libsentencepiece-dev libutf8proc-dev libgtest-dev curl)
+  libtomlplusplus-dev libcpp-httplib-dev libsentencepiece-dev libutf8proc-dev libonig-dev libgtest-dev curl)
 # Test oracles only: the product never imports Python.
 PY_ORACLES=(numpy transformers tokenizers safetensors sentencepiece protobuf openai)
 

@@ -58,6 +58,7 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeConfig config)
       model_(make_model(config)),
       normalizer_(config.normalizer),
       pattern_(config.pattern),
+      splitter_(config.split_regex ? std::make_shared<const RegexSplitter>(*config.split_regex) : nullptr),
       add_prefix_space_(config.add_prefix_space),
       prefix_ids_(config.prefix_ids),
       suffix_ids_(config.suffix_ids),
@@ -112,7 +113,11 @@ void ByteLevelBpeTokenizer::encode_plain(std::string_view text, std::vector<int3
     prefixed.append(text);
     text = prefixed;
   }
-  pre_tokenize(text, pattern_, words);
+  if (splitter_) {
+    splitter_->split(text, words);
+  } else {
+    pre_tokenize(text, pattern_, words);
+  }
   for (std::string_view word : words) model_.encode_word(word, ids);
 }
 

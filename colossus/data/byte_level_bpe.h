@@ -6,8 +6,10 @@
 #include "colossus/data/bpe_model.h"
 #include "colossus/data/normalizer.h"
 #include "colossus/data/pre_tokenize.h"
+#include "colossus/data/regex_split.h"
 #include "colossus/data/tokenizer.h"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -24,6 +26,9 @@ struct ByteLevelBpeConfig {
   std::vector<AddedToken> added_tokens;
   Normalizer normalizer;  // on the text between raw-matched added tokens
   SplitPattern pattern = SplitPattern::kGpt2;
+  // A Split regex none of the hand-written patterns spells: run by Oniguruma
+  // (regex_split.h) in place of `pattern`.
+  std::optional<std::string> split_regex;
   bool add_prefix_space = false;  // prepend ' ' to each text segment lacking one
   // What add_special_tokens puts before and after a sequence (post processor).
   std::vector<int32_t> prefix_ids;
@@ -59,6 +64,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   BpeModel model_;
   Normalizer normalizer_;
   SplitPattern pattern_;
+  std::shared_ptr<const RegexSplitter> splitter_;  // set: used instead of pattern_
   bool add_prefix_space_;
   std::vector<int32_t> prefix_ids_;
   std::vector<int32_t> suffix_ids_;

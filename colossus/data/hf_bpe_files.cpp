@@ -154,17 +154,18 @@ void read_pre_tokenizer(const json& node, const std::string& path, ByteLevelBpeC
     throw ConfigError(
         fmt::format("{}: Split pattern {} is not supported; expected {{\"Regex\": ...}}", path, pattern.dump()));
   }
-  auto known = split_pattern_from_regex(pattern["Regex"].get<std::string>());
-  if (!known) {
-    throw ConfigError(fmt::format("{}: Split regex {} is not one of the known pre-tokenizer regexes "
-                                  "(GPT-2, LLaMA-3, Qwen2)",
-                                  path, pattern["Regex"].dump()));
-  }
+  // The GPT-2, LLaMA-3 and Qwen2 regexes run hand-written; any other through Oniguruma.
+  const std::string regex = pattern["Regex"].get<std::string>();
+  const auto known = split_pattern_from_regex(regex);
   if (split.value("behavior", "") != "Isolated" || flag(split, "invert", false)) {
     throw ConfigError(fmt::format("{}: Split must have behavior 'Isolated' and invert false; got {}", path,
                                   split.dump().substr(0, 200)));
   }
-  config.pattern = *known;
+  if (known) {
+    config.pattern = *known;
+  } else {
+    config.split_regex = regex;
+  }
   read_byte_level_pre_tokenizer(parts[1], true, path, config);
 }
 

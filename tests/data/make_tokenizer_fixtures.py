@@ -21,6 +21,8 @@ GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# Digits in pairs, words with their leading space, CJK one character at a time.
+CUSTOM_REGEX = r"\p{N}{1,2}|[\p{Han}\p{Hiragana}\p{Katakana}]| ?[\p{L}&&[^\p{Han}]]+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 SNIPPETS = [
     "The quick brown fox jumps over the lazy dog.", "don't", "I'LL", "we've", "they're", "she'd", "it's", "I'm",
@@ -227,6 +229,14 @@ def main():
         normalized = Tokenizer.from_str(json.dumps(normalized_json))
         save(normalized, os.path.join(out, name, "tokenizer.json"))
         entries.append(hf_entry(name, name, normalized, texts, corpus, False, "<|begin_of_text|>", None, None))
+
+    # A Split regex none of the hand-written pre-tokenizers spells (Oniguruma).
+    custom_json = copy.deepcopy(qwen_json)
+    custom_json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = CUSTOM_REGEX
+    custom = Tokenizer.from_str(json.dumps(custom_json))
+    save(custom, os.path.join(out, "custom_regex", "tokenizer.json"))
+    entries.append(hf_entry("custom_regex", "custom_regex", custom, texts, corpus, True, "<|begin_of_text|>", None,
+                            None))
 
     # SentencePiece: LLaMA-2 style BPE with byte fallback, and unigram.
     os.makedirs(os.path.join(out, "sp_bpe"), exist_ok=True)

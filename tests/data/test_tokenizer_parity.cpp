@@ -3,6 +3,7 @@
 // sentencepiece give, on texts covering scripts, emoji, whitespace runs,
 // numbers, contractions and special tokens inside the text.
 #include "colossus/data/pre_tokenize.h"
+#include "colossus/data/regex_split.h"
 #include "colossus/data/tokenizer.h"
 #include "tests/data/tokenizer_fixtures.h"
 
@@ -101,7 +102,8 @@ TEST_P(TokenizerParity, ConcurrentEncodeIsConsistent) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerParity,
                          ::testing::Values("gpt2_json", "gpt2_legacy_merges", "gpt2_files", "gpt2_added", "llama3_json",
-                                           "qwen2_json", "qwen2_nfc", "qwen2_nfkc", "sp_bpe", "sp_unigram"));
+                                           "qwen2_json", "qwen2_nfc", "qwen2_nfkc", "custom_regex", "sp_bpe",
+                                           "sp_unigram"));
 
 // The hand-written regexes split exactly as Oniguruma does.
 TEST(PreTokenize, SplitsMatchOniguruma) {
@@ -116,6 +118,26 @@ TEST(PreTokenize, SplitsMatchOniguruma) {
       const auto text = texts[i].get<std::string>();
       std::vector<std::string_view> pieces;
       pre_tokenize(text, pattern, pieces);
+      EXPECT_EQ(std::vector<std::string>(pieces.begin(), pieces.end()), splits[i].get<std::vector<std::string>>())
+          << name << " on: " << text.substr(0, 80);
+    }
+  }
+}
+
+// Our Oniguruma splitter (any Split regex) gives what tokenizers' does, on the
+// same three regexes, spelled as tokenizer.json spells them.
+TEST(PreTokenize, RegexSplitterMatchesTokenizers) {
+  const auto& expected = fixtures().expected;
+  const auto& texts = expected["texts"];
+  for (const auto& [name, pattern] :
+       {std::pair{"gpt2", SplitPattern::kGpt2}, std::pair{"llama3", SplitPattern::kLlama3},
+        std::pair{"qwen2", SplitPattern::kQwen2}}) {
+    const RegexSplitter splitter{std::string(split_pattern_regex(pattern))};
+    const auto& splits = expected["splits"][name];
+    for (std::size_t i = 0; i < texts.size(); ++i) {
+      const auto text = texts[i].get<std::string>();
+      std::vector<std::string_view> pieces;
+      splitter.split(text, pieces);
       EXPECT_EQ(std::vector<std::string>(pieces.begin(), pieces.end()), splits[i].get<std::vector<std::string>>())
           << name << " on: " << text.substr(0, 80);
     }
