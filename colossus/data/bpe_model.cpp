@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <mutex>
+#include <utility>
 
 namespace colossus::data {
 
@@ -82,6 +83,8 @@ BpeModel::BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::st
   for (int b = 0; b < 256; ++b) {
     auto it = vocab_.find(byte_to_unicode(static_cast<uint8_t>(b)));
     byte_ids_[b] = it == vocab_.end() ? -1 : it->second;
+    auto fallback = vocab_.find(fmt::format("<0x{:02X}>", b));
+    fallback_ids_[b] = fallback == vocab_.end() ? -1 : fallback->second;
   }
   merges_.reserve(merges.size());
   for (std::size_t rank = 0; rank < merges.size(); ++rank) {
@@ -123,25 +126,65 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& ids) con
   }
 }
 
+void BpeModel::initial_symbols(std::string_view word, std::vector<int32_t>& symbol_ids) const {
+  // As tokenizers' BPE::merge_word: an unknown char waits as a pending unk
+  // (fused with the next unknown one under fuse_unk) that the next known
+  // char flushes; byte-fallback tokens do not flush it.
+  std::optional<int32_t> pending_unk;
+  std::size_t pos = 0;
+  while (pos < word.size()) {
+    std::size_t length = 1;
+    int32_t id = -1;
+    if (options_.byte_level) {
+      id = byte_ids_[static_cast<uint8_t>(word[pos])];
+    } else {
+      length = decode_utf8(word, pos).bytes;
+      if (auto it = vocab_.find(word.substr(pos, length)); it != vocab_.end()) id = it->second;
+    }
+    const std::string_view unit = word.substr(pos, length);
+    pos += length;
+    if (id >= 0) {
+      if (pending_unk) symbol_ids.push_back(*std::exchange(pending_unk, std::nullopt));
+      symbol_ids.push_back(id);
+      continue;
+    }
+    if (options_.byte_fallback) {
+      // The <0xNN> tokens of the unit as the vocabulary spells it.
+      const std::string spelled =
+          options_.byte_level ? byte_to_unicode(static_cast<uint8_t>(unit[0])) : std::string(unit);
+      const bool all_known = std::all_of(spelled.begin(), spelled.end(),
+                                         [&](char c) { return fallback_ids_[static_cast<uint8_t>(c)] >= 0; });
+      if (all_known) {
+        for (char c : spelled) symbol_ids.push_back(fallback_ids_[static_cast<uint8_t>(c)]);
+        continue;
+      }
+    }
+    if (!options_.unk_id) continue;
+    if (pending_unk && !options_.fuse_unk) symbol_ids.push_back(*pending_unk);
+    pending_unk = options_.unk_id;
+  }
+  if (pending_unk) symbol_ids.push_back(*pending_unk);
+}
+
 void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& ids) const {
   if (options_.ignore_merges) {
     std::string mapped;
-    for (char c : word) mapped += byte_to_unicode(static_cast<uint8_t>(c));
-    if (auto it = vocab_.find(mapped); it != vocab_.end()) {
+    if (options_.byte_level) {
+      for (char c : word) mapped += byte_to_unicode(static_cast<uint8_t>(c));
+    }
+    if (auto it = vocab_.find(options_.byte_level ? std::string_view(mapped) : word); it != vocab_.end()) {
       ids.push_back(it->second);
       return;
     }
   }
+  thread_local std::vector<int32_t> symbol_ids;
   thread_local std::vector<Symbol> symbols;
   thread_local std::vector<Candidate> heap;
+  symbol_ids.clear();
   symbols.clear();
   heap.clear();
-  for (char c : word) {
-    int32_t id = byte_ids_[static_cast<uint8_t>(c)];
-    if (id < 0) {
-      if (!options_.unk_id) continue;
-      id = *options_.unk_id;
-    }
+  initial_symbols(word, symbol_ids);
+  for (int32_t id : symbol_ids) {
     const auto pos = static_cast<int32_t>(symbols.size());
     symbols.push_back({id, pos - 1, pos + 1, true});
   }

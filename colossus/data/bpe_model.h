@@ -1,6 +1,8 @@
-// The byte-level BPE model: GPT-2's byte-to-unicode alphabet, a vocabulary and
-// ranked merges over it, and the merge of one pre-token into ids (a heap of
-// candidate pairs, O(n log n) in the pre-token's length) behind a word cache.
+// The BPE model of a tokenizer.json: a vocabulary and ranked merges, over
+// GPT-2's byte-to-unicode alphabet (byte-level BPE) or over the text's own
+// chars with unknown ones as <0xNN> byte tokens (SentencePiece-style BPE), and
+// the merge of one pre-token into ids (a heap of candidate pairs, O(n log n)
+// in the pre-token's length) behind a word cache.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -28,21 +30,29 @@ struct StringHash {
 using Vocab = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
 struct BpeModelOptions {
+  // Words are raw bytes, each mapped to GPT-2's alphabet (a ByteLevel
+  // pre-tokenizer ran); otherwise the symbols are the word's UTF-8 chars.
+  bool byte_level = true;
   // Emit a pre-token that is itself in the vocabulary without merging (LLaMA-3).
   bool ignore_merges = false;
-  // Id for bytes missing from the vocabulary; without one they are dropped,
-  // as Hugging Face does.
+  // A char missing from the vocabulary becomes the <0xNN> tokens of its UTF-8
+  // bytes when all of them are in the vocabulary (LLaMA-2, Gemma).
+  bool byte_fallback = false;
+  // Id for chars missing from the vocabulary (after byte fallback); without
+  // one they are dropped, as Hugging Face does.
   std::optional<int32_t> unk_id;
+  // Consecutive unknown chars give one unk_id.
+  bool fuse_unk = false;
 };
 
 class BpeModel {
  public:
-  // vocab maps byte-level token strings to ids; merges are (left, right) token
+  // vocab maps token strings (byte-level or plain) to ids; merges are (left, right) token
   // pairs, rank = position. `source` names the file for error messages.
   BpeModel(Vocab vocab, const std::vector<std::pair<std::string, std::string>>& merges, BpeModelOptions options,
            const std::string& source);
 
-  // Appends the ids of one pre-token, given as raw bytes.
+  // Appends the ids of one pre-token (raw bytes when byte_level).
   void encode_word(std::string_view word, std::vector<int32_t>& ids) const;
 
   const Vocab& vocab() const { return vocab_; }
@@ -60,11 +70,14 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
   }
   void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
+  // The symbol ids a word starts as, before merging.
+  void initial_symbols(std::string_view word, std::vector<int32_t>& symbol_ids) const;
 
   Vocab vocab_;
   std::vector<std::string> id_to_token_;  // "" where an id is unused
   std::vector<bool> id_used_;
-  int32_t byte_ids_[256];  // id of each single byte's token, -1 if absent
+  int32_t byte_ids_[256];      // byte_level: id of each byte's alphabet char, -1 if absent
+  int32_t fallback_ids_[256];  // byte_fallback: id of each byte's <0xNN> token, -1 if absent
   std::unordered_map<uint64_t, Merge> merges_;
   BpeModelOptions options_;
 

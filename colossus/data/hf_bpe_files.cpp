@@ -40,25 +40,13 @@ bool flag(const json& node, const char* key, bool fallback) {
   return node[key].get<bool>();
 }
 
-bool mentions_byte_level(const json& node) {
-  if (type_of(node) == "ByteLevel") return true;
-  for (const char* list : {"pretokenizers", "decoders", "processors"}) {
-    if (node.is_object() && node.contains(list) && node[list].is_array()) {
-      for (const auto& child : node[list]) {
-        if (mentions_byte_level(child)) return true;
-      }
-    }
-  }
-  return false;
-}
-
 std::vector<std::pair<std::string, std::string>> read_merges(const json& merges, const std::string& path) {
   if (!merges.is_array()) throw ConfigError(fmt::format("{}: model.merges must be an array", path));
   std::vector<std::pair<std::string, std::string>> out;
   out.reserve(merges.size());
   for (const auto& merge : merges) {
     if (merge.is_string()) {
-      // Legacy form "left right": byte-level tokens never hold a plain space.
+      // Legacy form "left right": tokens never hold a plain space.
       const auto text = merge.get<std::string>();
       const auto space = text.find(' ');
       if (space == std::string::npos || text.find(' ', space + 1) != std::string::npos) {
@@ -85,12 +73,12 @@ Vocab read_vocab(const json& vocab, const std::string& path) {
   return out;
 }
 
-void read_model(const json& model, const std::string& path, ByteLevelBpeConfig& config) {
+void read_model(const json& model, const std::string& path, BpeTokenizerConfig& config) {
   const std::string type = type_of(model);
   if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
     throw ConfigError(
-        fmt::format("{}: model.type '{}' is not supported; expected a byte-level 'BPE' model "
-                    "(or a SentencePiece tokenizer.model)",
+        fmt::format("{}: model.type '{}' is not supported; expected a 'BPE' model (or a SentencePiece "
+                    "tokenizer.model)",
                     path, type.empty() ? "<none>" : type));
   }
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
@@ -98,15 +86,9 @@ void read_model(const json& model, const std::string& path, ByteLevelBpeConfig& 
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     if (model.contains(key) && !model[key].is_null() && !model[key].get<std::string>().empty()) {
-      throw ConfigError(fmt::format("{}: model.{} {} is not supported by byte-level BPE; expected null", path, key,
+      throw ConfigError(fmt::format("{}: model.{} {} is not supported; expected null", path, key,
                                     model[key].dump()));
     }
-  }
-  if (flag(model, "byte_fallback", false)) {
-    throw ConfigError(
-        fmt::format("{}: byte_fallback BPE (SentencePiece-style tokenizer.json) is not supported; "
-                    "load the directory's tokenizer.model instead",
-                    path));
   }
   if (!model.contains("vocab") || !model.contains("merges")) {
     throw ConfigError(fmt::format("{}: the BPE model needs 'vocab' and 'merges'", path));
@@ -114,59 +96,11 @@ void read_model(const json& model, const std::string& path, ByteLevelBpeConfig& 
   config.vocab = read_vocab(model["vocab"], path);
   config.merges = read_merges(model["merges"], path);
   config.ignore_merges = flag(model, "ignore_merges", false);
+  config.byte_fallback = flag(model, "byte_fallback", false);
+  config.fuse_unk = flag(model, "fuse_unk", false);
   if (model.contains("unk_token") && !model["unk_token"].is_null()) {
     config.unk_token = model["unk_token"].get<std::string>();
-    if (flag(model, "fuse_unk", false)) {
-      throw ConfigError(fmt::format("{}: fuse_unk is not supported; expected false", path));
-    }
   }
-}
-
-void read_byte_level_pre_tokenizer(const json& node, bool split_before, const std::string& path,
-                                   ByteLevelBpeConfig& config) {
-  const bool use_regex = flag(node, "use_regex", true);
-  config.add_prefix_space = flag(node, "add_prefix_space", false);
-  if (split_before == use_regex) {
-    throw ConfigError(fmt::format("{}: ByteLevel pre_tokenizer with use_regex={} {} a Split is not supported", path,
-                                  use_regex, split_before ? "after" : "without"));
-  }
-  if (split_before && config.add_prefix_space) {
-    throw ConfigError(
-        fmt::format("{}: ByteLevel add_prefix_space after a Split is not supported; expected false", path));
-  }
-}
-
-void read_pre_tokenizer(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
-  const std::string type = type_of(node);
-  if (type == "ByteLevel") return read_byte_level_pre_tokenizer(node, false, path, config);
-  const json& parts = field(node, "pretokenizers");
-  const bool is_split_sequence = type == "Sequence" && parts.is_array() && parts.size() == 2 &&
-                                 type_of(parts[0]) == "Split" && type_of(parts[1]) == "ByteLevel";
-  if (!is_split_sequence) {
-    throw ConfigError(
-        fmt::format("{}: pre_tokenizer {} is not supported; expected ByteLevel, or a Sequence of a "
-                    "Split (GPT-2/LLaMA-3/Qwen2 regex) and ByteLevel",
-                    path, node.dump().substr(0, 200)));
-  }
-  const json& split = parts[0];
-  const json& pattern = field(split, "pattern");
-  if (!pattern.is_object() || !pattern.contains("Regex") || !pattern["Regex"].is_string()) {
-    throw ConfigError(
-        fmt::format("{}: Split pattern {} is not supported; expected {{\"Regex\": ...}}", path, pattern.dump()));
-  }
-  // The GPT-2, LLaMA-3 and Qwen2 regexes run hand-written; any other through Oniguruma.
-  const std::string regex = pattern["Regex"].get<std::string>();
-  const auto known = split_pattern_from_regex(regex);
-  if (split.value("behavior", "") != "Isolated" || flag(split, "invert", false)) {
-    throw ConfigError(fmt::format("{}: Split must have behavior 'Isolated' and invert false; got {}", path,
-                                  split.dump().substr(0, 200)));
-  }
-  if (known) {
-    config.pattern = *known;
-  } else {
-    config.split_regex = regex;
-  }
-  read_byte_level_pre_tokenizer(parts[1], true, path, config);
 }
 
 // The ids of a special token named in a post processor: its own id if the
@@ -177,7 +111,7 @@ int32_t post_processor_token_id(const json& entry, const std::string& path) {
   throw ConfigError(fmt::format("{}: post processor token {} must be [\"token\", id]", path, entry.dump()));
 }
 
-void read_template(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
+void read_template(const json& node, const std::string& path, BpeTokenizerConfig& config) {
   const json& single = field(node, "single");
   const json& specials = field(node, "special_tokens");
   if (!single.is_array()) throw ConfigError(fmt::format("{}: TemplateProcessing needs a 'single' template", path));
@@ -199,7 +133,7 @@ void read_template(const json& node, const std::string& path, ByteLevelBpeConfig
   }
 }
 
-void read_post_processor(const json& node, const std::string& path, ByteLevelBpeConfig& config) {
+void read_post_processor(const json& node, const std::string& path, BpeTokenizerConfig& config) {
   if (node.is_null()) return;
   const std::string type = type_of(node);
   if (type == "ByteLevel") return;  // adds no ids; only adjusts offsets
@@ -217,16 +151,6 @@ void read_post_processor(const json& node, const std::string& path, ByteLevelBpe
       fmt::format("{}: post_processor type '{}' is not supported; expected ByteLevel, "
                   "TemplateProcessing, RobertaProcessing, BertProcessing or a Sequence of them",
                   path, type));
-}
-
-void check_decoder(const json& node, const std::string& path) {
-  const std::string type = type_of(node);
-  if (type == "ByteLevel") return;
-  if (type == "Sequence" && field(node, "decoders").is_array() && field(node, "decoders").size() == 1) {
-    return check_decoder(field(node, "decoders")[0], path);
-  }
-  throw ConfigError(
-      fmt::format("{}: decoder {} is not supported; expected ByteLevel", path, node.dump().substr(0, 200)));
 }
 
 ConfiguredToken configured_token(const json& config, const char* key, const std::string& path) {
@@ -250,25 +174,22 @@ json read_json_file(const std::string& path) {
   }
 }
 
-bool is_byte_level_tokenizer_json(const json& json) {
-  return json.is_object() && ((json.contains("pre_tokenizer") && mentions_byte_level(field(json, "pre_tokenizer"))) ||
-                              (json.contains("decoder") && mentions_byte_level(field(json, "decoder"))));
+bool is_bpe_tokenizer_json(const json& tokenizer) {
+  const json& model = field(tokenizer, "model");
+  return type_of(model) == "BPE" || (type_of(model).empty() && model.contains("merges"));
 }
 
-ByteLevelBpeConfig read_hf_tokenizer_json(const json& json, const std::string& path) {
+BpeTokenizerConfig read_hf_tokenizer_json(const json& json, const std::string& path) {
   if (!json.is_object() || !json.contains("model")) {
     throw ConfigError(fmt::format("{}: not a tokenizer.json (no 'model' object)", path));
   }
-  ByteLevelBpeConfig config;
+  BpeTokenizerConfig config;
   config.source = path;
   try {
     read_model(field(json, "model"), path, config);
     config.normalizer = Normalizer::from_json(json.value("normalizer", nlohmann::json()), path);
-    if (field(json, "pre_tokenizer").is_null()) {
-      throw ConfigError(fmt::format("{}: a byte-level BPE needs a ByteLevel pre_tokenizer; found none", path));
-    }
-    read_pre_tokenizer(field(json, "pre_tokenizer"), path, config);
-    if (json.contains("decoder")) check_decoder(field(json, "decoder"), path);
+    config.pre_tokenizer = PreTokenizer::from_json(field(json, "pre_tokenizer"), path);
+    config.decoder = Decoder::from_json(field(json, "decoder"), path);
     if (json.contains("post_processor")) read_post_processor(field(json, "post_processor"), path, config);
     for (const auto& entry : json.value("added_tokens", json::array())) {
       config.added_tokens.push_back({.content = entry.at("content").get<std::string>(),
@@ -286,9 +207,11 @@ ByteLevelBpeConfig read_hf_tokenizer_json(const json& json, const std::string& p
   return config;
 }
 
-ByteLevelBpeConfig read_gpt2_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
-  ByteLevelBpeConfig config;
+BpeTokenizerConfig read_gpt2_vocab_merges(const std::string& vocab_path, const std::string& merges_path) {
+  BpeTokenizerConfig config;
   config.source = vocab_path + " + " + merges_path;
+  config.pre_tokenizer = PreTokenizer::byte_level(/*add_prefix_space=*/false);
+  config.decoder = Decoder::byte_level();
   config.vocab = read_vocab(read_json_file(vocab_path), vocab_path);
   std::istringstream lines(read_text_file(merges_path));
   std::string line;

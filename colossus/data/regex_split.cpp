@@ -6,6 +6,7 @@
 #include <oniguruma.h>
 
 #include <mutex>
+#include <optional>
 
 namespace colossus::data {
 
@@ -17,14 +18,6 @@ void initialize_oniguruma() {
     OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
     onig_initialize(encodings, 1);
   });
-}
-
-// Bytes of the UTF-8 character starting at `byte` (1 for a stray byte).
-size_t char_length(unsigned char byte) {
-  if (byte >= 0xF0) return 4;
-  if (byte >= 0xE0) return 3;
-  if (byte >= 0xC0) return 2;
-  return 1;
 }
 
 }  // namespace
@@ -45,33 +38,48 @@ RegexSplitter::RegexSplitter(const std::string& pattern) : pattern_(pattern), co
   if (status != ONIG_NORMAL) {
     OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
     onig_error_code_to_str(message, status, &info);
-    throw ConfigError(fmt::format("Split regex {} does not compile: {}", pattern_, reinterpret_cast<char*>(message)));
+    throw ConfigError(fmt::format("regex {} does not compile: {}", pattern_, reinterpret_cast<char*>(message)));
   }
 }
 
 RegexSplitter::~RegexSplitter() = default;
 
-void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& pieces) const {
+void RegexSplitter::find_matches(std::string_view text, std::vector<TextMatch>& out) const {
+  if (text.empty()) {
+    out.push_back({0, 0, false});
+    return;
+  }
   const auto* start = reinterpret_cast<const OnigUChar*>(text.data());
   const auto* end = start + text.size();
-  OnigRegion* region = onig_region_new();
-  size_t gap = 0, from = 0;
+  const std::unique_ptr<OnigRegion, void (*)(OnigRegion*)> region(onig_region_new(),
+                                                                  [](OnigRegion* r) { onig_region_free(r, 1); });
+  std::size_t gap = 0, from = 0;
+  std::optional<std::size_t> last_match_end;
   while (from <= text.size()) {
-    const int found = onig_search(compiled_->regex, start, end, start + from, end, region, ONIG_OPTION_NONE);
-    if (found < 0) break;  // ONIG_MISMATCH (or an error: the rest stays one piece)
-    const auto match_begin = static_cast<size_t>(region->beg[0]), match_end = static_cast<size_t>(region->end[0]);
+    const int found = onig_search(compiled_->regex, start, end, start + from, end, region.get(), ONIG_OPTION_NONE);
+    if (found < 0) break;  // ONIG_MISMATCH (or an error: the rest stays a gap)
+    const auto match_begin = static_cast<std::size_t>(region->beg[0]);
+    const auto match_end = static_cast<std::size_t>(region->end[0]);
     if (match_end == match_begin) {
-      // An empty match splits nothing; step over one character.
-      if (match_begin >= text.size()) break;
-      from = match_begin + char_length(static_cast<unsigned char>(text[match_begin]));
-      continue;
+      // Search on from the next char; an empty match right after a match is no match.
+      from = match_end + (match_end < text.size() ? utf8_char_length(static_cast<unsigned char>(text[match_end])) : 1);
+      if (last_match_end == match_end) continue;
+    } else {
+      from = match_end;
     }
-    if (match_begin > gap) pieces.push_back(text.substr(gap, match_begin - gap));
-    pieces.push_back(text.substr(match_begin, match_end - match_begin));
-    gap = from = match_end;
+    last_match_end = match_end;
+    if (match_begin > gap) out.push_back({gap, match_begin, false});
+    out.push_back({match_begin, match_end, true});
+    gap = match_end;
   }
-  if (gap < text.size()) pieces.push_back(text.substr(gap));
-  onig_region_free(region, 1);
+  if (gap < text.size()) out.push_back({gap, text.size(), false});
+}
+
+void RegexSplitter::split(std::string_view text, std::vector<std::string_view>& pieces) const {
+  thread_local std::vector<TextMatch> matches;
+  matches.clear();
+  find_matches(text, matches);
+  split_by_matches(text, matches, SplitBehavior::kIsolated, false, pieces);
 }
 
 }  // namespace colossus::data

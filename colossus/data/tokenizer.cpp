@@ -1,7 +1,7 @@
 #include "colossus/data/tokenizer.h"
 
 #include "colossus/core/errors.h"
-#include "colossus/data/byte_level_bpe.h"
+#include "colossus/data/bpe_tokenizer.h"
 #include "colossus/data/hf_bpe_files.h"
 #include "colossus/data/sentencepiece_tokenizer.h"
 
@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::optional<std::string> token_of_id(const ByteLevelBpeConfig& config, int32_t id) {
+std::optional<std::string> token_of_id(const BpeTokenizerConfig& config, int32_t id) {
   for (const auto& token : config.added_tokens) {
     if (token.id == id) return token.content;
   }
@@ -28,7 +28,7 @@ std::optional<std::string> token_of_id(const ByteLevelBpeConfig& config, int32_t
 
 // bos/eos/pad: tokenizer_config.json beside the files wins; without one, the
 // post processor's first and last added ids, then GPT-2's <|endoftext|>.
-void name_special_tokens(ByteLevelBpeConfig& config, const fs::path& dir) {
+void name_special_tokens(BpeTokenizerConfig& config, const fs::path& dir) {
   const bool has_endoftext = config.vocab.contains("<|endoftext|>") ||
                              std::any_of(config.added_tokens.begin(), config.added_tokens.end(),
                                          [](const AddedToken& t) { return t.content == "<|endoftext|>"; });
@@ -49,13 +49,13 @@ void name_special_tokens(ByteLevelBpeConfig& config, const fs::path& dir) {
 
 std::unique_ptr<Tokenizer> from_tokenizer_json(const fs::path& file) {
   const nlohmann::json json = read_json_file(file.string());
-  ByteLevelBpeConfig config = read_hf_tokenizer_json(json, file.string());
+  BpeTokenizerConfig config = read_hf_tokenizer_json(json, file.string());
   name_special_tokens(config, file.parent_path());
-  return std::make_unique<ByteLevelBpeTokenizer>(std::move(config));
+  return std::make_unique<BpeTokenizer>(std::move(config));
 }
 
 std::unique_ptr<Tokenizer> from_vocab_merges(const fs::path& vocab, const fs::path& merges) {
-  ByteLevelBpeConfig config = read_gpt2_vocab_merges(vocab.string(), merges.string());
+  BpeTokenizerConfig config = read_gpt2_vocab_merges(vocab.string(), merges.string());
   name_special_tokens(config, vocab.parent_path());
   // transformers treats the named special tokens of a GPT-2 directory as
   // added tokens, so they are matched whole in text.
@@ -67,7 +67,7 @@ std::unique_ptr<Tokenizer> from_vocab_merges(const fs::path& vocab, const fs::pa
     if (it != config.vocab.end() && !added)
       config.added_tokens.push_back({.content = it->first, .id = it->second, .special = true});
   }
-  return std::make_unique<ByteLevelBpeTokenizer>(std::move(config));
+  return std::make_unique<BpeTokenizer>(std::move(config));
 }
 
 std::unique_ptr<Tokenizer> from_directory(const fs::path& dir) {
@@ -76,9 +76,9 @@ std::unique_ptr<Tokenizer> from_directory(const fs::path& dir) {
   const fs::path vocab = dir / "vocab.json";
   const fs::path merges = dir / "merges.txt";
   if (fs::is_regular_file(json)) {
-    // LLaMA-2 directories hold a SentencePiece-style tokenizer.json next to
-    // the tokenizer.model it came from; the model is the exact one.
-    if (fs::is_regular_file(model) && !is_byte_level_tokenizer_json(read_json_file(json.string()))) {
+    // tokenizer.json is what transformers' fast tokenizers run; a model other
+    // than BPE (Unigram) falls back to the SentencePiece model beside it.
+    if (fs::is_regular_file(model) && !is_bpe_tokenizer_json(read_json_file(json.string()))) {
       return std::make_unique<SentencePieceTokenizer>(model.string());
     }
     return from_tokenizer_json(json);

@@ -1,6 +1,7 @@
 // The tokenizer interface every model input goes through, and load_tokenizer,
-// which reads a Hugging Face tokenizer directory or file: byte-level BPE
-// (tokenizer.json or vocab.json + merges.txt) or SentencePiece (tokenizer.model).
+// which reads a Hugging Face tokenizer directory or file: BPE (tokenizer.json,
+// byte-level or SentencePiece-style, or vocab.json + merges.txt) or
+// SentencePiece (tokenizer.model).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -46,8 +47,8 @@ class Tokenizer {
 
 // Loads a tokenizer from `path`:
 //   a directory with tokenizer.json, or vocab.json + merges.txt, or
-//   tokenizer.model (SentencePiece; also chosen over a tokenizer.json that is
-//   not byte-level, as LLaMA-2 directories ship both);
+//   tokenizer.model (SentencePiece; also chosen over a tokenizer.json whose
+//   model is not BPE, e.g. Unigram);
 //   or one of those files. A tokenizer_config.json beside a BPE tokenizer
 //   names its bos/eos/pad tokens.
 // Throws ConfigError naming the path when nothing loadable is there.

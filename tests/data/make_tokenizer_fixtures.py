@@ -14,7 +14,8 @@ import random
 import sys
 
 import sentencepiece as spm
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 from transformers import GPT2Tokenizer
 
 GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -72,6 +73,9 @@ def sample_texts(rng):
         # Decomposed and compatibility forms (the normalizers' work).
         "e\u0301cole A\u030angstro\u0308m", "\ufb01ne \ufb02ow \u2460\u2461 \uff26\uff55\uff4c\uff4c", "\u1100\u1161\u11a8",
         "\u01c5 \u2126 \u212b \u0344", "n\u0303o\u0308 <|begin_of_text|>e\u0301",
+        # SentencePiece-style: its specials and meta space in the text, case mapping, digits and punctuation.
+        "<s>hello</s> world<s>", "\u2581already \u2581\u2581spaced\u2581", " one leading", "MAGIC magic Magical",
+        "\u0130stanbul \u03a3\u0391\u03a3 \u00c9COLE", "v1.2.3-rc4 (x+y)=[z]; \u00bfque? \u00abguillemets\u00bb",
     ]
     for _ in range(25):
         texts.append(" ".join(corpus_text(rng, 1)) + rng.choice(["", "\n", "  ", "<|endoftext|>", "\t"]))
@@ -94,6 +98,76 @@ def train_byte_level(lines, pre_tokenizer, special_tokens):
     return tok
 
 
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+LLAMA2_DECODER = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(content=" ", left=1)])
+
+
+def state(component):
+    """The tokenizer.json spelling of a normalizer, pre-tokenizer or decoder."""
+    return json.loads(component.__getstate__())
+
+
+def train_sentencepiece_style(lines, normalizer, pre_tokenizer):
+    """SentencePiece-style BPE as LLaMA-2's tokenizer.json has it: <unk> <s> </s>, the 256 <0xNN> byte
+    tokens, then merges over a small alphabet (limit_alphabet), so CJK and emoji fall back to bytes."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    trainer = trainers.BpeTrainer(vocab_size=700, limit_alphabet=90, show_progress=False,
+                                  special_tokens=["<unk>", "<s>", "</s>"] + BYTE_TOKENS)
+    tok.train_from_iterator(lines, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    # The byte tokens are vocabulary, not added tokens.
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in ("<unk>", "<s>", "</s>")]
+    return spec
+
+
+def from_spec(spec, **parts):
+    """A tokenizer from a tokenizer.json dict with some components replaced (None: removed)."""
+    spec = copy.deepcopy(spec)
+    for key, value in parts.items():
+        spec[key] = state(value) if value is not None and not isinstance(value, dict) else value
+    return Tokenizer.from_str(json.dumps(spec)), spec
+
+
+def component_cases(texts, llama_tok):
+    """Normalizers, pre-tokenizers and decoders alone, as tokenizers runs them."""
+    norms = [normalizers.Lowercase(), normalizers.Strip(left=True, right=False), normalizers.Strip(),
+             normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581"), normalizers.Replace("ab", "X"),
+             normalizers.Replace(Regex(r"\s+"), " "), normalizers.Replace(Regex(r"\A +| +\z"), ""),
+             normalizers.Replace(Regex(r"x*"), "-"), normalizers.Replace(Regex(r"\A\u2581"), "\u2581\u2581"),
+             normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(), normalizers.Prepend("\u2581"),
+                                   normalizers.Replace(" ", "\u2581")])]
+    pres = [pre_tokenizers.Metaspace(prepend_scheme=scheme, split=split)
+            for scheme in ("always", "first", "never") for split in (True, False)]
+    pres += [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Digits(individual_digits=False),
+             pre_tokenizers.Whitespace(), pre_tokenizers.WhitespaceSplit()]
+    pres += [pre_tokenizers.Punctuation(behavior=b) for b in ("isolated", "removed", "contiguous",
+                                                             "merged_with_previous", "merged_with_next")]
+    for pattern in (Regex(r"\s+"), Regex(r"\p{N}|x*"), " ", Regex(r"[aeiou]")):
+        for behavior in ("removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"):
+            pres += [pre_tokenizers.Split(pattern, behavior=behavior, invert=invert) for invert in (False, True)]
+    pres += [pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]),
+             pre_tokenizers.Sequence([pre_tokenizers.Metaspace(prepend_scheme="first"),
+                                      pre_tokenizers.Split(Regex("<s>|\u2581\u2581"), behavior="isolated")])]
+    decs = [LLAMA2_DECODER, decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content="\u2581", left=2),
+            decoders.Replace(Regex("\u2581+"), "_"), decoders.Metaspace(),
+            decoders.Metaspace(prepend_scheme="never"),
+            decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(prepend_scheme="first")])]
+    token_lists = [llama_tok.encode(text).tokens for text in texts[:120]]
+    token_lists += [["<0xE4>", "<0xB8>", "a", "<0xE4>", "<0xB8>", "<0xAD>", "<0x0a>", "<0xFF>"], ["<0x+A>", "<0xzz>"],
+                    ["\u2581\u2581", "\u2581a", "b\u2581"], [], [""], ["\u2581"]]
+    return {
+        "normalizers": [{"json": state(n), "outputs": [n.normalize_str(t) for t in texts]} for n in norms],
+        "pre_tokenizers": [{"json": state(p), "outputs": [[piece for piece, _ in p.pre_tokenize_str(t)]
+                                                          for t in texts]} for p in pres],
+        "decoders": [{"json": state(d), "cases": [{"tokens": tokens, "text": d.decode(tokens)}
+                                                  for tokens in token_lists]} for d in decs],
+    }
+
+
 def write(path, text):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8", newline="") as f:
@@ -105,27 +179,36 @@ def save(tok, path):
     tok.save(path)
 
 
+def sentencepiece_roundtrip(text):
+    """Whether decode(encode(text)) gives text back for a SentencePiece-style tokenizer: not when the text
+    holds the meta space or a special token (they come back as a space and with spaces around)."""
+    return not any(s in text for s in ("\u2581", "<s>", "</s>"))
+
+
 def hf_entry(name, path, tok, texts, corpus, roundtrip, bos, eos, pad):
+    """roundtrip: True, False, or a function of the text."""
     vocab = tok.get_vocab()
-    entry = {"name": name, "path": path, "roundtrip": roundtrip, "vocab_size": tok.get_vocab_size(),
+    entry = {"name": name, "path": path, "vocab_size": tok.get_vocab_size(),
              "bos": vocab.get(bos) if bos else None, "eos": vocab.get(eos) if eos else None,
              "pad": vocab.get(pad) if pad else None, "cases": [],
-             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37],
-             "corpus_ids": tok.encode(corpus, add_special_tokens=False).ids}
+             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::23],
+             "corpus_ids": tok.encode(corpus, add_special_tokens=False).ids,
+             "corpus_roundtrip": roundtrip(corpus) if callable(roundtrip) else roundtrip}
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids
         ids_special = tok.encode(text, add_special_tokens=True).ids
         entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special,
                                "decoded": tok.decode(ids, skip_special_tokens=False),
-                               "decoded_special_skip": tok.decode(ids_special, skip_special_tokens=True)})
+                               "decoded_special_skip": tok.decode(ids_special, skip_special_tokens=True),
+                               "roundtrip": roundtrip(text) if callable(roundtrip) else roundtrip})
     return entry
 
 
 def transformers_entry(name, path, tk, texts, corpus):
     vocab = tk.get_vocab()
-    entry = {"name": name, "path": path, "roundtrip": True, "vocab_size": len(tk), "bos": tk.bos_token_id,
+    entry = {"name": name, "path": path, "vocab_size": len(tk), "bos": tk.bos_token_id,
              "eos": tk.eos_token_id, "pad": tk.pad_token_id, "cases": [],
-             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::37],
+             "vocab_sample": sorted(vocab.items(), key=lambda kv: kv[1])[::23],
              "corpus_ids": tk(corpus, add_special_tokens=False)["input_ids"]}
     for text in texts:
         ids = tk(text, add_special_tokens=False)["input_ids"]
@@ -133,14 +216,15 @@ def transformers_entry(name, path, tk, texts, corpus):
         entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special,
                                "decoded": tk.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False),
                                "decoded_special_skip": tk.decode(ids_special, skip_special_tokens=True,
-                                                                 clean_up_tokenization_spaces=False)})
+                                                                 clean_up_tokenization_spaces=False),
+                               "roundtrip": True})
     return entry
 
 
 def sentencepiece_entry(name, path, sp, texts, corpus):
     def opt(i):
         return i if i >= 0 else None
-    entry = {"name": name, "path": path, "roundtrip": False, "vocab_size": sp.get_piece_size(),
+    entry = {"name": name, "path": path, "vocab_size": sp.get_piece_size(),
              "bos": opt(sp.bos_id()), "eos": opt(sp.eos_id()), "pad": opt(sp.pad_id()), "cases": [],
              "vocab_sample": [[sp.id_to_piece(i), i] for i in range(0, sp.get_piece_size(), 37)
                               if not sp.is_unknown(i)],
@@ -149,7 +233,7 @@ def sentencepiece_entry(name, path, sp, texts, corpus):
         ids = sp.encode(text)
         ids_special = sp.encode(text, add_bos=True)
         entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special, "decoded": sp.decode(ids),
-                               "decoded_special_skip": sp.decode(ids_special)})
+                               "decoded_special_skip": sp.decode(ids_special), "roundtrip": False})
     return entry
 
 
@@ -238,6 +322,59 @@ def main():
     entries.append(hf_entry("custom_regex", "custom_regex", custom, texts, corpus, True, "<|begin_of_text|>", None,
                             None))
 
+    # A ByteLevel pre-tokenizer after Digits, same vocabulary as GPT-2.
+    gpt2_digits, _ = from_spec(json.loads(gpt2.to_str()), pre_tokenizer=pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]))
+    save(gpt2_digits, os.path.join(out, "gpt2_digits", "tokenizer.json"))
+    entries.append(hf_entry("gpt2_digits", "gpt2_digits", gpt2_digits, texts, corpus, True, "<|endoftext|>",
+                            "<|endoftext|>", None))
+
+    # SentencePiece-style BPE in tokenizer.json. LLaMA-2 / Phi-3 / Mistral-v0.1: Prepend + Replace normalizer,
+    # no pre-tokenizer, byte fallback, the four-decoder Sequence, <s> template.
+    llama2_norm = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    llama2_spec = train_sentencepiece_style(
+        lines, llama2_norm, pre_tokenizers.Metaspace(prepend_scheme="never", split=True))
+    llama2, llama2_spec = from_spec(llama2_spec, pre_tokenizer=None, decoder=LLAMA2_DECODER)
+    save(llama2, os.path.join(out, "llama2_json", "tokenizer.json"))
+    write(os.path.join(out, "llama2_json", "tokenizer_config.json"),
+          json.dumps({"bos_token": "<s>", "eos_token": "</s>", "pad_token": None}))
+    entries.append(hf_entry("llama2_json", "llama2_json", llama2, texts, corpus, sentencepiece_roundtrip, "<s>",
+                            "</s>", None))
+    # The same directory with the tokenizer.model it came from: tokenizer.json is still the one read.
+    write(os.path.join(out, "llama2_json", "tokenizer.model"), "not read")
+
+    # Gemma: Replace-only normalizer (no dummy prefix), decoder without Strip; and ignore_merges.
+    gemma_spec = copy.deepcopy(llama2_spec)
+    gemma_spec["model"]["ignore_merges"] = True
+    gemma, _ = from_spec(gemma_spec, normalizer=normalizers.Replace(" ", "\u2581"), decoder=decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]))
+    save(gemma, os.path.join(out, "gemma_json", "tokenizer.json"))
+    entries.append(hf_entry("gemma_json", "gemma_json", gemma, texts, corpus, sentencepiece_roundtrip, "<s>", None,
+                            None))
+
+    # Newer converters: no normalizer, a Metaspace pre-tokenizer (prepend_scheme first, split false). Decode
+    # strips the space that a leading space became, as tokenizers does.
+    metaspace, _ = from_spec(llama2_spec, normalizer=None,
+                             pre_tokenizer=pre_tokenizers.Metaspace(prepend_scheme="first", split=False))
+    save(metaspace, os.path.join(out, "metaspace_json", "tokenizer.json"))
+    entries.append(hf_entry("metaspace_json", "metaspace_json", metaspace, texts, corpus,
+                            lambda t: sentencepiece_roundtrip(t) and not t.startswith(" "), "<s>", None, None))
+
+    # Digits / Punctuation / Whitespace pre-tokenizers over a normalizer Sequence (NFKC, Lowercase, Strip,
+    # a Regex Replace), no decoder; <unk> (fused) for the 4-byte chars whose byte tokens are missing, and a
+    # normalized added token whose content the normalizer lowercases.
+    words_norm = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase(), normalizers.Strip(),
+                                       normalizers.Replace(Regex(" {2,}"), " ")])
+    words_pre = pre_tokenizers.Sequence([pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True),
+                                         pre_tokenizers.Punctuation()])
+    words_spec = train_sentencepiece_style(lines, words_norm, words_pre)
+    for b in range(0xF0, 0xF5):
+        words_spec["model"]["vocab"][f"<x{b:02X}>"] = words_spec["model"]["vocab"].pop(f"<0x{b:02X}>")
+    words, _ = from_spec(words_spec, decoder=None)
+    words.add_tokens([AddedToken("MAGIC", normalized=True)])
+    save(words, os.path.join(out, "words_json", "tokenizer.json"))
+    entries.append(hf_entry("words_json", "words_json", words, texts, corpus, False, "<s>", None, None))
+
     # SentencePiece: LLaMA-2 style BPE with byte fallback, and unigram.
     os.makedirs(os.path.join(out, "sp_bpe"), exist_ok=True)
     for model_type, prefix, extra in [("bpe", os.path.join(out, "sp_bpe", "tokenizer"), {"byte_fallback": True}),
@@ -264,7 +401,8 @@ def main():
         splits[name] = [[piece for piece, _ in split.pre_tokenize_str(text)] for text in texts]
 
     write(os.path.join(out, "expected.json"),
-          json.dumps({"texts": texts, "splits": splits, "tokenizers": entries}, ensure_ascii=False))
+          json.dumps({"texts": texts, "splits": splits, "tokenizers": entries, **component_cases(texts, llama2)},
+                     ensure_ascii=False))
 
 
 if __name__ == "__main__":

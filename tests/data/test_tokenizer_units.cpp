@@ -189,8 +189,60 @@ TEST(LoadTokenizer, RefusesUnsupportedTokenizerJsonParts) {
     SCOPED_TRACE(name);
     expect_config_error([&] { load_tokenizer(path); }, parts);
   };
-  check("lowercase", [](auto& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, {"normalizer", "Lowercase", "NFC"});
-  check("byte_fallback", [](auto& j) { j["model"]["byte_fallback"] = true; }, {"byte_fallback", "tokenizer.model"});
+  check("bert_normalizer", [](auto& j) { j["normalizer"] = {{"type", "BertNormalizer"}}; },
+        {"normalizer", "BertNormalizer", "Lowercase"});
+  check("precompiled", [](auto& j) { j["normalizer"] = {{"type", "Precompiled"}, {"precompiled_charsmap", "AA"}}; },
+        {"normalizer", "Precompiled"});
+  check("empty_replace",
+        [](auto& j) {
+          j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", ""}}}, {"content", "x"}};
+        },
+        {"normalizer Replace pattern", "String"});
+  check("bad_replace_regex",
+        [](auto& j) {
+          j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"Regex", "(a"}}}, {"content", "x"}};
+        },
+        {"normalizer Replace", "(a", "does not compile"});
+  check("bert_pre_tokenizer", [](auto& j) { j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}}; },
+        {"pre_tokenizer", "BertPreTokenizer", "Metaspace"});
+  check("split_behavior",
+        [](auto& j) {
+          j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Sideways"}};
+        },
+        {"Split behavior 'Sideways'", "MergedWithNext"});
+  check("byte_level_first",
+        [](auto& j) {
+          j["pre_tokenizer"] = {{"type", "Sequence"},
+                                {"pretokenizers", {{{"type", "ByteLevel"}}, {{"type", "Digits"}}}}};
+        },
+        {"ByteLevel", "last"});
+  check("metaspace_scheme",
+        [](auto& j) {
+          j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "sometimes"}};
+        },
+        {"Metaspace prepend_scheme 'sometimes'"});
+  check("metaspace_prefix",
+        [](auto& j) {
+          j["pre_tokenizer"] = {{"type", "Metaspace"}, {"prepend_scheme", "always"}, {"add_prefix_space", false}};
+        },
+        {"add_prefix_space", "contradicts"});
+  check("metaspace_replacement", [](auto& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}}; },
+        {"Metaspace replacement 'ab'", "one character"});
+  check("metaspace_decoder",
+        [](auto& j) {
+          j["decoder"] = {{"type", "Metaspace"}, {"prepend_scheme", "never"}, {"add_prefix_space", true}};
+        },
+        {"decoder Metaspace add_prefix_space", "contradicts"});
+  check("split_pattern",
+        [](auto& j) {
+          j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Glob", "*"}}}, {"behavior", "Isolated"}};
+        },
+        {"Split pattern", "Glob"});
+  check("strip_decoder", [](auto& j) { j["decoder"] = {{"type", "Strip"}, {"content", "ab"}}; },
+        {"decoder Strip content 'ab'"});
+  check("dropout", [](auto& j) { j["model"]["dropout"] = 0.1; }, {"dropout", "null"});
+  check("suffix", [](auto& j) { j["model"]["end_of_word_suffix"] = "</w>"; }, {"end_of_word_suffix", "</w>"});
+  check("unigram", [](auto& j) { j["model"]["type"] = "Unigram"; }, {"model.type 'Unigram'", "BPE"});
   check("regex",
         [](auto& j) {
           j["pre_tokenizer"] = {{"type", "Sequence"},
@@ -199,7 +251,7 @@ TEST(LoadTokenizer, RefusesUnsupportedTokenizerJsonParts) {
                                   {{"type", "ByteLevel"}, {"use_regex", false}}}}};
         },
         {"(\\w+", "does not compile"});
-  check("wordpiece_decoder", [](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }, {"decoder", "ByteLevel"});
+  check("wordpiece_decoder", [](auto& j) { j["decoder"] = {{"type", "WordPiece"}}; }, {"decoder", "WordPiece", "Fuse"});
   check("merge_type", [](auto& j) { j["model"]["merges"][0] = 7; }, {"merge 7"});
   check("missing_merge",
         [](auto& j) {

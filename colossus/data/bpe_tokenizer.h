@@ -1,15 +1,16 @@
-// Byte-level BPE tokenizer (GPT-2, LLaMA-3, Qwen style): added tokens cut out
-// first, then the normalizer (Qwen's NFC), then the pre-tokenizer regex, then
-// BPE merges over GPT-2's byte alphabet. Built from a ByteLevelBpeConfig, which hf_bpe_files.h reads.
+// The BPE tokenizer of a tokenizer.json, byte-level (GPT-2, LLaMA-3, Qwen2) or
+// SentencePiece-style with byte fallback (LLaMA-2, Mistral, Gemma, Phi-3):
+// added tokens cut out first, then the normalizer, the normalized added
+// tokens, the pre-tokenizer, the BPE merges, the post processor's ids; decode
+// through the decoder. Built from a BpeTokenizerConfig, which hf_bpe_files.h reads.
 #pragma once
 #include "colossus/data/added_tokens.h"
 #include "colossus/data/bpe_model.h"
+#include "colossus/data/decoder.h"
 #include "colossus/data/normalizer.h"
-#include "colossus/data/pre_tokenize.h"
-#include "colossus/data/regex_split.h"
+#include "colossus/data/pre_tokenizer.h"
 #include "colossus/data/tokenizer.h"
 
-#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -18,18 +19,17 @@
 
 namespace colossus::data {
 
-struct ByteLevelBpeConfig {
-  Vocab vocab;                                              // byte-level token string -> id
+struct BpeTokenizerConfig {
+  Vocab vocab;                                              // token string -> id
   std::vector<std::pair<std::string, std::string>> merges;  // rank order
   std::optional<std::string> unk_token;
+  bool fuse_unk = false;
+  bool byte_fallback = false;
   bool ignore_merges = false;
   std::vector<AddedToken> added_tokens;
   Normalizer normalizer;  // on the text between raw-matched added tokens
-  SplitPattern pattern = SplitPattern::kGpt2;
-  // A Split regex none of the hand-written patterns spells: run by Oniguruma
-  // (regex_split.h) in place of `pattern`.
-  std::optional<std::string> split_regex;
-  bool add_prefix_space = false;  // prepend ' ' to each text segment lacking one
+  PreTokenizer pre_tokenizer;
+  Decoder decoder;
   // What add_special_tokens puts before and after a sequence (post processor).
   std::vector<int32_t> prefix_ids;
   std::vector<int32_t> suffix_ids;
@@ -39,11 +39,11 @@ struct ByteLevelBpeConfig {
   std::string source;  // the file(s) it came from, for messages
 };
 
-class ByteLevelBpeTokenizer final : public Tokenizer {
+class BpeTokenizer final : public Tokenizer {
  public:
   // Throws ConfigError when the config is inconsistent (a named special token
   // that is not in the vocabulary, merges over missing tokens).
-  explicit ByteLevelBpeTokenizer(ByteLevelBpeConfig config);
+  explicit BpeTokenizer(BpeTokenizerConfig config);
 
   int32_t vocab_size() const override { return vocab_size_; }
   std::optional<int32_t> bos_id() const override { return bos_id_; }
@@ -58,17 +58,18 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
 
  private:
   std::optional<int32_t> named_token_id(const std::optional<std::string>& name, const char* role) const;
-  void encode_plain(std::string_view text, std::vector<int32_t>& ids) const;
+  // `at_origin`: the text starts at offset 0 of the input.
+  void encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& ids) const;
 
   std::string source_;
   BpeModel model_;
   Normalizer normalizer_;
-  SplitPattern pattern_;
-  std::shared_ptr<const RegexSplitter> splitter_;  // set: used instead of pattern_
-  bool add_prefix_space_;
+  PreTokenizer pre_tokenizer_;
+  Decoder decoder_;
   std::vector<int32_t> prefix_ids_;
   std::vector<int32_t> suffix_ids_;
-  // Matched on the raw text, then (normalized tokens) on what is left.
+  // Matched on the raw text, then (normalized tokens, their content
+  // normalized too) on what is left.
   AddedTokenMatcher raw_matcher_;
   AddedTokenMatcher normalized_matcher_;
   std::unordered_map<int32_t, AddedToken> added_by_id_;
