@@ -235,7 +235,7 @@ int main(int argc, char** argv) try {
     Step st = make_step(batch, context, q_len);
     at::Tensor ours;
     const double ours_ms = time_ms(cfg.warmup, cfg.iters, [&] {
-      ours = colossus::inference::paged_attention(st.q, st.key_cache, st.value_cache, st.meta, scale);
+      ours = colossus::inference::paged_attention(st.q, st.key_cache, st.value_cache, st.meta, {.scale = scale});
     });
     at::Tensor direct_out, workspace;
     const auto args = kernel_args(st, direct_out, workspace);
@@ -246,7 +246,7 @@ int main(int argc, char** argv) try {
     // The reference loops over sequences on the host: fewer calls.
     const int ref_iters = batch >= 64 ? 2 : 5;
     const double ref_ms = time_ms(1, ref_iters, [&] {
-      ref = colossus::inference::paged_attention_reference(st.q, st.key_cache, st.value_cache, st.meta, scale);
+      ref = colossus::inference::paged_attention_reference(st.q, st.key_cache, st.value_cache, st.meta, {.scale = scale});
     });
     const auto diff = [&](const at::Tensor& x) {
       return (x.to(at::kFloat) - ref.to(at::kFloat)).abs().max().item<double>();

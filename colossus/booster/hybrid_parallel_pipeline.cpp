@@ -142,9 +142,9 @@ at::Tensor HybridParallelModel::pipeline_logits(const at::Tensor& hidden) {
   models::CausalLM& m = *model_;
   // As forward(): a tied head reads the embedding's vocab shard with its
   // copy-to-region.
-  at::Tensor logits = sharded_.tied_head
-                          ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, *sharded_.tp_group)
-                          : m.head(hidden);
+  at::Tensor logits = sharded_.tied_head ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
+                                             hidden, m.embedding().weight, *sharded_.tp_group))
+                                         : m.head(hidden);
   if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;
   return parallel::tensor::gather_last_dim(logits, *sharded_.tp_group).narrow(-1, 0, sharded_.vocab.true_vocab);
 }
@@ -188,8 +188,8 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
     };
     hooks.context = [&](const at::Tensor& hidden) { return m.block_context_at(hidden, positions, seq_len); };
     hooks.logits = [&, padded](const at::Tensor& hidden) {
-      at::Tensor logits = sharded_.tied_head ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight,
-                                                                                       tp, sharded_.sequence)
+      at::Tensor logits = sharded_.tied_head ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
+                                                 hidden, m.embedding().weight, tp, sharded_.sequence))
                                              : m.head(hidden);
       if (padded != seq_len) logits = logits.narrow(1, 0, seq_len);
       if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;

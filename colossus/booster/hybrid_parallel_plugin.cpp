@@ -171,8 +171,8 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
   }
   const models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
   hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
-  at::Tensor logits = sharded_.tied_head ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, tp,
-                                                                                   sharded_.sequence)
+  at::Tensor logits = sharded_.tied_head ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
+                                             hidden, m.embedding().weight, tp, sharded_.sequence))
                                          : m.head(hidden);
   return padded == seq_len ? logits : logits.narrow(1, 0, seq_len);
 }
@@ -209,7 +209,8 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
   // skip the copy-to-region its backward needs, so the wrapper computes it.
   if (!logits.defined()) {
     logits = sharded_.tied_head
-                 ? parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight, *sharded_.tp_group)
+                 ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(hidden, m.embedding().weight,
+                                                                             *sharded_.tp_group))
                  : m.head(hidden);
   }
   if (!sharded_.vocab_parallel_logits || parallel_output_) return logits;

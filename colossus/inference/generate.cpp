@@ -26,8 +26,6 @@ void GenerateOptions::validate() const {
 
 std::optional<int64_t> max_context(const models::CausalLM& model) {
   if (const auto* gpt2 = std::get_if<models::GPT2Config>(&model.config())) return gpt2->n_positions;
-  // A sliding window is honoured up to its length (LlamaConfig::attention_window).
-  if (const auto* llama = std::get_if<models::LlamaConfig>(&model.config())) return llama->attention_window();
   return std::nullopt;
 }
 

@@ -29,7 +29,7 @@ struct ReshapeAndCacheArgs {
 // q, out: (num_tokens, heads, head_dim), last dim contiguous, strides in
 // elements. Sequence s owns rows [query_start[s], query_start[s + 1]); its
 // row j sits at cache position context_lens[s] - q_len + j and attends to
-// positions [0, that]. Query head h reads KV head h / (heads / kv_heads).
+// positions [0, that] (the last `window` of them when window > 0). Query head h reads KV head h / (heads / kv_heads).
 // All device pointers; the sizes below are the host's copies (no kernel
 // launch depends on reading device memory from the host).
 struct PagedAttentionArgs {
@@ -47,6 +47,8 @@ struct PagedAttentionArgs {
   int32_t heads = 0, kv_heads = 0, head_dim = 0, block_size = 0, max_blocks_per_seq = 0;
   int32_t max_query_len = 0, max_context_len = 0;    // over the sequences (host values)
   float scale = 1.0f;                                // softmax scale, usually 1/sqrt(head_dim)
+  // Sliding window: the row at position p sees keys (p - window, p]; 0: all of [0, p].
+  int32_t window = 0;
   AttentionDtype dtype = AttentionDtype::kBFloat16;  // of q, out and both caches
   // Which kinds of sequence the step holds (host knowledge; both true is
   // always safe): q_len == 1 rows go to the decode kernel, q_len > 1 to the

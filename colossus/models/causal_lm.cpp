@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/tanh.h>
 #include <fmt/format.h>
 
 namespace colossus::models {
@@ -57,8 +58,14 @@ at::Tensor CausalLM::forward_loss(const at::Tensor& input_ids, const at::Tensor&
   } else {
     weight = &embedding().weight;
   }
-  if (weight == nullptr) return loss(head(hidden), labels, num_items);
+  // The fused cross-entropy takes plain logits: a soft cap computes them.
+  if (weight == nullptr || final_logit_softcap() != 0.0) return loss(head(hidden), labels, num_items);
   return causal_lm_linear_cross_entropy(hidden, *weight, labels, num_items);
+}
+
+at::Tensor CausalLM::soft_cap_logits(const at::Tensor& logits) const {
+  const double cap = final_logit_softcap();
+  return cap == 0.0 ? logits : at::tanh(logits / cap) * cap;
 }
 
 at::Tensor CausalLM::forward_blocks(at::Tensor hidden, const BlockContext& context, size_t begin, size_t end) {

@@ -3,6 +3,7 @@
 // a contiguous range of blocks and ZeRO-3 gathers/releases parameters around
 // one block's forward by wrapping it (TransformerBlock::forward is virtual).
 #pragma once
+#include "colossus/models/attention.h"
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
 
@@ -15,16 +16,18 @@
 
 namespace colossus::models {
 
-// Replaces the attention core (softmax(q k^T) v, causal) of every block: the
-// inference engine routes it through its paged KV cache. The model's own
-// projections, RoPE and output projection stay in the model.
+// Replaces the attention core (causal_attention in attention.h) of every
+// block: the inference engine routes it through its paged KV cache, sequence
+// parallelism through ring/Ulysses attention. The model's own projections,
+// RoPE and output projection stay in the model.
 class AttentionHook {
  public:
   virtual ~AttentionHook() = default;
   // q: (B, heads, T, D), k/v: (B, kv_heads, T, D), RoPE already applied ->
-  // (B, heads, T, D). layer: the block's index in CausalLM::blocks().
+  // (B, heads, T, D). layer: the block's index in CausalLM::blocks(); spec:
+  // its scale, window and soft cap.
   virtual at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale) = 0;
+                            const AttentionSpec& spec) = 0;
 };
 
 // What a block needs besides its hidden state, computed once per forward by
@@ -36,7 +39,7 @@ struct BlockContext {
   // x * cos + roll(x, head_dim / 2) * signed_sin (fewer kernels). May be undefined.
   at::Tensor rope_sin_signed;
   // Set by the inference engine (with the index of the block being run);
-  // null in training, where attention is causal SDPA over the T tokens.
+  // null in training, where attention is causal_attention over the T tokens.
   AttentionHook* attention = nullptr;
   int64_t layer = 0;
 };
@@ -88,8 +91,14 @@ class CausalLM : public LayerHost {
                                         int64_t position_limit) const = 0;
   // hidden: (B, T, C) -> (B, T, C)
   virtual at::Tensor final_norm(const at::Tensor& hidden) = 0;
-  // hidden: (B, T, C) -> logits (B, T, V); uses the embedding weight when tied.
+  // hidden: (B, T, C) -> logits (B, T, V); uses the embedding weight when
+  // tied; soft-capped (soft_cap_logits) where the model caps its logits.
   virtual at::Tensor head(const at::Tensor& hidden) = 0;
+  // Gemma 2's final_logit_softcapping c: logits -> c * tanh(logits / c); 0: none.
+  virtual double final_logit_softcap() const { return 0.0; }
+  // Applies final_logit_softcap() to logits computed outside head() (a
+  // vocab-parallel tied head); the identity when there is none.
+  at::Tensor soft_cap_logits(const at::Tensor& logits) const;
 
   // Runs blocks [begin, end): what one pipeline stage owns. hidden: (B, T, C).
   at::Tensor forward_blocks(at::Tensor hidden, const BlockContext& context, size_t begin, size_t end);

@@ -286,7 +286,20 @@ void LlamaConfig::validate() const {
   if (resolved_head_dim() <= 0 || resolved_head_dim() % 2 != 0) {
     throw ConfigError(fmt::format("LlamaConfig.head_dim is {} but RoPE needs a positive even head_dim", resolved_head_dim()));
   }
-  if (hidden_act != "silu") throw ConfigError(fmt::format("LlamaConfig.hidden_act is \"{}\"; supported: silu", hidden_act));
+  const bool gemma = family == "gemma2";
+  if (hidden_act != (gemma ? "gelu_pytorch_tanh" : "silu")) {
+    throw ConfigError(fmt::format("LlamaConfig.hidden_act is \"{}\"; {} uses {}", hidden_act, family,
+                                  gemma ? "gelu_pytorch_tanh" : "silu"));
+  }
+  if (query_pre_attn_scalar && !gemma) throw ConfigError("LlamaConfig.query_pre_attn_scalar is set, but only gemma2 models have it");
+  if (query_pre_attn_scalar && !(*query_pre_attn_scalar > 0)) {
+    throw ConfigError(fmt::format("LlamaConfig.query_pre_attn_scalar is {} but must be > 0", *query_pre_attn_scalar));
+  }
+  for (const auto& [key, value] : {std::pair{"attn_logit_softcapping", attn_logit_softcapping},
+                                   std::pair{"final_logit_softcapping", final_logit_softcapping}}) {
+    if (value && !gemma) throw ConfigError(fmt::format("LlamaConfig.{} is set, but only gemma2 models have it", key));
+    if (value && !(*value > 0)) throw ConfigError(fmt::format("LlamaConfig.{} is {} but must be > 0", key, *value));
+  }
   if (!(rms_norm_eps > 0)) throw ConfigError(fmt::format("LlamaConfig.rms_norm_eps is {} but must be > 0", rms_norm_eps));
   if (!(rope_theta > 0)) throw ConfigError(fmt::format("LlamaConfig.rope_theta is {} but must be > 0", rope_theta));
   if (!(initializer_range >= 0)) throw ConfigError(fmt::format("LlamaConfig.initializer_range is {} but must be >= 0", initializer_range));
@@ -310,7 +323,7 @@ void LlamaConfig::validate() const {
   if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
     throw ConfigError(fmt::format("LlamaConfig.pad_token_id is {} but must be in [0, vocab_size={})", *pad_token_id, vocab_size));
   }
-  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral"};
+  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral", "gemma2"};
   if (!families.contains(family)) {
     throw ConfigError(fmt::format("LlamaConfig.family is \"{}\"; supported: {}", family, fmt::join(families, ", ")));
   }
@@ -374,8 +387,7 @@ double estimated_parameters(const ModelConfig& config) {
 int64_t max_positions(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_positions;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->max_position_embeddings;
-  const auto& l = std::get<LlamaConfig>(config);
-  return std::min(l.max_position_embeddings, l.attention_window().value_or(l.max_position_embeddings));
+  return std::get<LlamaConfig>(config).max_position_embeddings;
 }
 
 void validate(const ModelConfig& config) {
@@ -398,7 +410,7 @@ ModelConfig config_from_json(const std::string& json_text) {
   } else if (type == "mixtral") {
     config = mixtral_from_json(j);
   } else {
-    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral; else refused naming them
+    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2; else refused naming them
   }
   validate(config);
   return config;
@@ -463,7 +475,7 @@ ModelConfig preset(std::string_view name) {
                        .num_key_value_heads = 2,
                        .max_position_embeddings = 128};
   }
-  if (name == "qwen2-tiny" || name == "qwen3-tiny" || name == "mistral-tiny") {
+  if (name == "qwen2-tiny" || name == "qwen3-tiny" || name == "mistral-tiny" || name == "gemma2-tiny") {
     // The family's defaults at llama-tiny's size.
     const std::string family(name.substr(0, name.find('-')));
     LlamaConfig c = std::get<LlamaConfig>(config_from_json(fmt::format(R"({{"model_type": "{}"}})", family)));
@@ -475,7 +487,13 @@ ModelConfig preset(std::string_view name) {
     c.num_key_value_heads = 2;
     c.head_dim = 16;
     c.max_position_embeddings = 128;
-    if (family == "mistral") c.sliding_window = 64;  // windowed, within the test lengths
+    if (family == "mistral") c.sliding_window = 8;  // shorter than the tests' sequences: the window masks
+    if (family == "gemma2") {
+      c.sliding_window = 8;  // layer 0 slides, layer 1 sees everything
+      c.query_pre_attn_scalar = 16;
+      c.attn_logit_softcapping = 5.0;  // small enough to bend the tests' scores and logits
+      c.final_logit_softcapping = 3.0;
+    }
     return c;
   }
   if (name == "mixtral-tiny") {
@@ -496,7 +514,7 @@ ModelConfig preset(std::string_view name) {
 
 std::vector<std::string> preset_names() {
   return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
-          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "mixtral-tiny"};
+          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "mixtral-tiny"};
 }
 
 }  // namespace colossus::models

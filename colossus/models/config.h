@@ -71,7 +71,7 @@ struct LlamaConfig {
   double attention_dropout = 0.0;
   bool tie_word_embeddings = false;
   std::optional<int64_t> pad_token_id{};  // its embedding row starts at zero and gets no gradient, as in HF
-  // The family, as HF's "model_type": "llama", "qwen2", "qwen3" or "mistral",
+  // The family, as HF's "model_type": "llama", "qwen2", "qwen3", "mistral" or "gemma2",
   // which are LLaMA's architecture with the switches below (each family's
   // config.json keys and defaults: config_families.cpp).
   std::string family = "llama";
@@ -83,16 +83,27 @@ struct LlamaConfig {
   std::optional<int64_t> sliding_window{};
   bool use_sliding_window = false;
   int64_t max_window_layers = 0;
-  std::vector<std::string> layer_types{};  // Qwen2/3: "full_attention" / "sliding_attention" per layer; empty: derived
+  std::vector<std::string> layer_types{};  // Qwen2/3, Gemma 2: "full_attention" / "sliding_attention" per layer; empty: derived
+  // Gemma 2 (family "gemma2"): RMSNorm as x * (1 + w), the embedding scaled
+  // by sqrt(hidden_size), norms before and after the MLP too, GeGLU
+  // (hidden_act gelu_pytorch_tanh), and these three.
+  std::optional<double> query_pre_attn_scalar{};   // attention scale 1/sqrt(this); unset: 1/sqrt(head_dim)
+  std::optional<double> attn_logit_softcapping{};   // scores -> c * tanh(scores / c)
+  std::optional<double> final_logit_softcapping{};  // logits -> c * tanh(logits / c)
   ExtraJson extra{};
 
   int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
   int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
-  // The window of the layers that have one, if any layer does. A window is
-  // honoured exactly while a sequence is no longer than it (every earlier
-  // position is inside), so max_positions() stops there and longer
-  // sequences are refused naming sliding_window.
+  // The window of the layers that have one, if any layer does (they share it).
   std::optional<int64_t> attention_window() const;
+  // The sliding window of block `layer` as transformers applies it (Mistral:
+  // every layer; Qwen2/3: with use_sliding_window, the layers from
+  // max_window_layers on or those layer_types names); 0 when it sees every
+  // earlier position.
+  int64_t layer_window(int64_t layer) const;
+  // The window when every layer has one (the smallest), else 0: keys older
+  // than it are never read again, so a KV cache may drop them.
+  int64_t window_on_every_layer() const;
   void validate() const;
 };
 
@@ -118,13 +129,12 @@ struct MixtralConfig : LlamaConfig {
 
 using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
 
-// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral" or "mixtral".
+// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2" or "mixtral".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
 int64_t num_layers(const ModelConfig& config);
-// Positions the model was configured for (n_positions / max_position_embeddings),
-// and no more than a sliding window it honours (LlamaConfig::attention_window).
+// Positions the model was configured for (n_positions / max_position_embeddings).
 int64_t max_positions(const ModelConfig& config);
 void validate(const ModelConfig& config);
 // Parameters the config describes (optional Llama biases left out), in double so a
@@ -143,7 +153,7 @@ ModelConfig read_config(const std::string& path);
 void write_config(const ModelConfig& config, const std::string& path);
 
 // gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny,
-// qwen2-tiny, qwen3-tiny, mistral-tiny, mixtral-tiny.
+// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, mixtral-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

@@ -34,7 +34,8 @@ at::Tensor GPT2Attention::forward(const at::Tensor& x, const BlockContext& conte
   auto parts = qkv.split(width / 3, -1);
   auto heads = [&](const at::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
   at::Tensor y = context.attention != nullptr
-                     ? context.attention->attend(context.layer, heads(parts[0]), heads(parts[1]), heads(parts[2]), scale_)
+                     ? context.attention->attend(context.layer, heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                                {.scale = scale_})
                      : at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
                                                         is_training() ? attn_dropout_ : 0.0, /*is_causal=*/true, scale_);
   y = y.transpose(1, 2).reshape({batch, seq, -1});

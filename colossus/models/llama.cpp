@@ -8,8 +8,6 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
-#include <ATen/ops/silu.h>
 
 #include <cmath>
 
@@ -17,8 +15,13 @@
 
 namespace colossus::models {
 
-LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options)
-    : LayerHost("LlamaAttention"), head_dim_(config.resolved_head_dim()), attention_dropout_(config.attention_dropout) {
+LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options, int64_t layer)
+    : LayerHost("LlamaAttention"),
+      head_dim_(config.resolved_head_dim()),
+      spec_{.scale = 1.0 / std::sqrt(config.query_pre_attn_scalar.value_or(static_cast<double>(head_dim_))),
+            .window = config.layer_window(layer),
+            .softcap = config.attn_logit_softcapping.value_or(0.0)},
+      attention_dropout_(config.attention_dropout) {
   const int64_t c = config.hidden_size, d = head_dim_;
   const bool qkv_bias = config.attention_bias || config.qkv_bias;
   add_layer("q_proj", std::make_shared<Linear>(c, config.num_attention_heads * d, qkv_bias, options));
@@ -91,17 +94,14 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& cont
   const int64_t local_heads = q.size(1), local_kv_heads = k.size(1), seq = q.size(2);
   TORCH_CHECK(local_heads % local_kv_heads == 0, "local query heads ", local_heads,
               " is not a multiple of local kv heads ", local_kv_heads);
-  if (context.attention != nullptr) {
-    at::Tensor y = context.attention->attend(context.layer, q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim_)));
-    return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
-  }
-  at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, is_training() ? attention_dropout_ : 0.0,
-                                                  /*is_causal=*/true, std::nullopt,
-                                                  /*enable_gqa=*/local_heads != local_kv_heads);
+  const at::Tensor y = context.attention != nullptr
+                           ? context.attention->attend(context.layer, q, k, v, spec_)
+                           : causal_attention(q, k, v, spec_, is_training() ? attention_dropout_ : 0.0);
   return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
 }
 
-LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options) : LayerHost("LlamaMLP") {
+LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options)
+    : LayerHost("LlamaMLP"), activation_(parse_activation(config.hidden_act)) {
   const int64_t c = config.hidden_size, f = config.intermediate_size;
   add_layer("gate_proj", std::make_shared<Linear>(c, f, config.mlp_bias, options));
   add_layer("up_proj", std::make_shared<Linear>(c, f, config.mlp_bias, options));
@@ -112,11 +112,13 @@ at::Tensor LlamaMLP::forward(const at::Tensor& x) {
   if (fused_gate_up_.defined() && !is_training()) {
     at::Tensor gate_up = at::linear(x, fused_gate_up_, fused_gate_up_bias_);
     const int64_t f = gate_up.size(-1) / 2;
-    return layer("down_proj").forward(at::silu(gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f));
+    return layer("down_proj").forward(apply_activation(activation_, gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f));
   }
   const at::Tensor gate = layer("gate_proj").forward(x), up = layer("up_proj").forward(x);  // (B, T, F_local)
-  if (auto fused = fused_swiglu(gate, up)) return layer("down_proj").forward(*fused);
-  return layer("down_proj").forward(at::silu(gate) * up);
+  if (activation_ == Activation::Silu) {
+    if (auto fused = fused_swiglu(gate, up)) return layer("down_proj").forward(*fused);
+  }
+  return layer("down_proj").forward(apply_activation(activation_, gate) * up);
 }
 
 namespace {
@@ -162,9 +164,9 @@ void LlamaForCausalLM::fuse_projections() {
   }
 }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options)
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options, int64_t layer)
     : TransformerBlock("LlamaDecoderLayer") {
-  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options));
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options, layer));
   mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, options));
   add_layer("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
   add_layer("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
@@ -189,35 +191,33 @@ at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockConte
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options)
+    : LlamaForCausalLM(config, options,
+                       Parts{.name = "LlamaModel",
+                             .block = [&](int64_t layer) {
+                               return std::make_shared<LlamaDecoderLayer>(config, options, layer);
+                             },
+                             .norm = [&] {
+                               return std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options);
+                             }}) {}
+
+LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options, const Parts& parts)
     : CausalLM("LlamaForCausalLM", config), rope_(rope_spec(config)) {
   config.validate();
-  model_ = register_module("model", std::make_shared<Backbone>("LlamaModel"));
+  model_ = register_module("model", std::make_shared<Backbone>(parts.name));
   model_->add_layer("embed_tokens",
                     std::make_shared<Embedding>(config.vocab_size, config.hidden_size, config.pad_token_id, options));
   auto layers = model_->register_module("layers", std::make_shared<torch::nn::Module>("BlockList"));
   std::vector<std::shared_ptr<TransformerBlock>> blocks;
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) blocks.push_back(std::make_shared<LlamaDecoderLayer>(config, options));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) blocks.push_back(parts.block(i));
   set_blocks(layers, std::move(blocks));
-  model_->add_layer("norm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
+  model_->add_layer("norm", parts.norm());
   if (!config.tie_word_embeddings) {
     add_layer("lm_head", std::make_shared<Linear>(config.hidden_size, config.vocab_size, false, options));
   }
 }
 
-void LlamaForCausalLM::check_window(int64_t positions) const {
-  // Up to the window every earlier position is inside it: full causal
-  // attention is the windowed one. Past it, refuse rather than attend too far.
-  const auto window = llama_config().attention_window();
-  if (window && positions > *window) {
-    throw ConfigError(fmt::format("{} positions exceed the model's sliding_window = {}: attention limited to a window "
-                                  "is honoured only up to that many positions; use sequences of at most {} tokens",
-                                  positions, *window, *window));
-  }
-}
-
 at::Tensor LlamaForCausalLM::embed(const at::Tensor& input_ids) {
   check_input_ids(input_ids);
-  check_window(input_ids.size(1));
   return embedding().forward(input_ids);
 }
 
@@ -245,9 +245,8 @@ void LlamaForCausalLM::ensure_rope_table(const at::Tensor& hidden, int64_t posit
 }
 
 at::Tensor LlamaForCausalLM::embed_at(const at::Tensor& input_ids, const at::Tensor& /*positions: RoPE adds them*/,
-                                      int64_t position_limit) {
+                                      int64_t /*position_limit: RoPE's table grows to it*/) {
   check_input_ids(input_ids);
-  check_window(position_limit);
   return embedding().forward(input_ids);
 }
 
@@ -269,8 +268,8 @@ BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const 
 at::Tensor LlamaForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }
 
 at::Tensor LlamaForCausalLM::head(const at::Tensor& hidden) {
-  if (Layer* projection = lm_head()) return projection->forward(hidden);
-  return at::linear(hidden, embedding().weight);
+  if (Layer* projection = lm_head()) return soft_cap_logits(projection->forward(hidden));
+  return soft_cap_logits(at::linear(hidden, embedding().weight));
 }
 
 Embedding& LlamaForCausalLM::embedding() const { return model_->layer_as<Embedding>("embed_tokens"); }

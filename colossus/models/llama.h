@@ -4,9 +4,10 @@
 // model.{embed_tokens,layers.N.{input_layernorm,self_attn.{q,k,v,o}_proj,
 // post_attention_layernorm,mlp.{gate,up,down}_proj},norm}, lm_head (untied
 // unless tie_word_embeddings). RMSNorm, RoPE (rope_scaling linear/dynamic/llama3),
-// grouped-query attention, SwiGLU. Local query/kv head counts and FFN width
+// grouped-query attention (windowed on the layers that slide), SwiGLU. Local query/kv head counts and FFN width
 // come from the projections' output widths at forward time (TP-agnostic).
 #pragma once
+#include "colossus/models/attention.h"
 #include "colossus/models/causal_lm.h"
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
@@ -14,11 +15,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <memory>
+#include <string>
+
 namespace colossus::models {
 
 class LlamaAttention : public LayerHost {
  public:
-  LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options);
+  // layer: the block's index, which picks its sliding window (LlamaConfig::layer_window).
+  LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options, int64_t layer = 0);
   // x: (B, T, C) -> (B, T, C). q_proj gives (B, T, local_heads * head_dim),
   // k_proj/v_proj (B, T, local_kv_heads * head_dim); local_heads must be a
   // multiple of local_kv_heads. context: RoPE cos/sin (T, head_dim).
@@ -30,6 +36,7 @@ class LlamaAttention : public LayerHost {
   // heads (..., D) through q_norm / k_norm where the model has them (Qwen3), else unchanged.
   at::Tensor norm_heads(const char* name, const at::Tensor& heads);
   int64_t head_dim_;
+  AttentionSpec spec_;  // scale (query_pre_attn_scalar or head_dim), this layer's window, soft cap
   double attention_dropout_;
   at::Tensor fused_qkv_, fused_qkv_bias_;
 };
@@ -37,18 +44,20 @@ class LlamaAttention : public LayerHost {
 class LlamaMLP : public LayerHost {
  public:
   LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options);
-  // x: (B, T, C) -> (B, T, C): down(silu(gate(x)) * up(x)).
+  // x: (B, T, C) -> (B, T, C): down(act(gate(x)) * up(x)), act = hidden_act
+  // (silu: SwiGLU; gelu_pytorch_tanh: Gemma's GeGLU).
   at::Tensor forward(const at::Tensor& x);
   // Inference: gate and up projected by one matmul.
   void fuse_projections();
 
  private:
+  Activation activation_;
   at::Tensor fused_gate_up_, fused_gate_up_bias_;
 };
 
 class LlamaDecoderLayer : public TransformerBlock {
  public:
-  LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options);
+  LlamaDecoderLayer(const LlamaConfig& config, const at::TensorOptions& options, int64_t layer);
   // hidden: (B, T, C) -> (B, T, C); pre-norm residual blocks.
   at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
   void fuse_projections();
@@ -56,7 +65,7 @@ class LlamaDecoderLayer : public TransformerBlock {
   LlamaAttention& self_attn() const { return *self_attn_; }
   LlamaMLP& mlp() const { return *mlp_; }
 
- private:
+ protected:
   std::shared_ptr<LlamaAttention> self_attn_;
   std::shared_ptr<LlamaMLP> mlp_;
 };
@@ -66,6 +75,14 @@ class LlamaForCausalLM : public CausalLM {
   // Parameters are allocated with `options` and left uninitialised; use
   // create_model() for an initialised model.
   LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options);
+
+  // A family's own blocks and norms (Gemma 2: gemma.h) in LLaMA's frame.
+  struct Parts {
+    std::string name;  // the module name, HF's class name
+    std::function<std::shared_ptr<LlamaDecoderLayer>(int64_t layer)> block;
+    std::function<std::shared_ptr<Layer>()> norm;
+  };
+  LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options, const Parts& parts);
 
   const LlamaConfig& llama_config() const { return std::get<LlamaConfig>(config()); }
 
@@ -90,8 +107,6 @@ class LlamaForCausalLM : public CausalLM {
   void after_init_value(const std::string& name, at::Tensor& values) const override;
 
  private:
-  // ConfigError past the sliding window (LlamaConfig::attention_window).
-  void check_window(int64_t positions) const;
   RopeSpec rope_;
   std::shared_ptr<Backbone> model_;
   // block_context's and block_context_at's cos/sin for positions [0, rows),

@@ -2,6 +2,7 @@
 
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
+#include "colossus/models/gemma.h"
 #include "colossus/models/gpt2.h"
 #include "colossus/models/llama.h"
 #include "colossus/models/mixtral.h"
@@ -51,7 +52,12 @@ std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOp
   } else if (const auto* mixtral = std::get_if<MixtralConfig>(&config)) {
     model = std::make_shared<MixtralForCausalLM>(*mixtral, tensor_options);
   } else {
-    model = std::make_shared<LlamaForCausalLM>(std::get<LlamaConfig>(config), tensor_options);
+    const auto& llama = std::get<LlamaConfig>(config);
+    if (llama.family == "gemma2") {
+      model = std::make_shared<Gemma2ForCausalLM>(llama, tensor_options);
+    } else {
+      model = std::make_shared<LlamaForCausalLM>(llama, tensor_options);
+    }
   }
   if (options.init) model->init_weights(options.seed);
   return model;

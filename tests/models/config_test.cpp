@@ -5,6 +5,7 @@
 #include "colossus/models/pretrained.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace colossus::models {
 namespace {
@@ -132,12 +133,37 @@ TEST(ModelConfig, FamiliesReadTheirKeysAndDefaults) {
       R"({"model_type": "qwen2", "num_hidden_layers": 4, "use_sliding_window": true, "sliding_window": 512,
           "max_window_layers": 2, "max_position_embeddings": 4096})"));
   EXPECT_EQ(windowed.attention_window(), 512);
-  EXPECT_EQ(max_positions(windowed), 512);
+  EXPECT_EQ(max_positions(windowed), 4096) << "a window limits what each layer sees, not the length";
+  EXPECT_EQ(windowed.layer_window(0), 0);
+  EXPECT_EQ(windowed.layer_window(1), 0);
+  EXPECT_EQ(windowed.layer_window(2), 512) << "the layers from max_window_layers on slide";
+  EXPECT_EQ(windowed.layer_window(3), 512);
+  auto listed = windowed;
+  listed.layer_types = {"sliding_attention", "full_attention", "full_attention", "full_attention"};
+  EXPECT_EQ(listed.layer_window(0), 512) << "layer_types, when given, decides";
+  EXPECT_EQ(listed.layer_window(2), 0);
   const auto qwen3 = std::get<LlamaConfig>(config_from_json(R"({"model_type": "qwen3"})"));
   EXPECT_TRUE(qwen3.qk_norm);
   EXPECT_EQ(qwen3.resolved_head_dim(), 128);
   const auto mistral = std::get<LlamaConfig>(config_from_json(R"({"model_type": "mistral"})"));
   EXPECT_EQ(mistral.attention_window(), 4096);
+  EXPECT_EQ(mistral.layer_window(0), 4096) << "Mistral slides on every layer";
+  EXPECT_EQ(mistral.window_on_every_layer(), 4096);
+  EXPECT_EQ(windowed.window_on_every_layer(), 0) << "Qwen2's first layers see everything";
+  // Gemma 2: transformers' defaults, the even layers windowed, written back for transformers.
+  const auto gemma2 = std::get<LlamaConfig>(config_from_json(R"({"model_type": "gemma2", "num_hidden_layers": 4})"));
+  EXPECT_EQ(gemma2.hidden_act, "gelu_pytorch_tanh");
+  EXPECT_EQ(gemma2.query_pre_attn_scalar, 256);
+  EXPECT_EQ(gemma2.final_logit_softcapping, 30.0);
+  EXPECT_EQ(gemma2.attn_logit_softcapping, 50.0);
+  EXPECT_TRUE(gemma2.tie_word_embeddings);
+  EXPECT_EQ(gemma2.layer_window(0), 4096);
+  EXPECT_EQ(gemma2.layer_window(1), 0);
+  const auto gemma2_json = nlohmann::json::parse(config_to_json(gemma2));
+  EXPECT_EQ(gemma2_json["architectures"][0], "Gemma2ForCausalLM");
+  EXPECT_EQ(gemma2_json["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_TRUE(gemma2_json["query_pre_attn_scalar"].is_number_integer()) << "transformers types it int";
+  EXPECT_EQ(gemma2_json["layer_types"][1], "full_attention");
   EXPECT_EQ(mistral.kv_heads(), 8);
   const auto mistral_full = std::get<LlamaConfig>(config_from_json(R"({"model_type": "mistral", "sliding_window": null})"));
   EXPECT_EQ(mistral_full.attention_window(), std::nullopt);
@@ -167,7 +193,11 @@ TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {
                         "partial_rotary_factor": 0.25}})")
                 .find("\"rope_parameters\".partial_rotary_factor"),
             std::string::npos);
-  EXPECT_NE(message(R"({"model_type": "gemma2"})").find("qwen3"), std::string::npos);  // the supported list
+  EXPECT_NE(message(R"({"model_type": "gemma3_text"})").find("gemma2"), std::string::npos);  // the supported list
+  EXPECT_NE(message(R"({"model_type": "gemma2", "use_bidirectional_attention": true})").find("use_bidirectional_attention"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "gemma2", "hidden_activation": "silu"})").find("gelu_pytorch_tanh"),
+            std::string::npos);
   EXPECT_NE(message(R"({"model_type": "qwen3", "layer_types": ["full_attention"]})").find("layer_types"),
             std::string::npos);
   EXPECT_NE(config_error_of([] { read_config("/nonexistent/config.json"); }).find("/nonexistent/config.json"),

@@ -67,8 +67,16 @@ CASES = {
                             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
     # Qwen3: per-head q/k RMSNorm, head_dim not hidden/heads, attention biases on.
     "qwen3": lambda: family(transformers.Qwen3Config, head_dim=8, attention_bias=True),
-    # Mistral: a sliding window longer than the sequence (exact there).
-    "mistral": lambda: family(transformers.MistralConfig, sliding_window=32),
+    # Mistral: a sliding window of 6 over 16 tokens, on every layer.
+    "mistral": lambda: family(transformers.MistralConfig, sliding_window=6),
+    # Qwen2 with use_sliding_window: layer 0 full, layer 1 a window of 5 (max_window_layers 1).
+    "qwen2_window": lambda: family(transformers.Qwen2Config, use_sliding_window=True, sliding_window=5,
+                                   max_window_layers=1),
+    # Gemma 2: (1 + w) norms, sandwich norms, GeGLU, the scaled embedding, a
+    # tied head, query_pre_attn_scalar, scores and logits soft-capped with caps
+    # small enough to bend them, layer 0 windowed (5 of 16 tokens), layer 1 full.
+    "gemma2": lambda: family(transformers.Gemma2Config, sliding_window=5, query_pre_attn_scalar=12,
+                             attn_logit_softcapping=2.0, final_logit_softcapping=3.0, pad_token_id=0),
 }
 
 

@@ -59,7 +59,8 @@ TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, HfToColossus,
                          ::testing::Values("gpt2", "llama_gqa", "llama_rope_llama3", "llama_rope_linear",
-                                           "llama_rope_dynamic", "qwen2", "qwen3", "mistral"));
+                                           "llama_rope_dynamic", "qwen2", "qwen3", "mistral", "qwen2_window",
+                                           "gemma2"));
 
 struct CppCase {
   std::string name;
@@ -91,13 +92,20 @@ std::vector<CppCase> cpp_cases() {
   };
   auto qwen3_bias = family("qwen3-tiny");
   qwen3_bias.attention_bias = true;
+  // Windows on the last layer only, shorter than the 16 tokens compared.
+  auto qwen3_window = family("qwen3-tiny");
+  qwen3_window.use_sliding_window = true;
+  qwen3_window.sliding_window = 5;
+  qwen3_window.max_window_layers = 1;
   return {{"cpp_gpt2", gpt2},
           {"cpp_gpt2_untied", gpt2_untied},
           {"cpp_llama_gqa", llama},
           {"cpp_llama3_tied", llama3_tied},
           {"cpp_qwen2", family("qwen2-tiny")},
           {"cpp_qwen3", qwen3_bias},
-          {"cpp_mistral", family("mistral-tiny")}};
+          {"cpp_qwen3_window", qwen3_window},
+          {"cpp_mistral", family("mistral-tiny")},
+          {"cpp_gemma2", family("gemma2-tiny")}};
 }
 
 TEST(ColossusToHf, TransformersLoadsOurCheckpointsAndAgreesOnLogits) {

@@ -71,10 +71,7 @@ models::ModelConfig build_model_config(const TrainConfig& config, const data::To
   }
   const int64_t positions = models::max_positions(out);
   if (config.data.seq_len > positions) {
-    const auto* llama = std::get_if<models::LlamaConfig>(&out);
-    const char* key = std::holds_alternative<models::GPT2Config>(out)                       ? "n_positions"
-                      : llama && llama->attention_window() && *llama->attention_window() == positions ? "sliding_window"
-                                                                                              : "max_position_embeddings";
+    const char* key = std::holds_alternative<models::GPT2Config>(out) ? "n_positions" : "max_position_embeddings";
     throw ConfigError(fmt::format("data.seq_len = {} exceeds the model's {} = {}; lower data.seq_len or set "
                                   "model.config.{} = {}",
                                   config.data.seq_len, key, positions, key, config.data.seq_len));

@@ -6,7 +6,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/index_put.h>
-#include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/TensorOptions.h>
@@ -54,10 +53,11 @@ bool on_device_int32(const at::Tensor& t, const at::Device& device) {
 // false (nothing launched) means: use the reference. Sizes come from the
 // metadata's host fields, so nothing here waits for the device.
 bool try_paged_attention_cuda(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                              const AttentionMetadata& meta, double scale, at::Tensor& out) {
+                              const AttentionMetadata& meta, const models::AttentionSpec& spec, at::Tensor& out) {
   const auto launch = kernels::cuda_slots().paged_attention;
   const auto dtype = kernel_dtype(q.scalar_type());
   if (launch == nullptr || !dtype || !kernel_caches(key_cache, value_cache)) return false;
+  if (spec.softcap != 0.0 || !fits_int32(spec.window)) return false;
   const at::Device device = key_cache.device();
   const int64_t num_seqs = meta.num_seqs();
   if (q.dim() != 3 || q.device() != device || q.scalar_type() != key_cache.scalar_type() || q.stride(2) != 1 ||
@@ -102,7 +102,8 @@ bool try_paged_attention_cuda(const at::Tensor& q, const at::Tensor& key_cache, 
   args.block_size = static_cast<int32_t>(key_cache.size(2));
   args.head_dim = static_cast<int32_t>(key_cache.size(3));
   args.max_blocks_per_seq = static_cast<int32_t>(meta.block_tables.size(1));
-  args.scale = static_cast<float>(scale);
+  args.scale = static_cast<float>(spec.scale);
+  args.window = static_cast<int32_t>(spec.window);
   args.dtype = *dtype;
   return launch(args, device.index());
 }
@@ -200,7 +201,7 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_ca
 }
 
 at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                     const AttentionMetadata& meta, double scale) {
+                                     const AttentionMetadata& meta, const models::AttentionSpec& spec) {
   TORCH_CHECK(q.dim() == 3, "paged_attention: q must be (N, heads, head_dim), got ", q.sizes());
   const int64_t heads = q.size(1), kv_heads = key_cache.size(1), block_size = key_cache.size(2);
   TORCH_CHECK(heads % kv_heads == 0, "paged_attention: ", heads, " query heads is not a multiple of ", kv_heads,
@@ -220,22 +221,19 @@ at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_
           .narrow(1, 0, context).unsqueeze(0).to(q.scalar_type());
     };
     at::Tensor query = q.narrow(0, begin, q_len).transpose(0, 1).unsqueeze(0);  // (1, heads, q_len, D)
-    // Query j sits at position context - q_len + j: it sees keys 0..that.
-    at::Tensor key_pos = at::arange(context, index_options);
-    at::Tensor query_pos = at::arange(context - q_len, context, index_options).unsqueeze(1);
-    at::Tensor mask = key_pos.unsqueeze(0).le(query_pos);  // (q_len, context) bool
-    at::Tensor y = at::scaled_dot_product_attention(query, gather(key_cache), gather(value_cache), mask, 0.0,
-                                                    /*is_causal=*/false, scale, /*enable_gqa=*/heads != kv_heads);
+    // Query j sits at position context - q_len + j: it sees keys 0..that (within the window).
+    const at::Tensor mask = models::causal_window_mask(q_len, context, context - q_len, spec.window, key_cache.device());
+    at::Tensor y = models::masked_attention(query, gather(key_cache), gather(value_cache), mask, spec, 0.0);
     out.narrow(0, begin, q_len).copy_(y.squeeze(0).transpose(0, 1));
   }
   return out;
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                           const AttentionMetadata& meta, double scale) {
+                           const AttentionMetadata& meta, const models::AttentionSpec& spec) {
   at::Tensor out;
-  if (key_cache.is_cuda() && try_paged_attention_cuda(q, key_cache, value_cache, meta, scale, out)) return out;
-  return paged_attention_reference(q, key_cache, value_cache, meta, scale);
+  if (key_cache.is_cuda() && try_paged_attention_cuda(q, key_cache, value_cache, meta, spec, out)) return out;
+  return paged_attention_reference(q, key_cache, value_cache, meta, spec);
 }
 
 }  // namespace colossus::inference

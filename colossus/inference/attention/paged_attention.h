@@ -9,6 +9,8 @@
 // position p of sequence s lives in block block_tables[s][p / block_size] at
 // offset p % block_size.
 #pragma once
+#include "colossus/models/attention.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -43,17 +45,19 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_ca
                     const at::Tensor& slot_mapping);
 
 // q: (N, heads, head_dim) -> (N, heads, head_dim). Query row j (0-based
-// within its sequence) sits at cache position context_len - q_len + j and
-// attends to positions [0, that]; heads % kv_heads == 0 (GQA shares each KV
-// head among heads / kv_heads query heads). Uses the CUDA kernels when the
-// cache is on a CUDA device and the build has them, else the reference.
+// within its sequence) sits at cache position p = context_len - q_len + j and
+// attends to positions [0, p], or (p - window, p] under spec.window;
+// heads % kv_heads == 0 (GQA shares each KV head among heads / kv_heads
+// query heads). Uses the CUDA kernels when the cache is on a CUDA device, the
+// build has them and there is no soft cap, else the reference.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                           const AttentionMetadata& meta, double scale);
+                           const AttentionMetadata& meta, const models::AttentionSpec& spec);
 
 // The reference: per sequence, gather its blocks into contiguous K/V and run
 // scaled_dot_product_attention with the causal mask offset by the cached
-// prefix. Exact, slow, and the oracle for the kernels.
+// prefix (and the window), through models::causal_attention's math. Exact,
+// slow, and the oracle for the kernels.
 at::Tensor paged_attention_reference(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                     const AttentionMetadata& meta, double scale);
+                                     const AttentionMetadata& meta, const models::AttentionSpec& spec);
 
 }  // namespace colossus::inference

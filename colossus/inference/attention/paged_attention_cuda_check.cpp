@@ -3,7 +3,7 @@
 // registry. The KV-cache write is checked against the CPU path bit for bit,
 // and attention over random paged layouts (shuffled blocks, mixed lengths, a
 // long split context, GQA, prefill chunks next to decode rows; bf16/fp16
-// prefill on tensor cores and on CUDA cores) against
+// prefill on tensor cores and on CUDA cores; sliding windows) against
 // paged_attention_reference run in float64 on the CPU. While a test runs, the
 // kernel slots are wrapped to count launches, so a dispatch that fell back to
 // the reference is caught.
@@ -97,6 +97,7 @@ struct Layout {
   int64_t heads, kv_heads, head_dim, block_size;
   std::vector<int64_t> context_lens;  // per sequence, this step's tokens included
   std::vector<int64_t> query_lens;    // new tokens per sequence
+  int64_t window = 0;                 // sliding window (0: none)
 };
 
 // One layout in one dtype: K/V of every cached position written through
@@ -151,13 +152,13 @@ std::string check_layout(const Layout& l, at::ScalarType dtype, uint64_t seed) {
     wide.narrow(1, 1, l.heads).copy_(q);
     q = wide.narrow(1, 1, l.heads);
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(l.head_dim));
+  const models::AttentionSpec spec{.scale = 1.0 / std::sqrt(static_cast<double>(l.head_dim)), .window = l.window};
 
   const int64_t launches_before = counting.attention_launches.load();
-  const at::Tensor out = paged_attention(q, key_cache, value_cache, meta, scale);
+  const at::Tensor out = paged_attention(q, key_cache, value_cache, meta, spec);
   if (counting.attention_launches.load() == launches_before) return "paged_attention fell back to the reference";
   const at::Tensor expected = paged_attention_reference(
-      q.cpu().to(at::kDouble), key_cache.cpu().to(at::kDouble), value_cache.cpu().to(at::kDouble), meta, scale);
+      q.cpu().to(at::kDouble), key_cache.cpu().to(at::kDouble), value_cache.cpu().to(at::kDouble), meta, spec);
   const at::Tensor got = out.cpu().to(at::kDouble);
   const Tolerance tol = tolerance_for(dtype);
   const at::Tensor err = (got - expected).abs();
@@ -193,6 +194,14 @@ std::string check_paged_attention_cuda() {
                        {17, 3, 40, 9, 64, 300, 1, 700}, {17, 1, 7, 1, 30, 100, 1, 129}});
     layouts.push_back({"prefill only, MHA 8q/8kv, block 32", 8, 8, d, 32, {33, 128, 77}, {33, 5, 2}});
     layouts.push_back({"mixed, 3 heads per KV head (12q/4kv), block 8", 12, 4, d, 8, {50, 1, 20, 600}, {50, 1, 4, 1}});
+    // Sliding windows: partitions and blocks wholly before the window, a
+    // window cut mid-block, chunks longer than the window, a window of 1.
+    layouts.push_back({"decode, window 100, GQA 32q/8kv, block 16", 32, 8, d, 16, decode_lens,
+                       ones(decode_lens.size()), 100});
+    layouts.push_back({"decode, one 8K context, window 1000, block 32", 32, 8, d, 32, {8192}, {1}, 1000});
+    layouts.push_back({"mixed prefill + decode, window 24, GQA 32q/8kv, block 16", 32, 8, d, 16,
+                       {17, 3, 40, 9, 64, 300, 1, 700}, {17, 1, 7, 1, 30, 100, 1, 129}, 24});
+    layouts.push_back({"mixed, window 1, block 8", 12, 4, d, 8, {50, 1, 20, 600}, {50, 1, 4, 1}, 1});
   }
   for (int64_t d : {32, 80, 96, 256}) {
     layouts.push_back({"mixed, GQA 8q/2kv, block 16", 8, 2, d, 16, {17, 1, 600, 45}, {17, 1, 1, 20}});

@@ -81,14 +81,6 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
     throw ConfigError(fmt::format("prompt ({} tokens) + max_new_tokens ({}) is {}, past the model's n_positions {}",
                                   seq->prompt_len, seq->max_new_tokens, total, gpt2->n_positions));
   }
-  if (const auto* llama = std::get_if<models::LlamaConfig>(&model_->config())) {
-    if (const auto window = llama->attention_window(); window && total > *window) {
-      throw ConfigError(fmt::format("prompt ({} tokens) + max_new_tokens ({}) is {}, past the model's sliding_window {} "
-                                    "(attention limited to a window is honoured up to that many positions); lower "
-                                    "max_new_tokens or shorten the prompt",
-                                    seq->prompt_len, seq->max_new_tokens, total, *window));
-    }
-  }
   const int64_t bs = cache_->block_size();
   const int64_t most_cached = config_.enable_streamingllm
                                   ? std::min(total, config_.start_token_size + config_.generated_token_size + 2 * bs)

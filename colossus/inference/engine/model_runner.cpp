@@ -25,11 +25,12 @@ class PagedAttentionHook final : public models::AttentionHook {
  public:
   PagedAttentionHook(KVCache& cache, const AttentionMetadata& meta) : cache_(cache), meta_(meta) {}
 
-  at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) override {
+  at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const models::AttentionSpec& spec) override {
     // (1, heads, N, D) <-> (N, heads, D)
     const auto rows = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
     write_kv_cache(rows(k), rows(v), cache_.keys(layer), cache_.values(layer), meta_.slot_mapping);
-    at::Tensor out = paged_attention(rows(q).contiguous(), cache_.keys(layer), cache_.values(layer), meta_, scale);
+    at::Tensor out = paged_attention(rows(q).contiguous(), cache_.keys(layer), cache_.values(layer), meta_, spec);
     return out.transpose(0, 1).unsqueeze(0);
   }
 
@@ -69,6 +70,10 @@ std::string ModelRunner::enable_graphs(int64_t max_batch_size, int64_t max_conte
   const auto handles_head_dim = kernels::cuda_slots().paged_attention_head_dim;
   if (handles_head_dim == nullptr || !handles_head_dim(static_cast<int32_t>(head_dim))) {
     return fmt::format("the CUDA paged-attention kernels do not handle head_dim {}", head_dim);
+  }
+  // A soft cap sends attention to the reference path, which a replay would not refresh.
+  if (const auto* llama = std::get_if<models::LlamaConfig>(&model_.config()); llama && llama->attn_logit_softcapping) {
+    return "the CUDA paged-attention kernels do not soft-cap scores (attn_logit_softcapping)";
   }
   graphs_ = true;
   graph_max_batch_ = max_batch_size;
@@ -232,7 +237,8 @@ at::Tensor ModelRunner::logits_at_index(const at::Tensor& index) {
   at::Tensor hidden = model_.final_norm(selected);
   if (sharded_ == nullptr || !sharded_->vocab_parallel_logits) return model_.head(hidden).squeeze(0);  // (R, V)
   at::Tensor local = sharded_->tied_head
-                         ? parallel::tensor::vocab_parallel_logits(hidden, model_.embedding().weight, *sharded_->tp_group)
+                         ? model_.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
+                               hidden, model_.embedding().weight, *sharded_->tp_group))
                          : model_.head(hidden);
   return parallel::tensor::gather_last_dim(local, *sharded_->tp_group).narrow(-1, 0, sharded_->vocab.true_vocab).squeeze(0);
 }

@@ -6,7 +6,8 @@
 
 namespace colossus::inference {
 
-Scheduler::Scheduler(const InferenceConfig& config, KVCache& cache) : config_(config), cache_(cache) {}
+Scheduler::Scheduler(const InferenceConfig& config, KVCache& cache, int64_t kv_window)
+    : config_(config), cache_(cache), kv_window_(kv_window) {}
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) { waiting_.push_back(std::move(seq)); }
 
@@ -77,7 +78,12 @@ std::vector<ScheduledSequence> Scheduler::schedule() {
   int64_t budget = config_.token_budget();
   const auto remaining = [](const Sequence& s) { return s.num_tokens() - s.num_computed; };
   const auto drop_window = [&](Sequence& s) {
-    if (config_.enable_streamingllm) cache_.drop_window(s, config_.start_token_size, config_.generated_token_size);
+    if (config_.enable_streamingllm) {
+      cache_.drop_window(s, config_.start_token_size, config_.generated_token_size);
+    } else if (kv_window_ > 0) {
+      // Keeps at least kv_window cached tokens: all the next query can see.
+      cache_.drop_window(s, 0, kv_window_);
+    }
   };
 
   // Running requests, oldest first, each as one unit (a beam search's beams

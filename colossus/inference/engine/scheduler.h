@@ -29,7 +29,9 @@ struct ScheduledSequence {
 
 class Scheduler {
  public:
-  Scheduler(const InferenceConfig& config, KVCache& cache);
+  // kv_window > 0: every layer attends to at most that many recent keys, so
+  // blocks wholly before them are dropped (Mistral's sliding window); 0: kept.
+  Scheduler(const InferenceConfig& config, KVCache& cache, int64_t kv_window);
 
   void add(std::unique_ptr<Sequence> seq);
   // A new beam of a running beam-search request, placed after its last beam
@@ -56,10 +58,10 @@ class Scheduler {
   // Sends the request whose sequences start at running_[first] back to the
   // queue (a beam search restarts from its prompt).
   void preempt(size_t first);
-  int64_t window_limit() const;
 
   const InferenceConfig& config_;
   KVCache& cache_;
+  int64_t kv_window_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
   int64_t next_arrival_ = 0;

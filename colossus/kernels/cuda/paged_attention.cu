@@ -15,6 +15,7 @@
 // merge kernel combines them with log-sum-exp rescaling. The partition size
 // shrinks from 512 towards 64 tokens until there are about two thread blocks
 // per multiprocessor, so a batch of one long sequence still fills the GPU.
+// Under a sliding window the partitions tile only the window's span.
 #include "colossus/kernels/cuda/paged_attention_common.cuh"
 
 #include <algorithm>
@@ -64,10 +65,13 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAtten
   const int q_row = a.query_start[seq];
   if (a.query_start[seq + 1] - q_row != 1) return;
   const int context = a.context_lens[seq];
-  const int tok_begin = static_cast<int>(blockIdx.z) * w.partition_size;
+  // Partitions tile the visible span [first, context): under a sliding window
+  // the keys before it are never read.
+  const int first = window_start(a.window, context - 1);
+  const int tok_begin = first + static_cast<int>(blockIdx.z) * w.partition_size;
   if (tok_begin >= context) return;
   const int tok_end = min(context, tok_begin + w.partition_size);
-  const int num_partitions = (context + w.partition_size - 1) / w.partition_size;
+  const int num_partitions = (context - first + w.partition_size - 1) / w.partition_size;
   const int head0 = static_cast<int>(blockIdx.y) * G;
   const int kv_head = head0 / (a.heads / a.kv_heads);
 
@@ -309,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_merge_kernel(const Page
   const int q_row = a.query_start[seq];
   if (a.query_start[seq + 1] - q_row != 1) return;
   const int context = a.context_lens[seq];
-  const int n = (context + w.partition_size - 1) / w.partition_size;
+  const int n = (context - window_start(a.window, context - 1) + w.partition_size - 1) / w.partition_size;
   if (n <= 1) return;
   const int64_t base = (static_cast<int64_t>(seq) * a.heads + head) * w.max_partitions;
   float m = -INFINITY;
@@ -384,7 +388,7 @@ void with_heads_per_block(int g, F&& f) {
 
 void launch_decode(const PagedAttentionArgs& a, cudaStream_t stream) {
   const int32_t partition = paged_attention_partition_size(a);
-  const int64_t max_partitions = partitions_for(a.max_context_len, partition);
+  const int64_t max_partitions = partitions_for(decode_span(a), partition);
   DecodeWork w{partition, static_cast<int32_t>(max_partitions)};
   if (max_partitions > 1) {
     const int64_t rows = static_cast<int64_t>(a.num_seqs) * a.heads * max_partitions;
@@ -426,10 +430,11 @@ int32_t paged_attention_partition_size(const PagedAttentionArgs& a) {
   const int64_t blocks_per_partition = static_cast<int64_t>(a.num_seqs) * (a.heads / paged::decode_heads_per_block(a));
   const int64_t target = 2 * static_cast<int64_t>(std::max(a.num_sms, 1));
   int32_t partition = 512;
-  while (partition > 64 && blocks_per_partition * paged::partitions_for(a.max_context_len, partition) < target) {
+  const int64_t span = paged::decode_span(a);
+  while (partition > 64 && blocks_per_partition * paged::partitions_for(span, partition) < target) {
     partition /= 2;
   }
-  while (paged::partitions_for(a.max_context_len, partition) > paged::kMaxPartitions) partition *= 2;
+  while (paged::partitions_for(span, partition) > paged::kMaxPartitions) partition *= 2;
   return partition;
 }
 
@@ -442,7 +447,7 @@ bool paged_attention_cuda_supports(const PagedAttentionArgs& a) {
   }
   if (!paged::is_supported_head_dim(a.head_dim)) return false;
   if (a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.block_size <= 0) return false;
-  if (a.num_seqs < 0 || a.num_seqs > 65535 || a.max_context_len < 0 || a.max_query_len < 0) return false;
+  if (a.num_seqs < 0 || a.num_seqs > 65535 || a.max_context_len < 0 || a.max_query_len < 0 || a.window < 0) return false;
   if (a.out == nullptr || a.q == nullptr || a.key_cache == nullptr || a.value_cache == nullptr ||
       a.block_tables == nullptr || a.query_start == nullptr || a.context_lens == nullptr) {
     return false;
@@ -452,14 +457,14 @@ bool paged_attention_cuda_supports(const PagedAttentionArgs& a) {
   if (a.partition_size != 0) {
     const int64_t smem = int64_t{4} * paged::kMaxHeadsPerBlock * a.partition_size;
     if (a.partition_size < 1 || smem > 160 * 1024) return false;
-    if (paged::partitions_for(a.max_context_len, a.partition_size) > paged::kMaxPartitions) return false;
+    if (paged::partitions_for(paged::decode_span(a), a.partition_size) > paged::kMaxPartitions) return false;
   }
   return true;
 }
 
 size_t paged_attention_workspace_bytes(const PagedAttentionArgs& a) {
   if (!a.has_decode_seqs) return 0;
-  const int64_t max_partitions = paged::partitions_for(a.max_context_len, paged_attention_partition_size(a));
+  const int64_t max_partitions = paged::partitions_for(paged::decode_span(a), paged_attention_partition_size(a));
   if (max_partitions <= 1) return 0;
   const int64_t rows = static_cast<int64_t>(a.num_seqs) * a.heads * max_partitions;
   return sizeof(float) * static_cast<size_t>(rows * (a.head_dim + 2));

@@ -138,6 +138,17 @@ inline bool is_supported_head_dim(int head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
 }
 
+// The first cache position a query at position `pos` sees: 0, or under a
+// sliding window of `window` keys, pos - window + 1.
+__host__ __device__ __forceinline__ int window_start(int window, int pos) {
+  return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+// Tokens a decode row attends to at most: the longest context, or the window.
+inline int64_t decode_span(const PagedAttentionArgs& a) {
+  return a.window > 0 && a.window < a.max_context_len ? a.window : a.max_context_len;
+}
+
 // The largest power of two <= limit that divides `group` (query heads per KV
 // head): how many query heads one thread block serves from one load of K/V.
 inline int heads_per_block(int group, int limit) {

@@ -114,7 +114,9 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PagedAtte
   const T* v_base = static_cast<const T*>(a.value_cache) + head_offset;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.block_table_stride;
 
-  for (int kb = 0; kb < key_end; kb += P::kKeys) {
+  // Under a sliding window the tile's first row sees nothing before key_begin.
+  const int key_begin = window_start(a.window, first_pos + tile_tok0);
+  for (int kb = key_begin; kb < key_end; kb += P::kKeys) {
     __syncthreads();  // the previous tile's P.V is done with k_s, v_s, p_s (first time: q_s is written)
     for (int idx = tid; idx < P::kKeys * P::kRowVecs; idx += kThreads) {
       const int key = idx / P::kRowVecs, vec = idx % P::kRowVecs;
@@ -170,7 +172,8 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PagedAtte
       float tile_max = -INFINITY;
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
-        if (kb + lane8 + 8 * j > pos[i]) s[i][j] = -INFINITY;
+        const int key = kb + lane8 + 8 * j;
+        if (key > pos[i] || (a.window > 0 && key <= pos[i] - a.window)) s[i][j] = -INFINITY;
         tile_max = fmaxf(tile_max, s[i][j]);
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));

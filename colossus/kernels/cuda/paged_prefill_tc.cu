@@ -150,7 +150,9 @@ __global__ void __launch_bounds__(kThreads)
   };
   uint16_t* vt_bits = reinterpret_cast<uint16_t*>(vt_s);
 
-  for (int kb = 0; kb < key_end; kb += kKeys) {
+  // Under a sliding window the tile's first row sees nothing before key_begin.
+  const int key_begin = window_start(a.window, first_pos + tile_tok0);
+  for (int kb = key_begin; kb < key_end; kb += kKeys) {
     __syncthreads();  // the previous tile's fragments are read
     // K row-major (a row's vectors across neighbouring lanes: coalesced).
     for (int idx = tid; idx < kKeys * P::kRowVecs; idx += kThreads) {
@@ -193,7 +195,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = kb + nt * 8 + 2 * t + (e & 1);
-        const float v = key > pos[e / 2] ? -INFINITY : s[nt][e] * s_scale;
+        const bool hidden = key > pos[e / 2] || (a.window > 0 && key <= pos[e / 2] - a.window);
+        const float v = hidden ? -INFINITY : s[nt][e] * s_scale;
         s[nt][e] = v;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
       }

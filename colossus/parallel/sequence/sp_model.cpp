@@ -1,5 +1,6 @@
 #include "colossus/parallel/sequence/sp_model.h"
 
+#include "colossus/core/errors.h"
 #include "colossus/parallel/sequence/ring_attention.h"
 #include "colossus/parallel/sequence/ulysses.h"
 
@@ -11,6 +12,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+
+#include <fmt/format.h>
 
 namespace colossus::parallel::sequence {
 
@@ -40,7 +43,18 @@ SequenceLayout layout_of(SequenceParallelMode mode) {
 }
 
 at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor &q, const at::Tensor &k,
-                                             const at::Tensor &v, double scale) {
+                                             const at::Tensor &v, const models::AttentionSpec &spec) {
+  // Ring and Ulysses attention are causal over the whole sequence: exact for
+  // a window only while the sequence fits in it.
+  if (!spec.plain_causal_for(seq_len_)) {
+    throw ConfigError(fmt::format("sequence parallelism runs full causal attention, but this model's attention has "
+                                  "{}; use sp_size = 1{}",
+                                  spec.softcap != 0.0 ? fmt::format("soft-capped scores ({})", spec.softcap)
+                                                      : fmt::format("a sliding_window of {} over {} tokens",
+                                                                    spec.window, seq_len_),
+                                  spec.softcap != 0.0 ? "" : fmt::format(" or sequences of at most {} tokens", spec.window)));
+  }
+  const double scale = spec.scale;
   if (mode_ == SequenceParallelMode::RingAttention) {
     return ring_attention(q, k, v, group_,
                           {.causal = true,

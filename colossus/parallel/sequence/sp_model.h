@@ -30,8 +30,9 @@ class SequenceParallelAttention : public models::AttentionHook {
       : group_(group), mode_(mode), seq_len_(seq_len), inner_ring_size_(inner_ring_size) {}
   // q: (B, heads, T_local, D), k/v: (B, kv_heads, T_local, D) -> (B, heads,
   // T_local, D).
+  // ConfigError for a window shorter than the sequence or a soft cap.
   at::Tensor attend(int64_t layer, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                    double scale) override;
+                    const models::AttentionSpec &spec) override;
 
  private:
   cluster::ProcessGroup &group_;

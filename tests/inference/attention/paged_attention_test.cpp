@@ -1,6 +1,7 @@
 // The paged-attention reference against plain causal attention over
 // contiguous K/V: random block layouts (blocks scattered and shuffled over
-// the pool), mixed prefill chunks and decode tokens in one step, GQA.
+// the pool), mixed prefill chunks and decode tokens in one step, GQA, sliding
+// windows and soft-capped scores (written out here independently).
 #include "colossus/inference/attention/paged_attention.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,8 @@ struct Layout {
   int64_t heads, kv_heads, head_dim, block_size, num_blocks;
   std::vector<int64_t> context_lens;  // per sequence, after this step
   std::vector<int64_t> query_lens;    // new tokens per sequence this step
+  int64_t window = 0;                 // sliding window (0: none)
+  double softcap = 0.0;
 };
 
 // Full K/V per sequence written through the cache in one step (as if every
@@ -55,7 +58,8 @@ void check_layout(const Layout& l, uint64_t seed) {
   upload_metadata(meta, slots, at::kCPU);
   at::Tensor q = at::cat(queries);
   const double scale = 1.0 / std::sqrt(static_cast<double>(l.head_dim));
-  at::Tensor out = paged_attention_reference(q, key_cache, value_cache, meta, scale);
+  at::Tensor out = paged_attention_reference(q, key_cache, value_cache, meta,
+                                             {.scale = scale, .window = l.window, .softcap = l.softcap});
 
   for (size_t s = 0; s < l.context_lens.size(); ++s) {
     const int64_t context = l.context_lens[s], q_len = l.query_lens[s];
@@ -64,9 +68,13 @@ void check_layout(const Layout& l, uint64_t seed) {
     at::Tensor v = full_v[s].repeat_interleave(groups, 1).transpose(0, 1);
     at::Tensor qs = queries[s].transpose(0, 1);                              // (heads, q_len, D)
     at::Tensor scores = at::matmul(qs, k.transpose(1, 2)) * scale;           // (heads, q_len, context)
+    if (l.softcap > 0) scores = (scores / l.softcap).tanh() * l.softcap;
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t position = context - q_len + j;
       if (position + 1 < context) scores.select(1, j).narrow(1, position + 1, context - position - 1).fill_(-INFINITY);
+      // The window: keys at positions <= position - window are out of sight.
+      const int64_t hidden_before = l.window > 0 ? std::max<int64_t>(0, position - l.window + 1) : 0;
+      if (hidden_before > 0) scores.select(1, j).narrow(1, 0, hidden_before).fill_(-INFINITY);
     }
     at::Tensor expected = at::matmul(scores.softmax(-1), v).transpose(0, 1);  // (q_len, heads, D)
     at::Tensor got = out.narrow(0, meta.host_query_start[s], q_len);
@@ -86,6 +94,21 @@ TEST(PagedAttentionReference, MixedPrefillChunksAndDecodeWithGqa) {
   check_layout({.heads = 6, .kv_heads = 2, .head_dim = 16, .block_size = 8, .num_blocks = 64,
                 .context_lens = {17, 3, 40, 9, 64}, .query_lens = {17, 1, 7, 1, 30}},
                2);
+}
+
+TEST(PagedAttentionReference, SlidingWindowOverBlocksAndChunks) {
+  // Windows cut mid-block, chunks longer than the window, a window of 1.
+  for (int64_t window : {1, 5, 12}) {
+    check_layout({.heads = 6, .kv_heads = 2, .head_dim = 16, .block_size = 4, .num_blocks = 64,
+                  .context_lens = {17, 3, 40, 9, 64}, .query_lens = {17, 1, 7, 1, 30}, .window = window},
+                 3 + static_cast<uint64_t>(window));
+  }
+}
+
+TEST(PagedAttentionReference, SoftCappedScoresWithAWindow) {
+  check_layout({.heads = 4, .kv_heads = 2, .head_dim = 8, .block_size = 4, .num_blocks = 40,
+                .context_lens = {13, 1, 20}, .query_lens = {13, 1, 3}, .window = 6, .softcap = 2.0},
+               9);
 }
 
 TEST(PagedAttentionReference, SkippedSlotsAreNotWritten) {

@@ -67,11 +67,31 @@ TEST(InferenceEngine, GreedyMatchesFullRecomputeForEveryFamily) {
   for (auto [name, model] : {std::pair{"gpt2", tiny_gpt2()}, std::pair{"llama", tiny_llama()},
                              std::pair{"qwen2", testing::tiny_family("qwen2-tiny")},
                              std::pair{"qwen3", testing::tiny_family("qwen3-tiny")},
-                             std::pair{"mistral", testing::tiny_family("mistral-tiny")}}) {
+                             std::pair{"mistral", testing::tiny_family("mistral-tiny")},
+                             std::pair{"gemma2", testing::tiny_family("gemma2-tiny")}}) {
     InferenceEngine engine(model, nullptr, small_config());
     expect_matches_reference(engine, random_prompts(lengths, 96, 1), 10, name);
     EXPECT_GT(engine.stats().steps, 10);
   }
+}
+
+// mistral-tiny slides a window of 8 on every layer: blocks wholly before the
+// window are dropped as decoding goes on, and the tokens stay the same.
+TEST(InferenceEngine, SlidingWindowDropsBlocksBehindTheWindow) {
+  auto model = testing::tiny_family("mistral-tiny");
+  InferenceEngine engine(model, nullptr, small_config());  // blocks of 4
+  const auto prompt = random_prompts({16}, 96, 5).front();
+  engine.add_request(prompt, {.max_new_tokens = 10});
+  std::vector<int64_t> got;
+  int64_t most_blocks_decoding = 0;
+  while (engine.has_unfinished()) {
+    for (const auto& out : engine.step()) got.insert(got.end(), out.new_tokens.begin(), out.new_tokens.end());
+    if (engine.stats().steps > 1) most_blocks_decoding = std::max(most_blocks_decoding, engine.stats().blocks_used);
+  }
+  EXPECT_EQ(got, reference(*model, prompt, 10));
+  // At most 8 + 3 cached tokens before a step and one more written: 3 blocks, not the 7 of 26 tokens.
+  EXPECT_LE(most_blocks_decoding, 3);
+  EXPECT_GT(most_blocks_decoding, 0);
 }
 
 TEST(InferenceEngine, RequestsArrivingBetweenStepsJoinTheRunningBatch) {

@@ -5,7 +5,8 @@
 // 2*sp (padded) gives the same loss and gradients; an sp checkpoint resumes
 // without sp; bad SP options are refused. split_gather and ring (Megatron SP
 // over the tp group) against one process the same way, for tp in {2, 4} and
-// tp2 x dp2, padded lengths included.
+// tp2 x dp2, padded lengths included. A sliding window shorter than the
+// sequence is refused.
 #include "colossus/booster/booster.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/core/errors.h"
@@ -166,6 +167,24 @@ TEST(SequenceParallelTraining, SpCheckpointResumesWithoutSp) {
     for (int64_t step = 10; step < kSteps; ++step) {
       const double loss = resumed.train_step(step);
       EXPECT_LE(std::abs(loss - reference[step]) / reference[step], 1e-5) << mode << " step " << step;
+    }
+  }
+}
+
+// Ring and Ulysses attention are full causal attention: a sliding window
+// shorter than the sequence (mistral-tiny's 8 < kSeqLen) is refused, naming it.
+TEST(SequenceParallelTraining, RefusesAWindowShorterThanTheSequence) {
+  const int sp = ct::world()->size();
+  if (sp < 2) GTEST_SKIP() << "needs 2 ranks for sp = 2";
+  const auto config = models::preset("mistral-tiny");
+  for (const std::string mode : {"ring_attn", "all_to_all"}) {
+    if (mode == "all_to_all" && 4 % sp != 0) continue;
+    SpRun run(config, sp_options(mode, sp, 1));
+    try {
+      run.train_step(0);
+      ADD_FAILURE() << mode << ": trained over a window it cannot honour";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("sliding_window of 8"), std::string::npos) << e.what();
     }
   }
 }
