@@ -17,6 +17,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 namespace colossus::booster {
 
 std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
@@ -24,18 +26,10 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
   // Before the zero optimizer sets its gradient hooks: a reducer's destructor
   // clears whatever hook its parameters hold.
   model.release_grad_reducers();
-  bool partial_over_tp = false;
-  for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
-    partial_over_tp = partial_over_tp || model.sharded().grad_partial_over_tp(item.key());
-  partial_over_tp = partial_over_tp && tp_group()->size() > 1;
-  std::vector<zero::ShardGroup> groups{
-      {.dp_group = dp_group(), .extra_dp_group = options_.sp_axis_size() > 1 ? mesh_->group("sp") : nullptr}};
-  // Averaged over dp, then over tp and times tp: summed over tp.
-  if (partial_over_tp) {
-    groups.push_back({.dp_group = dp_group(),
-                      .extra_dp_group = tp_group(),
-                      .grad_scale = static_cast<double>(tp_group()->size())});
-  }
+  // Group 1 (when any parameter is in it): gradients that are partial sums
+  // over tp (head-local norms), averaged over dp, then over tp and times tp:
+  // summed over tp.
+  const bool tp_sharded = tp_group()->size() > 1;
   zero::NamedParams params;
   std::vector<size_t> group_of;
   std::vector<int64_t> replicas;
@@ -49,10 +43,17 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
       // non-ZeRO path starts its masters at the originals).
       if (!fp32_originals_.empty() && at::isFloatingType(p.scalar_type())) p.set_data(fp32_originals_.at(index));
       ++index;
-      group_of.push_back(partial_over_tp && model.sharded().grad_partial_over_tp(item.key()) ? 1 : 0);
+      group_of.push_back(tp_sharded && model.sharded().grad_partial_over_tp(item.key()) ? 1 : 0);
       replicas.push_back(norm_replicas(model, item.key()));
       params.emplace_back(item.key(), p);
     }
+  }
+  std::vector<zero::ShardGroup> groups{
+      {.dp_group = dp_group(), .extra_dp_group = options_.sp_axis_size() > 1 ? mesh_->group("sp") : nullptr}};
+  if (std::find(group_of.begin(), group_of.end(), size_t{1}) != group_of.end()) {
+    groups.push_back({.dp_group = dp_group(),
+                      .extra_dp_group = tp_group(),
+                      .grad_scale = static_cast<double>(tp_group()->size())});
   }
   fp32_originals_.clear();
   auto zero_optimizer = std::make_unique<zero::LowLevelZeroOptimizer>(
