@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <utility>
 
 namespace colossus::models {
 
@@ -24,8 +25,14 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                             const BlockContext* context) {
     ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
     ctx->saved_data["layer"] = context->layer;
-    if (context->rope_cos.defined()) ctx->saved_data["rope_cos"] = context->rope_cos;
-    if (context->rope_sin.defined()) ctx->saved_data["rope_sin"] = context->rope_sin;
+    // The RoPE tables (a sliding layer's own too, Gemma 3); the backward's rerun needs them.
+    const std::pair<const char*, const at::Tensor*> tables[] = {{"rope_cos", &context->rope_cos},
+                                                                {"rope_sin", &context->rope_sin},
+                                                                {"local_rope_cos", &context->local_rope_cos},
+                                                                {"local_rope_sin", &context->local_rope_sin}};
+    for (const auto& [name, table] : tables) {
+      if (table->defined()) ctx->saved_data[name] = *table;
+    }
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
     ctx->save_for_backward({hidden});
     at::NoGradGuard no_grad;
@@ -36,8 +43,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     auto* block = reinterpret_cast<TransformerBlock*>(ctx->saved_data["block"].toInt());
     BlockContext context;
     context.layer = ctx->saved_data["layer"].toInt();
-    if (ctx->saved_data.count("rope_cos") > 0) context.rope_cos = ctx->saved_data["rope_cos"].toTensor();
-    if (ctx->saved_data.count("rope_sin") > 0) context.rope_sin = ctx->saved_data["rope_sin"].toTensor();
+    const std::pair<const char*, at::Tensor*> tables[] = {{"rope_cos", &context.rope_cos},
+                                                          {"rope_sin", &context.rope_sin},
+                                                          {"local_rope_cos", &context.local_rope_cos},
+                                                          {"local_rope_sin", &context.local_rope_sin}};
+    for (const auto& [name, table] : tables) {
+      if (ctx->saved_data.count(name) > 0) *table = ctx->saved_data[name].toTensor();
+    }
     at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     // Replay the forward's random draws (dropout), then restore the stream.
     auto generator = at::detail::getDefaultCPUGenerator();

@@ -38,6 +38,9 @@ struct BlockContext {
   // Inference only: sin with its first half negated, so RoPE is
   // x * cos + roll(x, head_dim / 2) * signed_sin (fewer kernels). May be undefined.
   at::Tensor rope_sin_signed;
+  // Gemma 3: the sliding layers' own RoPE (rope_local_base_freq), same
+  // layout as the three above; undefined for models with one RoPE.
+  at::Tensor local_rope_cos, local_rope_sin, local_rope_sin_signed;
   // Set by the inference engine (with the index of the block being run);
   // null in training, where attention is causal_attention over the T tokens.
   AttentionHook* attention = nullptr;

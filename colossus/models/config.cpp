@@ -81,7 +81,9 @@ void refuse_partial_rotary(const json& j, const char* where) {
   }
 }
 
-RopeScaling rope_from_json(const json& r, const char* key) {
+}  // namespace
+
+RopeScaling config_json::rope_from_json(const json& r, const char* key) {
   if (!r.is_object()) throw ConfigError(fmt::format("config.json: \"{}\" is {} but must be an object or null", key, r.dump()));
   RopeScaling s;
   // transformers before 4.45 called the field "type".
@@ -95,7 +97,7 @@ RopeScaling rope_from_json(const json& r, const char* key) {
   return s;
 }
 
-json rope_to_json(const LlamaConfig& c, bool with_theta) {
+json config_json::rope_to_json(const LlamaConfig& c, bool with_theta) {
   const RopeScaling& s = c.rope_scaling;
   json r = {{"rope_type", s.rope_type}};
   if (with_theta) r["rope_theta"] = c.rope_theta;
@@ -108,7 +110,6 @@ json rope_to_json(const LlamaConfig& c, bool with_theta) {
   return r;
 }
 
-}  // namespace
 
 LlamaConfig config_json::llama_from_json(const json& j, LlamaConfig defaults, const std::set<std::string>& known) {
   LlamaConfig c = std::move(defaults);
@@ -286,22 +287,25 @@ void LlamaConfig::validate() const {
   if (resolved_head_dim() <= 0 || resolved_head_dim() % 2 != 0) {
     throw ConfigError(fmt::format("LlamaConfig.head_dim is {} but RoPE needs a positive even head_dim", resolved_head_dim()));
   }
-  const bool gemma = family == "gemma2";
+  const bool gemma = is_gemma();
   if (hidden_act != (gemma ? "gelu_pytorch_tanh" : "silu")) {
     throw ConfigError(fmt::format("LlamaConfig.hidden_act is \"{}\"; {} uses {}", hidden_act, family,
                                   gemma ? "gelu_pytorch_tanh" : "silu"));
   }
-  if (query_pre_attn_scalar && !gemma) throw ConfigError("LlamaConfig.query_pre_attn_scalar is set, but only gemma2 models have it");
+  if (query_pre_attn_scalar && !gemma) throw ConfigError("LlamaConfig.query_pre_attn_scalar is set, but only Gemma models have it");
   if (query_pre_attn_scalar && !(*query_pre_attn_scalar > 0)) {
     throw ConfigError(fmt::format("LlamaConfig.query_pre_attn_scalar is {} but must be > 0", *query_pre_attn_scalar));
   }
   for (const auto& [key, value] : {std::pair{"attn_logit_softcapping", attn_logit_softcapping},
                                    std::pair{"final_logit_softcapping", final_logit_softcapping}}) {
-    if (value && !gemma) throw ConfigError(fmt::format("LlamaConfig.{} is set, but only gemma2 models have it", key));
+    if (value && !gemma) throw ConfigError(fmt::format("LlamaConfig.{} is set, but only Gemma models have it", key));
     if (value && !(*value > 0)) throw ConfigError(fmt::format("LlamaConfig.{} is {} but must be > 0", key, *value));
   }
   if (!(rms_norm_eps > 0)) throw ConfigError(fmt::format("LlamaConfig.rms_norm_eps is {} but must be > 0", rms_norm_eps));
   if (!(rope_theta > 0)) throw ConfigError(fmt::format("LlamaConfig.rope_theta is {} but must be > 0", rope_theta));
+  if (!(rope_local_base_freq > 0)) {
+    throw ConfigError(fmt::format("LlamaConfig.rope_local_base_freq is {} but must be > 0", rope_local_base_freq));
+  }
   if (!(initializer_range >= 0)) throw ConfigError(fmt::format("LlamaConfig.initializer_range is {} but must be >= 0", initializer_range));
   check_probability("LlamaConfig.attention_dropout", attention_dropout);
   static const std::set<std::string> rope_types = {"default", "linear", "dynamic", "llama3"};
@@ -323,7 +327,7 @@ void LlamaConfig::validate() const {
   if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
     throw ConfigError(fmt::format("LlamaConfig.pad_token_id is {} but must be in [0, vocab_size={})", *pad_token_id, vocab_size));
   }
-  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral", "gemma2"};
+  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"};
   if (!families.contains(family)) {
     throw ConfigError(fmt::format("LlamaConfig.family is \"{}\"; supported: {}", family, fmt::join(families, ", ")));
   }
@@ -410,7 +414,7 @@ ModelConfig config_from_json(const std::string& json_text) {
   } else if (type == "mixtral") {
     config = mixtral_from_json(j);
   } else {
-    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2; else refused naming them
+    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2, gemma3_text; else refused naming them
   }
   validate(config);
   return config;
@@ -475,9 +479,10 @@ ModelConfig preset(std::string_view name) {
                        .num_key_value_heads = 2,
                        .max_position_embeddings = 128};
   }
-  if (name == "qwen2-tiny" || name == "qwen3-tiny" || name == "mistral-tiny" || name == "gemma2-tiny") {
+  if (name == "qwen2-tiny" || name == "qwen3-tiny" || name == "mistral-tiny" || name == "gemma2-tiny" ||
+      name == "gemma3-tiny") {
     // The family's defaults at llama-tiny's size.
-    const std::string family(name.substr(0, name.find('-')));
+    const std::string family = name == "gemma3-tiny" ? "gemma3_text" : std::string(name.substr(0, name.find('-')));
     LlamaConfig c = std::get<LlamaConfig>(config_from_json(fmt::format(R"({{"model_type": "{}"}})", family)));
     c.vocab_size = 128;
     c.hidden_size = 64;
@@ -493,6 +498,13 @@ ModelConfig preset(std::string_view name) {
       c.query_pre_attn_scalar = 16;
       c.attn_logit_softcapping = 5.0;  // small enough to bend the tests' scores and logits
       c.final_logit_softcapping = 3.0;
+    }
+    if (family == "gemma3_text") {
+      // A sliding layer (window 8, local RoPE base 10^4) and a full one (base 10^6, linear scaling 4).
+      c.layer_types = {"sliding_attention", "full_attention"};
+      c.sliding_window = 8;
+      c.query_pre_attn_scalar = 16;
+      c.rope_scaling = {.rope_type = "linear", .factor = 4.0};
     }
     return c;
   }
@@ -514,7 +526,7 @@ ModelConfig preset(std::string_view name) {
 
 std::vector<std::string> preset_names() {
   return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
-          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "mixtral-tiny"};
+          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny"};
 }
 
 }  // namespace colossus::models

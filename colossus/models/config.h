@@ -71,7 +71,7 @@ struct LlamaConfig {
   double attention_dropout = 0.0;
   bool tie_word_embeddings = false;
   std::optional<int64_t> pad_token_id{};  // its embedding row starts at zero and gets no gradient, as in HF
-  // The family, as HF's "model_type": "llama", "qwen2", "qwen3", "mistral" or "gemma2",
+  // The family, as HF's "model_type": "llama", "qwen2", "qwen3", "mistral", "gemma2" or "gemma3_text",
   // which are LLaMA's architecture with the switches below (each family's
   // config.json keys and defaults: config_families.cpp).
   std::string family = "llama";
@@ -84,12 +84,16 @@ struct LlamaConfig {
   bool use_sliding_window = false;
   int64_t max_window_layers = 0;
   std::vector<std::string> layer_types{};  // Qwen2/3, Gemma 2: "full_attention" / "sliding_attention" per layer; empty: derived
-  // Gemma 2 (family "gemma2"): RMSNorm as x * (1 + w), the embedding scaled
+  // Gemma 2 and 3 (families "gemma2", "gemma3_text"): RMSNorm as x * (1 + w), the embedding scaled
   // by sqrt(hidden_size), norms before and after the MLP too, GeGLU
   // (hidden_act gelu_pytorch_tanh), and these three.
   std::optional<double> query_pre_attn_scalar{};   // attention scale 1/sqrt(this); unset: 1/sqrt(head_dim)
   std::optional<double> attn_logit_softcapping{};   // scores -> c * tanh(scores / c)
   std::optional<double> final_logit_softcapping{};  // logits -> c * tanh(logits / c)
+  // Gemma 3 (family "gemma3_text"): Gemma 2's blocks with (1 + w) q/k norms
+  // (qk_norm), and the sliding layers rotate by a RoPE of this base (the
+  // full layers by rope_theta and rope_scaling).
+  double rope_local_base_freq = 10000.0;
   ExtraJson extra{};
 
   int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
@@ -101,6 +105,11 @@ struct LlamaConfig {
   // max_window_layers on or those layer_types names); 0 when it sees every
   // earlier position.
   int64_t layer_window(int64_t layer) const;
+  // Whether block `layer` is a sliding layer by layer_types (or the family's
+  // default pattern), whatever sliding_window says: Gemma 3's sliding layers
+  // also take the local RoPE.
+  bool is_sliding_layer(int64_t layer) const;
+  bool is_gemma() const { return family == "gemma2" || family == "gemma3_text"; }
   // The window when every layer has one (the smallest), else 0: keys older
   // than it are never read again, so a KV cache may drop them.
   int64_t window_on_every_layer() const;
@@ -129,7 +138,7 @@ struct MixtralConfig : LlamaConfig {
 
 using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
 
-// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2" or "mixtral".
+// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text" or "mixtral".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
@@ -153,7 +162,7 @@ ModelConfig read_config(const std::string& path);
 void write_config(const ModelConfig& config, const std::string& path);
 
 // gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny,
-// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, mixtral-tiny.
+// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, gemma3-tiny, mixtral-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

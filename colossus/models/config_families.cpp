@@ -1,6 +1,7 @@
 // The LLaMA-architecture families other than LLaMA itself: Qwen2/2.5, Qwen3,
-// Mistral and Gemma 2, read and written under their own config.json keys with
-// transformers' defaults (its Qwen2Config, Qwen3Config, MistralConfig, Gemma2Config).
+// Mistral, Gemma 2 and Gemma 3 (text), read and written under their own
+// config.json keys with transformers' defaults (its Qwen2Config, Qwen3Config,
+// MistralConfig, Gemma2Config, Gemma3TextConfig).
 #include "colossus/models/config_json.h"
 
 #include <algorithm>
@@ -57,10 +58,10 @@ void keep_unused(const json& j, LlamaConfig& c, std::initializer_list<const char
   }
 }
 
-LlamaConfig gemma2_defaults() {
+// transformers' Gemma2Config / Gemma3TextConfig defaults.
+LlamaConfig gemma_defaults(const std::string& family) {
   LlamaConfig c;
-  c.family = "gemma2";
-  c.vocab_size = 256000;
+  c.family = family;
   c.hidden_size = 2304;
   c.intermediate_size = 9216;
   c.num_hidden_layers = 26;
@@ -68,14 +69,22 @@ LlamaConfig gemma2_defaults() {
   c.num_key_value_heads = 4;
   c.head_dim = 256;
   c.hidden_act = "gelu_pytorch_tanh";
-  c.max_position_embeddings = 8192;
   c.rms_norm_eps = 1e-6;
   c.pad_token_id = 0;
   c.tie_word_embeddings = true;
   c.query_pre_attn_scalar = 256;
   c.sliding_window = 4096;
-  c.final_logit_softcapping = 30.0;
-  c.attn_logit_softcapping = 50.0;
+  if (family == "gemma2") {
+    c.vocab_size = 256000;
+    c.max_position_embeddings = 8192;
+    c.final_logit_softcapping = 30.0;
+    c.attn_logit_softcapping = 50.0;
+  } else {
+    c.vocab_size = 262208;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 1000000.0;
+    c.qk_norm = true;
+  }
   return c;
 }
 
@@ -89,11 +98,38 @@ void read_layer_types(const json& j, LlamaConfig& c) {
   }
 }
 
-LlamaConfig gemma2_from_json(const json& j) {
-  LlamaConfig c = llama_from_json(j, gemma2_defaults(),
-                                  {"hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
-                                   "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"});
-  // Gemma2's MLP has no bias and reads hidden_activation (hidden_act is an old alias transformers ignores).
+// Gemma 3's RoPE: v5 nests rope_parameters by layer type; v4 has
+// rope_theta + rope_scaling for the full layers and rope_local_base_freq.
+void read_gemma3_rope(const json& j, LlamaConfig& c) {
+  read(j, "rope_local_base_freq", c.rope_local_base_freq);
+  const auto it = j.find("rope_parameters");
+  if (it == j.end() || !it->is_object() || !(it->contains("full_attention") || it->contains("sliding_attention"))) return;
+  c.rope_scaling = {};
+  if (auto full = it->find("full_attention"); full != it->end() && !full->is_null()) {
+    c.rope_scaling = rope_from_json(*full, "rope_parameters.full_attention");
+    read(*full, "rope_theta", c.rope_theta);
+  }
+  if (auto local = it->find("sliding_attention"); local != it->end() && !local->is_null()) {
+    const RopeScaling scaling = rope_from_json(*local, "rope_parameters.sliding_attention");
+    if (scaling.rope_type != "default") {
+      throw ConfigError(fmt::format("config.json: \"rope_parameters\".sliding_attention.rope_type is \"{}\"; the "
+                                    "sliding layers' RoPE must be \"default\" (scaling applies to the full layers)",
+                                    scaling.rope_type));
+    }
+    read(*local, "rope_theta", c.rope_local_base_freq);
+  }
+  if (auto legacy = j.find("rope_scaling"); legacy != j.end() && !legacy->is_null()) {
+    c.rope_scaling = rope_from_json(*legacy, "rope_scaling");  // v4's spelling wins, as in transformers
+  }
+}
+
+LlamaConfig gemma_from_json(const std::string& family, const json& j) {
+  const bool gemma3 = family == "gemma3_text";
+  std::set<std::string> known = {"hidden_activation", "query_pre_attn_scalar", "sliding_window", "layer_types",
+                                 "final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention"};
+  if (gemma3) known.insert({"rope_local_base_freq", "sliding_window_pattern"});
+  LlamaConfig c = llama_from_json(j, gemma_defaults(family), known);
+  // The MLP has no bias and reads hidden_activation (hidden_act is an old alias transformers ignores).
   c.mlp_bias = false;
   keep_unused(j, c, {"mlp_bias"});
   c.hidden_act = "gelu_pytorch_tanh";
@@ -103,17 +139,31 @@ LlamaConfig gemma2_from_json(const json& j) {
   read(j, "final_logit_softcapping", c.final_logit_softcapping);
   read(j, "attn_logit_softcapping", c.attn_logit_softcapping);
   read_layer_types(j, c);
+  if (gemma3) {
+    read_gemma3_rope(j, c);
+    // v4's sliding_window_pattern n: every n-th layer is full.
+    int64_t pattern = 0;
+    read(j, "sliding_window_pattern", pattern);
+    if (pattern < 0) throw ConfigError(fmt::format("config.json: \"sliding_window_pattern\" is {}; use >= 1", pattern));
+    if (pattern > 0 && c.layer_types.empty()) {
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        c.layer_types.push_back((i + 1) % pattern != 0 ? "sliding_attention" : "full_attention");
+      }
+    }
+  }
   bool bidirectional = false;
   read(j, "use_bidirectional_attention", bidirectional);
   if (bidirectional) {
-    throw ConfigError("config.json: \"use_bidirectional_attention\" is true (an encoder); Colossus runs Gemma 2 as a "
-                      "causal LM: set it to false or null");
+    throw ConfigError(fmt::format("config.json: \"use_bidirectional_attention\" is true (an encoder); Colossus runs "
+                                  "{} as a causal LM: set it to false or null",
+                                  family));
   }
   return c;
 }
 
-json gemma2_to_json(const LlamaConfig& c, json j) {
-  j["architectures"] = {"Gemma2ForCausalLM"};
+json gemma_to_json(const LlamaConfig& c, json j) {
+  const bool gemma3 = c.family == "gemma3_text";
+  j["architectures"] = {gemma3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"};
   j.erase("mlp_bias");
   j.erase("hidden_act");
   j["hidden_activation"] = c.hidden_act;
@@ -126,11 +176,17 @@ json gemma2_to_json(const LlamaConfig& c, json j) {
   j["final_logit_softcapping"] = optional(c.final_logit_softcapping);
   j["attn_logit_softcapping"] = optional(c.attn_logit_softcapping);
   j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
-  std::vector<std::string> types = c.layer_types;
-  for (int64_t i = static_cast<int64_t>(types.size()); i < c.num_hidden_layers; ++i) {
-    types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");  // transformers' default
+  std::vector<std::string> types;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    types.push_back(c.is_sliding_layer(i) ? "sliding_attention" : "full_attention");
   }
   j["layer_types"] = types;
+  if (gemma3) {
+    // Both spellings: v5's rope_parameters by layer type, v4's rope_local_base_freq (+ rope_theta/rope_scaling).
+    j["rope_local_base_freq"] = c.rope_local_base_freq;
+    j["rope_parameters"] = {{"full_attention", rope_to_json(c, true)},
+                            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.rope_local_base_freq}}}};
+  }
   return j;
 }
 
@@ -164,17 +220,17 @@ LlamaConfig config_json::llama_family_from_json(const std::string& family, const
     read(j, "sliding_window", c.sliding_window);
     return c;
   }
-  if (family == "gemma2") return gemma2_from_json(j);
+  if (family == "gemma2" || family == "gemma3_text") return gemma_from_json(family, j);
   throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: {}", family,
-                                "gpt2, llama, qwen2, qwen3, mistral, gemma2, mixtral"));
+                                "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, mixtral"));
 }
 
 json config_json::llama_family_to_json(const LlamaConfig& c) {
   json j = llama_to_json(c);
   if (c.family == "llama") return j;
-  if (c.family == "gemma2") {
+  if (c.is_gemma()) {
     j["model_type"] = c.family;
-    j = gemma2_to_json(c, j);
+    j = gemma_to_json(c, j);
     write_extra(j, c.extra);
     return j;
   }
@@ -212,21 +268,19 @@ int64_t LlamaConfig::window_on_every_layer() const {
   return smallest;
 }
 
+bool LlamaConfig::is_sliding_layer(int64_t layer) const {
+  if (!layer_types.empty()) return layer_types.at(static_cast<size_t>(layer)) == "sliding_attention";
+  // transformers' default patterns.
+  if (family == "gemma2") return layer % 2 == 0;                // every other layer, from the first
+  if (family == "gemma3_text") return (layer + 1) % 6 != 0;     // five sliding, then one full
+  if (family == "qwen2" || family == "qwen3") return layer >= max_window_layers;
+  return true;  // Mistral: every layer
+}
+
 int64_t LlamaConfig::layer_window(int64_t layer) const {
   if (!sliding_window) return 0;
-  if (family == "gemma2") {
-    // transformers' default: the even layers slide, the odd ones see everything.
-    const bool sliding = layer_types.empty() ? layer % 2 == 0
-                                             : layer_types.at(static_cast<size_t>(layer)) == "sliding_attention";
-    return sliding ? *sliding_window : 0;
-  }
-  if (family == "qwen2" || family == "qwen3") {
-    if (!use_sliding_window) return 0;
-    const bool sliding = layer_types.empty() ? layer >= max_window_layers
-                                             : layer_types.at(static_cast<size_t>(layer)) == "sliding_attention";
-    return sliding ? *sliding_window : 0;
-  }
-  return *sliding_window;
+  if ((family == "qwen2" || family == "qwen3") && !use_sliding_window) return 0;
+  return is_sliding_layer(layer) ? *sliding_window : 0;
 }
 
 }  // namespace colossus::models

@@ -84,6 +84,11 @@ inline void check_probability(const char* what, double value) {
   if (!(value >= 0.0 && value < 1.0)) throw ConfigError(fmt::format("{} is {} but must be in [0, 1)", what, value));
 }
 
+// One rope_scaling / rope_parameters object (its rope_theta aside); and the
+// JSON of c's RoPE (with rope_theta for v5's rope_parameters).
+RopeScaling rope_from_json(const json& r, const char* key);
+json rope_to_json(const LlamaConfig& c, bool with_theta);
+
 // LLaMA's keys (every LLaMA-architecture family reads them), and its JSON.
 // `known` lists the keys the caller reads besides LLaMA's, kept out of extra.
 LlamaConfig llama_from_json(const json& j, LlamaConfig defaults = {}, const std::set<std::string>& known = {});

@@ -21,6 +21,7 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOption
       spec_{.scale = 1.0 / std::sqrt(config.query_pre_attn_scalar.value_or(static_cast<double>(head_dim_))),
             .window = config.layer_window(layer),
             .softcap = config.attn_logit_softcapping.value_or(0.0)},
+      sliding_layer_(config.is_sliding_layer(layer)),
       attention_dropout_(config.attention_dropout) {
   const int64_t c = config.hidden_size, d = head_dim_;
   const bool qkv_bias = config.attention_bias || config.qkv_bias;
@@ -39,7 +40,16 @@ at::Tensor LlamaAttention::norm_heads(const char* name, const at::Tensor& heads)
   return has_layer(name) ? layer(name).forward(heads) : heads;
 }
 
-at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& context) {
+at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& block_context) {
+  // A sliding layer of a model with a local RoPE (Gemma 3) rotates by that one.
+  BlockContext local;
+  if (sliding_layer_ && block_context.local_rope_cos.defined()) {
+    local = block_context;
+    local.rope_cos = block_context.local_rope_cos;
+    local.rope_sin = block_context.local_rope_sin;
+    local.rope_sin_signed = block_context.local_rope_sin_signed;
+  }
+  const BlockContext& context = local.rope_cos.defined() ? local : block_context;
   // The sequence length is the projections': under sequence parallelism x is
   // a (B, T/tp, C) shard and q/k/v_proj gather the whole sequence.
   const int64_t batch = x.size(0);
@@ -222,26 +232,8 @@ at::Tensor LlamaForCausalLM::embed(const at::Tensor& input_ids) {
 }
 
 BlockContext LlamaForCausalLM::block_context(const at::Tensor& hidden) const {
-  const int64_t seq_len = hidden.size(1);
-  if (rope_.scaling.rope_type == "dynamic" && seq_len > rope_.max_position_embeddings) {
-    auto [cos, sin] = rope_cos_sin(rope_, seq_len, hidden.options());
-    return BlockContext{.rope_cos = cos, .rope_sin = sin};
-  }
-  // The first rows of the cached table: the same values, and no host work in
-  // the step (a CUDA-graph capture may not copy the CPU-computed frequencies).
-  ensure_rope_table(hidden, seq_len);
-  return BlockContext{.rope_cos = rope_cos_table_.narrow(0, 0, seq_len),
-                      .rope_sin = rope_sin_table_.narrow(0, 0, seq_len)};
-}
-
-void LlamaForCausalLM::ensure_rope_table(const at::Tensor& hidden, int64_t position_limit) const {
-  const bool reusable = rope_cos_table_.defined() && rope_cos_table_.device() == hidden.device() &&
-                        rope_cos_table_.scalar_type() == hidden.scalar_type() && rope_cos_table_.size(0) >= position_limit;
-  if (reusable) return;
-  int64_t rows = std::max<int64_t>(rope_cos_table_.defined() ? rope_cos_table_.size(0) : 0, 256);
-  while (rows < position_limit) rows *= 2;
-  if (rope_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, rope_.max_position_embeddings));
-  std::tie(rope_cos_table_, rope_sin_table_) = rope_cos_sin(rope_, rows, hidden.options());
+  auto [cos, sin] = rope_.first(hidden, hidden.size(1));
+  return BlockContext{.rope_cos = cos, .rope_sin = sin};
 }
 
 at::Tensor LlamaForCausalLM::embed_at(const at::Tensor& input_ids, const at::Tensor& /*positions: RoPE adds them*/,
@@ -252,15 +244,8 @@ at::Tensor LlamaForCausalLM::embed_at(const at::Tensor& input_ids, const at::Ten
 
 BlockContext LlamaForCausalLM::block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
                                                 int64_t position_limit) const {
-  // A table for positions 0..limit-1 (dynamic NTK scales by that length, as
-  // HF does on a sequence of that length), then the rows of `positions`.
-  if (rope_.scaling.rope_type == "dynamic" && position_limit > rope_.max_position_embeddings) {
-    auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
-    return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
-  }
-  ensure_rope_table(hidden, position_limit);
-  BlockContext context{.rope_cos = rope_cos_table_.index_select(0, positions),
-                       .rope_sin = rope_sin_table_.index_select(0, positions)};
+  auto [cos, sin] = rope_.at(hidden, positions, position_limit);
+  BlockContext context{.rope_cos = cos, .rope_sin = sin};
   if (!at::GradMode::is_enabled()) context.rope_sin_signed = signed_rope_sin(context.rope_sin);
   return context;
 }

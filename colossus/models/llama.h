@@ -37,6 +37,7 @@ class LlamaAttention : public LayerHost {
   at::Tensor norm_heads(const char* name, const at::Tensor& heads);
   int64_t head_dim_;
   AttentionSpec spec_;  // scale (query_pre_attn_scalar or head_dim), this layer's window, soft cap
+  bool sliding_layer_;  // rotates by BlockContext's local RoPE when there is one (Gemma 3)
   double attention_dropout_;
   at::Tensor fused_qkv_, fused_qkv_bias_;
 };
@@ -107,15 +108,8 @@ class LlamaForCausalLM : public CausalLM {
   void after_init_value(const std::string& name, at::Tensor& values) const override;
 
  private:
-  RopeSpec rope_;
+  RopeCache rope_;
   std::shared_ptr<Backbone> model_;
-  // block_context's and block_context_at's cos/sin for positions [0, rows),
-  // on one device and dtype, grown by doubling. Rows do not depend on the
-  // table's length (except dynamic NTK past max_position_embeddings, computed
-  // fresh), so a step only takes its rows: no host-to-device copy, which also
-  // lets CUDA graphs capture it.
-  void ensure_rope_table(const at::Tensor& hidden, int64_t position_limit) const;
-  mutable at::Tensor rope_cos_table_, rope_sin_table_;
 };
 
 }  // namespace colossus::models

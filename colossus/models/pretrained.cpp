@@ -53,8 +53,8 @@ std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOp
     model = std::make_shared<MixtralForCausalLM>(*mixtral, tensor_options);
   } else {
     const auto& llama = std::get<LlamaConfig>(config);
-    if (llama.family == "gemma2") {
-      model = std::make_shared<Gemma2ForCausalLM>(llama, tensor_options);
+    if (llama.is_gemma()) {
+      model = std::make_shared<GemmaForCausalLM>(llama, tensor_options);
     } else {
       model = std::make_shared<LlamaForCausalLM>(llama, tensor_options);
     }

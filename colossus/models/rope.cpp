@@ -9,7 +9,9 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <numbers>
 
 namespace colossus::models {
@@ -68,6 +70,34 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq
   at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, D/2)
   at::Tensor angles = at::cat({freqs, freqs}, -1);                   // (T, D)
   return {angles.cos().to(options.dtype()), angles.sin().to(options.dtype())};
+}
+
+void RopeCache::ensure(const at::Tensor& like, int64_t position_limit) const {
+  const bool reusable = cos_.defined() && cos_.device() == like.device() && cos_.scalar_type() == like.scalar_type() &&
+                        cos_.size(0) >= position_limit;
+  if (reusable) return;
+  int64_t rows = std::max<int64_t>(cos_.defined() ? cos_.size(0) : 0, 256);
+  while (rows < position_limit) rows *= 2;
+  if (spec_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, spec_.max_position_embeddings));
+  std::tie(cos_, sin_) = rope_cos_sin(spec_, rows, like.options());
+}
+
+std::pair<at::Tensor, at::Tensor> RopeCache::first(const at::Tensor& like, int64_t seq_len) const {
+  if (spec_.scaling.rope_type == "dynamic" && seq_len > spec_.max_position_embeddings) {
+    return rope_cos_sin(spec_, seq_len, like.options());
+  }
+  ensure(like, seq_len);
+  return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
+}
+
+std::pair<at::Tensor, at::Tensor> RopeCache::at(const at::Tensor& like, const at::Tensor& positions,
+                                               int64_t position_limit) const {
+  if (spec_.scaling.rope_type == "dynamic" && position_limit > spec_.max_position_embeddings) {
+    auto [cos, sin] = rope_cos_sin(spec_, position_limit, like.options());
+    return {cos.index_select(0, positions), sin.index_select(0, positions)};
+  }
+  ensure(like, position_limit);
+  return {cos_.index_select(0, positions), sin_.index_select(0, positions)};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -30,6 +30,25 @@ at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len);
 // cos, sin: (T, head_dim) for positions 0..T-1, cast to options' dtype/device.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq_len, const at::TensorOptions& options);
 
+// One RoPE's cos/sin rows, cached on one device and dtype and grown by
+// doubling. Rows do not depend on the table's length (except dynamic NTK past
+// max_position_embeddings, computed fresh), so a step only takes its rows: no
+// host-to-device copy, which also lets CUDA graphs capture it.
+class RopeCache {
+ public:
+  explicit RopeCache(RopeSpec spec) : spec_(std::move(spec)) {}
+  // (cos, sin) for positions 0..seq_len-1 in like's dtype and device.
+  std::pair<at::Tensor, at::Tensor> first(const at::Tensor& like, int64_t seq_len) const;
+  // (cos, sin) at `positions` (T) int64, each < position_limit (dynamic NTK
+  // scales by that length, as HF does on a sequence of that length).
+  std::pair<at::Tensor, at::Tensor> at(const at::Tensor& like, const at::Tensor& positions, int64_t position_limit) const;
+
+ private:
+  void ensure(const at::Tensor& like, int64_t position_limit) const;
+  RopeSpec spec_;
+  mutable at::Tensor cos_, sin_;
+};
+
 // x: (B, H, T, D), cos/sin: (T, D) -> (B, H, T, D); HF's rotate_half convention
 // (the two halves of D rotate together, not interleaved pairs).
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);

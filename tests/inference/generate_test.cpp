@@ -1,4 +1,4 @@
-// generate() against transformers' generate() on tiny GPT-2, LLaMA, Qwen2, Qwen3, Mistral and Gemma 2 models
+// generate() against transformers' generate() on tiny GPT-2, LLaMA, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 models
 // saved by our save_pretrained (greedy token for token; seeded sampling with
 // every processor on, draw for draw), plus eos, stop strings, streaming,
 // GPT-2's context window and input errors.
@@ -90,6 +90,7 @@ INSTANTIATE_TEST_SUITE_P(
                       ParityCase{"qwen3_greedy", "qwen3-tiny", {.do_sample = false}},
                       ParityCase{"mistral_greedy", "mistral-tiny", {.do_sample = false}},
                       ParityCase{"gemma2_greedy", "gemma2-tiny", {.do_sample = false}},
+                      ParityCase{"gemma3_greedy", "gemma3-tiny", {.do_sample = false}},
                       ParityCase{"gpt2_greedy_penalty", "gpt2", {.do_sample = false, .repetition_penalty = 1.5}},
                       ParityCase{
                           "llama_sample",

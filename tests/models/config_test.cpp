@@ -164,6 +164,28 @@ TEST(ModelConfig, FamiliesReadTheirKeysAndDefaults) {
   EXPECT_EQ(gemma2_json["hidden_activation"], "gelu_pytorch_tanh");
   EXPECT_TRUE(gemma2_json["query_pre_attn_scalar"].is_number_integer()) << "transformers types it int";
   EXPECT_EQ(gemma2_json["layer_types"][1], "full_attention");
+  // Gemma 3: v4's keys (rope_local_base_freq, sliding_window_pattern, rope_scaling) and v5's nested rope_parameters.
+  const auto gemma3_v4 = std::get<LlamaConfig>(config_from_json(
+      R"({"model_type": "gemma3_text", "num_hidden_layers": 7, "sliding_window_pattern": 3, "rope_theta": 1e6,
+          "rope_local_base_freq": 5e3, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})"));
+  EXPECT_TRUE(gemma3_v4.qk_norm);
+  EXPECT_EQ(gemma3_v4.rope_local_base_freq, 5e3);
+  EXPECT_EQ(gemma3_v4.rope_scaling.rope_type, "linear");
+  EXPECT_TRUE(gemma3_v4.is_sliding_layer(0));
+  EXPECT_FALSE(gemma3_v4.is_sliding_layer(2)) << "every third layer is full";
+  EXPECT_EQ(gemma3_v4.final_logit_softcapping, std::nullopt);
+  const auto gemma3_v5 = std::get<LlamaConfig>(config_from_json(
+      R"({"model_type": "gemma3_text", "num_hidden_layers": 6, "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})"));
+  EXPECT_EQ(gemma3_v5.rope_theta, 1e6);
+  EXPECT_EQ(gemma3_v5.rope_scaling.factor, 8.0);
+  EXPECT_EQ(gemma3_v5.rope_local_base_freq, 1e4);
+  EXPECT_FALSE(gemma3_v5.is_sliding_layer(5)) << "transformers' default: five sliding, then a full layer";
+  EXPECT_TRUE(gemma3_v5.is_sliding_layer(4));
+  const auto gemma3_back = std::get<LlamaConfig>(config_from_json(config_to_json(gemma3_v4)));
+  EXPECT_EQ(gemma3_back.rope_local_base_freq, 5e3);
+  EXPECT_EQ(gemma3_back.layer_types, gemma3_v4.layer_types);
   EXPECT_EQ(mistral.kv_heads(), 8);
   const auto mistral_full = std::get<LlamaConfig>(config_from_json(R"({"model_type": "mistral", "sliding_window": null})"));
   EXPECT_EQ(mistral_full.attention_window(), std::nullopt);
@@ -193,10 +215,14 @@ TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {
                         "partial_rotary_factor": 0.25}})")
                 .find("\"rope_parameters\".partial_rotary_factor"),
             std::string::npos);
-  EXPECT_NE(message(R"({"model_type": "gemma3_text"})").find("gemma2"), std::string::npos);  // the supported list
+  EXPECT_NE(message(R"({"model_type": "gemma3"})").find("gemma3_text"), std::string::npos);  // the supported list
   EXPECT_NE(message(R"({"model_type": "gemma2", "use_bidirectional_attention": true})").find("use_bidirectional_attention"),
             std::string::npos);
   EXPECT_NE(message(R"({"model_type": "gemma2", "hidden_activation": "silu"})").find("gelu_pytorch_tanh"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "default"},
+                        "sliding_attention": {"rope_type": "linear", "factor": 2.0}}})")
+                .find("sliding_attention.rope_type"),
             std::string::npos);
   EXPECT_NE(message(R"({"model_type": "qwen3", "layer_types": ["full_attention"]})").find("layer_types"),
             std::string::npos);

@@ -77,6 +77,13 @@ CASES = {
     # small enough to bend them, layer 0 windowed (5 of 16 tokens), layer 1 full.
     "gemma2": lambda: family(transformers.Gemma2Config, sliding_window=5, query_pre_attn_scalar=12,
                              attn_logit_softcapping=2.0, final_logit_softcapping=3.0, pad_token_id=0),
+    # Gemma 3 (text): Gemma 2's blocks without caps, (1 + w) q/k norms, layer 0
+    # sliding (window 5, its own RoPE base 10^4), layer 1 full (base 10^6, linear x2).
+    "gemma3": lambda: family(transformers.Gemma3TextConfig, sliding_window=5, query_pre_attn_scalar=12,
+                             layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+                             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                 "rope_theta": 1000000.0},
+                                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
 
 

@@ -60,7 +60,7 @@ TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Cases, HfToColossus,
                          ::testing::Values("gpt2", "llama_gqa", "llama_rope_llama3", "llama_rope_linear",
                                            "llama_rope_dynamic", "qwen2", "qwen3", "mistral", "qwen2_window",
-                                           "gemma2"));
+                                           "gemma2", "gemma3"));
 
 struct CppCase {
   std::string name;
@@ -105,7 +105,8 @@ std::vector<CppCase> cpp_cases() {
           {"cpp_qwen3", qwen3_bias},
           {"cpp_qwen3_window", qwen3_window},
           {"cpp_mistral", family("mistral-tiny")},
-          {"cpp_gemma2", family("gemma2-tiny")}};
+          {"cpp_gemma2", family("gemma2-tiny")},
+          {"cpp_gemma3", family("gemma3-tiny")}};
 }
 
 TEST(ColossusToHf, TransformersLoadsOurCheckpointsAndAgreesOnLogits) {

@@ -108,9 +108,10 @@ std::vector<int> tp_sizes() {
 TEST(HybridParallel, LossCurvesMatchSingleProcess) {
   // Qwen2's q/k/v biases split with their heads; Qwen3's per-head q/k norms
   // stay whole with their gradients summed over tp; Gemma 2's soft caps (the
-  // final one on the vocab-parallel tied head) and its window over layer 0.
+  // final one on the vocab-parallel tied head) and its window over layer 0;
+  // Gemma 3's (1 + w) q/k norms (head-local like Qwen3's) and two RoPE bases.
   for (const auto& config : {tiny_gpt2(), tiny_llama(), tiny_family("qwen2-tiny"), tiny_family("qwen3-tiny"),
-                             tiny_family("gemma2-tiny")}) {
+                             tiny_family("gemma2-tiny"), tiny_family("gemma3-tiny")}) {
     const auto reference = reference_losses(config, kSteps);
     for (int tp : tp_sizes()) {
       HybridRun run(config, {.tp_size = tp});
