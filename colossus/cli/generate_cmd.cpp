@@ -11,11 +11,13 @@
 #include "colossus/models/pretrained.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 
 namespace colossus::cli {
@@ -39,6 +41,7 @@ struct GenerateArgs {
   bool chat = false;
   std::string system;
   int64_t block_size = 16;
+  std::string ids_out;  // JSON lines of prompt and generated token ids, for scripts
 };
 
 constexpr const char* kFooter = R"(PATH is one of:
@@ -88,24 +91,30 @@ void print(const std::string& text) {
 }
 
 // One engine request to completion, its text streamed to stdout. Returns the text.
-std::string stream_request(inference::InferenceEngine& engine, std::vector<int64_t> ids,
-                           const inference::RequestOptions& options) {
+struct Continuation {
+  std::string text;
+  std::vector<int64_t> ids;
+};
+
+Continuation stream_request(inference::InferenceEngine& engine, std::vector<int64_t> ids,
+                            const inference::RequestOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t id = engine.add_request(std::move(ids), options);
-  std::string text;
+  Continuation out;
   int64_t new_tokens = 0;
   while (engine.has_unfinished()) {
-    for (const inference::RequestOutput& out : engine.step()) {
-      if (out.request_id != id) continue;
-      new_tokens = out.generated_tokens;
-      text += out.new_text;
-      print(out.new_text);
+    for (const inference::RequestOutput& step : engine.step()) {
+      if (step.request_id != id) continue;
+      new_tokens = step.generated_tokens;
+      out.text += step.new_text;
+      out.ids.insert(out.ids.end(), step.new_tokens.begin(), step.new_tokens.end());
+      print(step.new_text);
     }
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr, "[%lld tokens in %.2f s, %.1f tok/s]\n", static_cast<long long>(new_tokens), seconds,
                seconds > 0 ? static_cast<double>(new_tokens) / seconds : 0.0);
-  return text;
+  return out;
 }
 
 inference::RequestOptions request_options(const GenerateArgs& args, int64_t max_new_tokens, uint64_t seed) {
@@ -159,7 +168,8 @@ int run_chat(const GenerateArgs& args, inference::InferenceEngine& engine, const
                      messages.begin() + static_cast<std::ptrdiff_t>(std::min(messages.size() - 1, first_turn + 2)));
     }
     const int64_t max_new = std::min(args.max_new_tokens, context - static_cast<int64_t>(ids.size()));
-    const std::string reply = stream_request(engine, std::move(ids), request_options(args, max_new, args.seed + turn));
+    const std::string reply =
+        stream_request(engine, std::move(ids), request_options(args, max_new, args.seed + turn)).text;
     print("\n");
     messages.push_back({{"role", "assistant"}, {"content", reply}});
   }
@@ -208,15 +218,30 @@ int run_generate(const GenerateArgs& args) {
                                      .dtype = args.dtype,
                                      .block_size = args.block_size,
                                      .num_blocks = (most_tokens + args.block_size - 1) / args.block_size + 2});
-  if (args.chat) return run_chat(args, engine, *tokenizer, model_dir, context);
+  if (args.chat) {
+    if (!args.ids_out.empty()) throw ConfigError("--ids_out writes the ids of --prompt continuations; drop it with --chat");
+    return run_chat(args, engine, *tokenizer, model_dir, context);
+  }
 
+  std::ofstream ids_out;
+  if (!args.ids_out.empty()) {
+    ids_out.open(args.ids_out);
+    if (!ids_out) throw ConfigError(fmt::format("--ids_out {}: cannot open it for writing", args.ids_out));
+  }
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (i > 0) print("\n");
     print(prompts[i]);
     // GPT-2 has no positions past n_positions: the continuation stops there.
     const int64_t max_new = std::min(args.max_new_tokens, context - static_cast<int64_t>(prompt_ids[i].size()));
-    if (max_new > 0) stream_request(engine, std::move(prompt_ids[i]), request_options(args, max_new, args.seed + i));
+    Continuation continuation;
+    if (max_new > 0) {
+      continuation = stream_request(engine, prompt_ids[i], request_options(args, max_new, args.seed + i));
+    }
     print("\n");
+    if (ids_out.is_open()) {
+      ids_out << nlohmann::json{{"prompt", prompts[i]}, {"prompt_ids", prompt_ids[i]}, {"ids", continuation.ids}}.dump()
+              << "\n";
+    }
   }
   return 0;
 }
@@ -256,6 +281,8 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--block_size", args->block_size, "Tokens per KV cache block (1..1024)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  sub->add_option("--ids_out", args->ids_out,
+                  "Also write one JSON line per prompt to this file: prompt, prompt_ids and the generated ids");
   sub->add_flag("--chat", args->chat, "Interactive chat: user messages from stdin, replies streamed (see below)");
   sub->add_option("--system", args->system, "With --chat: a system message that starts the conversation");
   sub->footer(kFooter);

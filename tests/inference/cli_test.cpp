@@ -1,6 +1,6 @@
 // `colossus generate` end to end: a tiny GPT-2 checkpoint in the trainer's
 // layout (run/checkpoints/latest -> step dir -> model/ with the byte
-// tokenizer's files), output equal to the library's, and its errors.
+// tokenizer's files), output (and --ids_out's ids) equal to the library's, and its errors.
 #include "colossus/data/corpus.h"
 #include "colossus/data/tokenizer.h"
 #include "colossus/inference/generate.h"
@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 #include <sstream>
@@ -70,6 +71,32 @@ class GenerateCli : public ::testing::Test {
 fs::path* GenerateCli::run_ = nullptr;
 fs::path* GenerateCli::model_dir_ = nullptr;
 std::shared_ptr<models::CausalLM>* GenerateCli::model_ = nullptr;
+
+// --ids_out: one JSON line per prompt with its ids and the generated ids,
+// the library's greedy continuation.
+TEST_F(GenerateCli, IdsOutHoldsPromptAndGeneratedIds) {
+  const fs::path ids_file = testing::scratch_dir() / "ids.jsonl";
+  const auto result = colossus(fmt::format("'{}' --prompt 'Hi' --prompt 'Yo' --max_new_tokens 6 --greedy --ids_out '{}'",
+                                           run_->string(), ids_file.string()));
+  ASSERT_EQ(result.exit_code, 0) << result.err;
+  std::ifstream in(ids_file);
+  std::string line;
+  int lines = 0;
+  auto tokenizer = data::load_tokenizer(model_dir_->string());
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    const std::string prompt = row["prompt"].get<std::string>();
+    const auto ids32 = tokenizer->encode(prompt, /*add_special_tokens=*/true);
+    const std::vector<int64_t> prompt_ids(ids32.begin(), ids32.end());
+    EXPECT_EQ(row["prompt_ids"].get<std::vector<int64_t>>(), prompt_ids);
+    auto all = generate(**model_, prompt_ids,
+                        {.max_new_tokens = 6, .sampling = {.do_sample = false}, .eos_id = tokenizer->eos_id()});
+    EXPECT_EQ(row["ids"].get<std::vector<int64_t>>(), std::vector<int64_t>(all.begin() + std::ssize(prompt_ids), all.end()))
+        << prompt;
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);
+}
 
 TEST_F(GenerateCli, GreedyOutputFromARunDirectoryMatchesTheLibrary) {
   const auto result = colossus(fmt::format("'{}' --prompt 'Hello' --max_new_tokens 12 --greedy", run_->string()));

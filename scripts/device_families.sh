@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Issue 23's GPU rows, one device call per stage (no download: transformers
+# makes random models on the device, scripts/family_oracle.py).
+#   families (default): builds the CLI (scripts/device_build.sh, which also runs
+#     `colossus check`: the paged kernels' sliding-window cases among them), then
+#     for qwen2, mistral, gemma2 and gemma3 (tiny shapes, head_dim 64, windows of
+#     48 under a 110-token prompt + 40 new tokens): `colossus generate --device
+#     cuda --greedy --ids_out` against transformers' greedy generate, fp32 (must
+#     be equal) and bf16 (equal, or the first difference at a near-tie, shown
+#     with HF's margin there).
+#   qwen7b: a Qwen2.5-7B-shaped model (bf16, made on the GPU): greedy for 32
+#     tokens against transformers, then `colossus train` 20 steps with
+#     low_level_zero stage 2 + cpu_offload and with gemini; loss finite, peak
+#     device memory (nvidia-smi, sampled) and host RSS (/usr/bin/time) reported.
+#     Run it on a warm machine right after `families` (build-gpu is reused).
+# A Markdown table goes to stdout and $OUT/families.md. `--cpu` runs the
+# families stage on this machine's CPU build (a dry run of the script).
+# Usage (device): bash scripts/device_families.sh [families|qwen7b]   (CPU: --cpu)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/colossus-out}
+work=${FAMILIES_WORK:-$PWD/build-gpu/families}
+mkdir -p "$out"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+stage=${1:-families}
+device=cuda; python=python3; bin=build-gpu/bin/colossus
+if [[ "$stage" == "--cpu" ]]; then
+  stage=families; device=cpu; python=.venv/bin/python; bin=build/bin/colossus; work=/tmp/colossus_families
+fi
+mkdir -p "$work"
+table="$out/families.md"
+prompt="The quick brown fox jumps over the lazy dog, and then it runs far away into the forest where nobody can see it."
+
+if [[ "$device" == cuda && ! -x "$bin" || "$device" == cuda && "$stage" == families ]]; then
+  stamp "build"
+  OUT="$out" COLOSSUS_TESTS=OFF bash scripts/device_build.sh > "$out/device_build.log" 2>&1 \
+    || { tail -60 "$out/device_build.log"; exit 1; }
+  grep -E "^build:" "$out/device_build.log"
+  grep -E "paged_attention|reshape_and_cache|FAIL" "$out/check.txt" | head -20
+fi
+
+# One generate comparison: family dir dtype -> a table row.
+compare_row() {
+  local name=$1 dir=$2 dtype=$3 new=$4
+  local hf="$work/$name.$dtype.hf.json" ours="$work/$name.$dtype.ours.jsonl" verdict
+  $python scripts/family_oracle.py greedy "$dir" --prompt "$prompt" --new "$new" --dtype "$dtype" --device "$device" \
+    > "$hf" 2> "$work/$name.$dtype.hf.err" || { echo "| $name | $dtype | transformers failed: $(tail -1 "$work/$name.$dtype.hf.err") |" >> "$table"; return; }
+  if ! "$bin" generate "$dir" --prompt "$prompt" --max_new_tokens "$new" --greedy --device "$device" --dtype "$dtype" \
+      --ids_out "$ours" > "$work/$name.$dtype.ours.txt" 2> "$work/$name.$dtype.ours.err"; then
+    echo "| $name | $dtype | colossus generate exit $?: $(tail -1 "$work/$name.$dtype.ours.err") |" >> "$table"
+    return
+  fi
+  verdict=$($python scripts/family_oracle.py compare "$hf" "$ours")
+  echo "| $name | $dtype | $verdict; $(grep -o '[0-9.]* tok/s' "$work/$name.$dtype.ours.err" | tail -1) |" >> "$table"
+}
+
+if [[ "$stage" == families ]]; then
+  echo "| family (tiny, window 48) | dtype | colossus generate vs transformers greedy ($device) |" > "$table"
+  echo "|---|---|---|" >> "$table"
+  for family in qwen2 mistral gemma2 gemma3; do
+    stamp "$family"
+    dir="$work/$family"
+    [[ -f "$dir/config.json" ]] || $python scripts/family_oracle.py make "$family" "$dir" --device "$device" \
+      > "$work/$family.make.log" 2>&1 || { echo "| $family | - | make failed: $(tail -1 "$work/$family.make.log") |" >> "$table"; continue; }
+    for dtype in fp32 bf16; do compare_row "$family" "$dir" "$dtype" 40; done
+  done
+elif [[ "$stage" == qwen7b ]]; then
+  dir="$work/qwen2.5-7b"
+  stamp "make the Qwen2.5-7B-shaped model"
+  [[ -f "$dir/config.json" ]] || $python scripts/family_oracle.py make qwen2 "$dir" --shape qwen2.5-7b --device cuda \
+    > "$work/qwen7b.make.log" 2>&1 || { tail -5 "$work/qwen7b.make.log"; exit 1; }
+  echo "| Qwen2.5-7B shape | dtype | result |" > "$table"
+  echo "|---|---|---|" >> "$table"
+  stamp "greedy, 32 tokens"
+  compare_row qwen2.5-7b "$dir" bf16 32
+  for plugin in zero2_offload gemini; do
+    stamp "train $plugin"
+    if [[ $plugin == zero2_offload ]]; then
+      plugin_toml=$'name = "low_level_zero"\nstage = 2\nprecision = "bf16"\ncpu_offload = true'
+    else
+      plugin_toml=$'name = "gemini"\nplacement_policy = "auto"\nprecision = "bf16"'
+    fi
+    cat > "$work/$plugin.toml" <<TOML
+[model]
+pretrained = "$dir"
+[data]
+source = "builtin"
+builtin_bytes = 2000000
+seq_len = 512
+batch_size = 1
+[optimizer]
+name = "hybrid_adam"
+lr = 1e-5
+[plugin]
+$plugin_toml
+[train]
+steps = 20
+log_every = 5
+eval_every = 0
+save_every = 0
+sample_tokens = 0
+output_dir = "$work/run_$plugin"
+TOML
+    peak_file="$work/$plugin.gpu_peak"; echo 0 > "$peak_file"
+    ( while sleep 1; do m=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        [[ $m -gt $(cat "$peak_file") ]] && echo "$m" > "$peak_file"; done ) & sampler=$!
+    timer=(); [[ -x /usr/bin/time ]] && timer=(/usr/bin/time -v)
+    "${timer[@]}" "$bin" train "$work/$plugin.toml" > "$work/$plugin.log" 2> "$work/$plugin.err"
+    rc=$?
+    kill $sampler 2>/dev/null
+    rss_kb=$(grep -m1 "Maximum resident" "$work/$plugin.err" | awk '{print $NF}')
+    loss=$(grep -o '"loss": *[0-9.eE+-]*' "$work/run_$plugin/metrics.jsonl" 2>/dev/null | tail -1 | sed 's/.*: *//')
+    echo "| train 20 steps, $plugin | bf16 | exit $rc, last loss ${loss:-none}, peak GPU $(cat "$peak_file") MiB, peak host RSS $(( ${rss_kb:-0} / 1024 )) MiB |" >> "$table"
+    [[ $rc -ne 0 ]] && tail -5 "$work/$plugin.err"
+  done
+else
+  echo "unknown stage '$stage'; use families or qwen7b (or --cpu)"; exit 2
+fi
+stamp "done"
+cat "$table"
