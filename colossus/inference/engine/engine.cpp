@@ -89,7 +89,8 @@ InferenceEngine::InferenceEngine(std::shared_ptr<models::CausalLM> model, std::s
   }
   cache_ = std::make_unique<KVCache>(shape, options, config_.enable_prefix_caching);
   const auto* llama = std::get_if<models::LlamaConfig>(&model_->config());
-  scheduler_ = std::make_unique<Scheduler>(config_, *cache_, llama ? llama->window_on_every_layer() : 0);
+  kv_window_ = llama != nullptr && !config_.enable_streamingllm ? llama->window_on_every_layer() : 0;
+  scheduler_ = std::make_unique<Scheduler>(config_, *cache_, kv_window_);
   runner_ = std::make_unique<ModelRunner>(*model_, *cache_, sharded_.get());
   if (config_.use_cuda_graph) {
     const std::string why = runner_->enable_graphs(config_.max_batch_size, config_.max_context_len_to_capture);

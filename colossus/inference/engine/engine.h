@@ -118,6 +118,7 @@ class InferenceEngine {
   InferenceConfig config_;
   std::unique_ptr<KVCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
+  int64_t kv_window_ = 0;  // the model's window on every layer (0: none): older KV blocks are dropped
   std::unique_ptr<parallel::plan::ShardedModel> sharded_;
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<Drafter> drafter_;

@@ -82,8 +82,11 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
                                   seq->prompt_len, seq->max_new_tokens, total, gpt2->n_positions));
   }
   const int64_t bs = cache_->block_size();
-  const int64_t most_cached = config_.enable_streamingllm
-                                  ? std::min(total, config_.start_token_size + config_.generated_token_size + 2 * bs)
+  // StreamingLLM and a sliding window on every layer keep a bounded tail of
+  // the cache (plus a step's tokens under a window: its chunk and block slack).
+  const int64_t most_cached =
+      config_.enable_streamingllm ? std::min(total, config_.start_token_size + config_.generated_token_size + 2 * bs)
+      : kv_window_ > 0            ? std::min(total, kv_window_ + config_.token_budget() + 2 * bs)
                                   : total;
   const int64_t blocks_needed = (ceil_div(most_cached, bs) + 1) * width;
   if (blocks_needed > cache_->allocator().num_blocks()) {

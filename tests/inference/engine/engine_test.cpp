@@ -95,6 +95,22 @@ TEST(InferenceEngine, SlidingWindowDropsBlocksBehindTheWindow) {
   EXPECT_GT(most_blocks_decoding, 0);
 }
 
+// Under a window on every layer a request needs blocks for the window and a
+// step's tokens, not for its whole length: a pool of 10 blocks of 4 serves 50
+// tokens of mistral-tiny (window 8), and refuses them for LLaMA.
+TEST(InferenceEngine, SlidingWindowAdmitsRequestsLongerThanThePool) {
+  const InferenceConfig config{.max_batch_size = 1, .max_input_len = 20, .max_output_len = 30,
+                               .max_num_batched_tokens = 8, .block_size = 4, .num_blocks = 10};
+  const auto prompt = random_prompts({20}, 96, 7).front();
+  auto mistral = testing::tiny_family("mistral-tiny");
+  InferenceEngine windowed(mistral, nullptr, config);
+  const auto outputs = windowed.generate({prompt}, {.max_new_tokens = 30});
+  ASSERT_EQ(outputs.size(), 1u);
+  EXPECT_EQ(outputs[0], reference(*mistral, prompt, 30));
+  InferenceEngine full(tiny_llama(), nullptr, config);
+  EXPECT_THROW(full.add_request(prompt, {.max_new_tokens = 30}), ConfigError);
+}
+
 TEST(InferenceEngine, RequestsArrivingBetweenStepsJoinTheRunningBatch) {
   auto model = tiny_llama();
   InferenceEngine engine(model, nullptr, small_config());
