@@ -238,9 +238,7 @@ void MixtralConfig::validate() const {
   if (!(router_aux_loss_coef >= 0)) throw ConfigError(fmt::format("MixtralConfig.router_aux_loss_coef is {} but must be >= 0", router_aux_loss_coef));
   if (!(router_z_loss_coef >= 0)) throw ConfigError(fmt::format("MixtralConfig.router_z_loss_coef is {} but must be >= 0", router_z_loss_coef));
   check_probability("MixtralConfig.router_jitter_noise", router_jitter_noise);
-  if (sliding_window) {
-    throw ConfigError(fmt::format("MixtralConfig.sliding_window is {}; only null (full causal attention) is supported", *sliding_window));
-  }
+  if (sliding_window) check_positive("MixtralConfig.sliding_window", *sliding_window);
   if (capacity_factor && !(*capacity_factor > 0)) {
     throw ConfigError(fmt::format("MixtralConfig.capacity_factor is {} but must be > 0 (or unset for dropless routing)", *capacity_factor));
   }

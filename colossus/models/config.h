@@ -118,7 +118,7 @@ struct LlamaConfig {
 
 // Mixtral (HF MixtralConfig): LLaMA's attention, norms and RoPE (the base
 // fields, read and written under the same config.json keys; sliding_window
-// must be unset) with a sparse
+// on every layer, as Mistral) with a sparse
 // mixture-of-experts FFN per block. intermediate_size is each expert's width.
 // router_z_loss_coef and capacity_factor are Colossus extensions (config.json
 // keys of the same names, which transformers keeps and ignores).

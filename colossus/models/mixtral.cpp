@@ -8,9 +8,9 @@
 
 namespace colossus::models {
 
-MixtralDecoderLayer::MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options)
+MixtralDecoderLayer::MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options, int64_t layer)
     : TransformerBlock("MixtralDecoderLayer") {
-  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options));
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options, layer));
   moe_ = register_module("block_sparse_moe", std::make_shared<SparseMoeBlock>(config, options));
   add_layer("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
   add_layer("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
@@ -37,7 +37,7 @@ MixtralForCausalLM::MixtralForCausalLM(const MixtralConfig& config, const at::Te
   auto layers = model_->register_module("layers", std::make_shared<torch::nn::Module>("BlockList"));
   std::vector<std::shared_ptr<TransformerBlock>> blocks;
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
-    blocks.push_back(std::make_shared<MixtralDecoderLayer>(config, options));
+    blocks.push_back(std::make_shared<MixtralDecoderLayer>(config, options, i));
   set_blocks(layers, std::move(blocks));
   model_->add_layer("norm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
   if (!config.tie_word_embeddings) {

@@ -17,7 +17,8 @@ namespace colossus::models {
 
 class MixtralDecoderLayer : public TransformerBlock {
  public:
-  MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options);
+  // layer: the block's index (its sliding window, when the config has one).
+  MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options, int64_t layer);
   // hidden: (B, T, C) -> (B, T, C)
   at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
 

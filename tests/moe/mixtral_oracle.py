@@ -37,6 +37,8 @@ def mixtral(**overrides):
 CASES = {
     "mixtral_top2": mixtral,
     "mixtral_top1": lambda: mixtral(num_experts_per_tok=1, num_local_experts=8, num_key_value_heads=4),
+    # Mixtral honours sliding_window on every layer, as Mistral: 6 of the 16 tokens.
+    "mixtral_window": lambda: mixtral(sliding_window=6),
 }
 
 
