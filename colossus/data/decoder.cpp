@@ -1,6 +1,7 @@
 #include "colossus/data/decoder.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/tokenizer_json.h"
 #include "colossus/data/bpe_model.h"
 #include "colossus/data/unicode.h"
 
@@ -12,11 +13,6 @@ namespace colossus::data {
 namespace {
 
 using nlohmann::json;
-
-std::string type_of(const json& node) {
-  const auto it = node.is_object() ? node.find("type") : node.end();
-  return node.is_object() && it != node.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 // ByteLevel: each char of a token back to its byte; a token with a char
 // outside the byte alphabet (an added token like "<a b>") is taken as written.
@@ -67,7 +63,7 @@ std::vector<char32_t> chars_of(const std::string& text) {
 }  // namespace
 
 void Decoder::read(const json& node, const std::string& path, std::vector<Step>& steps) {
-  const std::string type = type_of(node);
+  const std::string type = component_type(node);
   if (type == "Sequence" && node.contains("decoders") && node["decoders"].is_array()) {
     for (const json& part : node["decoders"]) read(part, path, steps);
   } else if (type == "ByteLevel") {

@@ -1,6 +1,7 @@
 #include "colossus/data/hf_bpe_files.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/tokenizer_json.h"
 
 #include <fmt/format.h>
 
@@ -28,11 +29,6 @@ const json& field(const json& node, const char* key) {
   if (!node.is_object()) return null_json;
   auto it = node.find(key);
   return it == node.end() ? null_json : *it;
-}
-
-std::string type_of(const json& node) {
-  if (!node.is_object() || !node.contains("type") || !node["type"].is_string()) return "";
-  return node["type"].get<std::string>();
 }
 
 bool flag(const json& node, const char* key, bool fallback) {
@@ -74,7 +70,7 @@ Vocab read_vocab(const json& vocab, const std::string& path) {
 }
 
 void read_model(const json& model, const std::string& path, BpeTokenizerConfig& config) {
-  const std::string type = type_of(model);
+  const std::string type = component_type(model);
   if (type != "BPE" && !(type.empty() && model.contains("merges"))) {
     throw ConfigError(
         fmt::format("{}: model.type '{}' is not supported; expected a 'BPE' model (or a SentencePiece "
@@ -135,7 +131,7 @@ void read_template(const json& node, const std::string& path, BpeTokenizerConfig
 
 void read_post_processor(const json& node, const std::string& path, BpeTokenizerConfig& config) {
   if (node.is_null()) return;
-  const std::string type = type_of(node);
+  const std::string type = component_type(node);
   if (type == "ByteLevel") return;  // adds no ids; only adjusts offsets
   if (type == "TemplateProcessing") return read_template(node, path, config);
   if (type == "RobertaProcessing" || type == "BertProcessing") {
@@ -176,7 +172,7 @@ json read_json_file(const std::string& path) {
 
 bool is_bpe_tokenizer_json(const json& tokenizer) {
   const json& model = field(tokenizer, "model");
-  return type_of(model) == "BPE" || (type_of(model).empty() && model.contains("merges"));
+  return component_type(model) == "BPE" || (component_type(model).empty() && model.contains("merges"));
 }
 
 BpeTokenizerConfig read_hf_tokenizer_json(const json& json, const std::string& path) {

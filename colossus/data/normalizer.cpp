@@ -1,6 +1,7 @@
 #include "colossus/data/normalizer.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/tokenizer_json.h"
 #include "colossus/data/unicode.h"
 
 #include <fmt/format.h>
@@ -14,11 +15,6 @@ namespace colossus::data {
 namespace {
 
 using nlohmann::json;
-
-std::string type_of(const json& node) {
-  const auto it = node.is_object() ? node.find("type") : node.end();
-  return node.is_object() && it != node.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 std::string unicode_form(std::string_view text, UnicodeForm form) {
   int options = UTF8PROC_STABLE;
@@ -80,7 +76,7 @@ std::string strip(std::string text, bool left, bool right) {
 
 void Normalizer::read(const json& node, const std::string& path, std::vector<Step>& steps) {
   if (node.is_null()) return;
-  const std::string type = type_of(node);
+  const std::string type = component_type(node);
   if (type == "Sequence") {
     const auto it = node.find("normalizers");
     if (it == node.end() || !it->is_array()) {

@@ -1,6 +1,7 @@
 #include "colossus/data/pre_tokenizer.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/tokenizer_json.h"
 #include "colossus/data/unicode.h"
 
 #include <fmt/format.h>
@@ -12,11 +13,6 @@ namespace colossus::data {
 namespace {
 
 using nlohmann::json;
-
-std::string type_of(const json& node) {
-  const auto it = node.is_object() ? node.find("type") : node.end();
-  return node.is_object() && it != node.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 bool flag(const json& node, const char* key, bool fallback) {
   const auto it = node.find(key);
@@ -76,7 +72,7 @@ void split_whitespace(std::string_view text, std::vector<std::string_view>& out)
 }  // namespace
 
 void PreTokenizer::read(const json& node, const std::string& path, std::vector<Step>& steps) {
-  const std::string type = type_of(node);
+  const std::string type = component_type(node);
   if (type == "Sequence" && node.contains("pretokenizers") && node["pretokenizers"].is_array()) {
     for (const json& part : node["pretokenizers"]) read(part, path, steps);
   } else if (type == "Split") {
