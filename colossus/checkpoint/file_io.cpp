@@ -74,6 +74,16 @@ std::shared_ptr<const MappedFile> MappedFile::map(const std::string& path) {
   return std::make_shared<const MappedFile>(Key{}, static_cast<std::byte*>(addr), size, writable);
 }
 
+void MappedFile::release(const std::byte* begin, std::size_t bytes) const {
+  static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only: a page shared with a neighbouring tensor may still be in use.
+  const auto first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
+  const auto last = (reinterpret_cast<std::uintptr_t>(begin) + bytes) / page * page;
+  if (last <= first) return;
+  // Advice only: where the kernel declines, the pages just stay resident.
+  ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(data_, size_);
 }

@@ -32,6 +32,11 @@ class MappedFile {
   const std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }  // bytes
   bool writable() const { return writable_; }
+  // Returns this process's resident pages wholly inside [begin, begin + bytes)
+  // to the kernel (madvise DONTNEED): a later read faults them in again from
+  // the file, so a loader that copied a tensor out does not keep counting it
+  // in its RSS. Pages written through the private mapping lose those writes.
+  void release(const std::byte* begin, std::size_t bytes) const;
 
  private:
   std::byte* data_;

@@ -18,9 +18,11 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // One mapped .safetensors file. Tensors returned by get() are CPU views into
 // the mapping and keep it alive (a copy only where the data is not aligned for
 // its dtype). The mapping is private: writing into a returned tensor never
-// changes the file, though a later get() of that tensor sees the write (where
-// the kernel refuses writable private mappings, i.e. strict overcommit, the
-// views are read-only and must not be written). Every
+// changes the file, though a later get() of that tensor sees the write while
+// a view of it is alive (where the kernel refuses writable private mappings,
+// i.e. strict overcommit, the views are read-only and must not be written).
+// When the last view of a tensor dies, its pages leave the process's RSS (a
+// loader that copies tensors out one by one holds about one at a time). Every
 // malformed input (truncated file, bad header JSON, offsets out of range or
 // overlapping, unknown dtype, shape/size mismatch) throws CheckpointError
 // naming the file and tensor. Thread-safe: all members are const.

@@ -305,8 +305,11 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
     std::memcpy(copy.data_ptr(), data, entry.end - entry.begin);
     return copy;
   }
-  auto keep_mapping_alive = [mapping = impl_->mapping](void*) {};
-  return at::from_blob(const_cast<std::byte*>(data), entry.shape, keep_mapping_alive, options);
+  // The view keeps the mapping alive; when its last reference dies, its pages
+  // leave this process's RSS (a loader that copied or sliced it is done).
+  const auto bytes = static_cast<std::size_t>(entry.end - entry.begin);
+  auto release_when_done = [mapping = impl_->mapping, data, bytes](void*) { mapping->release(data, bytes); };
+  return at::from_blob(const_cast<std::byte*>(data), entry.shape, release_when_done, options);
 }
 
 c10::ScalarType SafetensorsFile::dtype(const std::string& name) const { return impl_->entry(name).dtype.scalar_type; }

@@ -3,6 +3,7 @@
 // kind of malformed file, each checking what the error message names.
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/core/errors.h"
+#include "colossus/metrics/memory.h"
 #include "tests/checkpoint/test_util.h"
 
 #include <ATen/ATen.h>
@@ -109,6 +110,28 @@ TEST(SafetensorsViews, ZeroCopyPrivateAndOutliveTheFileObject) {
   EXPECT_EQ(kept[999].item<float>(), 1000.0f);
   auto reopened = SafetensorsFile::open(path);
   EXPECT_TRUE(at::equal(reopened.get("w"), at::arange(1000, at::kFloat))) << "the file must be unchanged";
+}
+
+TEST(SafetensorsViews, ADeadViewLeavesTheResidentSet) {
+  TempDir dir;
+  std::string path = dir.file("big.safetensors");
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  save_safetensors(path, {{"w", at::ones({kBytes / 4}, at::kFloat)}});
+  auto file = SafetensorsFile::open(path);
+  const int64_t before = metrics::host_rss_bytes();
+  int64_t touched = 0;
+  {
+    at::Tensor w = file.get("w");
+    EXPECT_EQ(w.sum().item<double>(), static_cast<double>(kBytes / 4));  // faults every page in
+    touched = metrics::host_rss_bytes();
+    w.add_(1);  // private pages: lost with the view
+  }
+  const int64_t after = metrics::host_rss_bytes();
+  EXPECT_GT(touched - before, kBytes / 2) << "reading the view must map its pages";
+  EXPECT_LT(after - before, kBytes / 8) << "the dead view's pages must leave the RSS";
+  // Pages wholly inside the tensor were dropped (the partial ones at its ends
+  // may be shared with a neighbour and stay): a new view reads the file there.
+  EXPECT_EQ(file.get("w")[kBytes / 8].item<float>(), 1.0f) << "a new view reads the file again";
 }
 
 TEST(SafetensorsViews, UnalignedDataIsCopiedAligned) {
