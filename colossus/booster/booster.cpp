@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace colossus::booster {
@@ -77,6 +78,23 @@ void reset_masters_from_params(amp::MixedPrecisionOptimizer& optimizer) {
     for (const auto& param : group.params) {
       const at::Tensor& master = optimizer.master_params()[flat++];
       if (!master.is_same(param)) master.copy_(param);
+    }
+  }
+}
+
+// Every master from the source's values of its parameter (a lazy model
+// materialised in bf16/fp16: the masters keep the source's full precision).
+void masters_from_source(amp::MixedPrecisionOptimizer& optimizer, const models::CausalLM& model,
+                         const models::ParamSource& source) {
+  std::unordered_map<const c10::TensorImpl*, std::string> names;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) names[item.value().unsafeGetTensorImpl()] = item.key();
+  at::NoGradGuard no_grad;
+  size_t flat = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params) {
+      const at::Tensor& master = optimizer.master_params()[flat++];
+      if (master.is_same(param)) continue;
+      master.copy_(source(names.at(param.unsafeGetTensorImpl()), param));
     }
   }
 }
@@ -148,7 +166,8 @@ c10::Device Booster::device() const {
 }
 
 Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<optim::Optimizer> optimizer,
-                       std::shared_ptr<optim::LRScheduler> lr_scheduler, std::shared_ptr<data::DataLoader> dataloader) {
+                       std::shared_ptr<optim::LRScheduler> lr_scheduler, std::shared_ptr<data::DataLoader> dataloader,
+                       const models::ParamSource& param_source) {
   if (!model) throw ConfigError("Booster::boost: the model is null");
   if (!optimizer) throw ConfigError("Booster::boost: the optimizer is null; pass e.g. std::make_unique<AdamW>(...)");
   check_optimizer_holds_model(*model, *optimizer);
@@ -158,20 +177,43 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
                     "(load a checkpoint with load_optimizer after boosting)",
                     optimizer->name()));
   }
-  if (!plugin_->control_device()) model->to(device());
+  const bool own_precision = !plugin_->control_precision();
+  const bool own_mixed = own_precision && options_.mixed_precision != "fp32";
+  const auto working_dtype =
+      own_mixed ? scalar_type_of(parse_precision(options_.mixed_precision, "booster: mixed_precision")) : at::kFloat;
+  // A lazy model read whole here: straight into the working dtype on the
+  // device, one parameter at a time; the masters then come from the source.
+  bool materialized_here = false, taken_by_plugin = false;
+  if (models::is_lazy(*model)) {
+    if (!param_source) {
+      throw ConfigError(
+          "Booster::boost: the model is on the meta device (lazy init) but no param_source says where its values "
+          "come from; pass models::checkpoint_source(model, dir) or models::seeded_source(model, seed)");
+    }
+    taken_by_plugin = plugin_->take_param_source(param_source, device());
+    if (!taken_by_plugin) {
+      models::materialize(*model, param_source, plugin_->control_device() ? c10::Device(c10::kCPU) : device(),
+                          working_dtype);
+      materialized_here = true;
+    }
+  }
+  // (A model the plugin materialises is still on the meta device here.)
+  if (!plugin_->control_device() && !taken_by_plugin) model->to(device());
 
   std::shared_ptr<optim::Optimizer> boosted_optimizer;
   std::shared_ptr<amp::MixedPrecisionOptimizer> mixed;
-  const bool own_precision = !plugin_->control_precision();
   const auto partition = plugin_->grad_partition_group();
-  if (own_precision && options_.mixed_precision != "fp32") {
+  if (own_mixed) {
     // The masters must start at the exact fp32 values, not their bf16/fp16
-    // rounding: keep the originals (in the optimizer's flat order) across the cast.
+    // rounding: keep the originals (in the optimizer's flat order) across the
+    // cast, or read them from the source of a lazy model.
     std::vector<at::Tensor> originals;
-    for (const auto& group : optimizer->param_groups()) {
-      for (const auto& param : group.params) originals.push_back(param.detach().clone());
+    if (!materialized_here) {
+      for (const auto& group : optimizer->param_groups()) {
+        for (const auto& param : group.params) originals.push_back(param.detach().clone());
+      }
     }
-    cast_floating(*model, scalar_type_of(parse_precision(options_.mixed_precision, "booster: mixed_precision")));
+    cast_floating(*model, working_dtype);
     mixed = std::make_shared<amp::MixedPrecisionOptimizer>(
         std::move(optimizer), amp::MixedPrecisionOptions{.precision = options_.mixed_precision,
                                                          .loss_scaler = options_.loss_scaler,
@@ -179,8 +221,12 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
                                                          .norm_type = options_.norm_type,
                                                          .norm_reducer = norm_reducer_over(partition),
                                                          .overflow_reducer = overflow_reducer_over(partition)});
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < originals.size(); ++i) mixed->master_params()[i].copy_(originals[i]);
+    if (materialized_here) {
+      masters_from_source(*mixed, *model, param_source);
+    } else {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < originals.size(); ++i) mixed->master_params()[i].copy_(originals[i]);
+    }
     boosted_optimizer = mixed;
   } else if (own_precision && options_.max_norm > 0.0) {
     boosted_optimizer = std::make_shared<ClipGradOptimizer>(

@@ -56,10 +56,13 @@ class Booster {
   // wraps the optimizer (fp32 masters when mixed precision) and rebinds the
   // scheduler to the wrapped optimizer. `optimizer` must hold `model`'s
   // parameters and not have stepped. `lr_scheduler` may be null; it must
-  // have been built on `optimizer`.
+  // have been built on `optimizer`. A lazy model (models::create_lazy_model)
+  // needs `param_source`: each rank then reads only what its plugin keeps
+  // (Plugin::take_param_source), in the final dtype, never the whole model in
+  // fp32 first; with mixed precision the fp32 masters come from the source.
   Boosted boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<optim::Optimizer> optimizer,
                 std::shared_ptr<optim::LRScheduler> lr_scheduler = nullptr,
-                std::shared_ptr<data::DataLoader> dataloader = nullptr);
+                std::shared_ptr<data::DataLoader> dataloader = nullptr, const models::ParamSource& param_source = {});
 
   // A dataloader sharded over the plugin's data-parallel group: this rank
   // reads 1/dp of each epoch, shuffled by (seed, epoch) identically on all ranks.

@@ -20,18 +20,44 @@ void DDPPluginOptions::validate() const {
 void broadcast_tensors(const std::vector<at::Tensor>& tensors, cluster::ProcessGroup& group, int src) {
   if (group.size() == 1) return;
   c10::NoGradGuard no_grad;
+  // Packed per dtype and device, a bucket at most this big (or one tensor):
+  // few collectives, and the staging copy never doubles a model's memory.
+  constexpr int64_t kBucketBytes = int64_t{64} << 20;
   std::map<std::pair<int, std::string>, std::vector<at::Tensor>> by_kind;
-  for (const auto& t : tensors) by_kind[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
-  for (auto& [kind, members] : by_kind) {
+  for (const auto& t : tensors) {
+    // Lazy (meta) tensors hold no values: every rank materialises them alike.
+    if (t.is_meta() || t.numel() == 0) continue;
+    by_kind[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
+  }
+  auto send = [&](const std::vector<at::Tensor>& members) {
+    if (members.size() == 1 && members.front().is_contiguous()) {  // in place, no staging copy
+      at::Tensor whole = members.front().detach().view({-1});
+      group.broadcast(whole, src).wait();
+      return;
+    }
     std::vector<at::Tensor> flat;
     for (const auto& t : members) flat.push_back(t.detach().reshape({-1}));
     auto packed = at::cat(flat);
     group.broadcast(packed, src).wait();
     int64_t offset = 0;
-    for (auto& t : members) {
+    for (const auto& t : members) {
       t.detach().copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
       offset += t.numel();
     }
+  };
+  for (auto& [kind, members] : by_kind) {
+    std::vector<at::Tensor> bucket;
+    int64_t bytes = 0;
+    for (const auto& t : members) {
+      if (!bucket.empty() && bytes + static_cast<int64_t>(t.nbytes()) > kBucketBytes) {
+        send(bucket);
+        bucket.clear();
+        bytes = 0;
+      }
+      bucket.push_back(t);
+      bytes += static_cast<int64_t>(t.nbytes());
+    }
+    if (!bucket.empty()) send(bucket);
   }
 }
 

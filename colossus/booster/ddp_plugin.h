@@ -54,8 +54,9 @@ class DDPPlugin : public Plugin {
   cluster::ProcessGroupPtr group_;
 };
 
-// Broadcasts every tensor from `src` over `group`, packed per dtype into one
-// flat buffer so a model costs a few collectives, not one per parameter.
+// Broadcasts every tensor from `src` over `group`, packed per dtype into flat
+// buckets of up to 64 MB so a model costs a few collectives, not one per
+// parameter, and at most a bucket of extra memory. Meta tensors are skipped.
 void broadcast_tensors(const std::vector<at::Tensor>& tensors, cluster::ProcessGroup& group, int src = 0);
 
 }  // namespace colossus::booster

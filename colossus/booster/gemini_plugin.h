@@ -61,6 +61,12 @@ class GeminiPlugin : public Plugin {
   bool control_device() const override { return true; }  // chunks are built on the device / host directly
   cluster::ProcessGroupPtr dp_group() const override { return group_; }
   cluster::ProcessGroupPtr grad_partition_group() const override { return group_; }
+  // Gemini builds each rank's chunk shards from the source (unless its
+  // options already name one).
+  bool take_param_source(const models::ParamSource& source, c10::Device) override {
+    if (!options_.gemini.param_source) options_.gemini.param_source = source;
+    return true;
+  }
   std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) override;
   // Returns a zero::gemini::GeminiOptimizer around `optimizer`.
   std::unique_ptr<optim::Optimizer> wrap_optimizer(ModelWrapper& model,

@@ -14,8 +14,10 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 
 namespace colossus::booster {
@@ -274,6 +276,42 @@ cluster::ProcessGroupPtr HybridParallelPlugin::sp_group() const {
 
 HybridParallelPlugin::~HybridParallelPlugin() = default;
 
+namespace {
+
+// Lazy init: this rank's part of each meta parameter from the source: its tp
+// slice (sliced from the source's whole tensor, a mapped view for a
+// checkpoint, so only the slice is copied), or an empty tensor for a
+// parameter of another pipeline stage. In `working` where the source already
+// holds that dtype (a bf16 checkpoint for bf16 training), else fp32.
+void materialize_rank_part(models::CausalLM& model, const parallel::plan::ShardedModel& sharded, int tp_rank,
+                           const models::ParamSource& source, c10::Device device,
+                           std::optional<c10::ScalarType> working) {
+  at::NoGradGuard no_grad;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    if (!p.is_meta()) continue;
+    if (p.numel() == 0) {  // another stage's
+      models::rebind_parameter(p, at::empty(p.sizes(), p.options().device(device)));
+      continue;
+    }
+    const auto spec = sharded.specs.find(item.key());
+    std::vector<int64_t> whole_shape(p.sizes().begin(), p.sizes().end());
+    if (spec != sharded.specs.end()) whole_shape[static_cast<size_t>(spec->second.dim)] = spec->second.true_size;
+    at::Tensor values = source(item.key(), at::empty(whole_shape, p.options()));
+    if (values.sizes() != at::IntArrayRef(whole_shape)) {
+      throw ConfigError(fmt::format("hybrid_parallel: param_source gave '{}' shape {}, the model has {}", item.key(),
+                                    values.sizes(), whole_shape));
+    }
+    if (spec != sharded.specs.end()) values = parallel::plan::slice_for_rank(values, spec->second, tp_rank);
+    const auto dtype = !at::isFloatingType(values.scalar_type()) ? values.scalar_type()
+                       : working && values.scalar_type() == *working ? *working
+                                                                      : at::kFloat;
+    models::rebind_parameter(p, values.to(device, dtype, /*non_blocking=*/false, /*copy=*/true));
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
   if (!model) throw ConfigError("HybridParallelPlugin::wrap_model: the model is null");
   if (boosted_.alive()) {
@@ -308,13 +346,18 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
       if (sharded.grad_partial_over_tp(item.key())) partial.push_back(item.key());
     if (!partial.empty()) pipeline->set_partial_grads(std::move(partial), tp_group());
   }
-  if (options_.precision != "fp32") {
-    const auto dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
+  std::optional<c10::ScalarType> working_dtype;
+  if (options_.precision != "fp32") working_dtype = options_.precision == "bf16" ? at::kBFloat16 : at::kHalf;
+  if (param_source_) {
+    materialize_rank_part(*model, sharded, tp_group()->rank(), param_source_, lazy_device_, working_dtype);
+  }
+  if (working_dtype) {
+    const auto dtype = *working_dtype;
     at::NoGradGuard no_grad;
     fp32_originals_.clear();
     for (auto& item : model->named_parameters(/*recurse=*/true)) {
       at::Tensor& p = item.value();
-      fp32_originals_.push_back(p.detach().clone());
+      fp32_originals_.push_back(p.scalar_type() == dtype ? at::Tensor() : p.detach().clone());
       // set_data: the optimizer's handles follow the cast tensor.
       if (at::isFloatingType(p.scalar_type())) p.set_data(p.detach().to(dtype));
     }

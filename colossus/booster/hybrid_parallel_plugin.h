@@ -182,6 +182,14 @@ class HybridParallelPlugin : public Plugin {
 
   // Shards the full model (same weights on every rank: built with one seed, or
   // broadcast here from dp rank 0), casts it to the precision, hooks dp reduction.
+  // Lazy init: each rank reads only its tp slices of its pipeline stage's
+  // parameters from the source (in bf16/fp16 directly where the source holds
+  // that dtype, else fp32), never the whole model.
+  bool take_param_source(const models::ParamSource& source, c10::Device device) override {
+    param_source_ = source;
+    lazy_device_ = device;
+    return true;
+  }
   std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) override;
   // Clipping over tp (replicated elements counted once), fp32 masters for bf16/fp16.
   std::unique_ptr<optim::Optimizer> wrap_optimizer(ModelWrapper& model,
@@ -199,7 +207,11 @@ class HybridParallelPlugin : public Plugin {
 
   HybridParallelPluginOptions options_;
   std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
-  std::vector<at::Tensor> fp32_originals_;  // between wrap_model and wrap_optimizer (bf16/fp16)
+  // Between wrap_model and wrap_optimizer (bf16/fp16), by parameter; undefined
+  // where the parameter was read in its working dtype (nothing was rounded).
+  std::vector<at::Tensor> fp32_originals_;
+  models::ParamSource param_source_;
+  c10::Device lazy_device_ = c10::kCPU;
   WrappedModel<HybridParallelModel> boosted_{"hybrid_parallel"};
   std::unique_ptr<PluginCheckpointIO> io_;
 };

@@ -41,7 +41,9 @@ std::unique_ptr<optim::Optimizer> HybridParallelPlugin::wrap_zero_optimizer(
       // bf16/fp16: back to the exact fp32 values, which the zero optimizer
       // takes as masters before casting the parameters again (as the
       // non-ZeRO path starts its masters at the originals).
-      if (!fp32_originals_.empty() && at::isFloatingType(p.scalar_type())) p.set_data(fp32_originals_.at(index));
+      if (!fp32_originals_.empty() && fp32_originals_.at(index).defined() && at::isFloatingType(p.scalar_type())) {
+        p.set_data(fp32_originals_.at(index));
+      }
       ++index;
       group_of.push_back(tp_sharded && model.sharded().grad_partial_over_tp(item.key()) ? 1 : 0);
       replicas.push_back(norm_replicas(model, item.key()));

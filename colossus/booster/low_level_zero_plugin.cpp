@@ -223,7 +223,8 @@ LowLevelZeroPlugin::LowLevelZeroPlugin(LowLevelZeroPluginOptions options, cluste
 LowLevelZeroPlugin::~LowLevelZeroPlugin() = default;
 
 std::shared_ptr<ModelWrapper> LowLevelZeroPlugin::wrap_model(std::shared_ptr<models::CausalLM> model) {
-  // Every rank starts from rank 0's weights and buffers.
+  // Every rank starts from rank 0's weights and buffers (a lazy model's
+  // parameters are not broadcast: every rank reads them from one source).
   std::vector<at::Tensor> tensors;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) tensors.push_back(item.value());
   for (const auto& item : model->named_buffers(/*recurse=*/true)) tensors.push_back(item.value());
@@ -239,8 +240,11 @@ std::unique_ptr<optim::Optimizer> LowLevelZeroPlugin::wrap_optimizer(ModelWrappe
   zero::NamedParams named;
   for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
     named.emplace_back(item.key(), item.value());
+  auto zero_options = options_.zero_options();
+  zero_options.param_source = param_source_;
+  zero_options.lazy_device = lazy_device_;
   auto zero = std::make_unique<zero::LowLevelZeroOptimizer>(std::move(optimizer), std::move(named), shard_group_,
-                                                            extra_group_, options_.zero_options());
+                                                            extra_group_, std::move(zero_options));
   // Buffers follow the precision as the Booster's own bf16/fp16 path casts them.
   const auto dtype = scalar_type_of(*precision_named(options_.precision));
   at::NoGradGuard no_grad;

@@ -64,6 +64,13 @@ class LowLevelZeroPlugin : public Plugin {
   bool control_precision() const override { return true; }
   cluster::ProcessGroupPtr dp_group() const override { return group_; }
   cluster::ProcessGroupPtr grad_partition_group() const override { return shard_group_; }
+  // Lazy init: the ZeRO optimizer fills each bucket (and its master shard)
+  // from the source, so no rank builds the whole model in fp32 first.
+  bool take_param_source(const models::ParamSource& source, c10::Device device) override {
+    param_source_ = source;
+    lazy_device_ = device;
+    return true;
+  }
   std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) override;
   // Returns a zero::LowLevelZeroOptimizer around `optimizer`.
   std::unique_ptr<optim::Optimizer> wrap_optimizer(ModelWrapper& model,
@@ -73,6 +80,8 @@ class LowLevelZeroPlugin : public Plugin {
 
  private:
   LowLevelZeroPluginOptions options_;
+  models::ParamSource param_source_;
+  c10::Device lazy_device_ = c10::kCPU;
   cluster::ProcessGroupPtr group_;        // all data-parallel ranks
   cluster::ProcessGroupPtr shard_group_;  // the ranks state is sharded over
   cluster::ProcessGroupPtr extra_group_;  // replicas of one shard (null when extra_dp_size is 1)

@@ -6,6 +6,7 @@
 #include "colossus/booster/pipeline_batch.h"
 #include "colossus/cluster/process_group.h"
 #include "colossus/models/causal_lm.h"
+#include "colossus/models/lazy_init.h"
 #include "colossus/optim/optimizer.h"
 
 #include <cstdint>
@@ -122,6 +123,16 @@ class Plugin {
   // check already give the global answer and no collective is needed.
   virtual cluster::ProcessGroupPtr grad_partition_group() const { return nullptr; }
 
+  // A lazy model (built on the meta device) is given with the source of its
+  // values. A plugin that keeps only part of each rank's model (tp slices,
+  // pipeline stages, ZeRO buckets, Gemini chunks) takes the source and reads
+  // just that part onto `device` in wrap_model / wrap_optimizer, returning
+  // true; else (the default) the Booster materialises the whole model first.
+  virtual bool take_param_source(const models::ParamSource& source, c10::Device device) {
+    (void)source;
+    (void)device;
+    return false;
+  }
   virtual std::shared_ptr<ModelWrapper> wrap_model(std::shared_ptr<models::CausalLM> model) = 0;
   // Called after wrap_model: a plugin that shards optimizer state or owns
   // precision (ZeRO: fp32 master shards, clipping over the dp group) returns

@@ -120,7 +120,9 @@ ClipAndMasters wrap_clip_and_masters(std::unique_ptr<optim::Optimizer> optimizer
           .precision = options.precision, .loss_scaler = options.loss_scaler, .overflow_reducer = overflow});
   // Masters start at the exact fp32 values, not their bf16/fp16 rounding.
   at::NoGradGuard no_grad;
-  for (size_t i = 0; i < options.originals.size(); ++i) mixed->master_params()[i].copy_(options.originals[i]);
+  for (size_t i = 0; i < options.originals.size(); ++i) {
+    if (options.originals[i].defined()) mixed->master_params()[i].copy_(options.originals[i]);
+  }
   amp::MixedPrecisionOptimizer* raw = mixed.get();
   return {std::move(mixed), raw};
 }

@@ -60,7 +60,8 @@ double tp_grad_norm(const std::vector<at::Tensor>& params, const std::vector<int
 // each parameter weighted by 1/replicas, then fp32 masters for bf16/fp16 with
 // the overflow flag reduced (max) over norm_group, the masters starting at
 // `originals` (the fp32 values before the cast, in the optimizer's flat order;
-// may be empty).
+// may be empty; an undefined entry: the parameter's own value, nothing was
+// rounded).
 struct ClipAndMastersOptions {
   std::string precision = "fp32";  // fp32 | bf16 | fp16
   amp::LossScalerOptions loss_scaler = {};

@@ -129,6 +129,50 @@ std::string first_items(const std::vector<std::string>& items, std::size_t limit
 
 }  // namespace
 
+CheckpointFiles CheckpointFiles::open(const std::string& path, const std::string& prefix) {
+  CheckpointFiles files;
+  files.path_ = path;
+  const Source source = resolve(path, prefix);
+  if (!source.is_index) {
+    auto file = SafetensorsFile::open(source.path);
+    for (const auto& name : file.keys()) files.file_of_.emplace(name, file);
+    return files;
+  }
+  const hf::Index index = hf::read_index(source.path);
+  const fs::path dir = io::parent_dir(source.path);
+  std::map<std::string, SafetensorsFile> shards;
+  for (const auto& [name, shard] : index.weight_map) {
+    auto it = shards.find(shard);
+    if (it == shards.end()) {
+      const std::string shard_path = (dir / shard).string();
+      if (!exists(shard_path)) {
+        throw CheckpointError(fmt::format("shard '{}' named by index '{}' is missing (it should hold e.g. '{}')",
+                                          shard_path, source.path, name));
+      }
+      io::confined_path(dir.string(), shard_path);
+      it = shards.emplace(shard, SafetensorsFile::open(shard_path)).first;
+    }
+    if (!it->second.contains(name)) {
+      throw CheckpointError(fmt::format("index '{}' puts tensor '{}' in shard '{}', which does not hold it",
+                                        source.path, name, it->second.path()));
+    }
+    files.file_of_.emplace(name, it->second);
+  }
+  return files;
+}
+
+std::vector<std::string> CheckpointFiles::keys() const {
+  std::vector<std::string> names;
+  for (const auto& item : file_of_) names.push_back(item.first);
+  return names;
+}
+
+at::Tensor CheckpointFiles::get(const std::string& name) const {
+  auto it = file_of_.find(name);
+  if (it == file_of_.end()) throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", path_, name));
+  return it->second.get(name);
+}
+
 std::map<std::string, at::Tensor> load_state_dict(const std::string& path, const std::string& prefix) {
   return load(resolve(path, prefix), nullptr);
 }

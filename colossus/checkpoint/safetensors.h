@@ -81,6 +81,23 @@ std::map<std::string, at::Tensor> load_state_dict(const std::string& path, const
 std::map<std::string, at::Tensor> load_tensors(const std::string& path, const std::vector<std::string>& names,
                                                const std::string& prefix = "model");
 
+// Every tensor of a checkpoint (any `path` load_state_dict takes), its files
+// mapped once. get() returns a fresh view each time, so a loader that copies
+// tensors out one at a time (lazy init) keeps only the one it is copying
+// resident: the pages go when that view dies (see SafetensorsFile).
+class CheckpointFiles {
+ public:
+  static CheckpointFiles open(const std::string& path, const std::string& prefix = "model");
+  const std::string& path() const { return path_; }
+  std::vector<std::string> keys() const;
+  bool contains(const std::string& name) const { return file_of_.contains(name); }
+  at::Tensor get(const std::string& name) const;  // CheckpointError naming a missing one
+
+ private:
+  std::string path_;
+  std::map<std::string, SafetensorsFile> file_of_;
+};
+
 // Compares a loaded state dict with what a model expects. Mismatched dtypes or
 // shapes of common names always throw; with `strict`, so do missing and
 // unexpected names. The CheckpointError lists every problem: name, expected,

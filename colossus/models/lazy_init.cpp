@@ -30,12 +30,32 @@ ParamSource seeded_source(std::shared_ptr<const CausalLM> model, uint64_t seed) 
 }
 
 ParamSource checkpoint_source(const CausalLM& model, const std::string& dir) {
-  auto state = std::make_shared<std::map<std::string, at::Tensor>>(
-      resolve_state_dict(model, checkpoint::load_state_dict(dir), dir));
-  return [state, dir](const std::string& name, const at::Tensor&) {
-    auto it = state->find(name);
-    if (it == state->end()) throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, name));
-    return it->second;
+  auto files = std::make_shared<const checkpoint::CheckpointFiles>(checkpoint::CheckpointFiles::open(dir));
+  // Names and shapes are checked once, on views (nothing is read); then each
+  // call hands out a fresh view, whose pages leave the RSS when it dies.
+  std::map<std::string, at::Tensor> views;
+  std::map<const void*, std::string> name_at;
+  for (const auto& name : files->keys()) {
+    at::Tensor view = files->get(name);
+    if (view.numel() > 0) name_at.emplace(view.data_ptr(), name);
+    views.emplace(name, std::move(view));
+  }
+  auto file_name_of = std::make_shared<std::map<std::string, std::string>>();
+  // Empty tensors, and any the name mapping derived from a file tensor rather
+  // than passing it through: held as they are.
+  auto held = std::make_shared<std::map<std::string, at::Tensor>>();
+  for (const auto& [param, view] : resolve_state_dict(model, views, dir)) {
+    auto it = view.numel() > 0 ? name_at.find(view.data_ptr()) : name_at.end();
+    if (it != name_at.end() && views.at(it->second).sizes() == view.sizes()) {
+      file_name_of->emplace(param, it->second);
+    } else {
+      held->emplace(param, view);
+    }
+  }
+  return [files, file_name_of, held, dir](const std::string& name, const at::Tensor&) {
+    if (auto it = file_name_of->find(name); it != file_name_of->end()) return files->get(it->second);
+    if (auto it = held->find(name); it != held->end()) return it->second;
+    throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, name));
   };
 }
 

@@ -111,6 +111,30 @@ TEST(SaveSharded, CustomPrefixLeavesOtherPrefixesAlone) {
       {"'x' appears twice"}));
 }
 
+// CheckpointFiles maps each file once and hands out a fresh view per get():
+// the same tensors load_state_dict gives, single file or shards; errors name
+// the checkpoint and the tensor, or the missing shard.
+TEST(CheckpointFiles, FreshViewsOfEveryTensorSingleOrSharded) {
+  for (const int64_t max_shard_bytes : {int64_t{1} << 20, int64_t{2048}}) {
+    TempDir dir;
+    const auto tensors = model(5, 2.0f);
+    save_sharded(dir.path(), tensors, {.max_shard_bytes = max_shard_bytes});
+    const auto files = CheckpointFiles::open(dir.path());
+    std::map<std::string, at::Tensor> got;
+    for (const auto& name : files.keys()) got.emplace(name, files.get(name));
+    EXPECT_TRUE(testing::same_state_dict(got, tensors)) << max_shard_bytes;
+    at::Tensor first = files.get("layers.0.weight"), second = files.get("layers.0.weight");
+    EXPECT_EQ(first.data_ptr(), second.data_ptr()) << "a view of the mapping, not a copy";
+    EXPECT_FALSE(first.is_same(second)) << "a fresh view per call";
+    EXPECT_TRUE(throws_checkpoint_error([&] { files.get("ghost"); }, {dir.path(), "'ghost'"}));
+  }
+  TempDir dir;
+  save_sharded(dir.path(), model(4, 1.0f), {.max_shard_bytes = 2048});
+  fs::remove(dir.file("model-00002-of-00002.safetensors"));
+  EXPECT_TRUE(throws_checkpoint_error([&] { CheckpointFiles::open(dir.path()); },
+                                      {"shard", "model-00002-of-00002.safetensors", "missing"}));
+}
+
 TEST(LoadStateDict, ErrorsNameWhatIsMissing) {
   TempDir dir;
   EXPECT_TRUE(throws_checkpoint_error([&] { load_state_dict(dir.path()); },

@@ -131,7 +131,8 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
   booster_ = std::make_unique<booster::Booster>(plugin, booster_options);
   auto optimizer = make_optimizer(spec.optimizer, *model);
   auto scheduler = make_scheduler(*optimizer);
-  boosted_ = booster_->boost(model, std::move(optimizer), scheduler);
+  boosted_ = booster_->boost(model, std::move(optimizer), scheduler, /*dataloader=*/nullptr,
+                             spec.lazy_init ? models::seeded_source(model, kModelSeed) : models::ParamSource());
 }
 
 double ZeroRun::train_step(int64_t step) {

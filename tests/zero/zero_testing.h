@@ -42,8 +42,8 @@ struct RunSpec {
   double min_chunk_size_m = 0.001;
   double search_range_m = 0.004;
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
-  // gemini: the model is built on the meta device and each rank materialises
-  // its shards from the seeded init (models::seeded_source).
+  // The model is built on the meta device and each rank materialises what its
+  // plugin keeps from the seeded init (models::seeded_source).
   bool lazy_init = false;
   double nvme_offload_fraction = 0.0;  // gemini NVMe offload of optimizer state
   std::string nvme_offload_dir;

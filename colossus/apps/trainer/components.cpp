@@ -79,18 +79,6 @@ models::ModelConfig build_model_config(const TrainConfig& config, const data::To
   return out;
 }
 
-std::shared_ptr<models::CausalLM> build_model(const TrainConfig& config, const models::ModelConfig& model_config) {
-  if (config.model.pretrained.empty()) return models::create_model(model_config, {.seed = config.model.init_seed});
-  if (!config.model.config.empty()) {
-    // Loading checks shapes strictly, so overrides that change them fail there with the names.
-    auto model = models::create_model(model_config, {.init = false});
-    auto state = checkpoint::load_state_dict(config.model.pretrained);
-    models::load_state_dict(*model, state, config.model.pretrained);
-    return model;
-  }
-  return models::load_pretrained(config.model.pretrained);
-}
-
 std::unique_ptr<optim::Optimizer> build_optimizer(const OptimizerSection& o, models::CausalLM& model) {
   std::vector<optim::ParamGroup> groups;
   if (o.decay_1d_params) {

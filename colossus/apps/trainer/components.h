@@ -18,10 +18,6 @@ namespace colossus::apps {
 // bos/eos/pad ids; a pretrained model's vocabulary must already cover it. data.seq_len must fit the model's positions.
 models::ModelConfig build_model_config(const TrainConfig& config, const data::Tokenizer& tokenizer);
 
-// Seeded HF initialisation, or the pretrained weights; fp32 on the CPU (the
-// Booster moves and casts it).
-std::shared_ptr<models::CausalLM> build_model(const TrainConfig& config, const models::ModelConfig& model_config);
-
 // Two groups when decay_1d_params is false: weights with decay, 1-D
 // parameters (biases, norm weights) without.
 std::unique_ptr<optim::Optimizer> build_optimizer(const OptimizerSection& options, models::CausalLM& model);

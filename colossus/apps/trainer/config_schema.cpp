@@ -259,7 +259,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("norm_type", "2 or infinity", plugin.gemini.gemini.norm_type),
         COLOSSUS_KEY("nvme_offload_fraction", "static: share of host-offloaded chunks whose moments live in files", plugin.gemini.gemini.nvme_offload_fraction),
         COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.gemini.nvme_offload_dir),
-        COLOSSUS_KEY("lazy_init", "build the model on the meta device; each rank materialises only its shards", plugin.lazy_init)}});
+        COLOSSUS_KEY("lazy_init", "seeded init on the meta device too, each rank materialising only its shards (model.pretrained always loads lazily)", plugin.lazy_init)}});
     append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
                   return c.plugin.gemini.gemini.loss_scaler;
                 }));

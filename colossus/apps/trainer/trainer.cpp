@@ -19,7 +19,8 @@
 #include "colossus/core/precision.h"
 #include "colossus/inference/generate.h"
 #include "colossus/models/config.h"
-
+#include "colossus/models/lazy_init.h"
+#include "colossus/models/pretrained.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -151,19 +152,23 @@ void Trainer::build() {
   tokenizer_ = make_tokenizer(config_.data);
   data_ = prepare_training_data(config_, *tokenizer_, *world_);
   auto model_config = build_model_config(config_, *tokenizer_);
-  // Lazy (gemini): a meta model; the plugin materialises each rank's shards.
-  auto model = config_.plugin.lazy_init ? models::create_lazy_model(model_config) : build_model(config_, model_config);
+  // Lazy: a meta model, and each rank reads from the source (the pretrained
+  // checkpoint, mapped; or the seeded init with gemini's lazy_init) only what
+  // its plugin keeps, in its working dtype; never the whole model in fp32.
+  const bool pretrained = !config_.model.pretrained.empty();
+  const bool lazy = pretrained || config_.plugin.lazy_init;
+  auto model = lazy ? models::create_lazy_model(model_config)
+                    : models::create_model(model_config, {.seed = config_.model.init_seed});
+  models::ParamSource param_source;
+  if (lazy) {
+    param_source = pretrained ? models::checkpoint_source(*model, config_.model.pretrained)
+                              : models::seeded_source(model, config_.model.init_seed);
+  }
   flops_per_token_ = flops_per_token(*model, config_.data.seq_len);
   auto optimizer = build_optimizer(config_.optimizer, *model);
   auto scheduler = build_lr_scheduler(config_.lr_scheduler, *optimizer, config_.train.steps);
 
-  PluginSection plugin_section = config_.plugin;
-  if (plugin_section.lazy_init) {
-    plugin_section.gemini.gemini.param_source = config_.model.pretrained.empty()
-                                             ? models::seeded_source(model, config_.model.init_seed)
-                                             : models::checkpoint_source(*model, config_.model.pretrained);
-  }
-  plugin_ = make_plugin(plugin_section, world_);
+  plugin_ = make_plugin(config_.plugin, world_);
   pipeline_ = plugin_->pipeline_parallel();
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
@@ -186,7 +191,7 @@ void Trainer::build() {
                               eval_set->size(), config_.data.seq_len));
     }
   }
-  boosted_ = booster_->boost(std::move(model), std::move(optimizer), scheduler, loader);
+  boosted_ = booster_->boost(std::move(model), std::move(optimizer), scheduler, loader, param_source);
 
   state_.dp_size = dp_size_;
   state_.micro_batch = config_.data.batch_size;

@@ -236,12 +236,6 @@ ShardedModel shard_model(models::CausalLM& model, const ShardingPlan& plan, clus
                          const ShardOptions& options) {
   if (!tp_group) throw ConfigError("shard_model: the tp group is null");
   validate_tp(model.config(), tp_group->size());
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    if (item.value().is_meta()) {
-      throw ConfigError(
-          fmt::format("shard_model: parameter {} is on the meta device; it needs full weights", item.key()));
-    }
-  }
   std::vector<std::string> paths;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) paths.push_back(item.key());
   Sharder sharder(model, tp_group, options);

@@ -59,7 +59,9 @@ struct ShardedModel {
 void validate_tp(const models::ModelConfig& config, int64_t tp);
 
 // Collective-free: slices with tp_group's rank and size. model holds full
-// weights (identical on every rank) and has not been sharded yet.
+// weights (identical on every rank) and has not been sharded yet; a lazy
+// model's meta parameters become meta slices, which the caller materialises
+// with slice_for_rank (HybridParallelPlugin does, from its param source).
 ShardedModel shard_model(models::CausalLM& model, const ShardingPlan& plan, cluster::ProcessGroupPtr tp_group,
                          const ShardOptions& options = {});
 

@@ -16,6 +16,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -166,13 +167,16 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     Bucket bucket{.layout = bucket_layout, .group = bucket_group[b]};
     const int rank = shard_groups_[bucket.group].dp_group->rank();
     const at::Tensor& first = params_[bucket_layout.params.front()].second;
-    const auto device = first.device();
+    const bool lazy = first.is_meta();
+    const auto device = lazy ? options_.lazy_device : first.device();
     const auto master_device = options_.cpu_offload ? c10::Device(c10::kCPU) : device;
-    // Flatten in the original dtype first: masters start at the exact values.
-    at::Tensor flat = at::zeros({bucket_layout.numel}, first.options().requires_grad(false));
+    // Flatten in the original dtype first (fp32 for a lazy source, whatever it
+    // holds): masters start at the exact values.
+    at::Tensor flat = at::zeros({bucket_layout.numel},
+                                at::TensorOptions().dtype(lazy ? at::kFloat : first.scalar_type()).device(device));
     for (size_t k : bucket_layout.params) {
       const auto& slot = layout_.slots[k];
-      flat.narrow(0, slot.offset, slot.numel).copy_(params_[k].second.detach().reshape({-1}));
+      flat.narrow(0, slot.offset, slot.numel).copy_(whole_values(k).reshape({-1}));
     }
     bucket.flat_params = flat.to(dtype);
     at::Tensor own_chunk =
@@ -188,7 +192,12 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     for (size_t k : bucket_layout.params) {
       const auto& slot = layout_.slots[k];
       at::Tensor& p = params_[k].second;
-      p.set_data(bucket.flat_params.narrow(0, slot.offset, slot.numel).view(p.sizes()));
+      at::Tensor view = bucket.flat_params.narrow(0, slot.offset, slot.numel).view(p.sizes());
+      if (p.is_meta()) {
+        models::rebind_parameter(p, view);  // set_data refuses meta -> real
+      } else {
+        p.set_data(view);
+      }
     }
     buckets_.push_back(std::move(bucket));
   }
@@ -201,6 +210,13 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     master_views_[k].mutable_grad() = bucket.master_grad.narrow(0, slot.own_offset, slot.own_numel);
   }
   // Non-trainable floating parameters follow the precision too.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    at::Tensor& p = params_[k].second;
+    if (!p.is_meta()) continue;
+    at::Tensor values = whole_values(k);
+    const auto target = at::isFloatingType(values.scalar_type()) ? dtype : values.scalar_type();
+    models::rebind_parameter(p, values.to(options_.lazy_device, target, /*non_blocking=*/false, /*copy=*/true));
+  }
   for (auto& [name, p] : params_) {
     if (!p.requires_grad() && at::isFloatingType(p.scalar_type()) && p.scalar_type() != dtype) {
       p.set_data(p.detach().to(dtype));
@@ -249,6 +265,22 @@ LowLevelZeroOptimizer::~LowLevelZeroOptimizer() {
     wait_for_params();
   } catch (...) {  // a destructor must not throw; the job is ending anyway
   }
+}
+
+at::Tensor LowLevelZeroOptimizer::whole_values(size_t k) const {
+  const auto& [name, p] = params_[k];
+  if (!p.is_meta()) return p.detach();
+  if (!options_.param_source) {
+    throw ConfigError(fmt::format("LowLevelZeroOptimizer: parameter '{}' is on the meta device (lazy init) but no "
+                                  "param_source says where its values come from",
+                                  name));
+  }
+  at::Tensor values = options_.param_source(name, p);
+  if (values.sizes() != p.sizes()) {
+    throw ConfigError(fmt::format("LowLevelZeroOptimizer: param_source gave '{}' shape {}, the model has {}", name,
+                                  values.sizes(), p.sizes()));
+  }
+  return values;
 }
 
 at::Tensor LowLevelZeroOptimizer::scale_loss(const at::Tensor& loss) const {

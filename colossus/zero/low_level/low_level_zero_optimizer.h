@@ -10,6 +10,7 @@
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/cluster/process_group.h"
+#include "colossus/models/lazy_init.h"
 #include "colossus/optim/optimizer.h"
 #include "colossus/zero/low_level/bucket_store.h"
 
@@ -43,6 +44,11 @@ struct LowLevelZeroOptions {
   // its ranks holding that parameter (tp-replicated: tp), so it counts once.
   cluster::ProcessGroupPtr model_parallel_group = nullptr;
   std::vector<int64_t> norm_replicas;
+  // Lazy init: parameters on the meta device take their values from this
+  // source bucket by bucket, placed on `lazy_device`, so no rank holds the
+  // model in fp32 before its buckets and master shards exist.
+  models::ParamSource param_source = {};
+  c10::Device lazy_device = c10::kCPU;
 };
 
 // A part of the parameters sharded over its own ranks. MoE: the dense part
@@ -150,6 +156,8 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   bool overflow_anywhere(bool local) const;
   // The global norm of the master gradients, clipped to max_norm in place.
   double clip_master_grads(const std::vector<at::Tensor>& bucket_grads) const;
+  // Parameter k's whole values: the tensor itself, or param_source's for a meta one.
+  at::Tensor whole_values(size_t k) const;
 
   std::unique_ptr<optim::Optimizer> inner_;
   NamedParams params_;

@@ -1,5 +1,7 @@
 #include "tests/parallel/pipeline/pp_testing.h"
 
+#include "colossus/models/lazy_init.h"
+
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/adam.h"
 #include "colossus/optim/lr_scheduler.h"
@@ -51,15 +53,16 @@ double loss_on(models::CausalLM& model, const at::Tensor& ids) {
   return model.loss(model.forward(ids), ids).item<double>();
 }
 
-PpRun::PpRun(const models::ModelConfig& config, HybridParallelPluginOptions options) : config_(config) {
+PpRun::PpRun(const models::ModelConfig& config, HybridParallelPluginOptions options, bool lazy) : config_(config) {
   plugin_ = std::make_shared<HybridParallelPlugin>(std::move(options), ct::world());
   booster_ = std::make_unique<Booster>(plugin_);
-  auto model = models::create_model(config, {.seed = 7});
+  auto model = lazy ? models::create_lazy_model(config) : models::create_model(config, {.seed = 7});
   auto optimizer =
       std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});
   auto scheduler = std::make_shared<optim::CosineWarmupLR>(
       *optimizer, optim::CosineLROptions{.warmup_steps = 4, .total_steps = kSteps});
-  boosted_ = booster_->boost(model, std::move(optimizer), scheduler);
+  boosted_ = booster_->boost(model, std::move(optimizer), scheduler, /*dataloader=*/nullptr,
+                             lazy ? models::seeded_source(model, 7) : models::ParamSource());
 }
 
 at::Tensor PpRun::rows(const at::Tensor& batch) const {

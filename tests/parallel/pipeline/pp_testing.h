@@ -31,7 +31,9 @@ class PpRun {
  public:
   // Model seed 7, AdamW (lr 3e-3, weight decay 0.01), warmup 4 + cosine over
   // kSteps: the reference's training, boosted with `options` over the world.
-  PpRun(const models::ModelConfig& config, HybridParallelPluginOptions options);
+  // lazy: the model is built on the meta device and each rank reads its
+  // stage's tp slices from the same seeded init (Booster param_source).
+  PpRun(const models::ModelConfig& config, HybridParallelPluginOptions options, bool lazy = false);
 
   // This dp rank's rows of a global (B, T) batch.
   at::Tensor rows(const at::Tensor& batch) const;
