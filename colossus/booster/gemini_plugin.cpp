@@ -50,7 +50,9 @@ class GeminiCheckpointIO : public PluginCheckpointIO {
     }
     auto& ddp = boosted_.of(model, "save_model").ddp();
     const std::string what = fmt::format("save_model('{}')", dir);
-    if (!options.shard) {
+    // Phi-3's checkpoints fuse q/k/v and gate/up, which per-rank shards may
+    // split between ranks: its model is written whole by rank 0.
+    if (!options.shard || models::checkpoint_fuses_projections(model.unwrap().config())) {
       ddp.with_all_gathered([&] {
         write_on_rank0(*group_, what, [&] {
           models::save_pretrained(model.unwrap(), dir, {.max_shard_bytes = options.size_per_shard_mb << 20});

@@ -88,9 +88,14 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
         throw ConfigError(
             fmt::format("save_model('{}'): size_per_shard_mb={} must be positive", dir, options.size_per_shard_mb));
       }
+      // Gathered whole by parameter name, then named as the checkpoint names
+      // them (Phi-3 fuses q/k/v and gate/up only once they are whole).
       checkpoint::NamedTensors tensors;
-      for (auto& [name, local] : models::state_dict(hybrid.unwrap()))
-        tensors.emplace_back(name, full_of(hybrid, name, from_stage(hybrid, name, local)));
+      for (const auto& item : hybrid.unwrap().named_parameters(/*recurse=*/true)) {
+        const std::string& name = item.key();
+        tensors.emplace_back(name, full_of(hybrid, name, from_stage(hybrid, name, item.value().detach())));
+      }
+      tensors = models::checkpoint_tensors(hybrid.unwrap().config(), std::move(tensors));
       if (world.rank() == 0) {
         // Written now even with use_async: the gather already cost a full copy.
         checkpoint::save_sharded(dir, tensors, {.max_shard_bytes = options.size_per_shard_mb * (int64_t{1} << 20)});
@@ -117,7 +122,7 @@ class HybridParallelCheckpointIO : public PluginCheckpointIO {
     auto& hybrid = plugin_.boosted().of(model, "load_model");
     std::exception_ptr error;
     try {
-      const auto state = checkpoint::load_state_dict(dir);
+      const auto state = models::model_tensors(hybrid.unwrap().config(), checkpoint::load_state_dict(dir), dir);
       const bool tied = hybrid.unwrap().tied_embeddings();
       std::vector<std::string> missing, unexpected;
       std::set<std::string> known;

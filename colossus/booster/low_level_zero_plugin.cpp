@@ -63,9 +63,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
     const std::string what = fmt::format("save_model('{}')", dir);
     if (options.shard) {
       // Parameters are whole on every rank: each writes its share as it is.
-      checkpoint::NamedTensors params;
-      for (const auto& item : model.unwrap().named_parameters(/*recurse=*/true))
-        params.emplace_back(item.key(), item.value().detach());
+      checkpoint::NamedTensors params = models::state_dict(model.unwrap());  // checkpoint names (Phi-3 fused)
       const auto writers = writer_ranks_by_bytes(params, shard_group_->size());
       checkpoint::NamedTensors mine;
       for (size_t k = 0; k < params.size(); ++k)

@@ -93,6 +93,15 @@ RopeScaling config_json::rope_from_json(const json& r, const char* key) {
   read(r, "low_freq_factor", s.low_freq_factor);
   read(r, "high_freq_factor", s.high_freq_factor);
   read(r, "original_max_position_embeddings", s.original_max_position_embeddings);
+  read(r, "attention_factor", s.attention_factor);
+  for (auto [name, out] : {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
+    auto it = r.find(name);
+    if (it == r.end() || it->is_null()) continue;
+    if (!it->is_array() || !std::all_of(it->begin(), it->end(), [](const json& v) { return v.is_number(); })) {
+      throw ConfigError(fmt::format("config.json: \"{}\".{} is {} but must be a list of numbers", key, name, it->dump()));
+    }
+    *out = it->get<std::vector<double>>();
+  }
   refuse_partial_rotary(r, key);
   return s;
 }
@@ -106,6 +115,12 @@ json config_json::rope_to_json(const LlamaConfig& c, bool with_theta) {
     r["low_freq_factor"] = s.low_freq_factor;
     r["high_freq_factor"] = s.high_freq_factor;
     r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
+  }
+  if (s.rope_type == "longrope") {
+    r["short_factor"] = s.short_factor;
+    r["long_factor"] = s.long_factor;
+    r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
+    if (s.attention_factor) r["attention_factor"] = *s.attention_factor;
   }
   return r;
 }
@@ -306,12 +321,32 @@ void LlamaConfig::validate() const {
   }
   if (!(initializer_range >= 0)) throw ConfigError(fmt::format("LlamaConfig.initializer_range is {} but must be >= 0", initializer_range));
   check_probability("LlamaConfig.attention_dropout", attention_dropout);
-  static const std::set<std::string> rope_types = {"default", "linear", "dynamic", "llama3"};
+  // Phi-3 takes default and longrope, as transformers' Phi3Config; the others LLaMA's four.
+  const bool phi3 = family == "phi3";
+  const std::set<std::string> rope_types =
+      phi3 ? std::set<std::string>{"default", "longrope"} : std::set<std::string>{"default", "linear", "dynamic", "llama3"};
   const auto& s = rope_scaling;
   if (!rope_types.contains(s.rope_type)) {
-    throw ConfigError(fmt::format("LlamaConfig.rope_scaling.rope_type is \"{}\"; supported: {}", s.rope_type,
+    throw ConfigError(fmt::format("LlamaConfig.rope_scaling.rope_type is \"{}\"; {} supports: {}", s.rope_type, family,
                                   fmt::join(rope_types, ", ")));
   }
+  if (s.rope_type == "longrope") {
+    const size_t half = static_cast<size_t>(resolved_head_dim() / 2);
+    for (auto [name, factors] : {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
+      if (factors->size() != half) {
+        throw ConfigError(fmt::format("LlamaConfig.rope_scaling.{} has {} values; longrope needs head_dim / 2 = {}", name,
+                                      factors->size(), half));
+      }
+    }
+    if (s.attention_factor && !(*s.attention_factor > 0)) {
+      throw ConfigError(fmt::format("LlamaConfig.rope_scaling.attention_factor is {} but must be > 0", *s.attention_factor));
+    }
+    if (s.original_max_position_embeddings) check_positive("LlamaConfig.rope_scaling.original_max_position_embeddings", *s.original_max_position_embeddings);
+  }
+  if (!(resid_pdrop >= 0.0 && resid_pdrop < 1.0)) {
+    throw ConfigError(fmt::format("LlamaConfig.resid_pdrop is {} but must be in [0, 1)", resid_pdrop));
+  }
+  if (resid_pdrop != 0.0 && !phi3) throw ConfigError("LlamaConfig.resid_pdrop is set, but only Phi-3 models have it");
   if (s.rope_type != "default" && !(s.factor > 0)) {
     throw ConfigError(fmt::format("LlamaConfig.rope_scaling.factor is {} but must be > 0", s.factor));
   }
@@ -325,7 +360,7 @@ void LlamaConfig::validate() const {
   if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
     throw ConfigError(fmt::format("LlamaConfig.pad_token_id is {} but must be in [0, vocab_size={})", *pad_token_id, vocab_size));
   }
-  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text"};
+  static const std::set<std::string> families = {"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"};
   if (!families.contains(family)) {
     throw ConfigError(fmt::format("LlamaConfig.family is \"{}\"; supported: {}", family, fmt::join(families, ", ")));
   }
@@ -412,7 +447,7 @@ ModelConfig config_from_json(const std::string& json_text) {
   } else if (type == "mixtral") {
     config = mixtral_from_json(j);
   } else {
-    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2, gemma3_text; else refused naming them
+    config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3; else refused naming them
   }
   validate(config);
   return config;
@@ -478,7 +513,7 @@ ModelConfig preset(std::string_view name) {
                        .max_position_embeddings = 128};
   }
   if (name == "qwen2-tiny" || name == "qwen3-tiny" || name == "mistral-tiny" || name == "gemma2-tiny" ||
-      name == "gemma3-tiny") {
+      name == "gemma3-tiny" || name == "phi3-tiny") {
     // The family's defaults at llama-tiny's size.
     const std::string family = name == "gemma3-tiny" ? "gemma3_text" : std::string(name.substr(0, name.find('-')));
     LlamaConfig c = std::get<LlamaConfig>(config_from_json(fmt::format(R"({{"model_type": "{}"}})", family)));
@@ -504,6 +539,16 @@ ModelConfig preset(std::string_view name) {
       c.query_pre_attn_scalar = 16;
       c.rope_scaling = {.rope_type = "linear", .factor = 4.0};
     }
+    if (family == "phi3") {
+      // No padding row (transformers' default pad id 32000 is past the vocab);
+      // longrope over 32 original positions, so the tests' sequences cross it.
+      c.pad_token_id.reset();
+      c.rope_scaling = {.rope_type = "longrope",
+                        .factor = 4.0,
+                        .original_max_position_embeddings = 32,
+                        .short_factor = {1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0},
+                        .long_factor = {1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0}};
+    }
     return c;
   }
   if (name == "mixtral-tiny") {
@@ -524,7 +569,7 @@ ModelConfig preset(std::string_view name) {
 
 std::vector<std::string> preset_names() {
   return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
-          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "mixtral-tiny"};
+          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny"};
 }
 
 }  // namespace colossus::models

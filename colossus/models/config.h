@@ -49,7 +49,17 @@ struct RopeScaling {
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
-  std::optional<int64_t> original_max_position_embeddings{};  // llama3; unset means max_position_embeddings
+  std::optional<int64_t> original_max_position_embeddings{};  // llama3, longrope; unset means max_position_embeddings
+  // "longrope" (Phi-3; config.json's older names "su" and "yarn" read as it):
+  // the frequencies are divided dimension by dimension by short_factor, or by
+  // long_factor for a sequence longer than original_max_position_embeddings,
+  // and cos/sin are scaled by attention_factor (unset: sqrt(1 + ln(factor) /
+  // ln(original_max_position_embeddings)) for factor > 1, else 1). A file
+  // without "factor" means max_position_embeddings / original_max_position_embeddings,
+  // which the reader stores in factor.
+  std::vector<double> short_factor{};
+  std::vector<double> long_factor{};
+  std::optional<double> attention_factor{};
 };
 
 struct LlamaConfig {
@@ -71,7 +81,7 @@ struct LlamaConfig {
   double attention_dropout = 0.0;
   bool tie_word_embeddings = false;
   std::optional<int64_t> pad_token_id{};  // its embedding row starts at zero and gets no gradient, as in HF
-  // The family, as HF's "model_type": "llama", "qwen2", "qwen3", "mistral", "gemma2" or "gemma3_text",
+  // The family, as HF's "model_type": "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text" or "phi3",
   // which are LLaMA's architecture with the switches below (each family's
   // config.json keys and defaults: config_families.cpp).
   std::string family = "llama";
@@ -94,6 +104,10 @@ struct LlamaConfig {
   // (qk_norm), and the sliding layers rotate by a RoPE of this base (the
   // full layers by rope_theta and rope_scaling).
   double rope_local_base_freq = 10000.0;
+  // Phi-3 (family "phi3"): dropout on the attention and MLP outputs before
+  // each residual add, in training. (Its checkpoints fuse q/k/v_proj into
+  // qkv_proj and gate/up_proj into gate_up_proj: phi3.h.)
+  double resid_pdrop = 0.0;
   ExtraJson extra{};
 
   int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
@@ -138,7 +152,7 @@ struct MixtralConfig : LlamaConfig {
 
 using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
 
-// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text" or "mixtral".
+// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3" or "mixtral".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
@@ -162,7 +176,7 @@ ModelConfig read_config(const std::string& path);
 void write_config(const ModelConfig& config, const std::string& path);
 
 // gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny,
-// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, gemma3-tiny, mixtral-tiny.
+// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny, mixtral-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

@@ -1,7 +1,7 @@
 // The LLaMA-architecture families other than LLaMA itself: Qwen2/2.5, Qwen3,
-// Mistral, Gemma 2 and Gemma 3 (text), read and written under their own
+// Mistral, Gemma 2, Gemma 3 (text) and Phi-3, read and written under their own
 // config.json keys with transformers' defaults (its Qwen2Config, Qwen3Config,
-// MistralConfig, Gemma2Config, Gemma3TextConfig).
+// MistralConfig, Gemma2Config, Gemma3TextConfig, Phi3Config).
 #include "colossus/models/config_json.h"
 
 #include <algorithm>
@@ -190,6 +190,78 @@ json gemma_to_json(const LlamaConfig& c, json j) {
   return j;
 }
 
+// transformers' Phi3Config defaults (Phi-3-mini-4k).
+LlamaConfig phi3_defaults() {
+  LlamaConfig c;
+  c.family = "phi3";
+  c.vocab_size = 32064;
+  c.hidden_size = 3072;
+  c.intermediate_size = 8192;
+  c.num_hidden_layers = 32;
+  c.num_attention_heads = 32;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5;
+  c.pad_token_id = 32000;
+  c.rope_scaling.original_max_position_embeddings = 4096;
+  return c;
+}
+
+// Phi-3 as transformers' Phi3Config reads it: rope_scaling (v4) or else
+// rope_parameters (v5), rope_theta inside winning over the top-level key;
+// longrope's older names "su" and "yarn"; the top-level
+// original_max_position_embeddings (default 4096) over the one inside; an
+// absent factor is max_position_embeddings / original_max_position_embeddings.
+LlamaConfig phi3_from_json(const json& j) {
+  LlamaConfig c = llama_from_json(j, phi3_defaults(), {"original_max_position_embeddings", "sliding_window", "resid_pdrop"});
+  c.attention_bias = false;
+  c.mlp_bias = false;
+  keep_unused(j, c, {"attention_bias", "mlp_bias"});
+  read(j, "sliding_window", c.sliding_window);
+  read(j, "resid_pdrop", c.resid_pdrop);
+  const json* rope = nullptr;
+  const char* rope_key = "rope_scaling";
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (auto it = j.find(key); it != j.end() && !it->is_null() && !(it->is_object() && it->empty())) {
+      rope = &*it;
+      rope_key = key;
+      break;
+    }
+  }
+  c.rope_theta = 10000.0;
+  read(j, "rope_theta", c.rope_theta);
+  c.rope_scaling = {};
+  if (rope != nullptr) {
+    c.rope_scaling = rope_from_json(*rope, rope_key);
+    read(*rope, "rope_theta", c.rope_theta);
+  }
+  if (c.rope_scaling.rope_type == "su" || c.rope_scaling.rope_type == "yarn") c.rope_scaling.rope_type = "longrope";
+  int64_t original = 4096;
+  read(j, "original_max_position_embeddings", original);
+  c.rope_scaling.original_max_position_embeddings = original;
+  if (c.rope_scaling.rope_type == "longrope") {
+    const bool has_factor = rope->contains("factor") && !(*rope)["factor"].is_null();
+    if (!has_factor) {
+      c.rope_scaling.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(original);
+    }
+    if (c.rope_scaling.short_factor.empty() || c.rope_scaling.long_factor.empty()) {
+      throw ConfigError(fmt::format("config.json: \"{}\" is longrope but lacks short_factor or long_factor", rope_key));
+    }
+  }
+  return c;
+}
+
+json phi3_to_json(const LlamaConfig& c, json j) {
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j.erase("attention_bias");
+  j.erase("mlp_bias");
+  j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
+  j["resid_pdrop"] = c.resid_pdrop;
+  j["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings.value_or(4096);
+  // Phi3Config defaults pad_token_id to 32000: an unset one is written as null.
+  j["pad_token_id"] = c.pad_token_id ? json(*c.pad_token_id) : json(nullptr);
+  return j;
+}
+
 }  // namespace
 
 LlamaConfig config_json::llama_family_from_json(const std::string& family, const json& j) {
@@ -221,16 +293,17 @@ LlamaConfig config_json::llama_family_from_json(const std::string& family, const
     return c;
   }
   if (family == "gemma2" || family == "gemma3_text") return gemma_from_json(family, j);
+  if (family == "phi3") return phi3_from_json(j);
   throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: {}", family,
-                                "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, mixtral"));
+                                "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3, mixtral"));
 }
 
 json config_json::llama_family_to_json(const LlamaConfig& c) {
   json j = llama_to_json(c);
   if (c.family == "llama") return j;
-  if (c.is_gemma()) {
+  if (c.is_gemma() || c.family == "phi3") {
     j["model_type"] = c.family;
-    j = gemma_to_json(c, j);
+    j = c.is_gemma() ? gemma_to_json(c, j) : phi3_to_json(c, j);
     write_extra(j, c.extra);
     return j;
   }

@@ -6,6 +6,7 @@
 #include "colossus/models/gpt2.h"
 #include "colossus/models/llama.h"
 #include "colossus/models/mixtral.h"
+#include "colossus/models/phi3.h"
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/ScalarType.h>
@@ -55,6 +56,8 @@ std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOp
     const auto& llama = std::get<LlamaConfig>(config);
     if (llama.is_gemma()) {
       model = std::make_shared<GemmaForCausalLM>(llama, tensor_options);
+    } else if (llama.family == "phi3") {
+      model = std::make_shared<Phi3ForCausalLM>(llama, tensor_options);
     } else {
       model = std::make_shared<LlamaForCausalLM>(llama, tensor_options);
     }
@@ -91,9 +94,27 @@ std::string dtype_name(c10::ScalarType dtype) {
 
 }  // namespace
 
+bool checkpoint_fuses_projections(const ModelConfig& config) {
+  const auto* llama = std::get_if<LlamaConfig>(&config);
+  return llama != nullptr && llama->family == "phi3";
+}
+
+checkpoint::NamedTensors checkpoint_tensors(const ModelConfig& config, checkpoint::NamedTensors params) {
+  if (!checkpoint_fuses_projections(config)) return params;
+  return fuse_phi3_checkpoint(std::get<LlamaConfig>(config), std::move(params));
+}
+
+std::map<std::string, at::Tensor> model_tensors(const ModelConfig& config, std::map<std::string, at::Tensor> state,
+                                                const std::string& source) {
+  if (!checkpoint_fuses_projections(config)) return state;
+  return split_phi3_checkpoint(std::get<LlamaConfig>(config), std::move(state), source);
+}
+
 std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
-                                                     const std::map<std::string, at::Tensor>& state,
+                                                     const std::map<std::string, at::Tensor>& file_state,
                                                      const std::string& source) {
+  // Phi-3's fused qkv_proj / gate_up_proj become the model's q/k/v and gate/up (views).
+  const std::map<std::string, at::Tensor> state = model_tensors(model.config(), file_state, source);
   auto params = model.named_parameters(/*recurse=*/true);
   const std::string base_prefix = model.blocks_path().substr(0, model.blocks_path().find('.')) + ".";
   std::vector<std::string> unexpected, mismatched, dtype_mismatched;
@@ -164,7 +185,7 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOpti
 checkpoint::NamedTensors state_dict(const CausalLM& model) {
   checkpoint::NamedTensors tensors;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) tensors.emplace_back(item.key(), item.value().detach());
-  return tensors;
+  return checkpoint_tensors(model.config(), std::move(tensors));
 }
 
 void save_pretrained(const CausalLM& model, const std::string& dir, const SaveOptions& options) {

@@ -53,8 +53,22 @@ std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
                                                      const std::string& source);
 
 // The tensors a checkpoint holds, by HF name, in named_parameters() order;
-// a tied head is not repeated.
+// a tied head is not repeated. For Phi-3 these are the fused qkv_proj and
+// gate_up_proj (checkpoint_tensors below), new tensors rather than views.
 checkpoint::NamedTensors state_dict(const CausalLM& model);
+
+// Parameters by model name (named_parameters) <-> tensors by checkpoint name.
+// The same for every family but Phi-3, whose checkpoints hold
+// self_attn.qkv_proj.weight ([q | k | v] rows) and mlp.gate_up_proj.weight
+// ([gate | up] rows) where the model keeps q/k/v_proj and gate/up_proj, so
+// tensor parallelism, ZeRO and the engine see LLaMA's layers. Whole tensors
+// only: a TP shard or a rank's share is converted after it is gathered.
+bool checkpoint_fuses_projections(const ModelConfig& config);
+checkpoint::NamedTensors checkpoint_tensors(const ModelConfig& config, checkpoint::NamedTensors params);
+// Splits the fused tensors back into the model's names (views into them);
+// a fused tensor of the wrong shape is a CheckpointError naming it.
+std::map<std::string, at::Tensor> model_tensors(const ModelConfig& config, std::map<std::string, at::Tensor> state,
+                                                const std::string& source);
 
 struct SaveOptions {
   int64_t max_shard_bytes = int64_t{5} << 30;

@@ -7,6 +7,7 @@
 #include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
 #include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/where.h>
 
 #include <algorithm>
@@ -58,36 +59,69 @@ at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len) {
     at::Tensor ratio = s.factor * length / static_cast<double>(spec.max_position_embeddings) - (s.factor - 1);
     base = spec.theta * ratio.pow(static_cast<double>(dim) / static_cast<double>(dim - 2));
   }
+  if (s.rope_type == "longrope") {
+    // 1 / (ext * base^(2i / dim)) in fp32, the factor set picked by the length.
+    const bool long_set = seq_len > s.original_max_position_embeddings.value_or(spec.max_position_embeddings);
+    at::Tensor ext = at::tensor(long_set ? s.long_factor : s.short_factor, at::kDouble).to(at::kFloat);
+    at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
+    return (ext * at::pow(base, exponents)).reciprocal();
+  }
   at::Tensor inv_freq = default_inv_freq(base, dim);
   if (s.rope_type == "linear") return inv_freq / s.factor;
   if (s.rope_type == "llama3") return llama3_inv_freq(inv_freq, spec);
   return inv_freq;
 }
 
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq_len, const at::TensorOptions& options) {
-  at::Tensor inv_freq = rope_inv_freq(spec, seq_len).to(options.device());
-  at::Tensor positions = at::arange(seq_len, options.dtype(at::kLong)).to(at::kFloat);
-  at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, D/2)
-  at::Tensor angles = at::cat({freqs, freqs}, -1);                   // (T, D)
-  return {angles.cos().to(options.dtype()), angles.sin().to(options.dtype())};
+double rope_attention_scaling(const RopeSpec& spec) {
+  const RopeScaling& s = spec.scaling;
+  if (s.rope_type != "longrope") return 1.0;
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.factor <= 1.0) return 1.0;
+  const double original = static_cast<double>(s.original_max_position_embeddings.value_or(spec.max_position_embeddings));
+  return std::sqrt(1 + std::log(s.factor) / std::log(original));
 }
 
-void RopeCache::ensure(const at::Tensor& like, int64_t position_limit) const {
-  const bool reusable = cos_.defined() && cos_.device() == like.device() && cos_.scalar_type() == like.scalar_type() &&
-                        cos_.size(0) >= position_limit;
-  if (reusable) return;
-  int64_t rows = std::max<int64_t>(cos_.defined() ? cos_.size(0) : 0, 256);
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq_len, const at::TensorOptions& options,
+                                               std::optional<int64_t> rows) {
+  at::Tensor inv_freq = rope_inv_freq(spec, seq_len).to(options.device());
+  at::Tensor positions = at::arange(rows.value_or(seq_len), options.dtype(at::kLong)).to(at::kFloat);
+  at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, D/2)
+  at::Tensor angles = at::cat({freqs, freqs}, -1);                   // (T, D)
+  at::Tensor cos = angles.cos(), sin = angles.sin();
+  if (spec.scaling.rope_type == "longrope") {
+    // Scaled in fp32 before the cast, as HF.
+    const double scaling = rope_attention_scaling(spec);
+    cos = cos * scaling;
+    sin = sin * scaling;
+  }
+  return {cos.to(options.dtype()), sin.to(options.dtype())};
+}
+
+const std::pair<at::Tensor, at::Tensor>& RopeCache::ensure(const at::Tensor& like, int64_t position_limit,
+                                                          int64_t seq_len) const {
+  // longrope keeps its two factor sets in two tables; every other type one.
+  const RopeScaling& s = spec_.scaling;
+  const int64_t original = s.original_max_position_embeddings.value_or(spec_.max_position_embeddings);
+  const bool long_set = s.rope_type == "longrope" && seq_len > original;
+  auto& [cos, sin] = tables_[long_set ? 1 : 0];
+  const bool reusable = cos.defined() && cos.device() == like.device() && cos.scalar_type() == like.scalar_type() &&
+                        cos.size(0) >= position_limit;
+  if (reusable) return tables_[long_set ? 1 : 0];
+  int64_t rows = std::max<int64_t>(cos.defined() ? cos.size(0) : 0, 256);
   while (rows < position_limit) rows *= 2;
-  if (spec_.scaling.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, spec_.max_position_embeddings));
-  std::tie(cos_, sin_) = rope_cos_sin(spec_, rows, like.options());
+  if (s.rope_type == "dynamic") rows = std::min(rows, std::max(position_limit, spec_.max_position_embeddings));
+  // The frequencies of the set this table holds, whatever its length.
+  const int64_t frequencies_for = s.rope_type == "longrope" ? (long_set ? original + 1 : original) : rows;
+  std::tie(cos, sin) = rope_cos_sin(spec_, frequencies_for, like.options(), rows);
+  return tables_[long_set ? 1 : 0];
 }
 
 std::pair<at::Tensor, at::Tensor> RopeCache::first(const at::Tensor& like, int64_t seq_len) const {
   if (spec_.scaling.rope_type == "dynamic" && seq_len > spec_.max_position_embeddings) {
     return rope_cos_sin(spec_, seq_len, like.options());
   }
-  ensure(like, seq_len);
-  return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
+  const auto& [cos, sin] = ensure(like, seq_len, seq_len);
+  return {cos.narrow(0, 0, seq_len), sin.narrow(0, 0, seq_len)};
 }
 
 std::pair<at::Tensor, at::Tensor> RopeCache::at(const at::Tensor& like, const at::Tensor& positions,
@@ -96,8 +130,8 @@ std::pair<at::Tensor, at::Tensor> RopeCache::at(const at::Tensor& like, const at
     auto [cos, sin] = rope_cos_sin(spec_, position_limit, like.options());
     return {cos.index_select(0, positions), sin.index_select(0, positions)};
   }
-  ensure(like, position_limit);
-  return {cos_.index_select(0, positions), sin_.index_select(0, positions)};
+  const auto& [cos, sin] = ensure(like, position_limit, position_limit);
+  return {cos.index_select(0, positions), sin.index_select(0, positions)};
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

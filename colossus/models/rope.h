@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 namespace colossus::models {
@@ -22,31 +23,42 @@ struct RopeSpec {
 RopeSpec rope_spec(const LlamaConfig& config);
 
 // Inverse frequencies for a sequence of seq_len tokens: (head_dim / 2) fp32 on CPU.
-// Only "dynamic" depends on seq_len: it raises the base once seq_len exceeds
-// max_position_embeddings. (HF caches the grown frequencies across calls; this
-// is stateless, so it equals HF on each call's own length.)
+// "dynamic" raises the base once seq_len exceeds max_position_embeddings
+// (HF caches the grown frequencies across calls; this is stateless, so it
+// equals HF on each call's own length); "longrope" takes long_factor once
+// seq_len exceeds original_max_position_embeddings, as HF picks by the
+// largest position + 1 (and its generate() recomputes the whole sequence
+// when it crosses that length).
 at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len);
 
-// cos, sin: (T, head_dim) for positions 0..T-1, cast to options' dtype/device.
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq_len, const at::TensorOptions& options);
+// The factor cos and sin are multiplied by: longrope's attention factor, else 1.
+double rope_attention_scaling(const RopeSpec& spec);
+
+// cos, sin: (rows, head_dim) for positions 0..rows-1 with the frequencies of a
+// sequence of seq_len tokens (rows: seq_len when unset), cast to options' dtype/device.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq_len, const at::TensorOptions& options,
+                                               std::optional<int64_t> rows = std::nullopt);
 
 // One RoPE's cos/sin rows, cached on one device and dtype and grown by
 // doubling. Rows do not depend on the table's length (except dynamic NTK past
-// max_position_embeddings, computed fresh), so a step only takes its rows: no
-// host-to-device copy, which also lets CUDA graphs capture it.
+// max_position_embeddings, computed fresh, and longrope's two factor sets,
+// each its own table), so a step only takes its rows: no host-to-device copy,
+// which also lets CUDA graphs capture it.
 class RopeCache {
  public:
   explicit RopeCache(RopeSpec spec) : spec_(std::move(spec)) {}
   // (cos, sin) for positions 0..seq_len-1 in like's dtype and device.
   std::pair<at::Tensor, at::Tensor> first(const at::Tensor& like, int64_t seq_len) const;
   // (cos, sin) at `positions` (T) int64, each < position_limit (dynamic NTK
-  // scales by that length, as HF does on a sequence of that length).
+  // scales by that length and longrope picks its factor set by it, as HF
+  // does on a sequence of that length).
   std::pair<at::Tensor, at::Tensor> at(const at::Tensor& like, const at::Tensor& positions, int64_t position_limit) const;
 
  private:
-  void ensure(const at::Tensor& like, int64_t position_limit) const;
+  // The table for sequences of seq_len tokens, with at least position_limit rows.
+  const std::pair<at::Tensor, at::Tensor>& ensure(const at::Tensor& like, int64_t position_limit, int64_t seq_len) const;
   RopeSpec spec_;
-  mutable at::Tensor cos_, sin_;
+  mutable std::pair<at::Tensor, at::Tensor> tables_[2];  // [0]: every RoPE; [1]: longrope's long_factor set
 };
 
 // x: (B, H, T, D), cos/sin: (T, D) -> (B, H, T, D); HF's rotate_half convention

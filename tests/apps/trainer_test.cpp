@@ -70,6 +70,11 @@ apps::TrainConfig tiny_config(const fs::path& output_dir, const std::vector<std:
   return apps::parse_train_config("[model]\npreset = \"gpt2-tiny\"\n", overrides);
 }
 
+nlohmann::json read_config_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
 std::vector<double> losses_of(const apps::TrainResult& r) {
   std::vector<double> out;
   for (const auto& s : r.steps) out.push_back(s.loss);
@@ -252,6 +257,46 @@ TEST(Trainer, TransformersLoadsTheCheckpoint) {
     // The byte tokenizer: bytes of "héllo " then <|endoftext|> = 256.
     std::vector<int> expected{'h', 0xC3, 0xA9, 'l', 'l', 'o', ' ', 256};
     EXPECT_EQ(reply["encoded"].get<std::vector<int>>(), expected);
+  }
+  world->barrier().wait();
+}
+
+// Phi-3 through `colossus train`, tensor-parallel over the job's ranks, on
+// sequences longer than phi3-tiny's 32 original positions (longrope's long
+// set): the checkpoint is gathered, then written with the fused qkv_proj /
+// gate_up_proj, no padding id (the byte tokenizer has none; an absent key
+// would be Phi3Config's 32000), and transformers computes our loss on it.
+TEST(Trainer, TransformersLoadsAPhi3Checkpoint) {
+  auto world = ct::world();
+  auto dir = job_dir("hf_phi3");
+  auto result = apps::train(apps::parse_train_config(
+      "[model]\npreset = \"phi3-tiny\"\n[plugin]\nname = \"hybrid_parallel\"\n",
+      {"train.output_dir=\"" + dir.string() + "\"", "train.steps=3", "train.log_every=1", "train.tensorboard=false",
+       "train.eval_batches=1", "train.sample_tokens=0", "data.builtin_bytes=200000", "data.seq_len=48",
+       "data.batch_size=2", "data.eval_fraction=0.05", fmt::format("plugin.tp_size={}", world->size())}));
+  if (world->rank() == 0) {
+    const auto model_dir = fs::path(result.final_checkpoint) / "model";
+    const auto written = read_config_json(model_dir / "config.json");
+    EXPECT_EQ(written["architectures"][0], "Phi3ForCausalLM");
+    EXPECT_TRUE(written["pad_token_id"].is_null());
+    const auto state = checkpoint::load_state_dict(model_dir.string());
+    EXPECT_TRUE(state.contains("model.layers.0.self_attn.qkv_proj.weight"));
+    EXPECT_TRUE(state.contains("model.layers.0.mlp.gate_up_proj.weight"));
+    auto model = models::load_pretrained(model_dir.string());
+    auto ids = at::randint(200, {2, 40}, at::kLong);
+    const double ours = model->loss(model->forward(ids), ids).item<double>();
+    nlohmann::json ids_json = nlohmann::json::array();
+    for (int64_t r = 0; r < ids.size(0); ++r) {
+      nlohmann::json row = nlohmann::json::array();
+      for (int64_t c = 0; c < ids.size(1); ++c) row.push_back(ids[r][c].item<int64_t>());
+      ids_json.push_back(row);
+    }
+    const auto check = ct::run_command(fmt::format("{} {} {} '{}' 'hi' 2>&1", COLOSSUS_PYTHON, COLOSSUS_HF_LOAD_CHECK,
+                                                   model_dir.string(), ids_json.dump()));
+    ASSERT_EQ(check.exit_code, 0) << check.output;
+    auto reply = nlohmann::json::parse(check.output.substr(check.output.rfind('{')));
+    EXPECT_NEAR(reply["loss"].get<double>(), ours, 1e-4);
+    std::printf("phi3 via colossus train: transformers loss %.6f, ours %.6f\n", reply["loss"].get<double>(), ours);
   }
   world->barrier().wait();
 }

@@ -63,6 +63,14 @@ models::ModelConfig tiny_family(const char* preset) {
   return c;
 }
 
+models::ModelConfig tiny_phi3() {
+  auto c = std::get<models::LlamaConfig>(tiny_family("phi3-tiny"));
+  c.rope_scaling.short_factor = {1.0, 1.2, 1.6, 2.5};
+  c.rope_scaling.long_factor = {1.0, 2.0, 4.0, 8.0};
+  c.rope_scaling.original_max_position_embeddings = 8;
+  return c;
+}
+
 at::Tensor global_batch(const models::ModelConfig& config, int64_t step) {
   // Learnable rows (an arithmetic sequence mod V from a random start and
   // stride), so the loss falls fast and a diverging run would show.

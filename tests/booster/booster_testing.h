@@ -24,6 +24,10 @@ models::ModelConfig tiny_gpt2();
 models::ModelConfig tiny_llama();  // GQA: 4 query heads, 2 key/value heads
 // A LLaMA-architecture family's preset ("qwen2-tiny", "qwen3-tiny") at tiny_llama's size.
 models::ModelConfig tiny_family(const char* preset);
+// Phi-3 at that size (head_dim 8: four longrope frequencies) with 8 original
+// positions, so kSeqLen-token rows take long_factor; its checkpoints hold the
+// fused qkv_proj / gate_up_proj.
+models::ModelConfig tiny_phi3();
 
 // The global batch of `step`: (kGlobalBatch, kSeqLen) int64, the same on every rank.
 at::Tensor global_batch(const models::ModelConfig& config, int64_t step);

@@ -65,9 +65,16 @@ class HfGenerateParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(HfGenerateParity, SameTokensAsTransformers) {
   const ParityCase& c = GetParam();
-  auto model = c.model == "gpt2"    ? testing::tiny_gpt2()
-               : c.model == "llama" ? testing::tiny_llama()
-                                    : testing::tiny_family(c.model);
+  // "phi3-crossing": longrope over 16 original positions, so the 8-token
+  // prompt crosses into long_factor at the 9th new token (transformers then
+  // recomputes the whole sequence with it; generate() recomputes every step).
+  auto model = c.model == "gpt2"            ? testing::tiny_gpt2()
+               : c.model == "llama"         ? testing::tiny_llama()
+               : c.model == "phi3-crossing" ? testing::tiny_family_with("phi3-tiny",
+                                                                        [](models::LlamaConfig& config) {
+                                                                          config.rope_scaling.original_max_position_embeddings = 16;
+                                                                        })
+                                            : testing::tiny_family(c.model);
   const std::string dir = (scratch_dir() / ("parity_" + c.name)).string();
   models::save_pretrained(*model, dir);
   const std::vector<int64_t> prompt{5, 17, 3, 88, 41, 41, 2, 60};
@@ -91,6 +98,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ParityCase{"mistral_greedy", "mistral-tiny", {.do_sample = false}},
                       ParityCase{"gemma2_greedy", "gemma2-tiny", {.do_sample = false}},
                       ParityCase{"gemma3_greedy", "gemma3-tiny", {.do_sample = false}},
+                      ParityCase{"phi3_greedy", "phi3-tiny", {.do_sample = false}},
+                      ParityCase{"phi3_longrope_crossing_greedy", "phi3-crossing", {.do_sample = false}},
                       ParityCase{"gpt2_greedy_penalty", "gpt2", {.do_sample = false, .repetition_penalty = 1.5}},
                       ParityCase{
                           "llama_sample",

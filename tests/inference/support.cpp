@@ -48,7 +48,14 @@ std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab) {
 }
 
 std::shared_ptr<models::CausalLM> tiny_family(const std::string& preset, int64_t vocab) {
+  return tiny_family_with(preset, [](models::LlamaConfig&) {}, vocab);
+}
+
+std::shared_ptr<models::CausalLM> tiny_family_with(const std::string& preset,
+                                                   const std::function<void(models::LlamaConfig&)>& change,
+                                                   int64_t vocab) {
   auto config = std::get<models::LlamaConfig>(models::preset(preset));
+  change(config);
   config.vocab_size = vocab;
   config.initializer_range = 0.2;
   config.rms_norm_eps = 1e-5;

@@ -6,6 +6,7 @@
 #include "tests/testing/command.h"
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,5 +29,9 @@ std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab = 96);
 // A LLaMA-architecture family's preset ("qwen2-tiny", "qwen3-tiny",
 // "mistral-tiny") at tiny_llama's scale, seeded.
 std::shared_ptr<models::CausalLM> tiny_family(const std::string& preset, int64_t vocab = 96);
+// The same with the preset's config changed first (e.g. Phi-3's longrope lengths).
+std::shared_ptr<models::CausalLM> tiny_family_with(const std::string& preset,
+                                                   const std::function<void(models::LlamaConfig&)>& change,
+                                                   int64_t vocab = 96);
 
 }  // namespace colossus::inference::testing

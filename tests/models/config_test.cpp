@@ -3,9 +3,15 @@
 #include "colossus/core/errors.h"
 #include "colossus/models/config.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/models/rope.h"
+
+#include <fmt/format.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <map>
 
 namespace colossus::models {
 namespace {
@@ -193,6 +199,114 @@ TEST(ModelConfig, FamiliesReadTheirKeysAndDefaults) {
   EXPECT_NE(written.find("\"Qwen2ForCausalLM\""), std::string::npos) << written;
   EXPECT_NE(written.find("\"attention_bias\": true"), std::string::npos) << "the unused key is kept as it was";
   EXPECT_EQ(std::get<LlamaConfig>(config_from_json(written)).qkv_bias, true);
+}
+
+TEST(ModelConfig, Phi3ReadsLongropeAsTransformersAndWritesItBack) {
+  // Phi3Config's defaults (Phi-3-mini-4k).
+  const auto mini = std::get<LlamaConfig>(config_from_json(R"({"model_type": "phi3"})"));
+  EXPECT_EQ(mini.family, "phi3");
+  EXPECT_EQ(mini.vocab_size, 32064);
+  EXPECT_EQ(mini.hidden_size, 3072);
+  EXPECT_EQ(mini.intermediate_size, 8192);
+  EXPECT_EQ(mini.kv_heads(), 32);
+  EXPECT_EQ(mini.max_position_embeddings, 4096);
+  EXPECT_EQ(mini.rms_norm_eps, 1e-5);
+  EXPECT_EQ(mini.pad_token_id, 32000);
+  EXPECT_EQ(mini.rope_scaling.rope_type, "default");
+  EXPECT_EQ(mini.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(mini.attention_window(), std::nullopt);
+  // Phi-3-mini-128k's shape: v4 rope_scaling with the old name "su", no
+  // factor (max / original = 32 sets the cos/sin scale), a window on every layer.
+  const std::string factors = "[1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]";
+  const auto long_context = std::get<LlamaConfig>(config_from_json(fmt::format(
+      R"({{"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 131072,
+          "original_max_position_embeddings": 4096, "sliding_window": 262144, "rope_theta": 10000.0,
+          "rope_scaling": {{"type": "su", "short_factor": {0}, "long_factor": {0}}}}})",
+      factors)));
+  EXPECT_EQ(long_context.rope_scaling.rope_type, "longrope");
+  EXPECT_EQ(long_context.rope_scaling.factor, 32.0);
+  EXPECT_EQ(long_context.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(long_context.rope_scaling.short_factor.size(), 8u);
+  EXPECT_DOUBLE_EQ(rope_attention_scaling(rope_spec(long_context)), std::sqrt(1 + std::log(32.0) / std::log(4096.0)));
+  EXPECT_EQ(long_context.layer_window(1), 262144) << "Phi-3's window is on every layer, as Mistral's";
+  // v5 rope_parameters (theta inside); the top-level original_max_position_embeddings wins, as in transformers.
+  const auto v5 = std::get<LlamaConfig>(config_from_json(fmt::format(
+      R"({{"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4, "original_max_position_embeddings": 512,
+          "rope_parameters": {{"rope_type": "longrope", "rope_theta": 250000.0, "factor": 2.0, "attention_factor": 1.25,
+                               "original_max_position_embeddings": 1024, "short_factor": {0}, "long_factor": {0}}}}})",
+      factors)));
+  EXPECT_EQ(v5.rope_theta, 250000.0);
+  EXPECT_EQ(v5.rope_scaling.factor, 2.0);
+  EXPECT_EQ(v5.rope_scaling.original_max_position_embeddings, 512);
+  EXPECT_DOUBLE_EQ(rope_attention_scaling(rope_spec(v5)), 1.25);
+  // Written back for transformers: both spellings, the top-level original
+  // length, an unset pad id as null (Phi3Config would default it to 32000).
+  auto no_pad = long_context;
+  no_pad.pad_token_id.reset();
+  const auto written = nlohmann::json::parse(config_to_json(no_pad));
+  EXPECT_EQ(written["architectures"][0], "Phi3ForCausalLM");
+  EXPECT_EQ(written["original_max_position_embeddings"], 4096);
+  EXPECT_TRUE(written["pad_token_id"].is_null());
+  EXPECT_EQ(written["rope_scaling"]["rope_type"], "longrope");
+  EXPECT_EQ(written["rope_parameters"]["long_factor"].size(), 8u);
+  EXPECT_FALSE(written.contains("attention_bias"));
+  const auto back = std::get<LlamaConfig>(config_from_json(written.dump()));
+  EXPECT_EQ(back.rope_scaling.short_factor, long_context.rope_scaling.short_factor);
+  EXPECT_EQ(back.rope_scaling.factor, 32.0);
+  EXPECT_EQ(back.pad_token_id, std::nullopt);
+  EXPECT_EQ(config_to_json(back), config_to_json(no_pad));
+  // Refused by name: RoPE types Phi3Config refuses, factor lists of the wrong
+  // length, longrope without its lists, rotating part of each head.
+  auto message = [](const std::string& json) { return config_error_of([&] { config_from_json(json); }); };
+  EXPECT_NE(message(R"({"model_type": "phi3", "rope_scaling": {"rope_type": "linear", "factor": 2.0}})").find("linear"),
+            std::string::npos);
+  EXPECT_NE(message(fmt::format(R"({{"model_type": "phi3", "rope_scaling": {{"type": "longrope", "short_factor": {0},
+                                    "long_factor": {0}}}}})",
+                                factors))
+                .find("short_factor"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0]}})")
+                .find("long_factor"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "phi3", "partial_rotary_factor": 0.75})").find("partial_rotary_factor"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"model_type": "llama", "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}})")
+                .find("longrope"),
+            std::string::npos);
+}
+
+TEST(ModelConfig, Phi3CheckpointsFuseQkvAndGateUp) {
+  auto model = create_model(preset("phi3-tiny"), {.seed = 3});
+  const checkpoint::NamedTensors state = state_dict(*model);
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  EXPECT_FALSE(by_name.contains("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_FALSE(by_name.contains("model.layers.1.mlp.up_proj.weight"));
+  const auto& c = std::get<LlamaConfig>(model->config());
+  const int64_t d = c.resolved_head_dim();
+  ASSERT_TRUE(by_name.contains("model.layers.1.self_attn.qkv_proj.weight"));
+  EXPECT_EQ(by_name.at("model.layers.1.self_attn.qkv_proj.weight").sizes(),
+            (std::vector<int64_t>{(c.num_attention_heads + 2 * c.kv_heads()) * d, c.hidden_size}));
+  auto params = model->named_parameters();
+  // Rows [q | k | v] and [gate | up].
+  const at::Tensor& qkv = by_name.at("model.layers.1.self_attn.qkv_proj.weight");
+  EXPECT_TRUE(qkv.narrow(0, c.num_attention_heads * d, c.kv_heads() * d)
+                  .equal(params["model.layers.1.self_attn.k_proj.weight"]));
+  const at::Tensor& gate_up = by_name.at("model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_TRUE(gate_up.narrow(0, c.intermediate_size, c.intermediate_size).equal(params["model.layers.0.mlp.up_proj.weight"]));
+  // And back: a second model loads them into its q/k/v and gate/up.
+  auto copy = create_model(preset("phi3-tiny"), {.seed = 4});
+  load_state_dict(*copy, by_name, "phi3 state");
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(item.value().equal(copy->named_parameters()[item.key()])) << item.key();
+  }
+  // A fused tensor of the wrong shape is refused naming it.
+  by_name["model.layers.0.mlp.gate_up_proj.weight"] = gate_up.narrow(0, 0, c.intermediate_size);
+  try {
+    load_state_dict(*copy, by_name, "phi3 state");
+    ADD_FAILURE() << "expected a CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.mlp.gate_up_proj.weight"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {

@@ -46,6 +46,10 @@ def family(config_class, **overrides):
     return config_class(**settings)
 
 
+# longrope's per-frequency divisors for head_dim 16 (8 frequencies).
+PHI3_SHORT = [1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0]
+PHI3_LONG = [1.0, 1.5, 2.2, 3.0, 4.5, 6.0, 9.0, 12.0]
+
 CASES = {
     "gpt2": gpt2,
     # Grouped-query attention (2 kv heads for 4 query heads), attention bias,
@@ -84,6 +88,18 @@ CASES = {
                              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                                                  "rope_theta": 1000000.0},
                                               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # Phi-3: fused qkv_proj / gate_up_proj, longrope over 8 original positions
+    # (the 16 tokens take long_factor; no factor given, so max/original = 8
+    # sets the cos/sin scale), v5's rope_parameters.
+    "phi3_longrope_long": lambda: family(transformers.Phi3Config, pad_token_id=0, original_max_position_embeddings=8,
+                                         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                          "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG}),
+    # Phi-3 under 32 original positions (the 16 tokens take short_factor), v4's
+    # rope_scaling with the old type name "su", a window of 6 on every layer.
+    "phi3_longrope_short": lambda: family(transformers.Phi3Config, pad_token_id=None, sliding_window=6,
+                                          original_max_position_embeddings=32, rope_theta=5000.0,
+                                          rope_scaling={"type": "su", "short_factor": PHI3_SHORT,
+                                                        "long_factor": PHI3_LONG}),
 }
 
 

@@ -307,8 +307,27 @@ TEST(Models, DropoutActsOnlyInTraining) {
   EXPECT_FALSE(at::equal(model->forward(ids), model->forward(ids)));
 }
 
+// Phi-3's resid_pdrop drops the attention and MLP outputs in training only:
+// in eval the model is the one without dropout.
+TEST(Models, Phi3ResidualDropoutActsOnlyInTraining) {
+  auto config = std::get<LlamaConfig>(preset("phi3-tiny"));
+  auto plain = create_model(config, {.seed = 1});
+  config.resid_pdrop = 0.5;
+  auto model = create_model(config, {.seed = 1});
+  at::NoGradGuard no_grad;
+  at::Tensor ids = random_ids(1, 8, 128, 2);
+  model->eval();
+  plain->eval();
+  EXPECT_TRUE(at::equal(model->forward(ids), plain->forward(ids)));
+  model->train();
+  EXPECT_FALSE(at::equal(model->forward(ids), model->forward(ids)));
+  auto llama = std::get<LlamaConfig>(preset("llama-tiny"));
+  llama.resid_pdrop = 0.1;
+  EXPECT_THROW(llama.validate(), ConfigError) << "only Phi-3 has resid_pdrop";
+}
+
 TEST(Models, BackwardGivesFiniteGradientsEverywhere) {
-  for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "phi3-tiny"}) {
     auto model = create_model(preset(name), {.seed = 4});
     at::Tensor ids = random_ids(2, 9, 128, 6);
     model->loss(model->forward(ids), ids).backward();

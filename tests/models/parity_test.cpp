@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 
@@ -35,22 +36,34 @@ TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
   at::Tensor logits = model->forward(reference.at("input_ids"));
   ASSERT_EQ(logits.sizes(), reference.at("logits").sizes());
   EXPECT_LE(max_abs_diff(logits, reference.at("logits")), kLogitsTolerance);
+  EXPECT_LE(max_rel_diff(logits, reference.at("logits")), kLogitsTolerance);
 
   at::Tensor loss = model->loss(logits, reference.at("labels"));
   EXPECT_NEAR(loss.item<double>(), reference.at("loss").item<double>(), kLogitsTolerance);
 
   loss.backward();
-  size_t compared = 0;
+  // Gradients under the checkpoint's names (Phi-3's fused qkv_proj and
+  // gate_up_proj are the concatenated gradients of q/k/v and gate/up).
+  checkpoint::NamedTensors grads;
   for (const auto& item : model->named_parameters()) {
     const std::string& name = item.key();
     const at::Tensor& grad = item.value().grad();
     ASSERT_TRUE(grad.defined()) << name << " got no gradient";
     EXPECT_TRUE(at::isfinite(grad).all().item<bool>()) << name << " has a non-finite gradient";
+    grads.emplace_back(name, grad);
+  }
+  size_t compared = 0;
+  double worst_grad = 0.0;
+  for (const auto& [name, grad] : checkpoint_tensors(model->config(), grads)) {
     auto hf_grad = reference.find("grad." + name);
     ASSERT_NE(hf_grad, reference.end()) << "HF has no parameter " << name;
-    EXPECT_LE(max_rel_diff(grad, hf_grad->second), kGradTolerance) << name;
+    const double rel = max_rel_diff(grad, hf_grad->second);
+    EXPECT_LE(rel, kGradTolerance) << name;
+    worst_grad = std::max(worst_grad, rel);
     ++compared;
   }
+  std::cout << GetParam() << ": max rel logits diff " << max_rel_diff(logits, reference.at("logits"))
+            << ", max rel gradient diff " << worst_grad << "\n";
   // Every HF parameter has a counterpart here (tied heads are one parameter in both).
   size_t hf_params = 0;
   for (const auto& [key, _] : reference) hf_params += key.starts_with("grad.");
@@ -60,7 +73,7 @@ TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Cases, HfToColossus,
                          ::testing::Values("gpt2", "llama_gqa", "llama_rope_llama3", "llama_rope_linear",
                                            "llama_rope_dynamic", "qwen2", "qwen3", "mistral", "qwen2_window",
-                                           "gemma2", "gemma3"));
+                                           "gemma2", "gemma3", "phi3_longrope_long", "phi3_longrope_short"));
 
 struct CppCase {
   std::string name;
@@ -97,6 +110,12 @@ std::vector<CppCase> cpp_cases() {
   qwen3_window.use_sliding_window = true;
   qwen3_window.sliding_window = 5;
   qwen3_window.max_window_layers = 1;
+  // Phi-3: longrope over 32 original positions (16 tokens: short_factor),
+  // and over 8 with a window of 6 and a given attention factor (long_factor).
+  auto phi3_long = family("phi3-tiny");
+  phi3_long.rope_scaling.original_max_position_embeddings = 8;
+  phi3_long.rope_scaling.attention_factor = 1.3;
+  phi3_long.sliding_window = 6;
   return {{"cpp_gpt2", gpt2},
           {"cpp_gpt2_untied", gpt2_untied},
           {"cpp_llama_gqa", llama},
@@ -106,7 +125,9 @@ std::vector<CppCase> cpp_cases() {
           {"cpp_qwen3_window", qwen3_window},
           {"cpp_mistral", family("mistral-tiny")},
           {"cpp_gemma2", family("gemma2-tiny")},
-          {"cpp_gemma3", family("gemma3-tiny")}};
+          {"cpp_gemma3", family("gemma3-tiny")},
+          {"cpp_phi3", family("phi3-tiny")},
+          {"cpp_phi3_long", phi3_long}};
 }
 
 TEST(ColossusToHf, TransformersLoadsOurCheckpointsAndAgreesOnLogits) {

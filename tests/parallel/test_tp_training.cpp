@@ -1,10 +1,10 @@
 // HybridParallelPlugin against one process: 20 AdamW steps (warmup + cosine)
 // on the same global batch give the same loss curve (fp32, 1e-5 relative) for
 // every tp that divides the world (tp x dp on 4 ranks), GPT-2, LLaMA with
-// GQA (kv heads < tp at tp 4), Qwen2 and Qwen3, with clipping counted once per element; ZeRO-1/2
+// GQA (kv heads < tp at tp 4), Qwen2, Qwen3, Gemma 2/3 and Phi-3, with clipping counted once per element; ZeRO-1/2
 // with tp 2 x dp 2 (fp32, clipped, split_gather; bf16 against the
 // single-process bf16 run, fp16); a tp=2 checkpoint resumes exactly with tp=1
-// and loads in Hugging Face transformers.
+// and loads in Hugging Face transformers (GPT-2, LLaMA, Phi-3's fused names).
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
@@ -119,9 +119,10 @@ TEST(HybridParallel, LossCurvesMatchSingleProcess) {
   // Qwen2's q/k/v biases split with their heads; Qwen3's per-head q/k norms
   // stay whole with their gradients summed over tp; Gemma 2's soft caps (the
   // final one on the vocab-parallel tied head) and its window over layer 0;
-  // Gemma 3's (1 + w) q/k norms (head-local like Qwen3's) and two RoPE bases.
+  // Gemma 3's (1 + w) q/k norms (head-local like Qwen3's) and two RoPE bases;
+  // Phi-3's longrope (long_factor set).
   for (const auto& config : {tiny_gpt2(), tiny_llama(), tiny_family("qwen2-tiny"), tiny_family("qwen3-tiny"),
-                             tiny_family("gemma2-tiny"), tiny_family("gemma3-tiny")}) {
+                             tiny_family("gemma2-tiny"), tiny_family("gemma3-tiny"), tiny_phi3()}) {
     const auto reference = reference_losses(config, kSteps);
     for (int tp : tp_sizes()) {
       HybridRun run(config, {.tp_size = tp});
@@ -285,7 +286,9 @@ TEST(HybridParallel, ZeroMixedPrecisionWithTp) {
 TEST(HybridParallel, Tp2CheckpointResumesWithTp1AndLoadsInTransformers) {
   auto world = ct::world();
   if (world->size() < 2) GTEST_SKIP() << "needs 2 ranks for tp = 2";
-  for (const auto& config : {tiny_gpt2(), tiny_llama()}) {
+  // Phi-3: the tp shards of q/k/v and gate/up are gathered, then fused into
+  // the qkv_proj / gate_up_proj that transformers loads (and split on resume).
+  for (const auto& config : {tiny_gpt2(), tiny_llama(), tiny_phi3()}) {
     const std::string kind = models::model_type(config);
     const auto reference = reference_losses(config, kSteps);
     SharedScratch scratch("tp_" + kind);
@@ -309,6 +312,11 @@ TEST(HybridParallel, Tp2CheckpointResumesWithTp1AndLoadsInTransformers) {
       const auto state = checkpoint::load_state_dict(dir);
       const std::string embed = kind == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
       EXPECT_EQ(state.at(embed).size(0), 96);
+      if (kind == "phi3") {
+        EXPECT_TRUE(state.contains("model.layers.0.self_attn.qkv_proj.weight"));
+        EXPECT_TRUE(state.contains("model.layers.1.mlp.gate_up_proj.weight"));
+        EXPECT_FALSE(state.contains("model.layers.0.self_attn.q_proj.weight"));
+      }
       // transformers' loss on our weights equals ours (the step-10 model, loaded whole).
       auto loaded = models::load_pretrained(dir);
       auto ids = global_batch(config, 0);

@@ -26,7 +26,10 @@ namespace {
 
 constexpr uint64_t kModelSeed = 7;
 
-models::ModelConfig config_of(const RunSpec& spec) { return spec.model == "gpt2" ? bt::tiny_gpt2() : bt::tiny_llama(); }
+models::ModelConfig config_of(const RunSpec& spec) {
+  if (spec.model == "phi3") return bt::tiny_phi3();
+  return spec.model == "gpt2" ? bt::tiny_gpt2() : bt::tiny_llama();
+}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& name, models::CausalLM& model) {
   auto params = model.parameters();

@@ -17,7 +17,7 @@
 namespace colossus::zero::testing {
 
 struct RunSpec {
-  std::string model = "gpt2";   // "gpt2" or "llama"
+  std::string model = "gpt2";   // "gpt2", "llama" or "phi3"
   std::string plugin = "zero";  // "zero", "gemini" or "ddp"
   int stage = 2;
   int micro_batches = 1;

@@ -59,6 +59,9 @@ models::ModelConfig build_model_config(const TrainConfig& config, const data::To
                                   std::pair{"pad_token_id", tokenizer.pad_id()}}) {
       if (m.config.count(key)) continue;
       if (id) j[key] = *id;
+      // No padding id is null, not an absent key: an absent one means the
+      // family's default to transformers (Phi-3's 32000, Gemma's 0).
+      else if (std::string(key) == "pad_token_id") j[key] = nullptr;
       else j.erase(key);
     }
   }

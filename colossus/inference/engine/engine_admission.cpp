@@ -43,6 +43,20 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
     throw ConfigError(fmt::format("max_new_tokens is {}; it must be in [1, {}] (max_output_len)", seq->max_new_tokens,
                                   config_.max_output_len));
   }
+  // longrope (Phi-3) rotates a whole sequence by long_factor once it is longer
+  // than original_max_position_embeddings (transformers recomputes its cache
+  // then); the engine's cached keys keep the short set, so such a request is refused.
+  if (const auto* llama = std::get_if<models::LlamaConfig>(&model_->config());
+      llama != nullptr && llama->rope_scaling.rope_type == "longrope") {
+    const int64_t original =
+        llama->rope_scaling.original_max_position_embeddings.value_or(llama->max_position_embeddings);
+    if (seq->prompt_len + seq->max_new_tokens > original) {
+      throw ConfigError(fmt::format("the prompt ({} tokens) plus max_new_tokens ({}) exceeds the longrope model's "
+                                    "original_max_position_embeddings ({}), past which the engine does not switch RoPE "
+                                    "to long_factor; use generate() (full recompute) or a shorter request",
+                                    seq->prompt_len, seq->max_new_tokens, original));
+    }
+  }
   seq->sampling = options.sampling.value_or(config_.default_sampling());
   seq->sampling.validate();
   seq->no_repeat_ngram_size = options.no_repeat_ngram_size.value_or(config_.no_repeat_ngram_size);

@@ -69,11 +69,27 @@ TEST(InferenceEngine, GreedyMatchesFullRecomputeForEveryFamily) {
                              std::pair{"qwen3", testing::tiny_family("qwen3-tiny")},
                              std::pair{"mistral", testing::tiny_family("mistral-tiny")},
                              std::pair{"gemma2", testing::tiny_family("gemma2-tiny")},
-                             std::pair{"gemma3", testing::tiny_family("gemma3-tiny")}}) {
+                             std::pair{"gemma3", testing::tiny_family("gemma3-tiny")},
+                             std::pair{"phi3", testing::tiny_family("phi3-tiny")}}) {
     InferenceEngine engine(model, nullptr, small_config());
     expect_matches_reference(engine, random_prompts(lengths, 96, 1), 10, name);
     EXPECT_GT(engine.stats().steps, 10);
   }
+}
+
+// phi3-tiny's longrope has 32 original positions: a request that could grow
+// past them (where transformers switches the whole sequence to long_factor)
+// is refused by name; one that stays within them runs (the test above).
+TEST(InferenceEngine, LongropeRequestsPastTheOriginalLengthAreRefused) {
+  InferenceEngine engine(testing::tiny_family("phi3-tiny"), nullptr,
+                         {.max_batch_size = 2, .max_input_len = 30, .max_output_len = 10, .block_size = 4});
+  try {
+    engine.add_request(std::vector<int64_t>(25, 3), {.max_new_tokens = 8});
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("original_max_position_embeddings (32)"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(engine.add_request(std::vector<int64_t>(25, 3), {.max_new_tokens = 7}));
 }
 
 // mistral-tiny slides a window of 8 on every layer: blocks wholly before the
