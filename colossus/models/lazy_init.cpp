@@ -34,26 +34,41 @@ ParamSource checkpoint_source(const CausalLM& model, const std::string& dir) {
   // Names and shapes are checked once, on views (nothing is read); then each
   // call hands out a fresh view, whose pages leave the RSS when it dies.
   std::map<std::string, at::Tensor> views;
-  std::map<const void*, std::string> name_at;
+  std::map<const std::byte*, std::string> file_tensor_at;  // by first byte
   for (const auto& name : files->keys()) {
     at::Tensor view = files->get(name);
-    if (view.numel() > 0) name_at.emplace(view.data_ptr(), name);
+    if (view.numel() > 0) file_tensor_at.emplace(static_cast<const std::byte*>(view.data_ptr()), name);
     views.emplace(name, std::move(view));
   }
-  auto file_name_of = std::make_shared<std::map<std::string, std::string>>();
-  // Empty tensors, and any the name mapping derived from a file tensor rather
-  // than passing it through: held as they are.
-  auto held = std::make_shared<std::map<std::string, at::Tensor>>();
+  // Each parameter as a contiguous run of one file tensor's elements: the
+  // tensor itself, or rows of it (Phi-3's fused qkv_proj split into q/k/v).
+  struct Slice {
+    std::string file_name;
+    int64_t offset = 0;  // elements
+  };
+  auto slice_of = std::make_shared<std::map<std::string, Slice>>();
+  auto held = std::make_shared<std::map<std::string, at::Tensor>>();  // empty ones: no data to map
   for (const auto& [param, view] : resolve_state_dict(model, views, dir)) {
-    auto it = view.numel() > 0 ? name_at.find(view.data_ptr()) : name_at.end();
-    if (it != name_at.end() && views.at(it->second).sizes() == view.sizes()) {
-      file_name_of->emplace(param, it->second);
-    } else {
-      held->emplace(param, view);
+    const auto* begin = static_cast<const std::byte*>(view.numel() > 0 ? view.data_ptr() : nullptr);
+    auto it = begin ? file_tensor_at.upper_bound(begin) : file_tensor_at.begin();
+    if (begin && it != file_tensor_at.begin() && view.is_contiguous()) {
+      --it;
+      const at::Tensor& whole = views.at(it->second);
+      const auto offset_bytes = begin - it->first;
+      if (whole.scalar_type() == view.scalar_type() &&
+          offset_bytes + static_cast<std::ptrdiff_t>(view.nbytes()) <= static_cast<std::ptrdiff_t>(whole.nbytes())) {
+        slice_of->emplace(param, Slice{it->second, offset_bytes / static_cast<std::ptrdiff_t>(view.element_size())});
+        continue;
+      }
     }
+    held->emplace(param, view.numel() > 0 ? view.clone() : view);
   }
-  return [files, file_name_of, held, dir](const std::string& name, const at::Tensor&) {
-    if (auto it = file_name_of->find(name); it != file_name_of->end()) return files->get(it->second);
+  return [files, slice_of, held, dir](const std::string& name, const at::Tensor& param) {
+    if (auto it = slice_of->find(name); it != slice_of->end()) {
+      at::Tensor whole = files->get(it->second.file_name);
+      if (whole.sizes() == param.sizes()) return whole;
+      return whole.view({-1}).narrow(0, it->second.offset, param.numel()).view(param.sizes());
+    }
     if (auto it = held->find(name); it != held->end()) return it->second;
     throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, name));
   };

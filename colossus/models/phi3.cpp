@@ -60,8 +60,7 @@ std::vector<int64_t> part_rows(const LlamaConfig& config, const Fused& f) {
 
 }  // namespace
 
-checkpoint::NamedTensors fuse_phi3_checkpoint(const LlamaConfig& config, checkpoint::NamedTensors params) {
-  (void)config;
+checkpoint::NamedTensors fuse_phi3_checkpoint(checkpoint::NamedTensors params) {
   std::map<std::string, at::Tensor> by_name;
   for (const auto& [name, tensor] : params) by_name.emplace(name, tensor);
   checkpoint::NamedTensors out;

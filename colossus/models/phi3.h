@@ -35,7 +35,7 @@ class Phi3ForCausalLM : public LlamaForCausalLM {
 // qkv_proj.weight (rows [q | k | v]) at q's place, gate/up_proj.weight one
 // gate_up_proj.weight (rows [gate | up]); other tensors pass through. Whole
 // (unsharded) tensors; the fused ones are new tensors.
-checkpoint::NamedTensors fuse_phi3_checkpoint(const LlamaConfig& config, checkpoint::NamedTensors params);
+checkpoint::NamedTensors fuse_phi3_checkpoint(checkpoint::NamedTensors params);
 // Checkpoint names -> model names: qkv_proj.weight (H*D + 2*K*D, C) split
 // into q/k/v_proj.weight, gate_up_proj.weight (2F, C) into gate/up_proj.weight
 // (row views of the file's tensors). A fused tensor of another shape is a

@@ -101,7 +101,7 @@ bool checkpoint_fuses_projections(const ModelConfig& config) {
 
 checkpoint::NamedTensors checkpoint_tensors(const ModelConfig& config, checkpoint::NamedTensors params) {
   if (!checkpoint_fuses_projections(config)) return params;
-  return fuse_phi3_checkpoint(std::get<LlamaConfig>(config), std::move(params));
+  return fuse_phi3_checkpoint(std::move(params));
 }
 
 std::map<std::string, at::Tensor> model_tensors(const ModelConfig& config, std::map<std::string, at::Tensor> state,

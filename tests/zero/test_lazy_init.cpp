@@ -141,6 +141,23 @@ TEST(LazyInit, MaterialisesFromACheckpoint) {
   bt::barrier();
 }
 
+// Phi-3's files fuse q/k/v and gate/up: the source hands out the row ranges
+// of the fused tensors (views of fresh mappings) for the model's parameters.
+TEST(LazyInit, MaterialisesAFusedPhi3Checkpoint) {
+  bt::SharedScratch scratch("lazy_phi3");
+  const auto config = models::preset("phi3-tiny");
+  auto saved = models::create_model(config, {.seed = 5});
+  if (ct::world()->rank() == 0) models::save_pretrained(*saved, scratch.path("model"));
+  bt::barrier();
+  auto lazy = models::create_lazy_model(config);
+  models::materialize(*lazy, models::checkpoint_source(*lazy, scratch.path("model")));
+  const auto expected = saved->named_parameters(/*recurse=*/true);
+  for (const auto& item : lazy->named_parameters(/*recurse=*/true)) {
+    EXPECT_TRUE(at::equal(item.value(), expected[item.key()])) << item.key();
+  }
+  bt::barrier();
+}
+
 // Peak CPU bytes while building the model and wrapping it in Gemini, less
 // the gradient shards (not parameters): eager holds the whole model at once;
 // lazy the rank's parameter shards, one chunk's staging and one parameter.
