@@ -446,8 +446,8 @@ TEST(TrainerResume, CorruptStatesAreRefused) {
     write_json(path, j);
   };
   const auto state = step / "train_state.json";
-  EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = -3; }); }).find("step = -3"),
-            std::string::npos);
+  const auto negative_step = resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = -3; }); });
+  EXPECT_NE(negative_step.find("step = -3"), std::string::npos) << negative_step;
   EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = int64_t{1} << 60; }); }).find("tokens_seen"),
             std::string::npos);
   EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["data_position"] = -1; }); }).find("data_position"),
