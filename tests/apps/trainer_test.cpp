@@ -427,6 +427,9 @@ TEST(TrainerResume, CorruptStatesAreRefused) {
   if (world->rank() == 0) fs::copy(step, backup, fs::copy_options::recursive);
   world->barrier().wait();
   auto restore = [&] {
+    // Every rank is done with the previous attempt (a slower rank may still
+    // be reading the step directory rank 0 is about to replace).
+    world->barrier().wait();
     if (world->rank() == 0) {
       fs::remove_all(step);
       fs::copy(backup, step, fs::copy_options::recursive);
@@ -448,8 +451,8 @@ TEST(TrainerResume, CorruptStatesAreRefused) {
   const auto state = step / "train_state.json";
   const auto negative_step = resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = -3; }); });
   EXPECT_NE(negative_step.find("step = -3"), std::string::npos) << negative_step;
-  EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = int64_t{1} << 60; }); }).find("tokens_seen"),
-            std::string::npos);
+  const auto huge_step = resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["step"] = int64_t{1} << 60; }); });
+  EXPECT_NE(huge_step.find("tokens_seen"), std::string::npos) << huge_step;
   EXPECT_NE(resume_error([&] { edit_json(state, [](nlohmann::json& j) { j["data_position"] = -1; }); }).find("data_position"),
             std::string::npos);
   // A consistent state of another step is not this directory's.
