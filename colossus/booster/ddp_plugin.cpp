@@ -79,15 +79,15 @@ DDPModel::DDPModel(std::shared_ptr<models::CausalLM> model, cluster::ProcessGrou
                          .find_unused_parameters = options.find_unused_parameters});
 }
 
-at::Tensor DDPModel::forward(const at::Tensor& input_ids) {
+at::Tensor DDPModel::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {
   if (broadcast_buffers_) sync_buffers();
-  return model_->forward(input_ids);
+  return model_->forward(input_ids, layout);
 }
 
 at::Tensor DDPModel::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                                 std::optional<int64_t> num_items) {
+                                 std::optional<int64_t> num_items, const models::TokenLayout& layout) {
   if (broadcast_buffers_) sync_buffers();
-  return model_->forward_loss(input_ids, labels, num_items);
+  return model_->forward_loss(input_ids, labels, num_items, layout);
 }
 
 void DDPModel::sync_buffers() {

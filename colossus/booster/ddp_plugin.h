@@ -22,9 +22,10 @@ class DDPModel : public ModelWrapper {
  public:
   DDPModel(std::shared_ptr<models::CausalLM> model, cluster::ProcessGroupPtr group, const DDPPluginOptions& options);
   // input_ids: (B, T) int64 -> logits (B, T, V); buffers synced from rank 0 first.
-  at::Tensor forward(const at::Tensor& input_ids) override;
+  at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) override;
   at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                          std::optional<int64_t> num_items = std::nullopt) override;
+                          std::optional<int64_t> num_items = std::nullopt,
+                          const models::TokenLayout& layout = {}) override;
   models::CausalLM& unwrap() override { return *model_; }
   void set_grad_sync(bool enabled) override { reducer_->set_sync_enabled(enabled); }
   const GradReducer& reducer() const { return *reducer_; }

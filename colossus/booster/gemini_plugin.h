@@ -39,7 +39,9 @@ class GeminiModel : public ModelWrapper {
  public:
   explicit GeminiModel(std::unique_ptr<zero::gemini::GeminiDDP> ddp) : ddp_(std::move(ddp)) {}
   // input_ids: (B, T) int64 -> logits (B, T, V)
-  at::Tensor forward(const at::Tensor& input_ids) override { return ddp_->forward(input_ids); }
+  at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) override {
+    return ddp_->forward(input_ids, layout);
+  }
   models::CausalLM& unwrap() override { return ddp_->model(); }
   void set_grad_sync(bool enabled) override { ddp_->set_grad_sync(enabled); }
   zero::gemini::GeminiDDP& ddp() { return *ddp_; }

@@ -11,6 +11,8 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/full.h>
 #include <fmt/format.h>
@@ -152,7 +154,8 @@ void HybridParallelModel::release_grad_reducers() {
   partial_reducer_.reset();
 }
 
-at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input_ids) {
+at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input_ids,
+                                                         const models::TokenLayout& layout) {
   // Megatron-style: the embedding reduce-scatters this rank's (B, T_pad/tp, C)
   // shard, blocks keep it between tp regions (their parallel layers gather /
   // reduce-scatter the sequence), the head gathers it back. Padding sits at
@@ -165,13 +168,32 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
   const int64_t local_len = padded / tp.size();
   at::Tensor ids = padded == seq_len ? input_ids : at::constant_pad_nd(input_ids, {0, padded - seq_len}, 0);
   at::Tensor positions = at::arange(padded, input_ids.options()).clamp_max(seq_len - 1);
-  at::Tensor hidden = m.embed_at(ids, positions.narrow(0, tp.rank() * local_len, local_len), seq_len);
+  int64_t position_limit = seq_len;
+  at::Tensor document_mask;
+  if (!layout.empty()) {
+    // Per-row positions and documents; the padding tail is a padding document
+    // (id -1, it sees itself only) at the row's last position.
+    layout.check_against(input_ids);
+    const models::TokenLayout local = layout.to(input_ids.device());
+    at::Tensor row_positions = local.positions(input_ids.size(0), seq_len, input_ids.device());
+    if (padded != seq_len) {
+      row_positions = at::cat({row_positions, row_positions.narrow(1, seq_len - 1, 1).expand({-1, padded - seq_len})}, 1);
+    }
+    positions = row_positions;
+    if (local.position_ids.defined()) position_limit = local.position_limit;
+    models::TokenLayout padded_layout{.document_ids = local.document_ids};
+    if (!padded_layout.document_ids.defined()) padded_layout.document_ids = at::zeros_like(input_ids);
+    if (padded != seq_len) padded_layout.document_ids = at::constant_pad_nd(padded_layout.document_ids, {0, padded - seq_len}, -1);
+    document_mask = padded_layout.attention_mask();
+  }
+  at::Tensor hidden = m.embed_at(ids, positions.narrow(-1, tp.rank() * local_len, local_len), position_limit);
   if (hidden.size(1) != local_len) {
     throw ConfigError(fmt::format("split_gather: the embedding returned {} tokens, not this rank's {} of {}; the "
                                   "plan must shard the embedding with VocabParallelEmbedding",
                                   hidden.size(1), local_len, padded));
   }
-  const models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
+  models::BlockContext context = m.block_context_at(hidden, positions, position_limit);
+  context.document_mask = document_mask;
   hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
   at::Tensor logits = sharded_.tied_head ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
                                              hidden, m.embedding().weight, tp, sharded_.sequence))
@@ -179,7 +201,7 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
   return padded == seq_len ? logits : logits.narrow(1, 0, seq_len);
 }
 
-at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
+at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {
   if (pipeline_) {
     throw ConfigError("HybridParallelModel::forward: with pp_size > 1 a step is booster.execute_pipeline(...)");
   }
@@ -187,8 +209,17 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
   at::Tensor hidden;
   at::Tensor logits;
   if (sharded_.sequence != parallel::tensor::SequenceSharding::None) {
-    logits = forward_sequence_sharded(input_ids);
+    logits = forward_sequence_sharded(input_ids, layout);
   } else if (sp_group_) {
+    if (!layout.empty()) {
+      throw ConfigError(fmt::format("hybrid_parallel: padded or packed rows (a TokenLayout) are not supported with "
+                                    "sequence parallelism sp_size {} ({}) yet; use sequence_parallelism_mode "
+                                    "split_gather, or sp_size 1",
+                                    sp_group_->size(),
+                                    sp_mode_ == parallel::sequence::SequenceParallelMode::RingAttention
+                                        ? "ring_attn"
+                                        : "all_to_all"));
+    }
     // This rank's sequence shard at its global positions; every block's
     // attention core runs as ring/Ulysses attention over the sp group.
     namespace ps = parallel::sequence;
@@ -203,8 +234,8 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids) {
     context.attention = &attention;
     hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
   } else {
-    hidden = m.embed(input_ids);
-    const models::BlockContext context = m.block_context(hidden);
+    hidden = m.embed_layout(input_ids, layout);
+    const models::BlockContext context = m.layout_context(hidden, layout);
     hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
   }
   // A tied head reads the embedding's vocab shard; the model's own head would

@@ -114,7 +114,7 @@ class HybridParallelModel : public ModelWrapper {
   // With ring_attn / all_to_all: (B, T_local, ...), this rank's shard (layout.h).
   // With split_gather / ring: the full (B, T, ...); T not divisible by tp is
   // padded inside (causal: real tokens never see the padding) and trimmed.
-  at::Tensor forward(const at::Tensor& input_ids) override;
+  at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) override;
   // logits from forward, labels (B, T) -> scalar: vocab-parallel when the logits are.
   // With sequence parallelism labels are the full (B, T) on every sp rank.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
@@ -149,7 +149,7 @@ class HybridParallelModel : public ModelWrapper {
   at::Tensor pipeline_logits(const at::Tensor& hidden);
 
   // split_gather / ring forward up to the logits (B, T, V_local).
-  at::Tensor forward_sequence_sharded(const at::Tensor& input_ids);
+  at::Tensor forward_sequence_sharded(const at::Tensor& input_ids, const models::TokenLayout& layout);
 };
 
 class HybridParallelPlugin : public Plugin {

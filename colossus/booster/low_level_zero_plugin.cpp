@@ -184,15 +184,15 @@ void LowLevelZeroModel::wait_for_params() const {
   if (auto optimizer = attached_optimizer()) optimizer->wait_for_params();
 }
 
-at::Tensor LowLevelZeroModel::forward(const at::Tensor& input_ids) {
+at::Tensor LowLevelZeroModel::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {
   wait_for_params();
-  return model_->forward(input_ids);
+  return model_->forward(input_ids, layout);
 }
 
 at::Tensor LowLevelZeroModel::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                                          std::optional<int64_t> num_items) {
+                                          std::optional<int64_t> num_items, const models::TokenLayout& layout) {
   wait_for_params();
-  return model_->forward_loss(input_ids, labels, num_items);
+  return model_->forward_loss(input_ids, labels, num_items, layout);
 }
 
 void LowLevelZeroModel::set_grad_sync(bool enabled) {

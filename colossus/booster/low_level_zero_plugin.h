@@ -41,9 +41,10 @@ class LowLevelZeroModel : public ModelWrapper {
  public:
   explicit LowLevelZeroModel(std::shared_ptr<models::CausalLM> model) : model_(std::move(model)) {}
   // input_ids: (B, T) int64 -> logits (B, T, V)
-  at::Tensor forward(const at::Tensor& input_ids) override;
+  at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) override;
   at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                          std::optional<int64_t> num_items = std::nullopt) override;
+                          std::optional<int64_t> num_items = std::nullopt,
+                          const models::TokenLayout& layout = {}) override;
   models::CausalLM& unwrap() override { return *model_; }
   void set_grad_sync(bool enabled) override;
   // Blocks until the attached optimizer's last update reached the parameters.

@@ -22,8 +22,9 @@ namespace colossus::booster {
 class ModelWrapper {
  public:
   virtual ~ModelWrapper() = default;
-  // input_ids: (B, T) int64 -> logits (B, T, V)
-  virtual at::Tensor forward(const at::Tensor& input_ids) = 0;
+  // input_ids: (B, T) int64 -> logits (B, T, V); `layout` places the tokens
+  // of padded or packed rows (models/token_layout.h), empty: causal rows.
+  virtual at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) = 0;
   virtual models::CausalLM& unwrap() = 0;
   // logits from forward(), labels (B, T) int64 -> the scalar causal-LM loss.
   // A plugin whose forward returns sharded logits (tensor parallel: this
@@ -36,8 +37,9 @@ class ModelWrapper {
   // Plugins that run the model's own forward override it with the model's
   // head fused into the loss (CausalLM::forward_loss: no (B, T, V) logits).
   virtual at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                                  std::optional<int64_t> num_items = std::nullopt) {
-    return loss(forward(input_ids), labels, num_items);
+                                  std::optional<int64_t> num_items = std::nullopt,
+                                  const models::TokenLayout& layout = {}) {
+    return loss(forward(input_ids, layout), labels, num_items);
   }
   // Gradient accumulation: while a guard is alive, backward does not
   // synchronise gradients across ranks.

@@ -25,11 +25,13 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                             const BlockContext* context) {
     ctx->saved_data["block"] = reinterpret_cast<int64_t>(block);
     ctx->saved_data["layer"] = context->layer;
-    // The RoPE tables (a sliding layer's own too, Gemma 3); the backward's rerun needs them.
+    // The RoPE tables (a sliding layer's own too, Gemma 3) and the document
+    // mask of padded or packed rows; the backward's rerun needs them.
     const std::pair<const char*, const at::Tensor*> tables[] = {{"rope_cos", &context->rope_cos},
                                                                 {"rope_sin", &context->rope_sin},
                                                                 {"local_rope_cos", &context->local_rope_cos},
-                                                                {"local_rope_sin", &context->local_rope_sin}};
+                                                                {"local_rope_sin", &context->local_rope_sin},
+                                                                {"document_mask", &context->document_mask}};
     for (const auto& [name, table] : tables) {
       if (table->defined()) ctx->saved_data[name] = *table;
     }
@@ -46,7 +48,8 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     const std::pair<const char*, at::Tensor*> tables[] = {{"rope_cos", &context.rope_cos},
                                                           {"rope_sin", &context.rope_sin},
                                                           {"local_rope_cos", &context.local_rope_cos},
-                                                          {"local_rope_sin", &context.local_rope_sin}};
+                                                          {"local_rope_sin", &context.local_rope_sin},
+                                                          {"document_mask", &context.document_mask}};
     for (const auto& [name, table] : tables) {
       if (ctx->saved_data.count(name) > 0) *table = ctx->saved_data[name].toTensor();
     }

@@ -23,8 +23,14 @@ at::Tensor causal_window_mask(int64_t q_len, int64_t k_len, int64_t first_query_
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionSpec& spec,
-                            double dropout) {
+                            double dropout, const at::Tensor& document_mask) {
   const int64_t seq = q.size(2);
+  if (document_mask.defined()) {
+    const at::Tensor mask = spec.window > 0 && seq > spec.window
+                                ? document_mask.logical_and(causal_window_mask(seq, k.size(2), 0, spec.window, q.device()))
+                                : document_mask;
+    return masked_attention(q, k, v, mask, spec, dropout);
+  }
   if (spec.plain_causal_for(seq)) {
     return at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, spec.scale,
                                             /*enable_gqa=*/q.size(1) != k.size(1));

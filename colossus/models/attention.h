@@ -27,11 +27,13 @@ struct AttentionSpec {
 // q: (B, H, T, D), k/v: (B, H_kv, T, D) with H % H_kv == 0 -> (B, H, T, D).
 // The plain causal case is one fused SDPA call (flash/cuDNN on CUDA); a
 // window past T is a boolean band mask; a soft cap computes the scores
-// explicitly (softmax in fp32).
+// explicitly (softmax in fp32). document_mask: (B, 1, T, T) bool from
+// TokenLayout::attention_mask() (padded or packed rows), intersected with
+// the window; undefined: plain causal.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const AttentionSpec& spec,
-                            double dropout);
+                            double dropout, const at::Tensor& document_mask = {});
 
-// The same with an explicit (T_q, T_k) boolean mask (true: may attend),
+// The same with an explicit (T_q, T_k) or (B, 1, T_q, T_k) boolean mask (true: may attend),
 // e.g. queries that continue a cached prefix. spec.window is not applied
 // here (it belongs in the mask).
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,

@@ -40,16 +40,35 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, st
   return at::cross_entropy_loss(flat, targets, {}, at::Reduction::Sum, -100) / static_cast<double>(*num_items);
 }
 
-at::Tensor CausalLM::forward(const at::Tensor& input_ids) {
-  at::Tensor hidden = embed(input_ids);
-  BlockContext context = block_context(hidden);
+at::Tensor CausalLM::forward(const at::Tensor& input_ids, const TokenLayout& layout) {
+  at::Tensor hidden = embed_layout(input_ids, layout);
+  BlockContext context = layout_context(hidden, layout);
   hidden = forward_blocks(hidden, context, 0, blocks_.size());
   return head(final_norm(hidden));
 }
 
-at::Tensor CausalLM::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels, std::optional<int64_t> num_items) {
-  at::Tensor hidden = embed(input_ids);
-  BlockContext context = block_context(hidden);
+at::Tensor CausalLM::embed_layout(const at::Tensor& input_ids, const TokenLayout& layout) {
+  if (layout.empty()) return embed(input_ids);
+  check_input_ids(input_ids);
+  layout.check_against(input_ids);
+  if (!layout.position_ids.defined()) return embed(input_ids);
+  return embed_at(input_ids, layout.position_ids.to(input_ids.device()), layout.position_limit);
+}
+
+BlockContext CausalLM::layout_context(const at::Tensor& hidden, const TokenLayout& layout) const {
+  if (layout.empty()) return block_context(hidden);
+  const TokenLayout local = layout.to(hidden.device());
+  BlockContext context = local.position_ids.defined()
+                             ? block_context_at(hidden, local.position_ids, local.position_limit)
+                             : block_context(hidden);
+  context.document_mask = local.attention_mask();
+  return context;
+}
+
+at::Tensor CausalLM::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels, std::optional<int64_t> num_items,
+                                  const TokenLayout& layout) {
+  at::Tensor hidden = embed_layout(input_ids, layout);
+  BlockContext context = layout_context(hidden, layout);
   hidden = final_norm(forward_blocks(hidden, context, 0, blocks_.size()));
   const at::Tensor* weight = nullptr;
   if (Layer* projection = lm_head()) {

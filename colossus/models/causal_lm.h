@@ -6,6 +6,7 @@
 #include "colossus/models/attention.h"
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
+#include "colossus/models/token_layout.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -41,6 +42,9 @@ struct BlockContext {
   // Gemma 3: the sliding layers' own RoPE (rope_local_base_freq), same
   // layout as the three above; undefined for models with one RoPE.
   at::Tensor local_rope_cos, local_rope_sin, local_rope_sin_signed;
+  // (B, 1, T, T) bool: which keys each query may see in padded or packed
+  // rows (TokenLayout::attention_mask()); undefined: causal over the row.
+  at::Tensor document_mask;
   // Set by the inference engine (with the index of the block being run);
   // null in training, where attention is causal_attention over the T tokens.
   AttentionHook* attention = nullptr;
@@ -79,8 +83,9 @@ class CausalLM : public LayerHost {
   const ModelConfig& config() const { return config_; }
 
   // input_ids: (B, T) int64 -> logits (B, T, V). The default runs
-  // head(final_norm(blocks(embed(ids)))) in order.
-  virtual at::Tensor forward(const at::Tensor& input_ids);
+  // head(final_norm(blocks(embed(ids)))) in order; `layout` places the
+  // tokens of padded or packed rows (token_layout.h).
+  virtual at::Tensor forward(const at::Tensor& input_ids, const TokenLayout& layout = {});
 
   // input_ids: (B, T) int64 -> hidden (B, T, C), positions included where the model adds them.
   virtual at::Tensor embed(const at::Tensor& input_ids) = 0;
@@ -92,6 +97,11 @@ class CausalLM : public LayerHost {
   virtual at::Tensor embed_at(const at::Tensor& input_ids, const at::Tensor& positions, int64_t position_limit) = 0;
   virtual BlockContext block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
                                         int64_t position_limit) const = 0;
+  // embed / block_context for the tokens of `layout`: at its positions
+  // (embed_at / block_context_at, position_ids (B, T)) and with its
+  // document mask; the plain ones where the layout has neither.
+  at::Tensor embed_layout(const at::Tensor& input_ids, const TokenLayout& layout);
+  BlockContext layout_context(const at::Tensor& hidden, const TokenLayout& layout) const;
   // hidden: (B, T, C) -> (B, T, C)
   virtual at::Tensor final_norm(const at::Tensor& hidden) = 0;
   // hidden: (B, T, C) -> logits (B, T, V); uses the embedding weight when
@@ -114,7 +124,7 @@ class CausalLM : public LayerHost {
   // (B, T, V) logits are never materialised. Falls back to the unfused form
   // when the head is not a bias-free projection of this model's own.
   at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
-                          std::optional<int64_t> num_items = std::nullopt);
+                          std::optional<int64_t> num_items = std::nullopt, const TokenLayout& layout = {});
 
   const std::vector<std::shared_ptr<TransformerBlock>>& blocks() const { return blocks_; }
   // Puts `block` (e.g. a wrapper that gathers ZeRO-3 shards) at index i, under

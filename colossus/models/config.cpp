@@ -69,18 +69,6 @@ json gpt2_to_json(const GPT2Config& c) {
   return j;
 }
 
-// transformers rotates only int(head_dim * partial_rotary_factor) dimensions;
-// Colossus rotates all of them, so any other factor is refused by name.
-void refuse_partial_rotary(const json& j, const char* where) {
-  double factor = 1.0;
-  read(j, "partial_rotary_factor", factor);
-  if (factor != 1.0) {
-    throw ConfigError(fmt::format("config.json: {}partial_rotary_factor is {}; only 1.0 (RoPE on the whole head) is "
-                                  "supported",
-                                  where[0] ? fmt::format("\"{}\".", where) : std::string(), factor));
-  }
-}
-
 }  // namespace
 
 RopeScaling config_json::rope_from_json(const json& r, const char* key) {
@@ -102,7 +90,7 @@ RopeScaling config_json::rope_from_json(const json& r, const char* key) {
     }
     *out = it->get<std::vector<double>>();
   }
-  refuse_partial_rotary(r, key);
+  read(r, "partial_rotary_factor", s.partial_rotary_factor);
   return s;
 }
 
@@ -116,6 +104,7 @@ json config_json::rope_to_json(const LlamaConfig& c, bool with_theta) {
     r["high_freq_factor"] = s.high_freq_factor;
     r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
   }
+  if (s.partial_rotary_factor != 1.0) r["partial_rotary_factor"] = s.partial_rotary_factor;
   if (s.rope_type == "longrope") {
     r["short_factor"] = s.short_factor;
     r["long_factor"] = s.long_factor;
@@ -145,22 +134,27 @@ LlamaConfig config_json::llama_from_json(const json& j, LlamaConfig defaults, co
   read(j, "attention_dropout", c.attention_dropout);
   read(j, "tie_word_embeddings", c.tie_word_embeddings);
   read(j, "pad_token_id", c.pad_token_id);
-  refuse_partial_rotary(j, "");
+  // Top level (v4) or inside rope_parameters (v5; it wins there).
+  double partial_rotary_factor = 1.0;
+  read(j, "partial_rotary_factor", partial_rotary_factor);
+  c.rope_scaling.partial_rotary_factor = partial_rotary_factor;
   // v4 writes rope_theta + rope_scaling, v5 writes rope_parameters (theta inside).
   // Like transformers v5, rope_scaling wins when both are present.
   if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
     c.rope_scaling = rope_from_json(*it, "rope_parameters");
+    if (!it->contains("partial_rotary_factor")) c.rope_scaling.partial_rotary_factor = partial_rotary_factor;
     read(*it, "rope_theta", c.rope_theta);
   }
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     c.rope_scaling = rope_from_json(*it, "rope_scaling");
+    if (!it->contains("partial_rotary_factor")) c.rope_scaling.partial_rotary_factor = partial_rotary_factor;
     read(*it, "rope_theta", c.rope_theta);
   }
   std::set<std::string> read_here = {"model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size",
                                      "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                                      "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
                                      "rope_theta", "rope_scaling", "rope_parameters", "attention_bias", "mlp_bias",
-                                     "attention_dropout", "tie_word_embeddings", "pad_token_id"};
+                                     "attention_dropout", "tie_word_embeddings", "pad_token_id", "partial_rotary_factor"};
   read_here.insert(known.begin(), known.end());
   c.extra = collect_extra(j, read_here);
   return c;
@@ -330,12 +324,26 @@ void LlamaConfig::validate() const {
     throw ConfigError(fmt::format("LlamaConfig.rope_scaling.rope_type is \"{}\"; {} supports: {}", s.rope_type, family,
                                   fmt::join(rope_types, ", ")));
   }
+  // transformers splits a head into rotated and passed parts only in
+  // Phi-3's attention; elsewhere a factor other than 1 would not run there.
+  if (s.partial_rotary_factor != 1.0) {
+    if (!phi3) {
+      throw ConfigError(fmt::format("LlamaConfig.rope_scaling.partial_rotary_factor is {}; transformers rotates part of "
+                                    "each head only in phi3 models, not in {} (use 1.0)",
+                                    s.partial_rotary_factor, family));
+    }
+    if (!(s.partial_rotary_factor > 0.0 && s.partial_rotary_factor <= 1.0) || rotary_dim() < 2 || rotary_dim() % 2 != 0) {
+      throw ConfigError(fmt::format("LlamaConfig.rope_scaling.partial_rotary_factor is {}: int(head_dim {} x factor) = {} "
+                                    "rotated dimensions, which must be even and >= 2 (factor in (0, 1], e.g. 0.5)",
+                                    s.partial_rotary_factor, resolved_head_dim(), rotary_dim()));
+    }
+  }
   if (s.rope_type == "longrope") {
-    const size_t half = static_cast<size_t>(resolved_head_dim() / 2);
+    const size_t half = static_cast<size_t>(rotary_dim() / 2);
     for (auto [name, factors] : {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}}) {
       if (factors->size() != half) {
-        throw ConfigError(fmt::format("LlamaConfig.rope_scaling.{} has {} values; longrope needs head_dim / 2 = {}", name,
-                                      factors->size(), half));
+        throw ConfigError(fmt::format("LlamaConfig.rope_scaling.{} has {} values; longrope needs rotated dimensions / 2 = {}",
+                                      name, factors->size(), half));
       }
     }
     if (s.attention_factor && !(*s.attention_factor > 0)) {

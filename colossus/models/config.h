@@ -60,6 +60,11 @@ struct RopeScaling {
   std::vector<double> short_factor{};
   std::vector<double> long_factor{};
   std::optional<double> attention_factor{};
+  // Phi-3 style partial RoPE: only the first int(head_dim * this) dimensions
+  // of each head rotate (their frequencies computed over that many
+  // dimensions), the rest pass through. transformers reads it at the top
+  // level of config.json or inside rope_parameters.
+  double partial_rotary_factor = 1.0;
 };
 
 struct LlamaConfig {
@@ -112,6 +117,10 @@ struct LlamaConfig {
 
   int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }
   int64_t resolved_head_dim() const { return head_dim.value_or(hidden_size / num_attention_heads); }
+  // The dimensions of each head that RoPE rotates: int(head_dim * partial_rotary_factor), as transformers.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(resolved_head_dim()) * rope_scaling.partial_rotary_factor);
+  }
   // The window of the layers that have one, if any layer does (they share it).
   std::optional<int64_t> attention_window() const;
   // The sliding window of block `layer` as transformers applies it (Mistral:

@@ -116,6 +116,11 @@ void read_gemma3_rope(const json& j, LlamaConfig& c) {
                                     "sliding layers' RoPE must be \"default\" (scaling applies to the full layers)",
                                     scaling.rope_type));
     }
+    if (scaling.partial_rotary_factor != 1.0) {
+      throw ConfigError(fmt::format("config.json: \"rope_parameters\".sliding_attention.partial_rotary_factor is {}; "
+                                    "Gemma 3 rotates whole heads (use 1.0)",
+                                    scaling.partial_rotary_factor));
+    }
     read(*local, "rope_theta", c.rope_local_base_freq);
   }
   if (auto legacy = j.find("rope_scaling"); legacy != j.end() && !legacy->is_null()) {
@@ -234,6 +239,9 @@ LlamaConfig phi3_from_json(const json& j) {
     c.rope_scaling = rope_from_json(*rope, rope_key);
     read(*rope, "rope_theta", c.rope_theta);
   }
+  if (rope == nullptr || !rope->contains("partial_rotary_factor")) {
+    read(j, "partial_rotary_factor", c.rope_scaling.partial_rotary_factor);
+  }
   if (c.rope_scaling.rope_type == "su" || c.rope_scaling.rope_type == "yarn") c.rope_scaling.rope_type = "longrope";
   int64_t original = 4096;
   read(j, "original_max_position_embeddings", original);
@@ -257,6 +265,8 @@ json phi3_to_json(const LlamaConfig& c, json j) {
   j["sliding_window"] = c.sliding_window ? json(*c.sliding_window) : json(nullptr);
   j["resid_pdrop"] = c.resid_pdrop;
   j["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings.value_or(4096);
+  // Also at the top level, where transformers v4's Phi3Config reads it.
+  if (c.rope_scaling.partial_rotary_factor != 1.0) j["partial_rotary_factor"] = c.rope_scaling.partial_rotary_factor;
   // Phi3Config defaults pad_token_id to 32000: an unset one is written as null.
   j["pad_token_id"] = c.pad_token_id ? json(*c.pad_token_id) : json(nullptr);
   return j;

@@ -33,11 +33,17 @@ at::Tensor GPT2Attention::forward(const at::Tensor& x, const BlockContext& conte
   TORCH_CHECK(width % (3 * head_dim_) == 0, "c_attn output width ", width, " is not 3 * heads * head_dim ", head_dim_);
   auto parts = qkv.split(width / 3, -1);
   auto heads = [&](const at::Tensor& t) { return t.view({batch, seq, -1, head_dim_}).transpose(1, 2); };
-  at::Tensor y = context.attention != nullptr
-                     ? context.attention->attend(context.layer, heads(parts[0]), heads(parts[1]), heads(parts[2]),
-                                                {.scale = scale_})
-                     : at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
-                                                        is_training() ? attn_dropout_ : 0.0, /*is_causal=*/true, scale_);
+  const double dropout = is_training() ? attn_dropout_ : 0.0;
+  at::Tensor y;
+  if (context.attention != nullptr) {
+    y = context.attention->attend(context.layer, heads(parts[0]), heads(parts[1]), heads(parts[2]), {.scale = scale_});
+  } else if (context.document_mask.defined()) {
+    y = masked_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), context.document_mask, {.scale = scale_},
+                         dropout);
+  } else {
+    y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, dropout,
+                                         /*is_causal=*/true, scale_);
+  }
   y = y.transpose(1, 2).reshape({batch, seq, -1});
   return at::dropout(layer("c_proj").forward(y), resid_dropout_, is_training());
 }

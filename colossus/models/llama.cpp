@@ -59,9 +59,13 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
                 " is not a multiple of head_dim ", head_dim_);
     return projected.view({batch, projected.size(1), -1, head_dim_}).transpose(1, 2);  // (B, H_local, T, D)
   };
+  // Tables are (T, D), or (B, T, D) at per-row positions (a TokenLayout):
+  // those broadcast over the heads of (B, H, T, D) with a head axis.
+  const auto over_heads = [](const at::Tensor& table) { return table.dim() == 3 ? table.unsqueeze(1) : table; };
   const auto rope = [&](const at::Tensor& x) {
-    return context.rope_sin_signed.defined() ? apply_rope_signed(x, context.rope_cos, context.rope_sin_signed)
-                                             : apply_rope(x, context.rope_cos, context.rope_sin);
+    return context.rope_sin_signed.defined()
+               ? apply_rope_signed(x, over_heads(context.rope_cos), over_heads(context.rope_sin_signed))
+               : apply_rope(x, over_heads(context.rope_cos), over_heads(context.rope_sin));
   };
   at::Tensor q, k, v;
   if (fused_qkv_.defined() && !is_training()) {
@@ -106,7 +110,8 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
               " is not a multiple of local kv heads ", local_kv_heads);
   const at::Tensor y = context.attention != nullptr
                            ? context.attention->attend(context.layer, q, k, v, spec_)
-                           : causal_attention(q, k, v, spec_, is_training() ? attention_dropout_ : 0.0);
+                           : causal_attention(q, k, v, spec_, is_training() ? attention_dropout_ : 0.0,
+                                              context.document_mask);
   return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
 }
 

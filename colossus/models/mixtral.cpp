@@ -62,7 +62,7 @@ at::Tensor MixtralForCausalLM::embed_at(const at::Tensor& input_ids, const at::T
 BlockContext MixtralForCausalLM::block_context_at(const at::Tensor& hidden, const at::Tensor& positions,
                                                   int64_t position_limit) const {
   auto [cos, sin] = rope_cos_sin(rope_, position_limit, hidden.options());
-  return BlockContext{.rope_cos = cos.index_select(0, positions), .rope_sin = sin.index_select(0, positions)};
+  return BlockContext{.rope_cos = rope_rows(cos, positions), .rope_sin = rope_rows(sin, positions)};
 }
 
 at::Tensor MixtralForCausalLM::final_norm(const at::Tensor& hidden) { return norm().forward(hidden); }

@@ -13,12 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <vector>
 #include <numbers>
 
 namespace colossus::models {
 
 RopeSpec rope_spec(const LlamaConfig& config) {
-  return RopeSpec{.head_dim = config.resolved_head_dim(),
+  return RopeSpec{.head_dim = config.rotary_dim(),
                   .theta = config.rope_theta,
                   .scaling = config.rope_scaling,
                   .max_position_embeddings = config.max_position_embeddings};
@@ -128,19 +129,33 @@ std::pair<at::Tensor, at::Tensor> RopeCache::at(const at::Tensor& like, const at
                                                int64_t position_limit) const {
   if (spec_.scaling.rope_type == "dynamic" && position_limit > spec_.max_position_embeddings) {
     auto [cos, sin] = rope_cos_sin(spec_, position_limit, like.options());
-    return {cos.index_select(0, positions), sin.index_select(0, positions)};
+    return {rope_rows(cos, positions), rope_rows(sin, positions)};
   }
   const auto& [cos, sin] = ensure(like, position_limit, position_limit);
-  return {cos.index_select(0, positions), sin.index_select(0, positions)};
+  return {rope_rows(cos, positions), rope_rows(sin, positions)};
+}
+
+at::Tensor rope_rows(const at::Tensor& table, const at::Tensor& positions) {
+  if (positions.dim() == 1) return table.index_select(0, positions);
+  std::vector<int64_t> sizes = positions.sizes().vec();
+  sizes.push_back(table.size(1));
+  return table.index_select(0, positions.reshape(-1)).view(sizes);
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (const int64_t rotary = cos.size(-1); rotary < x.size(-1)) {  // partial RoPE: the rest passes through
+    return at::cat({apply_rope(x.narrow(-1, 0, rotary), cos, sin), x.narrow(-1, rotary, x.size(-1) - rotary)}, -1);
+  }
   const int64_t half = x.size(-1) / 2;
   at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }
 
 at::Tensor apply_rope_signed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin) {
+  if (const int64_t rotary = cos.size(-1); rotary < x.size(-1)) {
+    return at::cat({apply_rope_signed(x.narrow(-1, 0, rotary), cos, signed_sin), x.narrow(-1, rotary, x.size(-1) - rotary)},
+                   -1);
+  }
   return at::addcmul(x * cos, at::roll(x, {x.size(-1) / 2}, {-1}), signed_sin);
 }
 

@@ -49,7 +49,8 @@ class RopeCache {
   explicit RopeCache(RopeSpec spec) : spec_(std::move(spec)) {}
   // (cos, sin) for positions 0..seq_len-1 in like's dtype and device.
   std::pair<at::Tensor, at::Tensor> first(const at::Tensor& like, int64_t seq_len) const;
-  // (cos, sin) at `positions` (T) int64, each < position_limit (dynamic NTK
+  // (cos, sin) at `positions` (T) or (B, T) int64 -> (T, D) or (B, T, D),
+  // each < position_limit (dynamic NTK
   // scales by that length and longrope picks its factor set by it, as HF
   // does on a sequence of that length).
   std::pair<at::Tensor, at::Tensor> at(const at::Tensor& like, const at::Tensor& positions, int64_t position_limit) const;
@@ -61,8 +62,12 @@ class RopeCache {
   mutable std::pair<at::Tensor, at::Tensor> tables_[2];  // [0]: every RoPE; [1]: longrope's long_factor set
 };
 
-// x: (B, H, T, D), cos/sin: (T, D) -> (B, H, T, D); HF's rotate_half convention
-// (the two halves of D rotate together, not interleaved pairs).
+// Rows of a (rows, D) cos or sin table at positions (any shape) -> positions' shape + (D).
+at::Tensor rope_rows(const at::Tensor& table, const at::Tensor& positions);
+
+// x: (B, H, T, D), cos/sin: (T, R) -> (B, H, T, D); HF's rotate_half convention
+// (the two halves of R rotate together, not interleaved pairs). R < D:
+// partial RoPE (Phi-3's partial_rotary_factor), the last D - R dims pass.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // The same rotation with sin's first half negated beforehand (signed_sin):

@@ -176,7 +176,14 @@ void MoeHybridParallelModel::wait_for_params() const {
   if (auto optimizer = attached_optimizer()) optimizer->wait_for_params();
 }
 
-at::Tensor MoeHybridParallelModel::forward(const at::Tensor& input_ids) {
+at::Tensor MoeHybridParallelModel::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {
+  // The router losses would count padding as routed tokens (transformers
+  // weighs them by the attention mask); until they do, padded and packed
+  // rows are refused here.
+  if (!layout.empty()) {
+    throw ConfigError("moe_hybrid_parallel: padded or packed rows (a TokenLayout) are not supported yet; train MoE "
+                      "models on unpadded causal rows (data.packing off, equal-length sequences)");
+  }
   if (tp_pp_) return tp_pp_->forward(input_ids);
   wait_for_params();
   return model_->forward(input_ids);

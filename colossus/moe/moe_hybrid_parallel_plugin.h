@@ -75,7 +75,7 @@ class MoeHybridParallelModel : public booster::ModelWrapper {
                          std::shared_ptr<booster::HybridParallelModel> tp_pp = nullptr);
   // input_ids: (B, T) int64 -> logits (B, T, V); with tp > 1 this rank's vocab
   // slice (B, T, V_padded / tp). Refused with pp > 1 (use execute_pipeline).
-  at::Tensor forward(const at::Tensor& input_ids) override;
+  at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) override;
   models::CausalLM& unwrap() override { return *model_; }
   models::MixtralForCausalLM& mixtral() { return *model_; }
   // The Mixtral loss: causal-LM loss (vocab-parallel with tp) + the router

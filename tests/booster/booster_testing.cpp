@@ -104,6 +104,34 @@ std::vector<double> reference_losses(const models::ModelConfig& config, int64_t 
   return losses;
 }
 
+models::TokenLayout packed_layout(int64_t rows) {
+  return models::TokenLayout::packed(std::vector<std::vector<int64_t>>(static_cast<size_t>(rows), {5, 7}), kSeqLen);
+}
+
+at::Tensor packed_labels(const at::Tensor& ids) {
+  at::Tensor labels = ids.clone();
+  labels.narrow(1, 5, 1).fill_(-100);
+  labels.narrow(1, 12, kSeqLen - 12).fill_(-100);
+  return labels;
+}
+
+std::vector<double> reference_losses_packed(const models::ModelConfig& config, int64_t steps) {
+  auto model = models::create_model(config, {.seed = kModelSeed});
+  auto optimizer = make_optimizer(*model);
+  auto scheduler = make_scheduler(*optimizer);
+  std::vector<double> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    auto ids = global_batch(config, step);
+    auto loss = model->loss(model->forward(ids, packed_layout(ids.size(0))), packed_labels(ids));
+    loss.backward();
+    optimizer->step();
+    scheduler->step();
+    optimizer->zero_grad();
+    losses.push_back(loss.item<double>());
+  }
+  return losses;
+}
+
 std::vector<double> reference_losses_bf16(const models::ModelConfig& config, int64_t steps) {
   auto model = models::create_model(config, {.seed = kModelSeed});
   std::vector<at::Tensor> originals;

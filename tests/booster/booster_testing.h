@@ -35,6 +35,14 @@ at::Tensor global_batch(const models::ModelConfig& config, int64_t step);
 // Loss of every step of one process on the full global batch: plain model,
 // AdamW, warmup + cosine schedule, no Booster (optionally plain clipping).
 std::vector<double> reference_losses(const models::ModelConfig& config, int64_t steps, double max_norm = 0.0);
+// Packed rows (models/token_layout.h): every row holds documents of 5 and 7
+// tokens, then 4 tokens of padding; the labels of `ids` leave out the second
+// document's first token and the padding. Every row has the same number of
+// targets, so the mean of per-rank means is the global mean.
+models::TokenLayout packed_layout(int64_t rows);
+at::Tensor packed_labels(const at::Tensor& ids);
+// reference_losses on packed rows.
+std::vector<double> reference_losses_packed(const models::ModelConfig& config, int64_t steps);
 // The same run in bf16 with fp32 masters (amp::MixedPrecisionOptimizer, the
 // masters starting at the fp32 init): what a parallel bf16 run should track.
 std::vector<double> reference_losses_bf16(const models::ModelConfig& config, int64_t steps);

@@ -70,6 +70,7 @@ TEST_P(HfGenerateParity, SameTokensAsTransformers) {
   // recomputes the whole sequence with it; generate() recomputes every step).
   auto model = c.model == "gpt2"            ? testing::tiny_gpt2()
                : c.model == "llama"         ? testing::tiny_llama()
+               : c.model == "phi3-partial"  ? testing::tiny_phi3_partial()
                : c.model == "phi3-crossing" ? testing::tiny_family_with("phi3-tiny",
                                                                         [](models::LlamaConfig& config) {
                                                                           config.rope_scaling.original_max_position_embeddings = 16;
@@ -100,6 +101,7 @@ INSTANTIATE_TEST_SUITE_P(
                       ParityCase{"gemma3_greedy", "gemma3-tiny", {.do_sample = false}},
                       ParityCase{"phi3_greedy", "phi3-tiny", {.do_sample = false}},
                       ParityCase{"phi3_longrope_crossing_greedy", "phi3-crossing", {.do_sample = false}},
+                      ParityCase{"phi3_partial_rope_greedy", "phi3-partial", {.do_sample = false}},
                       ParityCase{"gpt2_greedy_penalty", "gpt2", {.do_sample = false, .repetition_penalty = 1.5}},
                       ParityCase{
                           "llama_sample",

@@ -62,4 +62,16 @@ std::shared_ptr<models::CausalLM> tiny_family_with(const std::string& preset,
   return models::create_model(config, {.seed = 13});
 }
 
+std::shared_ptr<models::CausalLM> tiny_phi3_partial(int64_t vocab) {
+  return tiny_family_with(
+      "phi3-tiny",
+      [](models::LlamaConfig& config) {
+        config.rope_scaling.partial_rotary_factor = 0.5;
+        const auto frequencies = static_cast<size_t>(config.rotary_dim() / 2);
+        config.rope_scaling.short_factor.resize(frequencies);
+        config.rope_scaling.long_factor.resize(frequencies);
+      },
+      vocab);
+}
+
 }  // namespace colossus::inference::testing

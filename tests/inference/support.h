@@ -33,5 +33,8 @@ std::shared_ptr<models::CausalLM> tiny_family(const std::string& preset, int64_t
 std::shared_ptr<models::CausalLM> tiny_family_with(const std::string& preset,
                                                    const std::function<void(models::LlamaConfig&)>& change,
                                                    int64_t vocab = 96);
+// phi3-tiny with partial RoPE: the first half of each head rotates (longrope's
+// lists cut to its 4 frequencies), the rest passes.
+std::shared_ptr<models::CausalLM> tiny_phi3_partial(int64_t vocab = 96);
 
 }  // namespace colossus::inference::testing

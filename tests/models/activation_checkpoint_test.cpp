@@ -90,9 +90,10 @@ at::Tensor batch(int64_t step, int64_t rows = 8, int64_t seq_len = 64) {
 }
 
 // Loss and gradients of one step, with the CPU RNG seeded (dropout).
-std::pair<double, std::vector<at::Tensor>> step_grads(CausalLM& model, const at::Tensor& ids) {
+std::pair<double, std::vector<at::Tensor>> step_grads(CausalLM& model, const at::Tensor& ids,
+                                                      const TokenLayout& layout = {}) {
   at::manual_seed(11);
-  auto loss = model.loss(model.forward(ids), ids);
+  auto loss = model.loss(model.forward(ids, layout), ids);
   loss.backward();
   std::vector<at::Tensor> grads;
   for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
@@ -113,11 +114,16 @@ TEST(ActivationCheckpoint, SameLossAndGradientsAndNames) {
     for (const auto& item : wrapped->named_parameters()) after.push_back(item.key());
     EXPECT_EQ(after, names);
     const auto ids = batch(0);
-    const auto [loss_a, grads_a] = step_grads(*plain, ids);
-    const auto [loss_b, grads_b] = step_grads(*wrapped, ids);
-    EXPECT_DOUBLE_EQ(loss_a, loss_b) << model_type(config);
-    for (size_t i = 0; i < grads_a.size(); ++i) {
-      EXPECT_TRUE(at::allclose(grads_a[i], grads_b[i], 1e-5, 1e-7)) << model_type(config) << " grad " << names[i];
+    // Plain rows, and packed rows (the rerun in backward needs the layout's
+    // positions and document mask too).
+    const std::vector<std::vector<int64_t>> documents(8, std::vector<int64_t>{30, 20, 14});
+    for (const TokenLayout& layout : {TokenLayout{}, TokenLayout::packed(documents, 64)}) {
+      const auto [loss_a, grads_a] = step_grads(*plain, ids, layout);
+      const auto [loss_b, grads_b] = step_grads(*wrapped, ids, layout);
+      EXPECT_DOUBLE_EQ(loss_a, loss_b) << model_type(config);
+      for (size_t i = 0; i < grads_a.size(); ++i) {
+        EXPECT_TRUE(at::allclose(grads_a[i], grads_b[i], 1e-5, 1e-7)) << model_type(config) << " grad " << names[i];
+      }
     }
   }
   auto model = create_model(llama_config(), {.seed = 3});

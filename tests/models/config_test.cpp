@@ -255,8 +255,21 @@ TEST(ModelConfig, Phi3ReadsLongropeAsTransformersAndWritesItBack) {
   EXPECT_EQ(back.rope_scaling.factor, 32.0);
   EXPECT_EQ(back.pad_token_id, std::nullopt);
   EXPECT_EQ(config_to_json(back), config_to_json(no_pad));
+  // Partial RoPE (Phi-4-mini's 0.75): top level (v4) or in rope_parameters
+  // (v5, winning there), written back in both places.
+  for (const char* json : {R"({"model_type": "phi3", "partial_rotary_factor": 0.75})",
+                           R"({"model_type": "phi3", "partial_rotary_factor": 0.5,
+                               "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.75}})"}) {
+    const auto partial = std::get<LlamaConfig>(config_from_json(json));
+    EXPECT_EQ(partial.rope_scaling.partial_rotary_factor, 0.75);
+    EXPECT_EQ(partial.rotary_dim(), 72);  // int(96 x 0.75)
+    const auto written = config_to_json(partial);
+    EXPECT_EQ(nlohmann::json::parse(written)["partial_rotary_factor"], 0.75) << written;
+    EXPECT_EQ(nlohmann::json::parse(written)["rope_parameters"]["partial_rotary_factor"], 0.75) << written;
+    EXPECT_EQ(std::get<LlamaConfig>(config_from_json(written)).rotary_dim(), 72);
+  }
   // Refused by name: RoPE types Phi3Config refuses, factor lists of the wrong
-  // length, longrope without its lists, rotating part of each head.
+  // length, longrope without its lists, an odd number of rotated dimensions.
   auto message = [](const std::string& json) { return config_error_of([&] { config_from_json(json); }); };
   EXPECT_NE(message(R"({"model_type": "phi3", "rope_scaling": {"rope_type": "linear", "factor": 2.0}})").find("linear"),
             std::string::npos);
@@ -268,7 +281,7 @@ TEST(ModelConfig, Phi3ReadsLongropeAsTransformersAndWritesItBack) {
   EXPECT_NE(message(R"({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0]}})")
                 .find("long_factor"),
             std::string::npos);
-  EXPECT_NE(message(R"({"model_type": "phi3", "partial_rotary_factor": 0.75})").find("partial_rotary_factor"),
+  EXPECT_NE(message(R"({"model_type": "phi3", "partial_rotary_factor": 0.7})").find("= 67 rotated dimensions"),
             std::string::npos);
   EXPECT_NE(message(R"({"model_type": "llama", "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0]}})")
                 .find("longrope"),
@@ -327,7 +340,7 @@ TEST(ModelConfig, BadValuesAreConfigErrorsNamingThem) {
             std::string::npos);
   EXPECT_NE(message(R"({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                         "partial_rotary_factor": 0.25}})")
-                .find("\"rope_parameters\".partial_rotary_factor"),
+                .find("partial_rotary_factor is 0.25; transformers rotates part of each head only in phi3"),
             std::string::npos);
   EXPECT_NE(message(R"({"model_type": "gemma3"})").find("gemma3_text"), std::string::npos);  // the supported list
   EXPECT_NE(message(R"({"model_type": "gemma2", "use_bidirectional_attention": true})").find("use_bidirectional_attention"),

@@ -6,6 +6,10 @@
       save_pretrained(safe_serialization=True) into OUT_DIR/<case>/, plus
       OUT_DIR/<case>/reference.safetensors with input_ids, labels, logits,
       loss and the gradient of the loss for every parameter ("grad.<name>").
+      padded.safetensors: the same for a batch with an attention_mask (row 0
+      padded on the right, row 1 on the left). packed.safetensors: three
+      documents (lengths in doc_lengths) run as a right-padded batch, one row
+      each: what packing them into rows with restarting positions must give.
 
   hf_oracle.py check DIR...
       Each DIR was written by Colossus' save_pretrained and holds
@@ -100,6 +104,14 @@ CASES = {
                                           original_max_position_embeddings=32, rope_theta=5000.0,
                                           rope_scaling={"type": "su", "short_factor": PHI3_SHORT,
                                                         "long_factor": PHI3_LONG}),
+    # Phi-3 with partial RoPE: the first 8 of 16 dims of each head rotate.
+    "phi3_partial": lambda: family(transformers.Phi3Config, pad_token_id=0, partial_rotary_factor=0.5),
+    # The same under longrope (4 frequencies, so 4 factors each; 16 tokens take long_factor).
+    "phi3_partial_longrope": lambda: family(transformers.Phi3Config, pad_token_id=0, original_max_position_embeddings=8,
+                                            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                             "partial_rotary_factor": 0.5,
+                                                             "short_factor": PHI3_SHORT[:4],
+                                                             "long_factor": PHI3_LONG[:4]}),
 }
 
 
@@ -129,6 +141,40 @@ def make(out_dir: pathlib.Path) -> None:
         for name, p in model.named_parameters():
             tensors["grad." + name] = p.grad.contiguous()
         save_file(tensors, str(case_dir / "reference.safetensors"))
+
+        # Right padding (row 0, 5 pads) and left padding (row 1, 4 pads);
+        # positions 0..T-1 as transformers' forward takes them.
+        attention_mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        attention_mask[0, -5:] = 0
+        attention_mask[1, :4] = 0
+        save_file(reference(case_dir, input_ids.masked_fill(attention_mask == 0, 0), attention_mask),
+                  str(case_dir / "padded.safetensors"))
+        # Documents of 7, 9 and 11 tokens, one row each, right-padded.
+        doc_lengths = torch.tensor([7, 9, 11])
+        doc_ids = torch.randint(1, config.vocab_size, (len(doc_lengths), int(doc_lengths.max())))
+        doc_mask = (torch.arange(doc_ids.size(1)) < doc_lengths.unsqueeze(1)).long()
+        packed = reference(case_dir, doc_ids.masked_fill(doc_mask == 0, 0), doc_mask)
+        packed["doc_lengths"] = doc_lengths
+        save_file(packed, str(case_dir / "packed.safetensors"))
+
+
+def reference(case_dir, input_ids, attention_mask):
+    """Logits, loss and gradients for a padded batch; padding is no target.
+    A fresh model each time: dynamic NTK RoPE keeps the frequencies of the
+    longest sequence a model instance has seen."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float32)
+    model.eval()
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    # Nor is a token that follows padding (left padding): a padding query predicts it.
+    labels[:, 1:].masked_fill_(attention_mask[:, :-1] == 0, -100)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    out.loss.backward()
+    tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+               "logits": out.logits.detach().contiguous(), "loss": out.loss.detach().reshape(1)}
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p.grad).all(), f"transformers gave a non-finite gradient for {name}"
+        tensors["grad." + name] = p.grad.contiguous()
+    return tensors
 
 
 def check(dirs) -> int:

@@ -6,13 +6,20 @@
 #include "tests/models/oracle.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
+#include <ATen/ops/masked_select.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace colossus::models {
 namespace {
@@ -26,6 +33,36 @@ constexpr double kLogitsTolerance = 1e-4;  // fp32, max abs
 constexpr double kGradTolerance = 1e-4;    // fp32, max rel to the HF gradient's scale
 
 class HfToColossus : public ::testing::TestWithParam<std::string> {};
+
+// Every parameter's gradient (after backward) against HF's "grad.<name>" in
+// `reference`, under the checkpoint's names (Phi-3's fused qkv_proj and
+// gate_up_proj are the concatenated gradients of q/k/v and gate/up).
+void expect_hf_gradients(CausalLM& model, const std::map<std::string, at::Tensor>& reference,
+                         const std::string& label) {
+  checkpoint::NamedTensors grads;
+  for (const auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    const at::Tensor& grad = item.value().grad();
+    ASSERT_TRUE(grad.defined()) << name << " got no gradient";
+    EXPECT_TRUE(at::isfinite(grad).all().item<bool>()) << name << " has a non-finite gradient";
+    grads.emplace_back(name, grad);
+  }
+  size_t compared = 0;
+  double worst_grad = 0.0;
+  for (const auto& [name, grad] : checkpoint_tensors(model.config(), grads)) {
+    auto hf_grad = reference.find("grad." + name);
+    ASSERT_NE(hf_grad, reference.end()) << "HF has no parameter " << name;
+    const double rel = max_rel_diff(grad, hf_grad->second);
+    EXPECT_LE(rel, kGradTolerance) << name;
+    worst_grad = std::max(worst_grad, rel);
+    ++compared;
+  }
+  std::cout << label << ", max rel gradient diff " << worst_grad << "\n";
+  // Every HF parameter has a counterpart here (tied heads are one parameter in both).
+  size_t hf_params = 0;
+  for (const auto& [key, _] : reference) hf_params += key.starts_with("grad.");
+  EXPECT_EQ(compared, hf_params);
+}
 
 TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
   const fs::path dir = hf_reference_dir() / GetParam();
@@ -42,38 +79,93 @@ TEST_P(HfToColossus, LogitsLossAndGradientsMatchTransformers) {
   EXPECT_NEAR(loss.item<double>(), reference.at("loss").item<double>(), kLogitsTolerance);
 
   loss.backward();
-  // Gradients under the checkpoint's names (Phi-3's fused qkv_proj and
-  // gate_up_proj are the concatenated gradients of q/k/v and gate/up).
-  checkpoint::NamedTensors grads;
-  for (const auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    const at::Tensor& grad = item.value().grad();
-    ASSERT_TRUE(grad.defined()) << name << " got no gradient";
-    EXPECT_TRUE(at::isfinite(grad).all().item<bool>()) << name << " has a non-finite gradient";
-    grads.emplace_back(name, grad);
+  expect_hf_gradients(*model, reference, GetParam() + ": max rel logits diff " +
+                                             std::to_string(max_rel_diff(logits, reference.at("logits"))));
+}
+
+// A padded batch (attention_mask; row 0 padded on the right, row 1 on the
+// left): logits at the real tokens, the loss and every gradient equal HF's.
+TEST_P(HfToColossus, PaddedBatchMatchesTransformers) {
+  const fs::path dir = hf_reference_dir() / GetParam();
+  auto reference = checkpoint::load_state_dict((dir / "padded.safetensors").string());
+  auto model = load_pretrained(dir.string());
+  model->eval();
+  const at::Tensor& ids = reference.at("input_ids");
+  const TokenLayout layout = TokenLayout::from_attention_mask(reference.at("attention_mask"));
+  const at::Tensor real = reference.at("attention_mask").to(at::kBool);
+
+  at::Tensor logits = model->forward(ids, layout);
+  const at::Tensor ours = logits.masked_select(real.unsqueeze(-1)),
+                   theirs = reference.at("logits").masked_select(real.unsqueeze(-1));
+  EXPECT_LE(max_abs_diff(ours, theirs), kLogitsTolerance);
+  EXPECT_LE(max_rel_diff(ours, theirs), kLogitsTolerance);
+  at::Tensor loss = model->loss(logits, reference.at("labels"));
+  EXPECT_NEAR(loss.item<double>(), reference.at("loss").item<double>(), kLogitsTolerance);
+  {
+    at::NoGradGuard no_grad;  // the fused head + cross-entropy path takes the layout too
+    EXPECT_NEAR(model->forward_loss(ids, reference.at("labels"), std::nullopt, layout).item<double>(),
+                reference.at("loss").item<double>(), kLogitsTolerance);
   }
-  size_t compared = 0;
-  double worst_grad = 0.0;
-  for (const auto& [name, grad] : checkpoint_tensors(model->config(), grads)) {
-    auto hf_grad = reference.find("grad." + name);
-    ASSERT_NE(hf_grad, reference.end()) << "HF has no parameter " << name;
-    const double rel = max_rel_diff(grad, hf_grad->second);
-    EXPECT_LE(rel, kGradTolerance) << name;
-    worst_grad = std::max(worst_grad, rel);
-    ++compared;
+  loss.backward();
+  expect_hf_gradients(*model, reference, GetParam() + " padded: max rel logits diff " +
+                                             std::to_string(max_rel_diff(ours, theirs)));
+}
+
+// Three documents packed into two rows (7 + 9 tokens, then 11 and padding),
+// positions restarting per document: each document's logits equal HF's run
+// of it alone, and the loss and gradients equal HF's on the padded batch of
+// the three (the same targets: a document's first token is no target).
+TEST_P(HfToColossus, PackedDocumentsMatchTransformersRunSeparately) {
+  const fs::path dir = hf_reference_dir() / GetParam();
+  auto reference = checkpoint::load_state_dict((dir / "packed.safetensors").string());
+  auto model = load_pretrained(dir.string());
+  model->eval();
+  const at::Tensor& docs = reference.at("input_ids");  // (3, 11), one document a row
+  const auto lengths = reference.at("doc_lengths");
+  ASSERT_EQ(lengths.numel(), 3);
+  const int64_t first = lengths[0].item<int64_t>(), second = lengths[1].item<int64_t>(), third = lengths[2].item<int64_t>();
+  const int64_t seq = first + second;
+  ASSERT_GE(seq, third);
+  // (row, offset) of each document in the packed batch.
+  const std::vector<std::pair<int64_t, int64_t>> placement = {{0, 0}, {0, first}, {1, 0}};
+  at::Tensor ids = at::zeros({2, seq}, at::kLong), labels = at::full({2, seq}, -100, at::kLong);
+  for (int64_t d = 0; d < 3; ++d) {
+    const int64_t length = lengths[d].item<int64_t>();
+    const auto [row, offset] = placement[static_cast<size_t>(d)];
+    ids[row].narrow(0, offset, length).copy_(docs[d].narrow(0, 0, length));
+    labels[row].narrow(0, offset + 1, length - 1).copy_(docs[d].narrow(0, 1, length - 1));
   }
-  std::cout << GetParam() << ": max rel logits diff " << max_rel_diff(logits, reference.at("logits"))
-            << ", max rel gradient diff " << worst_grad << "\n";
-  // Every HF parameter has a counterpart here (tied heads are one parameter in both).
-  size_t hf_params = 0;
-  for (const auto& [key, _] : reference) hf_params += key.starts_with("grad.");
-  EXPECT_EQ(compared, hf_params);
+  const TokenLayout layout = TokenLayout::packed({{first, second}, {third}}, seq);
+
+  at::Tensor logits = model->forward(ids, layout);
+  double worst = 0.0;
+  for (int64_t d = 0; d < 3; ++d) {
+    const int64_t length = lengths[d].item<int64_t>();
+    const auto [row, offset] = placement[static_cast<size_t>(d)];
+    const at::Tensor ours = logits[row].narrow(0, offset, length), theirs = reference.at("logits")[d].narrow(0, 0, length);
+    EXPECT_LE(max_abs_diff(ours, theirs), kLogitsTolerance) << "document " << d;
+    worst = std::max(worst, max_rel_diff(ours, theirs));
+  }
+  EXPECT_LE(worst, kLogitsTolerance);
+  at::Tensor loss = model->loss(logits, labels);
+  EXPECT_NEAR(loss.item<double>(), reference.at("loss").item<double>(), kLogitsTolerance);
+  {
+    at::NoGradGuard no_grad;
+    // HF's padding-free convention (position_ids restarting at 0) reads as the same layout.
+    EXPECT_NEAR(model->forward_loss(ids, labels, std::nullopt,
+                                    TokenLayout::from_position_ids(layout.position_ids))
+                    .item<double>(),
+                reference.at("loss").item<double>(), kLogitsTolerance);
+  }
+  loss.backward();
+  expect_hf_gradients(*model, reference, GetParam() + " packed: max rel logits diff " + std::to_string(worst));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, HfToColossus,
                          ::testing::Values("gpt2", "llama_gqa", "llama_rope_llama3", "llama_rope_linear",
                                            "llama_rope_dynamic", "qwen2", "qwen3", "mistral", "qwen2_window",
-                                           "gemma2", "gemma3", "phi3_longrope_long", "phi3_longrope_short"));
+                                           "gemma2", "gemma3", "phi3_longrope_long", "phi3_longrope_short",
+                                           "phi3_partial", "phi3_partial_longrope"));
 
 struct CppCase {
   std::string name;
@@ -116,6 +208,10 @@ std::vector<CppCase> cpp_cases() {
   phi3_long.rope_scaling.original_max_position_embeddings = 8;
   phi3_long.rope_scaling.attention_factor = 1.3;
   phi3_long.sliding_window = 6;
+  auto phi3_partial = family("phi3-tiny");  // 12 of 16 dims rotate: longrope's lists hold 6 factors
+  phi3_partial.rope_scaling.partial_rotary_factor = 0.75;
+  phi3_partial.rope_scaling.short_factor.resize(6);
+  phi3_partial.rope_scaling.long_factor.resize(6);
   return {{"cpp_gpt2", gpt2},
           {"cpp_gpt2_untied", gpt2_untied},
           {"cpp_llama_gqa", llama},
@@ -127,7 +223,8 @@ std::vector<CppCase> cpp_cases() {
           {"cpp_gemma2", family("gemma2-tiny")},
           {"cpp_gemma3", family("gemma3-tiny")},
           {"cpp_phi3", family("phi3-tiny")},
-          {"cpp_phi3_long", phi3_long}};
+          {"cpp_phi3_long", phi3_long},
+          {"cpp_phi3_partial", phi3_partial}};
 }
 
 TEST(ColossusToHf, TransformersLoadsOurCheckpointsAndAgreesOnLogits) {

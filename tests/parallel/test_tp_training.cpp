@@ -57,12 +57,14 @@ class HybridRun {
     boosted_ = booster_->boost(model, std::move(optimizer), scheduler, /*dataloader=*/nullptr, source);
   }
 
-  double train_step(int64_t step) {
+  // packed: the rows of booster_testing's packed_layout / packed_labels.
+  double train_step(int64_t step, bool packed = false) {
     auto dp = plugin_->dp_group();
     const int64_t rows = kGlobalBatch / dp->size();
     auto ids = global_batch(config_, step).narrow(0, dp->rank() * rows, rows);
     auto& model = *boosted_.model;
-    auto loss = model.loss(model.forward(ids), ids);
+    auto loss = packed ? model.loss(model.forward(ids, packed_layout(rows)), packed_labels(ids))
+                       : model.loss(model.forward(ids), ids);
     booster_->backward(loss, *boosted_.optimizer);
     boosted_.optimizer->step();
     boosted_.lr_scheduler->step();
@@ -71,9 +73,9 @@ class HybridRun {
     dp->all_reduce(total).wait();
     return total.item<double>() / dp->size();
   }
-  std::vector<double> train(int64_t first, int64_t end) {
+  std::vector<double> train(int64_t first, int64_t end, bool packed = false) {
     std::vector<double> losses;
-    for (int64_t step = first; step < end; ++step) losses.push_back(train_step(step));
+    for (int64_t step = first; step < end; ++step) losses.push_back(train_step(step, packed));
     return losses;
   }
 
@@ -128,6 +130,27 @@ TEST(HybridParallel, LossCurvesMatchSingleProcess) {
       HybridRun run(config, {.tp_size = tp});
       expect_curve(run.train(0, kSteps), reference,
                    fmt::format("{} tp{} x dp{}", models::model_type(config), tp, ct::world()->size() / tp));
+    }
+  }
+}
+
+// Packed rows (two documents and padding a row, positions restarting): the
+// same curve as one process at every tp, also with the sequence sharded
+// between tp regions (split_gather).
+TEST(HybridParallel, PackedRowsMatchSingleProcess) {
+  // Learned positions (GPT-2) and RoPE (LLaMA); every family's layout
+  // against transformers is in tests/models/parity_test.cpp.
+  for (const auto& config : {tiny_gpt2(), tiny_llama()}) {
+    const auto reference = reference_losses_packed(config, kSteps);
+    for (int tp : tp_sizes()) {
+      HybridRun run(config, {.tp_size = tp});
+      expect_curve(run.train(0, kSteps, /*packed=*/true), reference,
+                   fmt::format("{} packed tp{} x dp{}", models::model_type(config), tp, ct::world()->size() / tp));
+    }
+    if (ct::world()->size() % 2 == 0) {
+      HybridRun run(config, {.tp_size = 2, .enable_sequence_parallelism = true, .sequence_parallelism_mode = "split_gather"});
+      expect_curve(run.train(0, kSteps, /*packed=*/true), reference,
+                   fmt::format("{} packed tp2 split_gather", models::model_type(config)));
     }
   }
 }

@@ -347,13 +347,13 @@ void GeminiDDP::pre_backward(size_t segment) {
   schedule(segment, /*forward=*/false);
 }
 
-at::Tensor GeminiDDP::forward(const at::Tensor& input_ids) {
+at::Tensor GeminiDDP::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {
   models::check_input_ids(input_ids);
   const size_t last = segment_chunks_.size() - 1;
   pre_forward(0);
-  at::Tensor hidden = model_->embed(input_ids.to(device_));
+  at::Tensor hidden = model_->embed_layout(input_ids.to(device_), layout);
   post_forward(0, hidden);
-  const models::BlockContext context = model_->block_context(hidden);
+  const models::BlockContext context = model_->layout_context(hidden, layout);
   hidden = model_->forward_blocks(hidden, context, 0, model_->blocks().size());
   pre_forward(last);
   at::Tensor logits = model_->head(model_->final_norm(hidden));

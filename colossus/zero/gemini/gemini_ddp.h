@@ -120,7 +120,7 @@ class GeminiDDP {
 
   // input_ids: (B, T) int64 -> logits (B, T, V); every chunk released
   // afterwards.
-  at::Tensor forward(const at::Tensor& input_ids);
+  at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {});
   models::CausalLM& model() { return *model_; }
 
   // Segment boundaries (GeminiBlock calls them for segments 1..L).

@@ -70,7 +70,8 @@ TEST(InferenceEngine, GreedyMatchesFullRecomputeForEveryFamily) {
                              std::pair{"mistral", testing::tiny_family("mistral-tiny")},
                              std::pair{"gemma2", testing::tiny_family("gemma2-tiny")},
                              std::pair{"gemma3", testing::tiny_family("gemma3-tiny")},
-                             std::pair{"phi3", testing::tiny_family("phi3-tiny")}}) {
+                             std::pair{"phi3", testing::tiny_family("phi3-tiny")},
+                             std::pair{"phi3 partial RoPE", testing::tiny_phi3_partial()}}) {
     InferenceEngine engine(model, nullptr, small_config());
     expect_matches_reference(engine, random_prompts(lengths, 96, 1), 10, name);
     EXPECT_GT(engine.stats().steps, 10);
