@@ -3,7 +3,6 @@
 #include "colossus/checkpoint/file_io.h"
 #include "colossus/core/errors.h"
 #include "colossus/data/corpus.h"
-#include "colossus/data/token_shards.h"
 #include "colossus/data/unicode.h"
 
 #include <fmt/format.h>
@@ -74,7 +73,16 @@ std::string corpus_text(const DataSection& data) {
   return text;
 }
 
-bool has_token_shards(const fs::path& dir) { return fs::is_directory(dir) && !data::list_token_shards(dir.string()).empty(); }
+bool holds_files_ending(const fs::path& dir, const std::string& extension) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == extension) return true;
+  }
+  return false;
+}
+
+// Not data::list_token_shards, which throws for a folder without shards (a folder of .txt files).
+bool has_token_shards(const fs::path& dir) { return fs::is_directory(dir) && holds_files_ending(dir, ".tokens"); }
 
 std::string stamp_of(const DataSection& data, int64_t vocab_size) {
   nlohmann::json j{{"source", data.source},
