@@ -66,9 +66,13 @@ std::string text_of_content(const json& content, const std::string& where) {
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     const std::string at = fmt::format("{}.content[{}]", where, i);
-    if (!part.is_object()) fail(fmt::format("{} is {}, expected a {{\"type\": \"text\", \"text\": ...}} part", at, shown(part)));
+    if (!part.is_object()) {
+      fail(fmt::format("{} is {}, expected a {{\"type\": \"text\", \"text\": ...}} part", at, shown(part)));
+    }
     auto type = part.find("type");
-    if (type == part.end()) fail(fmt::format("{} has no \"type\"; only {{\"type\": \"text\", \"text\": ...}} parts are read", at));
+    if (type == part.end()) {
+      fail(fmt::format("{} has no \"type\"; only {{\"type\": \"text\", \"text\": ...}} parts are read", at));
+    }
     if (!type->is_string() || type->get<std::string>() != "text") {
       fail(fmt::format("{}.type is {}; only \"text\" parts are read", at, shown(*type)));
     }
@@ -88,7 +92,9 @@ std::vector<Message> parse_messages(const json& list, const std::string& where) 
   for (size_t i = 0; i < list.size(); ++i) {
     const json& item = list[i];
     const std::string at = fmt::format("{}[{}]", where, i);
-    if (!item.is_object()) fail(fmt::format("{} is {}, expected an object with \"role\" and \"content\"", at, shown(item)));
+    if (!item.is_object()) {
+      fail(fmt::format("{} is {}, expected an object with \"role\" and \"content\"", at, shown(item)));
+    }
     auto role = item.find("role");
     if (role == item.end()) fail(fmt::format("{} has no \"role\"", at));
     if (!role->is_string()) fail(fmt::format("{}.role is {}, expected a string", at, shown(*role)));

@@ -52,8 +52,9 @@ void JsonlSourceOptions::validate() const {
 }
 
 json JsonlPosition::to_json() const {
-  return {{"file_index", file_index},   {"byte_offset", byte_offset},     {"line_number", line_number},
-          {"records_yielded", records_yielded}, {"lines_skipped", lines_skipped}, {"file", file}};
+  return {{"file_index", file_index},           {"byte_offset", byte_offset},
+          {"line_number", line_number},         {"records_yielded", records_yielded},
+          {"lines_skipped", lines_skipped},     {"file", file}};
 }
 
 JsonlPosition JsonlPosition::from_json(const json& j) {
@@ -88,7 +89,9 @@ std::vector<std::string> expand_jsonl_source(const std::string& source) {
       }
     }
     ::globfree(&matches);
-    if (rc != 0 && rc != GLOB_NOMATCH) throw ConfigError(fmt::format("JSONL source '{}': glob failed ({})", source, rc));
+    if (rc != 0 && rc != GLOB_NOMATCH) {
+      throw ConfigError(fmt::format("JSONL source '{}': glob failed ({})", source, rc));
+    }
     if (files.empty()) throw ConfigError(fmt::format("JSONL source '{}' matches no files", source));
   } else {
     throw ConfigError(fmt::format("JSONL source '{}' does not exist; give a .jsonl file, a folder of *.jsonl files "
@@ -140,7 +143,9 @@ void JsonlSource::open_current() {
   in_ = std::ifstream(files_[static_cast<size_t>(file_index_)], std::ios::binary);
   if (!in_) throw ConfigError(fmt::format("{}: cannot be read", files_[static_cast<size_t>(file_index_)]));
   in_.seekg(byte_offset_);
-  if (!in_) throw ConfigError(fmt::format("{}: cannot seek to byte {}", files_[static_cast<size_t>(file_index_)], byte_offset_));
+  if (!in_) {
+    throw ConfigError(fmt::format("{}: cannot seek to byte {}", files_[static_cast<size_t>(file_index_)], byte_offset_));
+  }
   open_ = true;
 }
 
@@ -192,7 +197,8 @@ JsonlPosition JsonlSource::position() const {
 void JsonlSource::seek(const JsonlPosition& position) {
   const auto n_files = static_cast<int64_t>(files_.size());
   if (position.file_index < 0 || position.file_index > n_files) {
-    throw ConfigError(fmt::format("JSONL position names file {} but the source has {} files", position.file_index, n_files));
+    throw ConfigError(
+        fmt::format("JSONL position names file {} but the source has {} files", position.file_index, n_files));
   }
   if (position.file_index < n_files) {
     const auto& file = files_[static_cast<size_t>(position.file_index)];

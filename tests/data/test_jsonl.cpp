@@ -164,7 +164,8 @@ TEST(JsonlRecords, PreferenceImplicitPromptIsTheSharedPrefix) {
   EXPECT_EQ(conv.rejected.messages, std::vector<Message>{msg("assistant", "bad")});
 
   // A string prompt beside conversational answers is ignored and the prompt extracted, as maybe_extract_prompt does.
-  auto mixed = parse(R"({"prompt": "Q", "chosen": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "a"}],
+  auto mixed = parse(R"({"prompt": "Q",
+                         "chosen": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "a"}],
                          "rejected": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "b"}]})",
                      RecordFormat::Preference);
   EXPECT_TRUE(mixed.prompt.conversational);
@@ -208,14 +209,18 @@ TEST(JsonlRecords, DetectFormatFromKeys) {
 
 TEST(JsonlSource, EachBadLineSaysFileLineAndWhat) {
   const std::string good = R"({"messages": [{"role": "user", "content": "hi"}]})" "\n";
-  EXPECT_EQ(read_error(good + good + R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": 42, "content": "c"}]})" "\n"),
+  // One record per line: the literal is cut here, not the line.
+  EXPECT_EQ(read_error(good + good +
+                       R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, )"
+                       R"({"role": 42, "content": "c"}]})" "\n"),
             "train.jsonl:3: \"messages\"[2].role is 42, expected a string");
   EXPECT_EQ(read_error(good + R"({"messages": [{"role": "bot", "content": "c"}]})"),
             "train.jsonl:2: \"messages\"[0].role is \"bot\", expected one of \"system\", \"user\", \"assistant\", "
             "\"tool\"");
   EXPECT_EQ(read_error(good + R"({"messages": [{"role": "user", "content": [{"type": "image", "url": "x"}]}]})"),
             "train.jsonl:2: \"messages\"[0].content[0].type is \"image\"; only \"text\" parts are read");
-  EXPECT_EQ(read_error(good + R"({"messages": [{"role": "user"}]})"), "train.jsonl:2: \"messages\"[0] has no \"content\"");
+  EXPECT_EQ(read_error(good + R"({"messages": [{"role": "user"}]})"),
+            "train.jsonl:2: \"messages\"[0] has no \"content\"");
   EXPECT_EQ(read_error(good + R"({"messages": "hi"})"),
             "train.jsonl:2: \"messages\" is \"hi\", expected a list of messages");
   EXPECT_EQ(read_error(good + R"({"messages": [{"role": "user", "content": "x"}], "text": "y"})"),
