@@ -167,8 +167,16 @@ TEST(TrainCli, DatasetAndBinaryFilesAreRefusedAsTextSources) {
     }
     return std::string("(no error)");
   };
+  // JSONL records, as a file, a glob or a folder holding only them, are post-training data.
   const std::string jsonl = error_for(dir / "chat.jsonl");
-  EXPECT_NE(jsonl.find("is a .jsonl file, not plain text"), std::string::npos) << jsonl;
+  EXPECT_EQ(jsonl, fmt::format("data.source = '{}' is JSONL records, which pretraining does not read (it reads raw "
+                               "text and would train on the JSON markup); JSONL needs train.task = \"sft\" (coming), "
+                               "or give a .txt file, a folder of .txt files or token shards",
+                               (dir / "chat.jsonl").string()));
+  EXPECT_NE(error_for(dir / "*.jsonl").find("' is JSONL records, which pretraining"), std::string::npos);
+  fs::create_directories(dir / "records");
+  std::ofstream(dir / "records" / "part-0.jsonl") << R"({"text": "hi"})" << "\n";
+  EXPECT_NE(error_for(dir / "records").find("' is JSONL records, which pretraining"), std::string::npos);
   const std::string binary = error_for(dir / "weights.dat");
   EXPECT_NE(binary.find("is not UTF-8 text"), std::string::npos) << binary;
   EXPECT_NE(binary.find("offset 4"), std::string::npos) << binary;

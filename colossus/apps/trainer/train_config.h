@@ -31,6 +31,7 @@ struct DataSection {
   // "builtin" (generated corpus, no download), a UTF-8 text file, a directory
   // of *.txt files, or a directory of token shards (*.tokens, from a previous
   // run's data/ or `tokenize_to_shards`; an eval/ subdirectory is the held-out split).
+  // JSONL records (a .jsonl file, glob or folder of them) are refused: they are post-training data.
   std::string source = "builtin";
   // "byte", or a Hugging Face tokenizer directory or file; empty (the
   // default): model.pretrained's own tokenizer, or "byte" without one.

@@ -3,7 +3,6 @@
 #include "colossus/checkpoint/file_io.h"
 #include "colossus/core/errors.h"
 #include "colossus/data/corpus.h"
-#include "colossus/data/token_shards.h"
 #include "colossus/data/unicode.h"
 
 #include <fmt/format.h>
@@ -74,7 +73,33 @@ std::string corpus_text(const DataSection& data) {
   return text;
 }
 
-bool has_token_shards(const fs::path& dir) { return fs::is_directory(dir) && !data::list_token_shards(dir.string()).empty(); }
+bool holds_files_ending(const fs::path& dir, const std::string& extension) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file() && entry.path().extension() == extension) return true;
+  }
+  return false;
+}
+
+// Not data::list_token_shards, which throws for a folder without shards (a folder of .txt files).
+bool has_token_shards(const fs::path& dir) { return fs::is_directory(dir) && holds_files_ending(dir, ".tokens"); }
+
+// JSONL records (a .jsonl file or glob, or a folder of them and no text) are
+// post-training data; pretraining reads raw text, and reading records as text
+// would train on their JSON markup. Checked on every rank before any reading.
+void refuse_jsonl_source(const DataSection& data) {
+  const fs::path source(data.source);
+  std::error_code ec;
+  const bool jsonl = source.extension() == ".jsonl" ||
+                     (fs::is_directory(source, ec) && holds_files_ending(source, ".jsonl") &&
+                      !holds_files_ending(source, ".txt") && !has_token_shards(source) &&
+                      !has_token_shards(source / "train"));
+  if (!jsonl) return;
+  throw ConfigError(fmt::format("data.source = '{}' is JSONL records, which pretraining does not read (it reads raw "
+                                "text and would train on the JSON markup); JSONL needs train.task = \"sft\" (coming), "
+                                "or give a .txt file, a folder of .txt files or token shards",
+                                data.source));
+}
 
 std::string stamp_of(const DataSection& data, int64_t vocab_size) {
   nlohmann::json j{{"source", data.source},
@@ -104,6 +129,7 @@ TokenizedData prepare_training_data(const TrainConfig& config, const data::Token
   const auto& data = config.data;
   TokenizedData out;
   out.vocab_size = tokenizer.vocab_size();
+  if (data.source != "builtin") refuse_jsonl_source(data);
   if (data.source != "builtin" && !fs::exists(data.source)) {
     throw ConfigError(fmt::format("data.source = '{}' does not exist; use a text file, a directory of .txt files "
                                   "or token shards, or 'builtin'",
