@@ -47,9 +47,11 @@ compare_row() {
   local hf="$work/$name.$dtype.hf.json" ours="$work/$name.$dtype.ours.jsonl" verdict
   $python scripts/family_oracle.py greedy "$dir" --prompt "$prompt" --new "$new" --dtype "$dtype" --device "$device" \
     > "$hf" 2> "$work/$name.$dtype.hf.err" || { echo "| $name | $dtype | transformers failed: $(tail -1 "$work/$name.$dtype.hf.err") |" >> "$table"; return; }
-  if ! "$bin" generate "$dir" --prompt "$prompt" --max_new_tokens "$new" --greedy --device "$device" --dtype "$dtype" \
-      --ids_out "$ours" > "$work/$name.$dtype.ours.txt" 2> "$work/$name.$dtype.ours.err"; then
-    echo "| $name | $dtype | colossus generate exit $?: $(tail -1 "$work/$name.$dtype.ours.err") |" >> "$table"
+  local status=0
+  "$bin" generate "$dir" --prompt "$prompt" --max_new_tokens "$new" --greedy --device "$device" --dtype "$dtype" \
+    --ids_out "$ours" > "$work/$name.$dtype.ours.txt" 2> "$work/$name.$dtype.ours.err" || status=$?
+  if (( status != 0 )); then
+    echo "| $name | $dtype | colossus generate exit $status: $(tail -1 "$work/$name.$dtype.ours.err") |" >> "$table"
     return
   fi
   verdict=$($python scripts/family_oracle.py compare "$hf" "$ours")

@@ -171,7 +171,9 @@ namespace {
 class FakeModel : public booster::ModelWrapper {
  public:
   explicit FakeModel(std::shared_ptr<models::CausalLM> model) : model_(std::move(model)) {}
-  at::Tensor forward(const at::Tensor& ids) override { return model_->forward(ids); }
+  at::Tensor forward(const at::Tensor& ids, const models::TokenLayout& layout = {}) override {
+    return model_->forward(ids, layout);
+  }
   models::CausalLM& unwrap() override { return *model_; }
   void set_grad_sync(bool enabled) override { sync = enabled; }
   bool sync = true;
