@@ -6,6 +6,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/data/jsonl_source.h"
 #include "colossus/data/sft_examples.h"
+#include "colossus/data/sft_stream.h"
 #include "tests/testing/command.h"
 
 #include <fmt/format.h>
@@ -109,6 +110,91 @@ TEST(SftExamples, TrainOnAllAndKeepEnd) {
   ASSERT_EQ(end.input_ids.size(), 4U);
   EXPECT_TRUE(std::equal(end.input_ids.begin(), end.input_ids.end(), completion_only.input_ids.end() - 4));
   EXPECT_EQ(end.trained, std::vector<uint8_t>(4, 1));
+}
+
+// The examples a builder makes of records [first, ...) of the file, every
+// `step`-th, without those that train nothing.
+std::vector<SftExample> built(const std::string& name, int64_t first, int64_t step) {
+  const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
+  const SftExampleBuilder builder(*tokenizer, {.max_length = 24});
+  JsonlSource source((oracle_dir() / (name + ".jsonl")).string());
+  std::vector<SftExample> out;
+  for (int64_t index = 0; auto record = source.next(); ++index) {
+    if (index < first || (index - first) % step != 0) continue;
+    SftExample example = builder.build(record->record);
+    if (!example.trains_nothing()) out.push_back(std::move(example));
+  }
+  return out;
+}
+
+bool same(const SftExample& a, const SftExample& b) { return a.input_ids == b.input_ids && a.trained == b.trained; }
+
+TEST(SftExampleStream, RanksTakeRecordsRoundRobinEpochAfterEpoch) {
+  const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
+  const std::string file = (oracle_dir() / "prompt_completion.jsonl").string();
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    const auto expected = built("prompt_completion", rank, 2);
+    ASSERT_FALSE(expected.empty());
+    SftExampleStream stream(file, {}, *tokenizer, {.max_length = 24}, {.rank = rank, .world = 2, .threads = 3});
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      for (const auto& want : expected) {
+        auto got = stream.next();
+        ASSERT_TRUE(got.has_value());
+        EXPECT_TRUE(same(*got, want)) << "rank " << rank << " epoch " << epoch;
+      }
+    }
+  }
+  // Without loop the stream ends after one pass; the record whose prompt
+  // fills max_length trains nothing and is dropped (and counted).
+  SftExampleStream once(file, {}, *tokenizer, {.max_length = 24}, {.threads = 2, .loop = false});
+  int64_t count = 0;
+  while (once.next()) ++count;
+  EXPECT_EQ(count, static_cast<int64_t>(built("prompt_completion", 0, 1).size()));
+  EXPECT_EQ(once.dropped(), 1);
+}
+
+TEST(SftExampleStream, ResumesAtExactlyTheNextExampleWithAnyThreadCount) {
+  const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
+  const std::string file = (oracle_dir() / "prompt_completion.jsonl").string();
+  std::vector<SftExample> reference;
+  std::vector<int64_t> dropped_after;  // dropped_after[k]: dropped once k + 1 examples were taken
+  {
+    SftExampleStream stream(file, {}, *tokenizer, {.max_length = 24}, {.threads = 1});
+    for (int i = 0; i < 20; ++i) {
+      reference.push_back(*stream.next());
+      dropped_after.push_back(stream.dropped());
+    }
+  }
+  for (int64_t taken = 0; taken < 13; ++taken) {
+    SftExampleStream first(file, {}, *tokenizer, {.max_length = 24}, {.threads = 4, .lookahead = 3});
+    for (int64_t i = 0; i < taken; ++i) ASSERT_TRUE(same(*first.next(), reference[static_cast<size_t>(i)]));
+    const auto saved = SftStreamPosition::from_json(first.position().to_json());
+    EXPECT_EQ(saved, first.position());
+    SftExampleStream resumed(file, {}, *tokenizer, {.max_length = 24}, {.threads = 2});
+    resumed.seek(saved);
+    for (int64_t i = taken; i < taken + 6; ++i) {
+      EXPECT_TRUE(same(*resumed.next(), reference[static_cast<size_t>(i)])) << "resumed after " << taken << " at " << i;
+    }
+    EXPECT_EQ(resumed.dropped(), dropped_after[static_cast<size_t>(taken + 5)]) << "resumed after " << taken;
+  }
+}
+
+TEST(SftExampleStream, FewerRecordsThanRanksAndUntrainableDataAreRefused) {
+  const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
+  const fs::path dir = colossus::testing::scratch_dir("sft_examples");
+  {
+    std::ofstream out(dir / "two.jsonl");
+    out << R"({"prompt": "a", "completion": "b"})" << "\n" << R"({"prompt": "c", "completion": "d"})" << "\n";
+  }
+  SftExampleStream starved((dir / "two.jsonl").string(), {}, *tokenizer, {}, {.rank = 2, .world = 3});
+  EXPECT_NE(config_error([&] { starved.next(); }).find("fewer than the 3 data-parallel ranks"), std::string::npos);
+  // max_length 1 keeps only each prompt's first token: nothing to train, ever.
+  SftExampleStream untrainable((dir / "two.jsonl").string(), {}, *tokenizer, {.max_length = 1}, {});
+  EXPECT_NE(config_error([&] { untrainable.next(); }).find("gives data-parallel rank 0 of 1 a trained token"),
+            std::string::npos);
+  EXPECT_NE(config_error([&] { SftExampleStream(dir.string() + "/two.jsonl", {}, *tokenizer, {}, {.threads = 0}); })
+                .find("SFT tokenizing threads is 0"),
+            std::string::npos);
 }
 
 }  // namespace

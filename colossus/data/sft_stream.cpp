@@ -1,0 +1,197 @@
+#include "colossus/data/sft_stream.h"
+
+#include "colossus/core/errors.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace colossus::data {
+
+void SftStreamOptions::validate() const {
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw ConfigError(fmt::format("SFT stream rank {} of {} ranks: need 0 <= rank < world", rank, world));
+  }
+  if (threads < 1 || threads > 256) {
+    throw ConfigError(fmt::format("SFT tokenizing threads is {} but must be in [1, 256]", threads));
+  }
+  if (lookahead < 1) throw ConfigError(fmt::format("SFT stream lookahead is {} but must be >= 1", lookahead));
+}
+
+nlohmann::json SftStreamPosition::to_json() const {
+  return {{"source", source.to_json()}, {"record_index", record_index}, {"epoch", epoch}, {"dropped", dropped}};
+}
+
+SftStreamPosition SftStreamPosition::from_json(const nlohmann::json& j) {
+  try {
+    return {.source = JsonlPosition::from_json(j.at("source")),
+            .record_index = j.at("record_index").get<int64_t>(),
+            .epoch = j.at("epoch").get<int64_t>(),
+            .dropped = j.at("dropped").get<int64_t>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(fmt::format("an SFT data position is malformed ({}): {}", e.what(), j.dump()));
+  }
+}
+
+// A fixed pool that runs tokenization tasks in submission order of pickup;
+// results come back through each task's future, so order is the caller's.
+class SftExampleStream::Workers {
+ public:
+  explicit Workers(int count) {
+    for (int i = 0; i < count; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~Workers() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    ready_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  std::future<SftExample> submit(std::function<SftExample()> fn) {
+    std::packaged_task<SftExample()> task(std::move(fn));
+    auto future = task.get_future();
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    ready_.notify_one();
+    return future;
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::packaged_task<SftExample()> task;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // an exception lands in the future
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::packaged_task<SftExample()>> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+SftExampleStream::SftExampleStream(const std::string& source, const JsonlSourceOptions& source_options,
+                                   const Tokenizer& tokenizer, const SftExampleOptions& example_options,
+                                   const SftStreamOptions& options)
+    : source_(source, source_options), builder_(tokenizer, example_options), options_(options) {
+  options_.validate();
+  start_ = source_.position();
+  if (options_.threads > 1) workers_ = std::make_unique<Workers>(options_.threads);
+}
+
+SftExampleStream::~SftExampleStream() { clear(); }
+
+void SftExampleStream::clear() {
+  for (auto& p : pending_) {
+    if (p.example.valid()) p.example.wait();  // the tasks read records this deque owns
+  }
+  pending_.clear();
+}
+
+void SftExampleStream::fill() {
+  while (static_cast<int64_t>(pending_.size()) < options_.lookahead && !exhausted_) {
+    const JsonlPosition before = source_.position();
+    std::optional<JsonlRecord> record = source_.next();
+    if (!record) {
+      if (!options_.loop || record_index_ == 0) {
+        exhausted_ = true;
+        break;
+      }
+      if (mine_this_epoch_ == 0) {
+        throw ConfigError(fmt::format("data.source has {} records, fewer than the {} data-parallel ranks: rank {} gets "
+                                      "none; give more records or use fewer ranks",
+                                      record_index_, options_.world, options_.rank));
+      }
+      mine_this_epoch_ = 0;
+      ++epoch_;
+      record_index_ = 0;
+      source_.seek(start_);
+      continue;
+    }
+    const int64_t index = record_index_++;
+    if (index % options_.world != options_.rank) continue;
+    ++mine_this_epoch_;
+    Pending p{.before = before, .record_index = index, .epoch = epoch_};
+    auto build = [this, r = std::move(record->record)] { return builder_.build(r); };
+    if (workers_) {
+      p.example = workers_->submit(std::move(build));
+    } else {
+      std::promise<SftExample> done;
+      try {
+        done.set_value(build());
+      } catch (...) {
+        done.set_exception(std::current_exception());
+      }
+      p.example = done.get_future();
+    }
+    pending_.push_back(std::move(p));
+  }
+}
+
+std::optional<SftExample> SftExampleStream::next() {
+  for (;;) {
+    fill();
+    if (pending_.empty()) return std::nullopt;
+    Pending p = std::move(pending_.front());
+    pending_.pop_front();
+    SftExample example = p.example.get();
+    if (p.epoch != last_epoch_) {
+      // A whole pass that gave this rank nothing trainable would loop forever.
+      if (last_epoch_ >= 0 && taken_this_epoch_ == 0) {
+        throw ConfigError(fmt::format("no record of data.source gives data-parallel rank {} of {} a trained token (all "
+                                      "{} dropped: prompts longer than data.max_length?)",
+                                      options_.rank, options_.world, dropped_));
+      }
+      last_epoch_ = p.epoch;
+      taken_this_epoch_ = 0;
+    }
+    if (example.trains_nothing()) {
+      ++dropped_;
+      continue;
+    }
+    ++taken_this_epoch_;
+    return example;
+  }
+}
+
+SftStreamPosition SftExampleStream::position() const {
+  if (!pending_.empty()) {
+    const Pending& front = pending_.front();
+    return {.source = front.before, .record_index = front.record_index, .epoch = front.epoch, .dropped = dropped_};
+  }
+  return {.source = source_.position(), .record_index = record_index_, .epoch = epoch_, .dropped = dropped_};
+}
+
+void SftExampleStream::seek(const SftStreamPosition& position) {
+  if (position.record_index < 0 || position.epoch < 0 || position.dropped < 0) {
+    throw ConfigError(fmt::format("an SFT data position has a negative field: {}", position.to_json().dump()));
+  }
+  clear();
+  source_.seek(position.source);
+  record_index_ = position.record_index;
+  epoch_ = position.epoch;
+  dropped_ = position.dropped;
+  exhausted_ = false;
+  last_epoch_ = position.epoch;
+  taken_this_epoch_ = 1;  // a resumed pass is not known to be empty
+  mine_this_epoch_ = 1;
+}
+
+int64_t SftExampleStream::epoch() const { return position().epoch; }
+
+}  // namespace colossus::data
