@@ -199,7 +199,14 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("eval_fraction", "share of the documents held out for the eval loss", data.eval_fraction),
         COLOSSUS_KEY("prefetch", "batches the loader prepares ahead", data.prefetch),
         COLOSSUS_KEY("shuffle", "shuffle the training samples each epoch", data.shuffle),
-        COLOSSUS_KEY("cache_dir", "where tokenized shards go (empty: OUTPUT_DIR/data)", data.cache_dir)}});
+        COLOSSUS_KEY("cache_dir", "where tokenized shards go (empty: OUTPUT_DIR/data)", data.cache_dir),
+        COLOSSUS_KEY("format", "sft: JSONL record format: auto (from the first line's keys), chat, prompt_completion, text, preference", data.format),
+        COLOSSUS_KEY("train_on", "sft: tokens with loss: auto (completion of prompt/completion records, all of text), assistant, completion, all", data.train_on),
+        COLOSSUS_KEY("max_length", "sft: tokens kept per example (0: seq_len)", data.max_length),
+        COLOSSUS_KEY("truncation", "sft: keep_start or keep_end of a longer example", data.truncation),
+        COLOSSUS_KEY("skip_bad_lines", "sft: skip and count a bad JSONL line instead of stopping", data.skip_bad_lines),
+        COLOSSUS_KEY("packing", "sft: several examples per seq_len row, positions restarting (else one a row, padded)", data.packing),
+        COLOSSUS_KEY("tokenize_threads", "sft: tokenizing threads per rank", data.tokenize_threads)}});
     s.push_back({"optimizer", "", {
         COLOSSUS_KEY("name", "adamw | adam | sgd | lamb | hybrid_adam", optimizer.name),
         COLOSSUS_KEY("lr", "peak learning rate", optimizer.lr),
@@ -312,6 +319,7 @@ const std::vector<Section>& sections() {
                    return c.booster.loss_scaler;
                  })});
     s.push_back({"train", "", {
+        COLOSSUS_KEY("task", "pretrain (token streams) or sft (JSONL records, loss on trained tokens)", train.task),
         COLOSSUS_KEY("steps", "optimizer steps in all (a resumed run continues to this)", train.steps),
         COLOSSUS_KEY("grad_accum", "micro-batches per optimizer step", train.grad_accum),
         COLOSSUS_KEY("seed", "seed of the data order and dropout", train.seed),

@@ -3,6 +3,8 @@
 #include "colossus/apps/trainer/config_schema.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/jsonl_records.h"
+#include "colossus/data/sft_examples.h"
 #include "colossus/data/tokenizer.h"
 #include "colossus/models/config.h"
 
@@ -80,12 +82,54 @@ void require_non_negative(const char* key, int64_t value) {
 
 }  // namespace
 
+namespace {
+
+// train.task = "sft": the data keys it reads and the layouts it runs under.
+void validate_sft(const TrainConfig& c) {
+  data::parse_record_format(c.data.format);  // throws listing the names
+  data::parse_train_on(c.data.train_on);
+  data::parse_truncation(c.data.truncation);
+  if (c.data.max_length < 0 || c.data.max_length > c.data.seq_len) {
+    throw ConfigError(fmt::format("data.max_length = {} must be in [0, data.seq_len = {}] (0: seq_len) for sft",
+                                  c.data.max_length, c.data.seq_len));
+  }
+  if (c.data.tokenize_threads < 1 || c.data.tokenize_threads > 256) {
+    throw ConfigError(fmt::format("data.tokenize_threads = {} must be in [1, 256]", c.data.tokenize_threads));
+  }
+  if (c.data.source == "builtin") {
+    throw ConfigError("train.task = \"sft\" reads JSONL records; set data.source to a .jsonl file, a folder or a glob");
+  }
+  // Records are read in file order (each rank's share dealt round-robin);
+  // a shuffling reader is still to come, so shuffle is refused, not ignored.
+  if (c.data.shuffle) {
+    throw ConfigError("data.shuffle = true is not supported with train.task = \"sft\" yet (records are read in file "
+                      "order); set data.shuffle = false, or shuffle the JSONL file beforehand");
+  }
+  if (c.plugin.name == "hybrid_parallel" && c.plugin.hybrid_parallel.pp_size > 1) {
+    throw ConfigError(fmt::format("train.task = \"sft\" with pipeline parallelism (pp_size = {}) is not supported "
+                                  "yet; use pp_size = 1 (tp, zero and gemini work)",
+                                  c.plugin.hybrid_parallel.pp_size));
+  }
+  if (c.train.cuda_graph) {
+    throw ConfigError("train.cuda_graph needs fixed-shape batches; sft batches vary in length: set train.cuda_graph = false");
+  }
+}
+
+}  // namespace
+
 void TrainConfig::validate() const {
   if (model.pretrained.empty()) models::preset(model.preset);  // throws listing the presets
   require_positive("data.seq_len", data.seq_len, "128");
   require_positive("data.batch_size", data.batch_size, "8");
   require_positive("data.prefetch", data.prefetch, "4");
   if (data.source == "builtin") require_positive("data.builtin_bytes", data.builtin_bytes, "4194304");
+  if (train.task == "dpo") {
+    throw ConfigError("train.task = \"dpo\" is not available yet; train.task is pretrain or sft");
+  }
+  if (train.task != "pretrain" && train.task != "sft") {
+    throw ConfigError(fmt::format("train.task is \"{}\"; valid: pretrain, sft", train.task));
+  }
+  if (train.task == "sft") validate_sft(*this);
   if (!(data.eval_fraction >= 0.0 && data.eval_fraction < 1.0)) {
     throw ConfigError(fmt::format("data.eval_fraction = {} must be in [0, 1) (e.g. 0.02)", data.eval_fraction));
   }

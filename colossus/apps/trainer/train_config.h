@@ -43,6 +43,14 @@ struct DataSection {
   int prefetch = 4;
   bool shuffle = true;
   std::string cache_dir;  // where tokenized shards go; default OUTPUT_DIR/data
+  // train.task = "sft": source is JSONL records (a file, folder or glob).
+  std::string format = "auto";          // auto | chat | prompt_completion | text | preference
+  std::string train_on = "auto";        // auto | assistant | completion | all (data/sft_examples.h)
+  int64_t max_length = 0;               // tokens kept per example; 0: seq_len
+  std::string truncation = "keep_start";  // keep_start | keep_end
+  bool skip_bad_lines = false;          // count and skip a bad JSONL line instead of stopping
+  bool packing = false;                 // several examples per seq_len row (else one a row, padded to the longest)
+  int tokenize_threads = 2;             // SFT tokenizing threads per rank
 };
 
 struct OptimizerSection {
@@ -83,6 +91,7 @@ struct PluginSection {
 };
 
 struct TrainSection {
+  std::string task = "pretrain";  // pretrain (token streams) | sft (JSONL records, trained tokens only)
   int64_t steps = 1000;       // optimizer steps in all (a resumed run continues to this)
   int64_t grad_accum = 1;     // micro-batches per optimizer step
   uint64_t seed = 42;         // data order, dropout

@@ -26,6 +26,7 @@ void TrainState::save(const std::string& path) const {
                    {"grad_accum", grad_accum},
                    {"seq_len", seq_len},
                    {"last_loss", last_loss}};
+  if (!sft_position.empty()) j["sft_position"] = nlohmann::json::parse(sft_position);
   const auto text = j.dump(2) + "\n";
   checkpoint::io::TempFile out(path, checkpoint::io::temp_path_for(path));
   out.write(text.data(), text.size());
@@ -50,6 +51,7 @@ TrainState TrainState::load(const std::string& path) {
     s.grad_accum = j.at("grad_accum").get<int64_t>();
     s.seq_len = j.at("seq_len").get<int64_t>();
     s.last_loss = j.value("last_loss", 0.0);
+    if (auto it = j.find("sft_position"); it != j.end()) s.sft_position = it->dump();
   } catch (const nlohmann::json::parse_error& e) {
     // Not e.what(): it quotes the bytes last read.
     throw CheckpointError(fmt::format("{}: the training state is not valid JSON (syntax error at byte {})", path,
@@ -73,6 +75,9 @@ void TrainState::validate(const std::string& path) const {
   if (data_epoch < 0) bad("data_epoch", data_epoch, "it is >= 0");
   if (data_position < 0) bad("data_position", data_position, "it is >= 0");
   if (!std::isfinite(last_loss)) bad("last_loss", last_loss, "a published checkpoint's loss is finite");
+  if (tokens_seen < 0) bad("tokens_seen", tokens_seen, "it is >= 0");
+  // SFT batches vary in length: no token count follows from the step.
+  if (!sft_position.empty()) return;
   // Every step consumes the same global batch, so the token count follows
   // from the step and the layout; anything else is a corrupt (or huge) step.
   int64_t expected = step;

@@ -23,6 +23,10 @@ struct TrainState {
   int64_t grad_accum = 1;
   int64_t seq_len = 0;
   double last_loss = 0.0;
+  // train.task = "sft": where the example stream resumes (SftStreamPosition
+  // as JSON text; the same on every rank); empty for pretraining, whose
+  // tokens_seen follows from the step and whose position is data_epoch/data_position.
+  std::string sft_position;
 
   void save(const std::string& path) const;  // atomic
   // Throws CheckpointError naming the file for a missing file or field, or a

@@ -5,6 +5,7 @@
 #include "colossus/apps/trainer/checkpoint_dirs.h"
 #include "colossus/apps/trainer/components.h"
 #include "colossus/apps/trainer/run_reporter.h"
+#include "colossus/apps/trainer/sft_batches.h"
 #include "colossus/apps/trainer/train_state.h"
 #include "colossus/apps/trainer/training_data.h"
 #include "colossus/booster/booster.h"
@@ -17,6 +18,7 @@
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
+#include "colossus/data/sft_stream.h"
 #include "colossus/inference/generate.h"
 #include "colossus/models/config.h"
 #include "colossus/models/lazy_init.h"
@@ -25,6 +27,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -93,6 +96,8 @@ class Trainer {
  private:
   void build();
   void resume_from(const std::string& dir);
+  // Pretraining: the loader position in `saved` is where its step ends.
+  void check_data_position(const std::string& dir, const TrainState& saved) const;
   // Mean loss over the held-out split (eval_batches per rank), all ranks combined.
   double evaluate();
   void save_checkpoint(int64_t step);
@@ -108,6 +113,11 @@ class Trainer {
   int64_t global_batch_tokens() const {
     return config_.data.batch_size * config_.data.seq_len * config_.train.grad_accum * dp_size_;
   }
+  bool sft() const { return config_.train.task == "sft"; }
+  // One sft step's forward and backward over grad_accum micro-batches; returns
+  // this rank's share of the step's loss (the global per-token mean is the
+  // sum over ranks) and adds the step's tokens to tokens.
+  at::Tensor sft_forward_backward(int64_t& tokens);
 
   TrainConfig config_;
   TrainOptions options_;
@@ -120,6 +130,11 @@ class Trainer {
 
   std::unique_ptr<data::Tokenizer> tokenizer_;
   TokenizedData data_;
+  // train.task = "sft": the example stream, identical on every rank (each
+  // micro-batch takes its rank's slice of the next batch_size x dp examples,
+  // so the position is global and every rank knows the step's target count).
+  std::unique_ptr<data::SftExampleStream> sft_stream_;
+  int32_t pad_id_ = 0;
   std::shared_ptr<booster::Plugin> plugin_;
   std::unique_ptr<booster::Booster> booster_;
   booster::Boosted boosted_;
@@ -150,7 +165,20 @@ void Trainer::build() {
   world_->barrier().wait();
 
   tokenizer_ = make_tokenizer(config_.data);
-  data_ = prepare_training_data(config_, *tokenizer_, *world_);
+  if (sft()) {
+    const int64_t max_length = config_.data.max_length > 0 ? config_.data.max_length : config_.data.seq_len;
+    sft_stream_ = std::make_unique<data::SftExampleStream>(
+        config_.data.source,
+        data::JsonlSourceOptions{.format = config_.data.format, .skip_bad_lines = config_.data.skip_bad_lines},
+        *tokenizer_,
+        data::SftExampleOptions{.train_on = data::parse_train_on(config_.data.train_on),
+                                .max_length = max_length,
+                                .truncation = data::parse_truncation(config_.data.truncation)},
+        data::SftStreamOptions{.threads = config_.data.tokenize_threads});
+    pad_id_ = tokenizer_->pad_id().value_or(tokenizer_->eos_id().value_or(0));
+  } else {
+    data_ = prepare_training_data(config_, *tokenizer_, *world_);
+  }
   auto model_config = build_model_config(config_, *tokenizer_);
   // Lazy: a meta model, and each rank reads from the source (the pretrained
   // checkpoint, mapped; or the seeded init with gemini's lazy_init) only what
@@ -178,8 +206,11 @@ void Trainer::build() {
   const data::DataLoaderOptions loader_options{.batch_size = config_.data.batch_size,
                                                .prefetch = config_.data.prefetch,
                                                .pin_memory = device_.is_cuda()};
-  auto train_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.train_dir, config_.data.seq_len));
-  auto loader = booster_->prepare_dataloader(train_set, loader_options, config_.train.seed, config_.data.shuffle);
+  std::shared_ptr<data::DataLoader> loader;
+  if (!sft()) {
+    auto train_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.train_dir, config_.data.seq_len));
+    loader = booster_->prepare_dataloader(train_set, loader_options, config_.train.seed, config_.data.shuffle);
+  }
   if (!data_.eval_dir.empty() && config_.train.eval_batches > 0) {
     auto eval_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.eval_dir, config_.data.seq_len));
     // Too little held-out text for one batch per rank: no eval rather than an error.
@@ -225,6 +256,21 @@ void Trainer::build() {
   reporter_ = std::make_unique<RunReporter>(config_, world_->rank(), state_.step, device_);
 }
 
+void Trainer::check_data_position(const std::string& dir, const TrainState& saved) const {
+  // Each step reads grad_accum batches, so the data position follows from the step.
+  const int64_t per_epoch = boosted_.dataloader->batches_per_epoch();
+  int64_t batches = 0;
+  if (__builtin_mul_overflow(saved.data_epoch, per_epoch, &batches) ||
+      __builtin_add_overflow(batches, saved.data_position, &batches) ||
+      batches != saved.step * saved.grad_accum || saved.data_position >= per_epoch) {
+    throw CheckpointError(fmt::format("{}/train_state.json: data position (epoch {}, batch {}) at {} batches per epoch "
+                                      "is not where step {} x grad_accum {} ends; the checkpoint is corrupt or the "
+                                      "dataset changed",
+                                      dir, saved.data_epoch, saved.data_position, per_epoch, saved.step,
+                                      saved.grad_accum));
+  }
+}
+
 void Trainer::resume_from(const std::string& dir) {
   const auto saved = TrainState::load((fs::path(dir) / "train_state.json").string());
   if (saved.dp_size != state_.dp_size || saved.micro_batch != state_.micro_batch ||
@@ -242,17 +288,15 @@ void Trainer::resume_from(const std::string& dir) {
                                       "checkpoint is corrupt",
                                       dir, saved.step, step_of_dir(name)));
   }
-  // Each step reads grad_accum batches, so the data position follows from the step.
-  const int64_t per_epoch = boosted_.dataloader->batches_per_epoch();
-  int64_t batches = 0;
-  if (__builtin_mul_overflow(saved.data_epoch, per_epoch, &batches) ||
-      __builtin_add_overflow(batches, saved.data_position, &batches) ||
-      batches != saved.step * saved.grad_accum || saved.data_position >= per_epoch) {
-    throw CheckpointError(fmt::format("{}/train_state.json: data position (epoch {}, batch {}) at {} batches per epoch "
-                                      "is not where step {} x grad_accum {} ends; the checkpoint is corrupt or the "
-                                      "dataset changed",
-                                      dir, saved.data_epoch, saved.data_position, per_epoch, saved.step,
-                                      saved.grad_accum));
+  if (sft() != !saved.sft_position.empty()) {
+    throw CheckpointError(fmt::format("{} is a {} checkpoint but this run's train.task is {}; resume it with the task "
+                                      "it was made with",
+                                      dir, saved.sft_position.empty() ? "pretraining" : "sft", config_.train.task));
+  }
+  if (sft()) {
+    sft_stream_->seek(data::SftStreamPosition::from_json(nlohmann::json::parse(saved.sft_position)));
+  } else {
+    check_data_position(dir, saved);
   }
   booster_->load_model(*boosted_.model, (fs::path(dir) / "model").string());
   booster_->load_optimizer(*boosted_.optimizer, (fs::path(dir) / "optimizer").string());
@@ -263,7 +307,7 @@ void Trainer::resume_from(const std::string& dir) {
                                       dir, boosted_.lr_scheduler->last_step(), saved.step));
   }
   load_rng_state((fs::path(dir) / "rng" / fmt::format("rank-{:05d}.safetensors", world_->rank())).string(), device_);
-  boosted_.dataloader->set_state(saved.data_epoch, saved.data_position);
+  if (!sft()) boosted_.dataloader->set_state(saved.data_epoch, saved.data_position);
   state_ = saved;
   log.info(fmt::format("resumed from {} at step {}", dir, state_.step));
 }
@@ -330,8 +374,12 @@ void Trainer::save_checkpoint(int64_t step) {
   if (world_->rank() == 0) {
     fs::create_directories(model_dir);
     save_tokenizer_files(config_.data, model_dir);
-    state_.data_epoch = boosted_.dataloader->epoch();
-    state_.data_position = boosted_.dataloader->position();
+    if (sft()) {
+      state_.sft_position = sft_stream_->position().to_json().dump();
+    } else {
+      state_.data_epoch = boosted_.dataloader->epoch();
+      state_.data_position = boosted_.dataloader->position();
+    }
     state_.save((fs::path(partial) / "train_state.json").string());
   }
   pending_publish_ = step;
@@ -384,6 +432,45 @@ std::optional<amp::GraphedTrainStep> Trainer::make_graphed_step() {
       [&plain](const at::Tensor& ids) { return plain.forward_loss(ids, ids); }, *boosted_.optimizer);
 }
 
+at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
+  // Every rank reads the same examples: the step's batch_size x grad_accum x dp
+  // of them, this rank's micro-batches being its slices. So each rank knows the
+  // step's target count, and each micro-batch's loss is its cross-entropy sum
+  // over that count (the per-token mean over the global batch, as transformers'
+  // num_items_in_batch), times dp, which the gradient average over dp undoes.
+  auto& model = *boosted_.model;
+  auto& optimizer = *boosted_.optimizer;
+  const int64_t accum = config_.train.grad_accum, rows = config_.data.batch_size;
+  std::vector<std::vector<data::SftExample>> micro_batches(static_cast<size_t>(accum));
+  int64_t targets = 0;
+  for (auto& mine : micro_batches) {
+    for (int64_t rank = 0; rank < dp_size_; ++rank) {
+      for (int64_t row = 0; row < rows; ++row) {
+        std::optional<data::SftExample> example = sft_stream_->next();
+        if (!example) throw ConfigError(fmt::format("data.source '{}' gave no example", config_.data.source));
+        targets += example->targets();
+        tokens += static_cast<int64_t>(example->input_ids.size());
+        if (rank == dp_->rank()) mine.push_back(std::move(*example));
+      }
+    }
+  }
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
+  auto step_loss = at::zeros({}, f64);
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const auto& examples = micro_batches[static_cast<size_t>(micro)];
+    const SftBatch batch = config_.data.packing ? pack_batch(examples, config_.data.seq_len, pad_id_)
+                                                : pad_batch(examples, pad_id_);
+    std::optional<booster::Booster::NoSyncGuard> no_sync;
+    if (micro + 1 < accum) no_sync.emplace(model);
+    auto loss = model.forward_loss(batch.input_ids.to(device_), batch.labels.to(device_), targets,
+                                   batch.layout.to(device_)) *
+                static_cast<double>(dp_size_);
+    booster_->backward(loss, optimizer);
+    step_loss += loss.detach().to(at::kDouble);
+  }
+  return step_loss;
+}
+
 TrainResult Trainer::run() {
   StopSignalScope signals;
   build();
@@ -392,12 +479,13 @@ TrainResult Trainer::run() {
   auto& model = *boosted_.model;
   auto& optimizer = *boosted_.optimizer;
   auto& scheduler = *boosted_.lr_scheduler;
-  auto& loader = *boosted_.dataloader;
+  data::DataLoader* loader = boosted_.dataloader.get();  // null for sft
   const int64_t accum = config_.train.grad_accum;
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
   // Summed on the device between log points, so a step needs no host sync.
   auto loss_since_log = at::zeros({}, f64);
   int64_t steps_since_log = 0;
+  int64_t tokens_since_log = 0;
   auto last_log_time = std::chrono::steady_clock::now();
   int64_t last_saved = -1;
   std::optional<amp::GraphedTrainStep> graphed = make_graphed_step();
@@ -406,22 +494,26 @@ TrainResult Trainer::run() {
 
   while (state_.step < config_.train.steps) {
     at::Tensor step_loss;  // this step's loss (double, on the device)
+    int64_t step_tokens = sft() ? 0 : global_batch_tokens();
     if (graphed) {
       // The whole step replays from one graph (optimizer step and zeroing included).
-      step_loss = graphed->step(loader.next()).to(at::kDouble);
+      step_loss = graphed->step(loader->next()).to(at::kDouble);
     } else if (pipeline_) {
       // The grad_accum loader batches as one pipeline batch; its loss is the
       // mean over microbatches, as the accumulated loss below.
       std::vector<at::Tensor> batches;
-      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(loader.next().to(device_, /*non_blocking=*/true));
+      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(loader->next().to(device_, /*non_blocking=*/true));
       const auto ids = at::cat(batches);
       auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, model, {},
                                             optimizer);
       step_loss = out.loss.detach().to(at::kDouble);
+    } else if (sft()) {
+      step_loss = sft_forward_backward(step_tokens);
+      loss_since_log += step_loss;
     } else {
       step_loss = at::zeros({}, f64);
       for (int64_t micro = 0; micro < accum; ++micro) {
-        auto ids = loader.next().to(device_, /*non_blocking=*/true);
+        auto ids = loader->next().to(device_, /*non_blocking=*/true);
         std::optional<booster::Booster::NoSyncGuard> no_sync;
         if (micro + 1 < accum) no_sync.emplace(model);
         // The wrapper's loss: tensor parallelism computes it on vocab-sharded
@@ -448,7 +540,8 @@ TrainResult Trainer::run() {
     scheduler.step();
     ++state_.step;
     ++steps_since_log;
-    state_.tokens_seen += global_batch_tokens();
+    state_.tokens_seen += step_tokens;
+    tokens_since_log += step_tokens;
 
     const bool last = state_.step == config_.train.steps;
     if (state_.step % config_.train.log_every == 0 || last) {
@@ -477,7 +570,7 @@ TrainResult Trainer::run() {
       StepRecord record{.step = state_.step,
                         .loss = host[0].item<double>() / static_cast<double>(steps_since_log),
                         .lr = scheduler.lr(),
-                        .tokens_per_s = static_cast<double>(global_batch_tokens() * steps_since_log) / seconds};
+                        .tokens_per_s = static_cast<double>(tokens_since_log) / seconds};
       state_.last_loss = record.loss;
       result.steps.push_back(record);
       const double mfu = device_.is_cuda() ? record.tokens_per_s * flops_per_token_ /
@@ -486,6 +579,7 @@ TrainResult Trainer::run() {
       reporter_->on_step(record, state_.tokens_seen, mfu);
       loss_since_log.zero_();
       steps_since_log = 0;
+      tokens_since_log = 0;
       last_log_time = now;
       if (host[1].item<double>() > 0) {
         log.warning(fmt::format("stop requested: saving a checkpoint at step {} and exiting; rerun with --resume "

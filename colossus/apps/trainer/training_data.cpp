@@ -96,7 +96,7 @@ void refuse_jsonl_source(const DataSection& data) {
                       !has_token_shards(source / "train"));
   if (!jsonl) return;
   throw ConfigError(fmt::format("data.source = '{}' is JSONL records, which pretraining does not read (it reads raw "
-                                "text and would train on the JSON markup); JSONL needs train.task = \"sft\" (coming), "
+                                "text and would train on the JSON markup); set train.task = \"sft\" to fine-tune on them, "
                                 "or give a .txt file, a folder of .txt files or token shards",
                                 data.source));
 }

@@ -1,0 +1,145 @@
+// `train.task = "sft"` end to end on 1 and 2 MPI ranks: 10 steps on JSONL
+// prompt/completion records give TRL's SFTTrainer losses step for step (fp32,
+// the same model, data order and hyperparameters; global batch 4 as 4 x 1
+// rank or 2 x 2 ranks), padded or packed; a run saved at step 3 and resumed
+// continues the uninterrupted curve exactly; SFT-only keys are refused by name.
+#include "colossus/apps/trainer/train_config.h"
+#include "colossus/apps/trainer/trainer.h"
+#include "colossus/core/errors.h"
+#include "tests/testing/command.h"
+#include "tests/testing/testing.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace colossus;
+namespace ct = colossus::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The oracle's model, data and TRL losses, made once by rank 0.
+const fs::path& oracle_dir() {
+  static const fs::path dir = [] {
+    auto world = ct::world();
+    const fs::path out = ct::job_scratch_dir("sft_train_test") / "trl";
+    std::string failure;
+    if (world->rank() == 0 && !fs::exists(out / "trl_losses.json")) {
+      const auto result = ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_SFT_TRL_ORACLE, out.string()));
+      if (result.exit_code != 0) failure = result.output;
+    }
+    world->barrier().wait();
+    if (!failure.empty()) throw std::runtime_error("sft_trl_oracle.py failed:\n" + failure);
+    return out;
+  }();
+  return dir;
+}
+
+fs::path job_dir(const std::string& name) {
+  auto world = ct::world();
+  auto dir = ct::job_scratch_dir("sft_train_test") / name;
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world->barrier().wait();
+  return dir;
+}
+
+// TRL's settings (sft_trl_oracle.py): global batch 4, AdamW(0.9, 0.999, 1e-8),
+// lr 1e-3 constant, no weight decay, no clipping, max_length 64.
+apps::TrainConfig sft_config(const fs::path& output_dir, const std::vector<std::string>& extra = {}) {
+  const int64_t per_rank = 4 / ct::world()->size();
+  std::vector<std::string> overrides{"train.task=\"sft\"",
+                                     "train.output_dir=\"" + output_dir.string() + "\"",
+                                     "train.steps=10",
+                                     "train.log_every=1",
+                                     "train.tensorboard=false",
+                                     "train.sample_tokens=0",
+                                     "model.pretrained=\"" + (oracle_dir() / "model").string() + "\"",
+                                     "data.source=\"" + (oracle_dir() / "data.jsonl").string() + "\"",
+                                     "data.shuffle=false",
+                                     "data.seq_len=64",
+                                     fmt::format("data.batch_size={}", per_rank),
+                                     "optimizer.name=\"adamw\"",
+                                     "optimizer.lr=1e-3",
+                                     "optimizer.beta2=0.999",
+                                     "optimizer.weight_decay=0.0",
+                                     "lr_scheduler.name=\"constant\""};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return apps::parse_train_config("", overrides);
+}
+
+std::vector<double> losses_of(const apps::TrainResult& r) {
+  std::vector<double> out;
+  for (const auto& s : r.steps) out.push_back(s.loss);
+  return out;
+}
+
+std::vector<double> trl_losses() {
+  std::ifstream in(oracle_dir() / "trl_losses.json");
+  return nlohmann::json::parse(in).get<std::vector<double>>();
+}
+
+void expect_trl_curve(const std::vector<double>& ours, const std::string& what) {
+  const auto trl = trl_losses();
+  ASSERT_EQ(ours.size(), trl.size()) << what;
+  double worst = 0.0;
+  for (size_t i = 0; i < trl.size(); ++i) worst = std::max(worst, std::abs(ours[i] - trl[i]) / std::abs(trl[i]));
+  EXPECT_LE(worst, 1e-5) << what;
+  if (ct::world()->rank() == 0) {
+    std::printf("%s on %d rank(s): loss %.6f -> %.6f, max rel diff vs TRL %.2e\n", what.c_str(), ct::world()->size(),
+                ours.front(), ours.back(), worst);
+  }
+}
+
+}  // namespace
+
+TEST(SftTrain, PaddedBatchesTrainTrlsCurve) {
+  expect_trl_curve(losses_of(apps::train(sft_config(job_dir("padded")))), "sft padded");
+}
+
+// Packed rows hold the same examples per step (4 short examples fit one row
+// of 64 tokens or two): the per-token mean, hence the curve, is the same.
+TEST(SftTrain, PackedBatchesTrainTrlsCurve) {
+  expect_trl_curve(losses_of(apps::train(sft_config(job_dir("packed"), {"data.packing=true"}))), "sft packed");
+}
+
+TEST(SftTrain, ResumeContinuesTheExactCurve) {
+  const auto whole = losses_of(apps::train(sft_config(job_dir("whole"), {"data.packing=true", "train.steps=6"})));
+  const auto dir = job_dir("resumed");
+  apps::train(sft_config(dir, {"data.packing=true", "train.steps=3"}));
+  const auto rest = apps::train(sft_config(dir, {"data.packing=true", "train.steps=6"}), {.resume = "auto"});
+  EXPECT_EQ(rest.first_step, 3);
+  const auto tail = losses_of(rest);
+  ASSERT_EQ(tail.size(), 3U);
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(tail[i], whole[i + 3]) << "step " << i + 4;
+}
+
+TEST(SftTrain, SftKeysAreCheckedByName) {
+  auto message = [](const std::vector<std::string>& extra) {
+    try {
+      sft_config("/tmp/unused", extra).validate();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message({"data.shuffle=true"}).find("data.shuffle = true is not supported"), std::string::npos);
+  EXPECT_NE(message({"data.max_length=65"}).find("data.max_length = 65"), std::string::npos);
+  EXPECT_NE(message({"data.format=\"chats\""}).find("chats"), std::string::npos);
+  EXPECT_NE(message({"data.train_on=\"prompt\""}).find("valid: auto, assistant, completion, all"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\""}).find("not available yet"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"rlhf\""}).find("valid: pretrain, sft"), std::string::npos);
+  EXPECT_NE(message({"data.source=\"builtin\""}).find("reads JSONL records"), std::string::npos);
+}
+
+int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
