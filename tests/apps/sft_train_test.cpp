@@ -1,7 +1,8 @@
 // `train.task = "sft"` end to end on 1 and 2 MPI ranks: 10 steps on JSONL
 // prompt/completion records give TRL's SFTTrainer losses step for step (fp32,
 // the same model, data order and hyperparameters; global batch 4 as 4 x 1
-// rank or 2 x 2 ranks), padded or packed; a run saved at step 3 and resumed
+// rank or 2 x 2 ranks), padded or packed, under ddp, zero2, gemini and tp2;
+// a run saved at step 3 and resumed
 // continues the uninterrupted curve exactly; SFT-only keys are refused by name.
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace colossus;
@@ -111,6 +113,22 @@ TEST(SftTrain, PaddedBatchesTrainTrlsCurve) {
 // of 64 tokens or two): the per-token mean, hence the curve, is the same.
 TEST(SftTrain, PackedBatchesTrainTrlsCurve) {
   expect_trl_curve(losses_of(apps::train(sft_config(job_dir("packed"), {"data.packing=true"}))), "sft packed");
+}
+
+// The plugins take the packed layout through forward_loss: ZeRO-2 and Gemini
+// (fp32) over the ranks, and tensor parallelism over 2 ranks (one dp rank
+// holding the whole global batch), all on TRL's curve.
+TEST(SftTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
+      {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
+  if (ct::world()->size() == 2) {
+    cases.push_back({"tp2", {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "data.batch_size=4"}});
+  }
+  for (auto& [name, keys] : cases) {
+    keys.push_back("data.packing=true");
+    expect_trl_curve(losses_of(apps::train(sft_config(job_dir(name), keys))), "sft packed " + name);
+  }
 }
 
 TEST(SftTrain, ResumeContinuesTheExactCurve) {
