@@ -192,6 +192,4 @@ void SftExampleStream::seek(const SftStreamPosition& position) {
   mine_this_epoch_ = 1;
 }
 
-int64_t SftExampleStream::epoch() const { return position().epoch; }
-
 }  // namespace colossus::data

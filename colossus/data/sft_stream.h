@@ -60,7 +60,6 @@ class SftExampleStream {
   void seek(const SftStreamPosition& position);
 
   int64_t dropped() const { return dropped_; }
-  int64_t epoch() const;
   const JsonlSource& source() const { return source_; }
 
  private:

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <random>
 
 namespace colossus::booster::testing {
@@ -81,14 +82,17 @@ at::Tensor global_batch(const models::ModelConfig& config, int64_t step) {
   return (start + stride * at::arange(kSeqLen, at::kLong).unsqueeze(0)).remainder(vocab);
 }
 
-std::vector<double> reference_losses(const models::ModelConfig& config, int64_t steps, double max_norm) {
+namespace {
+
+// The single-process fp32 run; loss_of gives a step's loss on its global batch.
+std::vector<double> run_reference(const models::ModelConfig& config, int64_t steps, double max_norm,
+                                  const std::function<at::Tensor(models::CausalLM&, const at::Tensor&)>& loss_of) {
   auto model = models::create_model(config, {.seed = kModelSeed});
   auto optimizer = make_optimizer(*model);
   auto scheduler = make_scheduler(*optimizer);
   std::vector<double> losses;
   for (int64_t step = 0; step < steps; ++step) {
-    auto ids = global_batch(config, step);
-    auto loss = model->loss(model->forward(ids), ids);
+    auto loss = loss_of(*model, global_batch(config, step));
     loss.backward();
     if (max_norm > 0.0) {
       std::vector<at::Tensor> grads;
@@ -104,6 +108,13 @@ std::vector<double> reference_losses(const models::ModelConfig& config, int64_t 
   return losses;
 }
 
+}  // namespace
+
+std::vector<double> reference_losses(const models::ModelConfig& config, int64_t steps, double max_norm) {
+  return run_reference(config, steps, max_norm,
+                       [](models::CausalLM& model, const at::Tensor& ids) { return model.loss(model.forward(ids), ids); });
+}
+
 models::TokenLayout packed_layout(int64_t rows) {
   return models::TokenLayout::packed(std::vector<std::vector<int64_t>>(static_cast<size_t>(rows), {5, 7}), kSeqLen);
 }
@@ -116,20 +127,9 @@ at::Tensor packed_labels(const at::Tensor& ids) {
 }
 
 std::vector<double> reference_losses_packed(const models::ModelConfig& config, int64_t steps) {
-  auto model = models::create_model(config, {.seed = kModelSeed});
-  auto optimizer = make_optimizer(*model);
-  auto scheduler = make_scheduler(*optimizer);
-  std::vector<double> losses;
-  for (int64_t step = 0; step < steps; ++step) {
-    auto ids = global_batch(config, step);
-    auto loss = model->loss(model->forward(ids, packed_layout(ids.size(0))), packed_labels(ids));
-    loss.backward();
-    optimizer->step();
-    scheduler->step();
-    optimizer->zero_grad();
-    losses.push_back(loss.item<double>());
-  }
-  return losses;
+  return run_reference(config, steps, /*max_norm=*/0.0, [](models::CausalLM& model, const at::Tensor& ids) {
+    return model.loss(model.forward(ids, packed_layout(ids.size(0))), packed_labels(ids));
+  });
 }
 
 std::vector<double> reference_losses_bf16(const models::ModelConfig& config, int64_t steps) {

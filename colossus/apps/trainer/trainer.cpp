@@ -627,6 +627,11 @@ TrainResult Trainer::run() {
     }
   }
   publish_pending_checkpoint();
+  if (sft_stream_ && (sft_stream_->dropped() > 0 || sft_stream_->source().skipped() > 0)) {
+    const std::string skipped = sft_stream_->source().skip_summary();
+    log.warning(fmt::format("sft: {} example(s) dropped with no trained token (prompt longer than data.max_length?){}",
+                            sft_stream_->dropped(), skipped.empty() ? "" : "; " + skipped));
+  }
   result.final_step = state_.step;
   if (last_saved >= 0) result.final_checkpoint = dirs_.step_dir(last_saved);
   reporter_->finish();
