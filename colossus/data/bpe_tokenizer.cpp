@@ -1,10 +1,12 @@
 #include "colossus/data/bpe_tokenizer.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/data/unicode.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 
 namespace colossus::data {
@@ -42,6 +44,35 @@ std::vector<AddedToken> select_added(const std::vector<AddedToken>& tokens, bool
 }
 
 }  // namespace
+
+std::string plain_token_text(std::string_view token, bool byte_level) {
+  std::string text;
+  if (byte_level) {  // each char of GPT-2's alphabet is one byte
+    for (size_t pos = 0; pos < token.size();) {
+      const Utf8Char c = decode_utf8(token, pos);
+      const std::optional<uint8_t> byte = unicode_to_byte(c.cp);
+      if (!byte) return std::string(token);  // not of the alphabet (a user-defined piece): as written
+      text.push_back(static_cast<char>(*byte));
+      pos += c.bytes;
+    }
+    return text;
+  }
+  // SentencePiece style: <0xNN> is a byte, U+2581 a space.
+  if (token.size() == 6 && token.starts_with("<0x") && token.ends_with('>')) {
+    unsigned value = 0;
+    if (std::sscanf(std::string(token.substr(3, 2)).c_str(), "%2x", &value) == 1) return std::string(1, static_cast<char>(value));
+  }
+  static constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581
+  for (size_t pos = 0; pos < token.size();) {
+    if (token.compare(pos, kSpace.size(), kSpace) == 0) {
+      text.push_back(' ');
+      pos += kSpace.size();
+    } else {
+      text.push_back(token[pos++]);
+    }
+  }
+  return text;
+}
 
 BpeTokenizer::BpeTokenizer(BpeTokenizerConfig config)
     : source_(config.source),
@@ -92,6 +123,13 @@ std::optional<std::string> BpeTokenizer::id_to_token(int32_t id) const {
   if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return it->second.content;
   if (const std::string* token = model_.token(id)) return *token;
   return std::nullopt;
+}
+
+std::optional<std::string> BpeTokenizer::token_text(int32_t id) const {
+  if (auto it = added_by_id_.find(id); it != added_by_id_.end()) return it->second.content;
+  const std::string* token = model_.token(id);
+  if (!token) return std::nullopt;
+  return plain_token_text(*token, pre_tokenizer_.byte_level());
 }
 
 void BpeTokenizer::encode_plain(std::string_view text, bool at_origin, std::vector<int32_t>& ids) const {

@@ -39,6 +39,10 @@ struct BpeTokenizerConfig {
   std::string source;  // the file(s) it came from, for messages
 };
 
+// What a vocabulary token stands for in text: GPT-2's alphabet back to raw
+// bytes (byte_level), else <0xNN> as its byte and U+2581 as a space.
+std::string plain_token_text(std::string_view token, bool byte_level);
+
 class BpeTokenizer final : public Tokenizer {
  public:
   // Throws ConfigError when the config is inconsistent (a named special token
@@ -51,6 +55,7 @@ class BpeTokenizer final : public Tokenizer {
   std::optional<int32_t> pad_id() const override { return pad_id_; }
   std::optional<int32_t> token_to_id(std::string_view token) const override;
   std::optional<std::string> id_to_token(int32_t id) const override;
+  std::optional<std::string> token_text(int32_t id) const override;
 
  protected:
   std::vector<int32_t> do_encode(std::string_view text, bool add_special_tokens) const override;

@@ -1,5 +1,7 @@
 #include "colossus/data/sentencepiece_tokenizer.h"
 
+#include "colossus/data/bpe_tokenizer.h"
+
 #include "colossus/core/errors.h"
 
 #include <fmt/format.h>
@@ -43,6 +45,12 @@ std::optional<int32_t> SentencePieceTokenizer::token_to_id(std::string_view toke
 std::optional<std::string> SentencePieceTokenizer::id_to_token(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return std::nullopt;
   return processor_->IdToPiece(id);
+}
+
+std::optional<std::string> SentencePieceTokenizer::token_text(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) return std::nullopt;
+  if (processor_->IsControl(id)) return std::string();  // BOS/EOS/PAD: added around text, not in it
+  return plain_token_text(processor_->IdToPiece(id), /*byte_level=*/false);
 }
 
 std::vector<int32_t> SentencePieceTokenizer::do_encode(std::string_view text, bool add_special_tokens) const {

@@ -24,6 +24,7 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::optional<int32_t> pad_id() const override { return pad_id_; }
   std::optional<int32_t> token_to_id(std::string_view token) const override;
   std::optional<std::string> id_to_token(int32_t id) const override;
+  std::optional<std::string> token_text(int32_t id) const override;
 
  protected:
   // add_special_tokens prepends BOS (when the model has one), as LLaMA does.

@@ -86,9 +86,8 @@ class SftExampleStream::Workers {
 };
 
 SftExampleStream::SftExampleStream(const std::string& source, const JsonlSourceOptions& source_options,
-                                   const Tokenizer& tokenizer, const SftExampleOptions& example_options,
-                                   const SftStreamOptions& options)
-    : source_(source, source_options), builder_(tokenizer, example_options), options_(options) {
+                                   SftExampleBuilder builder, const SftStreamOptions& options)
+    : source_(source, source_options), builder_(std::move(builder)), options_(options) {
   options_.validate();
   start_ = source_.position();
   if (options_.threads > 1) workers_ = std::make_unique<Workers>(options_.threads);

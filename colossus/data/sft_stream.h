@@ -42,9 +42,9 @@ struct SftStreamPosition {
 
 class SftExampleStream {
  public:
-  // `tokenizer` must outlive the stream.
-  SftExampleStream(const std::string& source, const JsonlSourceOptions& source_options, const Tokenizer& tokenizer,
-                   const SftExampleOptions& example_options, const SftStreamOptions& options);
+  // What `builder` refers to (the tokenizer, the chat template) must outlive the stream.
+  SftExampleStream(const std::string& source, const JsonlSourceOptions& source_options, SftExampleBuilder builder,
+                   const SftStreamOptions& options);
   ~SftExampleStream();
   SftExampleStream(const SftExampleStream&) = delete;
   SftExampleStream& operator=(const SftExampleStream&) = delete;

@@ -39,6 +39,11 @@ class Tokenizer {
   // with U+2581 for spaces for SentencePiece), or nullopt if it has none.
   virtual std::optional<int32_t> token_to_id(std::string_view token) const = 0;
   virtual std::optional<std::string> id_to_token(int32_t id) const = 0;
+  // The bytes of text a token stands for (byte-level tokens as raw bytes,
+  // U+2581 as a space, <0xNN> as its byte, an added token as its content),
+  // or nullopt for an id with no token. token_offsets.h aligns these with
+  // the encoded text. By default the token string itself.
+  virtual std::optional<std::string> token_text(int32_t id) const { return id_to_token(id); }
 
  protected:
   virtual std::vector<int32_t> do_encode(std::string_view text, bool add_special_tokens) const = 0;

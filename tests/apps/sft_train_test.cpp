@@ -3,7 +3,9 @@
 // the same model, data order and hyperparameters; global batch 4 as 4 x 1
 // rank or 2 x 2 ranks), padded or packed, under ddp, zero2, gemini and tp2;
 // a run saved at step 3 and resumed
-// continues the uninterrupted curve exactly; SFT-only keys are refused by name.
+// continues the uninterrupted curve exactly; conversations trained on their
+// assistant turns give TRL's assistant_only_loss curve; SFT- and DPO-only
+// keys are refused by name.
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
 #include "colossus/core/errors.h"
@@ -34,7 +36,7 @@ const fs::path& oracle_dir() {
     auto world = ct::world();
     const fs::path out = ct::job_scratch_dir("sft_train_test") / "trl";
     std::string failure;
-    if (world->rank() == 0 && !fs::exists(out / "trl_losses.json")) {
+    if (world->rank() == 0 && !fs::exists(out / "trl_chat_losses.json")) {
       const auto result = ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_SFT_TRL_ORACLE, out.string()));
       if (result.exit_code != 0) failure = result.output;
     }
@@ -86,13 +88,14 @@ std::vector<double> losses_of(const apps::TrainResult& r) {
   return out;
 }
 
-std::vector<double> trl_losses() {
-  std::ifstream in(oracle_dir() / "trl_losses.json");
+std::vector<double> trl_losses(const std::string& file) {
+  std::ifstream in(oracle_dir() / file);
   return nlohmann::json::parse(in).get<std::vector<double>>();
 }
 
-void expect_trl_curve(const std::vector<double>& ours, const std::string& what) {
-  const auto trl = trl_losses();
+void expect_trl_curve(const std::vector<double>& ours, const std::string& what,
+                      const std::string& trl_file = "trl_losses.json") {
+  const auto trl = trl_losses(trl_file);
   ASSERT_EQ(ours.size(), trl.size()) << what;
   double worst = 0.0;
   for (size_t i = 0; i < trl.size(); ++i) worst = std::max(worst, std::abs(ours[i] - trl[i]) / std::abs(trl[i]));
@@ -131,6 +134,19 @@ TEST(SftTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
   }
 }
 
+// Conversations through the model's chat template (ChatML with its assistant
+// turns in {% generation %} blocks), trained on the assistant turns only:
+// TRL's assistant_only_loss curve, padded and packed.
+TEST(SftTrain, ChatAssistantTurnsTrainTrlsCurve) {
+  for (const bool packing : {false, true}) {
+    const std::string name = packing ? "chat_packed" : "chat_padded";
+    const auto config = sft_config(job_dir(name), {"data.source=\"" + (oracle_dir() / "chat.jsonl").string() + "\"",
+                                                   "data.train_on=\"assistant\"",
+                                                   fmt::format("data.packing={}", packing)});
+    expect_trl_curve(losses_of(apps::train(config)), "sft " + name, "trl_chat_losses.json");
+  }
+}
+
 TEST(SftTrain, ResumeContinuesTheExactCurve) {
   const auto whole = losses_of(apps::train(sft_config(job_dir("whole"), {"data.packing=true", "train.steps=6"})));
   const auto dir = job_dir("resumed");
@@ -155,8 +171,13 @@ TEST(SftTrain, SftKeysAreCheckedByName) {
   EXPECT_NE(message({"data.max_length=65"}).find("data.max_length = 65"), std::string::npos);
   EXPECT_NE(message({"data.format=\"chats\""}).find("chats"), std::string::npos);
   EXPECT_NE(message({"data.train_on=\"prompt\""}).find("valid: auto, assistant, completion, all"), std::string::npos);
-  EXPECT_NE(message({"train.task=\"dpo\""}).find("not available yet"), std::string::npos);
-  EXPECT_NE(message({"train.task=\"rlhf\""}).find("valid: pretrain, sft"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "dpo.beta=0"}).find("dpo.beta = 0"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "dpo.loss_type=\"kto\""}).find("valid: sigmoid, ipo, hinge, robust"),
+            std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "dpo.label_smoothing=0.1"}).find("robust"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "data.packing=true"}).find("data.packing"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "data.format=\"chat\""}).find("preference"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"rlhf\""}).find("valid: pretrain, sft, dpo"), std::string::npos);
   EXPECT_NE(message({"data.source=\"builtin\""}).find("reads JSONL records"), std::string::npos);
 }
 

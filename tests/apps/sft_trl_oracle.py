@@ -5,7 +5,11 @@
       Writes OUT_DIR/model/ (a tiny LLaMA saved by transformers, with the
       byte-level BPE tokenizer of tests/data/sft_oracle.py), OUT_DIR/data.jsonl
       (40 prompt/completion records) and OUT_DIR/trl_losses.json: the loss of
-      each of 10 steps of SFTTrainer on them in file order (batch 4, AdamW
+      each of 10 steps of SFTTrainer on them in file order; OUT_DIR/chat.jsonl
+      (40 conversations, some with a system turn or two assistant turns) and
+      OUT_DIR/trl_chat_losses.json, the same with assistant_only_loss (the
+      model's ChatML template marks assistant turns with {% generation %});
+      both with batch 4, AdamW
       lr 1e-3 betas (0.9, 0.999) eps 1e-8 no weight decay, constant LR, no
       clipping, fp32 (SFTConfig defaults to bf16 autocast), CPU), taken from
       compute_loss unrounded.
@@ -43,6 +47,20 @@ def records():
     return out
 
 
+def chats():
+    out = []
+    for i in range(40):
+        a, b, c = WORDS[i % 12], WORDS[(3 * i + 1) % 12], WORDS[(7 * i + 2) % 12]
+        messages = [{"role": "user", "content": f"What is {a} and {b}?"},
+                    {"role": "assistant", "content": f"The {c} is {a}."}]
+        if i % 3 == 0:
+            messages.insert(0, {"role": "system", "content": f"Answer in {b * (1 + i % 2)}."})
+        if i % 4 == 1:
+            messages += [{"role": "user", "content": "And?"}, {"role": "assistant", "content": f"{b} {c}!"}]
+        out.append({"messages": messages})
+    return out
+
+
 class RecordingTrainer(SFTTrainer):
     losses = []
 
@@ -56,10 +74,8 @@ class RecordingTrainer(SFTTrainer):
         return loss
 
 
-def main() -> int:
-    out = pathlib.Path(sys.argv[1])
-    out.mkdir(parents=True, exist_ok=True)
-    transformers.logging.set_verbosity_error()
+def save_model(out: pathlib.Path):
+    """The tiny LLaMA (seeded) and its tokenizer in out/model; returns the tokenizer."""
     fast = tokenizer(out)
     torch.manual_seed(7)
     config = transformers.LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -69,20 +85,31 @@ def main() -> int:
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(out / "model", safe_serialization=True)
     fast.save_pretrained(out / "model")
-    data = records()
-    (out / "data.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data), encoding="utf-8")
-    with tempfile.TemporaryDirectory() as work:
-        args = SFTConfig(output_dir=work, max_length=64, per_device_train_batch_size=4, max_steps=10,
-                         learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=0.0, report_to=[],
-                         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
-                         save_strategy="no", dataloader_drop_last=False, seed=1)
-        model = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
-        trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data),
-                                   processing_class=fast)
-        trainer.train()
-    assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
-    (out / "trl_losses.json").write_text(json.dumps(RecordingTrainer.losses))
+    return fast
+
+
+def main() -> int:
+    out = pathlib.Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    transformers.logging.set_verbosity_error()
+    fast = save_model(out)
+    for name, data, options in (("data", records(), {}), ("chat", chats(), {"assistant_only_loss": True})):
+        (out / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data),
+                                          encoding="utf-8")
+        RecordingTrainer.losses = []
+        with tempfile.TemporaryDirectory() as work:
+            args = SFTConfig(output_dir=work, max_length=64, per_device_train_batch_size=4, max_steps=10,
+                             learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                             adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=0.0, report_to=[],
+                             use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
+                             save_strategy="no", dataloader_drop_last=False, seed=1, **options)
+            model = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
+            trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data),
+                                       processing_class=fast)
+            trainer.train()
+        assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
+        losses_file = "trl_losses.json" if name == "data" else "trl_chat_losses.json"
+        (out / losses_file).write_text(json.dumps(RecordingTrainer.losses))
     return 0
 
 

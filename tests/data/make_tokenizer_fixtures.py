@@ -185,6 +185,14 @@ def sentencepiece_roundtrip(text):
     return not any(s in text for s in ("\u2581", "<s>", "</s>"))
 
 
+def byte_offsets(text, char_offsets):
+    """tokenizers' offsets (code points) as UTF-8 byte offsets."""
+    starts = [0]
+    for ch in text:
+        starts.append(starts[-1] + len(ch.encode("utf-8")))
+    return [[starts[b], starts[e]] for b, e in char_offsets]
+
+
 def hf_entry(name, path, tok, texts, corpus, roundtrip, bos, eos, pad):
     """roundtrip: True, False, or a function of the text."""
     vocab = tok.get_vocab()
@@ -195,9 +203,11 @@ def hf_entry(name, path, tok, texts, corpus, roundtrip, bos, eos, pad):
              "corpus_ids": tok.encode(corpus, add_special_tokens=False).ids,
              "corpus_roundtrip": roundtrip(corpus) if callable(roundtrip) else roundtrip}
     for text in texts:
-        ids = tok.encode(text, add_special_tokens=False).ids
+        encoding = tok.encode(text, add_special_tokens=False)
+        ids = encoding.ids
         ids_special = tok.encode(text, add_special_tokens=True).ids
         entry["cases"].append({"text": text, "ids": ids, "ids_special": ids_special,
+                               "byte_offsets": byte_offsets(text, encoding.offsets),
                                "decoded": tok.decode(ids, skip_special_tokens=False),
                                "decoded_special_skip": tok.decode(ids_special, skip_special_tokens=True),
                                "roundtrip": roundtrip(text) if callable(roundtrip) else roundtrip})

@@ -4,6 +4,7 @@
 // tokenizations diverge, EOS appended unless present, truncation at
 // max_length, examples left with no target dropped); options refused by name.
 #include "colossus/core/errors.h"
+#include "colossus/data/chat/chat_template.h"
 #include "colossus/data/jsonl_source.h"
 #include "colossus/data/sft_examples.h"
 #include "colossus/data/sft_stream.h"
@@ -47,10 +48,20 @@ std::string config_error(const std::function<void()>& fn) {
 
 class SftMatchesTrl : public ::testing::TestWithParam<std::string> {};
 
+// The options of sft_oracle.py's case: chat records with max_length 64, and
+// assistant_only_loss as train_on = "assistant".
+SftExampleOptions case_options(const std::string& name) {
+  SftExampleOptions options{.max_length = name.starts_with("chat") ? 64 : 24};
+  if (name.ends_with("assistant")) options.train_on = TrainOn::Assistant;
+  return options;
+}
+
 TEST_P(SftMatchesTrl, SameIdsAndTargetsAsSftTrainer) {
   const fs::path dir = oracle_dir();
   const auto tokenizer = load_tokenizer((dir / "tokenizer").string());
-  const SftExampleBuilder builder(*tokenizer, {.max_length = 24});
+  const auto chat = chat::ChatTemplate::find_in_model_dir((dir / "tokenizer").string());
+  ASSERT_TRUE(chat.has_value());
+  const SftExampleBuilder builder(*tokenizer, case_options(GetParam()), &*chat);
   std::ifstream trl_file(dir / (GetParam() + ".trl.json"));
   const auto trl = nlohmann::json::parse(trl_file);
   JsonlSource source((dir / (GetParam() + ".jsonl")).string());
@@ -74,7 +85,48 @@ TEST_P(SftMatchesTrl, SameIdsAndTargetsAsSftTrainer) {
   EXPECT_EQ(dropped, GetParam() == "prompt_completion" ? 1U : 0U);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, SftMatchesTrl, ::testing::Values("prompt_completion", "text"));
+INSTANTIATE_TEST_SUITE_P(Formats, SftMatchesTrl,
+                         ::testing::Values("prompt_completion", "text", "chat_all", "chat_assistant",
+                                           "chat_prompt_completion", "chat_prompt_completion_assistant"));
+
+// The assistant spans are what a template's generation blocks cover, mapped
+// onto the tokens that overlap them; unmarked templates are refused for
+// train_on = "assistant", and every-token training needs no markers.
+TEST(SftExamples, AssistantTurnsComeFromGenerationBlocks) {
+  const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
+  const chat::ChatTemplate marked = *chat::ChatTemplate::find_in_model_dir((oracle_dir() / "tokenizer").string());
+  const Record chat{.format = RecordFormat::Chat, .messages = {{"user", "hi"}, {"assistant", "hello"}}};
+  const auto rendered = marked.apply_marking_generation(nlohmann::ordered_json::parse(
+                                                            R"([{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}])"),
+                                                        false);
+  ASSERT_EQ(rendered.generation_spans.size(), 1U);
+  const auto [begin, end] = rendered.generation_spans[0];
+  EXPECT_EQ(rendered.text.substr(begin, end - begin), "hello<|im_end|>");
+  const SftExample example = SftExampleBuilder(*tokenizer, {.train_on = TrainOn::Assistant}, &marked).build(chat);
+  std::vector<int32_t> trained_ids;
+  for (size_t i = 0; i < example.input_ids.size(); ++i)
+    if (example.trained[i]) trained_ids.push_back(example.input_ids[i]);
+  EXPECT_EQ(tokenizer->decode(trained_ids), "hello<|im_end|>");
+
+  const chat::ChatTemplate plain("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}");
+  EXPECT_FALSE(plain.has_generation_blocks());
+  EXPECT_NE(config_error([&] { SftExampleBuilder(*tokenizer, {.train_on = TrainOn::Assistant}, &plain).build(chat); })
+                .find("{% generation %}"),
+            std::string::npos);
+  const SftExample all = SftExampleBuilder(*tokenizer, {}, &plain).build(chat);
+  EXPECT_EQ(tokenizer->decode(all.input_ids), "user: hi\nassistant: hello\n");
+  EXPECT_EQ(all.targets(), static_cast<int64_t>(all.input_ids.size()) - 1);
+  EXPECT_NE(config_error([&] { SftExampleBuilder(*tokenizer, {.train_on = TrainOn::Completion}, &plain).build(chat); })
+                .find("prompt/completion records"),
+            std::string::npos);
+  // A generation block in a macro renders into the macro's value, not the output: refused.
+  const chat::ChatTemplate in_macro(
+      "{% macro turn(m) %}{% generation %}{{ m.content }}{% endgeneration %}{% endmacro %}"
+      "{% for m in messages %}{{ turn(m) }}{% endfor %}");
+  EXPECT_NE(config_error([&] { SftExampleBuilder(*tokenizer, {.train_on = TrainOn::Assistant}, &in_macro).build(chat); })
+                .find("inside a macro"),
+            std::string::npos);
+}
 
 TEST(SftExamples, OptionsAndRecordsSftCannotTrainAreRefusedByName) {
   EXPECT_NE(config_error([] { parse_train_on("assistants"); }).find("valid: auto, assistant, completion, all"),
@@ -135,7 +187,7 @@ TEST(SftExampleStream, RanksTakeRecordsRoundRobinEpochAfterEpoch) {
   for (int64_t rank = 0; rank < 2; ++rank) {
     const auto expected = built("prompt_completion", rank, 2);
     ASSERT_FALSE(expected.empty());
-    SftExampleStream stream(file, {}, *tokenizer, {.max_length = 24}, {.rank = rank, .world = 2, .threads = 3});
+    SftExampleStream stream(file, {}, SftExampleBuilder(*tokenizer, {.max_length = 24}), {.rank = rank, .world = 2, .threads = 3});
     for (int64_t epoch = 0; epoch < 3; ++epoch) {
       for (const auto& want : expected) {
         auto got = stream.next();
@@ -146,7 +198,7 @@ TEST(SftExampleStream, RanksTakeRecordsRoundRobinEpochAfterEpoch) {
   }
   // Without loop the stream ends after one pass; the record whose prompt
   // fills max_length trains nothing and is dropped (and counted).
-  SftExampleStream once(file, {}, *tokenizer, {.max_length = 24}, {.threads = 2, .loop = false});
+  SftExampleStream once(file, {}, SftExampleBuilder(*tokenizer, {.max_length = 24}), {.threads = 2, .loop = false});
   int64_t count = 0;
   while (once.next()) ++count;
   EXPECT_EQ(count, static_cast<int64_t>(built("prompt_completion", 0, 1).size()));
@@ -159,18 +211,18 @@ TEST(SftExampleStream, ResumesAtExactlyTheNextExampleWithAnyThreadCount) {
   std::vector<SftExample> reference;
   std::vector<int64_t> dropped_after;  // dropped_after[k]: dropped once k + 1 examples were taken
   {
-    SftExampleStream stream(file, {}, *tokenizer, {.max_length = 24}, {.threads = 1});
+    SftExampleStream stream(file, {}, SftExampleBuilder(*tokenizer, {.max_length = 24}), {.threads = 1});
     for (int i = 0; i < 20; ++i) {
       reference.push_back(*stream.next());
       dropped_after.push_back(stream.dropped());
     }
   }
   for (int64_t taken = 0; taken < 13; ++taken) {
-    SftExampleStream first(file, {}, *tokenizer, {.max_length = 24}, {.threads = 4, .lookahead = 3});
+    SftExampleStream first(file, {}, SftExampleBuilder(*tokenizer, {.max_length = 24}), {.threads = 4, .lookahead = 3});
     for (int64_t i = 0; i < taken; ++i) ASSERT_TRUE(same(*first.next(), reference[static_cast<size_t>(i)]));
     const auto saved = SftStreamPosition::from_json(first.position().to_json());
     EXPECT_EQ(saved, first.position());
-    SftExampleStream resumed(file, {}, *tokenizer, {.max_length = 24}, {.threads = 2});
+    SftExampleStream resumed(file, {}, SftExampleBuilder(*tokenizer, {.max_length = 24}), {.threads = 2});
     resumed.seek(saved);
     for (int64_t i = taken; i < taken + 6; ++i) {
       EXPECT_TRUE(same(*resumed.next(), reference[static_cast<size_t>(i)])) << "resumed after " << taken << " at " << i;
@@ -186,13 +238,13 @@ TEST(SftExampleStream, FewerRecordsThanRanksAndUntrainableDataAreRefused) {
     std::ofstream out(dir / "two.jsonl");
     out << R"({"prompt": "a", "completion": "b"})" << "\n" << R"({"prompt": "c", "completion": "d"})" << "\n";
   }
-  SftExampleStream starved((dir / "two.jsonl").string(), {}, *tokenizer, {}, {.rank = 2, .world = 3});
+  SftExampleStream starved((dir / "two.jsonl").string(), {}, SftExampleBuilder(*tokenizer, {}), {.rank = 2, .world = 3});
   EXPECT_NE(config_error([&] { starved.next(); }).find("fewer than the 3 data-parallel ranks"), std::string::npos);
   // max_length 1 keeps only each prompt's first token: nothing to train, ever.
-  SftExampleStream untrainable((dir / "two.jsonl").string(), {}, *tokenizer, {.max_length = 1}, {});
+  SftExampleStream untrainable((dir / "two.jsonl").string(), {}, SftExampleBuilder(*tokenizer, {.max_length = 1}), {});
   EXPECT_NE(config_error([&] { untrainable.next(); }).find("gives data-parallel rank 0 of 1 a trained token"),
             std::string::npos);
-  EXPECT_NE(config_error([&] { SftExampleStream(dir.string() + "/two.jsonl", {}, *tokenizer, {}, {.threads = 0}); })
+  EXPECT_NE(config_error([&] { SftExampleStream(dir.string() + "/two.jsonl", {}, SftExampleBuilder(*tokenizer, {}), {.threads = 0}); })
                 .find("SFT tokenizing threads is 0"),
             std::string::npos);
 }

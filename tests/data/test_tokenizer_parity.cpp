@@ -2,8 +2,10 @@
 // decoded text, vocabulary and special ids that tokenizers / transformers /
 // sentencepiece give, on texts covering scripts, emoji, whitespace runs,
 // numbers, contractions and special tokens inside the text.
+#include "colossus/core/errors.h"
 #include "colossus/data/pre_tokenize.h"
 #include "colossus/data/regex_split.h"
+#include "colossus/data/token_offsets.h"
 #include "colossus/data/tokenizer.h"
 #include "tests/data/tokenizer_fixtures.h"
 
@@ -44,6 +46,40 @@ TEST_P(TokenizerParity, EncodeAndDecodeMatchPython) {
     if (c["roundtrip"].get<bool>()) {
       EXPECT_EQ(tokenizer->decode(tokenizer->encode(text)), text);
     }
+  }
+}
+
+// Token offsets (what SFT marks assistant turns by) equal the tokenizers
+// package's, where it gives them and the tokens spell the text; a tokenizer
+// whose normalizer rewrites the text is refused by name instead.
+TEST_P(TokenizerParity, OffsetsMatchPython) {
+  auto tokenizer = load();
+  int compared = 0;
+  for (const auto& c : entry()["cases"]) {
+    if (!c.contains("byte_offsets")) continue;
+    const auto text = c["text"].get<std::string>();
+    SCOPED_TRACE("text: " + text.substr(0, 80));
+    EncodedText encoded;
+    try {
+      encoded = encode_with_offsets(*tokenizer, text);
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("normalizer"), std::string::npos) << e.what();
+      continue;
+    }
+    EXPECT_EQ(encoded.ids, c["ids"].get<std::vector<int32_t>>());
+    // tokenizers gives a token that holds part of a character the whole
+    // character; ours are exact bytes. The same tokens overlap any span
+    // that starts and ends between characters (a chat template's turns).
+    for (auto& [begin, end] : encoded.offsets) {
+      while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
+      while (end < text.size() && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) ++end;
+    }
+    const auto expected = c["byte_offsets"].get<std::vector<std::pair<size_t, size_t>>>();
+    EXPECT_EQ(encoded.offsets, expected);
+    ++compared;
+  }
+  if (entry()["cases"][0].contains("byte_offsets")) {
+    RecordProperty("compared", compared);
   }
 }
 

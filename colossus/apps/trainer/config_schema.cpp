@@ -319,7 +319,7 @@ const std::vector<Section>& sections() {
                    return c.booster.loss_scaler;
                  })});
     s.push_back({"train", "", {
-        COLOSSUS_KEY("task", "pretrain (token streams) or sft (JSONL records, loss on trained tokens)", train.task),
+        COLOSSUS_KEY("task", "pretrain (token streams), sft (JSONL records, loss on trained tokens) or dpo (preference records, [dpo])", train.task),
         COLOSSUS_KEY("steps", "optimizer steps in all (a resumed run continues to this)", train.steps),
         COLOSSUS_KEY("grad_accum", "micro-batches per optimizer step", train.grad_accum),
         COLOSSUS_KEY("seed", "seed of the data order and dropout", train.seed),
@@ -339,6 +339,10 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("sample_prompt", "text the trained model continues at the end (empty: none)", train.sample_prompt),
         COLOSSUS_KEY("sample_tokens", "tokens of that sample", train.sample_tokens),
         COLOSSUS_KEY("sample_temperature", "temperature of that sample (top-k 20; 0 = greedy)", train.sample_temperature)}});
+    s.push_back({"dpo", "", {
+        COLOSSUS_KEY("beta", "dpo: rewards are beta x (policy - reference) log-probs; larger keeps closer to the reference", dpo.beta),
+        COLOSSUS_KEY("loss_type", "dpo: sigmoid (DPO), ipo, hinge, robust", dpo.loss_type),
+        COLOSSUS_KEY("label_smoothing", "dpo: robust only, the share of preferences assumed flipped, in [0, 0.5)", dpo.label_smoothing)}});
     return s;
   }();
   return all;
@@ -451,7 +455,7 @@ TrainConfig read_config_tables(const toml::table& root) {
   if (plugin_name != "low_level_zero" && plugin_name != "gemini" && plugin_name != "hybrid_parallel") {
     plugin_name = "ddp";
   }
-  const std::vector<std::string> order = {"data", "optimizer", "lr_scheduler", "plugin", "booster", "train"};
+  const std::vector<std::string> order = {"data", "optimizer", "lr_scheduler", "plugin", "booster", "train", "dpo"};
   for (const auto& path : order) {
     SectionReader reader(top.table(path.c_str()), path);
     for (const Section& section : sections()) {

@@ -84,35 +84,52 @@ void require_non_negative(const char* key, int64_t value) {
 
 namespace {
 
-// train.task = "sft": the data keys it reads and the layouts it runs under.
-void validate_sft(const TrainConfig& c) {
+// train.task = "sft" or "dpo": the data keys they read and the layouts they run under.
+void validate_records_task(const TrainConfig& c) {
+  const std::string task = fmt::format("train.task = \"{}\"", c.train.task);
   data::parse_record_format(c.data.format);  // throws listing the names
   data::parse_train_on(c.data.train_on);
   data::parse_truncation(c.data.truncation);
   if (c.data.max_length < 0 || c.data.max_length > c.data.seq_len) {
-    throw ConfigError(fmt::format("data.max_length = {} must be in [0, data.seq_len = {}] (0: seq_len) for sft",
-                                  c.data.max_length, c.data.seq_len));
+    throw ConfigError(fmt::format("data.max_length = {} must be in [0, data.seq_len = {}] (0: seq_len) for {}",
+                                  c.data.max_length, c.data.seq_len, c.train.task));
   }
   if (c.data.tokenize_threads < 1 || c.data.tokenize_threads > 256) {
     throw ConfigError(fmt::format("data.tokenize_threads = {} must be in [1, 256]", c.data.tokenize_threads));
   }
   if (c.data.source == "builtin") {
-    throw ConfigError("train.task = \"sft\" reads JSONL records; set data.source to a .jsonl file, a folder or a glob");
+    throw ConfigError(task + " reads JSONL records; set data.source to a .jsonl file, a folder or a glob");
   }
   // Records are read in file order (each rank's share dealt round-robin);
   // a shuffling reader is still to come, so shuffle is refused, not ignored.
   if (c.data.shuffle) {
-    throw ConfigError("data.shuffle = true is not supported with train.task = \"sft\" yet (records are read in file "
-                      "order); set data.shuffle = false, or shuffle the JSONL file beforehand");
+    throw ConfigError("data.shuffle = true is not supported with " + task +
+                      " yet (records are read in file order); set data.shuffle = false, or shuffle the JSONL file "
+                      "beforehand");
   }
   if (c.plugin.name == "hybrid_parallel" && c.plugin.hybrid_parallel.pp_size > 1) {
-    throw ConfigError(fmt::format("train.task = \"sft\" with pipeline parallelism (pp_size = {}) is not supported "
-                                  "yet; use pp_size = 1 (tp, zero and gemini work)",
-                                  c.plugin.hybrid_parallel.pp_size));
+    throw ConfigError(fmt::format("{} with pipeline parallelism (pp_size = {}) is not supported yet; use pp_size = 1 "
+                                  "(tp, zero and gemini work)",
+                                  task, c.plugin.hybrid_parallel.pp_size));
   }
   if (c.train.cuda_graph) {
-    throw ConfigError("train.cuda_graph needs fixed-shape batches; sft batches vary in length: set train.cuda_graph = false");
+    throw ConfigError("train.cuda_graph needs fixed-shape batches; " + c.train.task +
+                      " batches vary in length: set train.cuda_graph = false");
   }
+  if (c.train.task != "dpo") return;
+  c.dpo.validate();
+  if (c.data.format != "auto" && c.data.format != "preference")
+    throw ConfigError(fmt::format("data.format = \"{}\" with train.task = \"dpo\": DPO trains on preference records "
+                                  "(prompt, chosen, rejected); use \"preference\" or \"auto\"",
+                                  c.data.format));
+  if (c.data.packing)
+    throw ConfigError("data.packing = true is not supported with train.task = \"dpo\" yet (each chosen and rejected "
+                      "sequence is its own padded row); set data.packing = false");
+  // The policy's per-sequence log-probs come from full logits; tensor
+  // parallelism shards them over the vocabulary.
+  if (c.plugin.name == "hybrid_parallel")
+    throw ConfigError("train.task = \"dpo\" runs under plugin ddp, low_level_zero or gemini for now, not "
+                      "hybrid_parallel");
 }
 
 }  // namespace
@@ -123,13 +140,10 @@ void TrainConfig::validate() const {
   require_positive("data.batch_size", data.batch_size, "8");
   require_positive("data.prefetch", data.prefetch, "4");
   if (data.source == "builtin") require_positive("data.builtin_bytes", data.builtin_bytes, "4194304");
-  if (train.task == "dpo") {
-    throw ConfigError("train.task = \"dpo\" is not available yet; train.task is pretrain or sft");
+  if (train.task != "pretrain" && train.task != "sft" && train.task != "dpo") {
+    throw ConfigError(fmt::format("train.task is \"{}\"; valid: pretrain, sft, dpo", train.task));
   }
-  if (train.task != "pretrain" && train.task != "sft") {
-    throw ConfigError(fmt::format("train.task is \"{}\"; valid: pretrain, sft", train.task));
-  }
-  if (train.task == "sft") validate_sft(*this);
+  if (train.task != "pretrain") validate_records_task(*this);
   if (!(data.eval_fraction >= 0.0 && data.eval_fraction < 1.0)) {
     throw ConfigError(fmt::format("data.eval_fraction = {} must be in [0, 1) (e.g. 0.02)", data.eval_fraction));
   }

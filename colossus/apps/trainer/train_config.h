@@ -4,6 +4,7 @@
 // `--section.key=value` overrides from the command line. Unknown keys and
 // wrong types are ConfigErrors naming the key and what would be valid.
 #pragma once
+#include "colossus/apps/trainer/dpo_options.h"
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/gemini_plugin.h"
@@ -91,7 +92,8 @@ struct PluginSection {
 };
 
 struct TrainSection {
-  std::string task = "pretrain";  // pretrain (token streams) | sft (JSONL records, trained tokens only)
+  // pretrain (token streams) | sft (JSONL records, trained tokens only) | dpo (preference records, [dpo])
+  std::string task = "pretrain";
   int64_t steps = 1000;       // optimizer steps in all (a resumed run continues to this)
   int64_t grad_accum = 1;     // micro-batches per optimizer step
   uint64_t seed = 42;         // data order, dropout
@@ -130,6 +132,7 @@ struct TrainConfig {
   PluginSection plugin;
   booster::BoosterOptions booster;
   TrainSection train;
+  DpoOptions dpo;
   // The TOML text this config was read from, overrides applied (saved in the run directory).
   std::string toml_text;
 

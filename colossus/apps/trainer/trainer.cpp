@@ -4,6 +4,7 @@
 
 #include "colossus/apps/trainer/checkpoint_dirs.h"
 #include "colossus/apps/trainer/components.h"
+#include "colossus/apps/trainer/dpo_loss.h"
 #include "colossus/apps/trainer/run_reporter.h"
 #include "colossus/apps/trainer/sft_batches.h"
 #include "colossus/apps/trainer/train_state.h"
@@ -113,11 +114,23 @@ class Trainer {
   int64_t global_batch_tokens() const {
     return config_.data.batch_size * config_.data.seq_len * config_.train.grad_accum * dp_size_;
   }
-  bool sft() const { return config_.train.task == "sft"; }
+  // sft and dpo read JSONL records through the example stream.
+  bool reads_records() const { return config_.train.task != "pretrain"; }
+  bool dpo() const { return config_.train.task == "dpo"; }
+  // This rank's examples of the step's batch_size x grad_accum x dp (every
+  // rank reads them all), by micro-batch; adds their tokens to `tokens` and
+  // their targets to `targets`.
+  std::vector<std::vector<data::SftExample>> take_step_examples(int64_t& tokens, int64_t& targets);
   // One sft step's forward and backward over grad_accum micro-batches; returns
   // this rank's share of the step's loss (the global per-token mean is the
   // sum over ranks) and adds the step's tokens to tokens.
   at::Tensor sft_forward_backward(int64_t& tokens);
+  // One dpo step: returns this rank's mean loss over its pairs and adds the
+  // step's chosen/rejected reward means, reward accuracy and margin to
+  // dpo_metrics_since_log_.
+  at::Tensor dpo_forward_backward(int64_t& tokens);
+  // dpo: the frozen reference, the policy as it was loaded, in the working dtype.
+  void build_reference_model(const models::ModelConfig& model_config);
 
   TrainConfig config_;
   TrainOptions options_;
@@ -129,12 +142,16 @@ class Trainer {
   c10::Device device_{c10::kCPU};
 
   std::unique_ptr<data::Tokenizer> tokenizer_;
+  // SFT renders conversations with the tokenizer directory's template (declared before the stream that uses it).
+  std::optional<data::chat::ChatTemplate> chat_template_;
   TokenizedData data_;
   // train.task = "sft": the example stream, identical on every rank (each
   // micro-batch takes its rank's slice of the next batch_size x dp examples,
   // so the position is global and every rank knows the step's target count).
   std::unique_ptr<data::SftExampleStream> sft_stream_;
   int32_t pad_id_ = 0;
+  std::shared_ptr<models::CausalLM> reference_model_;  // dpo only
+  at::Tensor dpo_metrics_since_log_;                    // dpo: (4) summed per step, see dpo_forward_backward
   std::shared_ptr<booster::Plugin> plugin_;
   std::unique_ptr<booster::Booster> booster_;
   booster::Boosted boosted_;
@@ -165,15 +182,18 @@ void Trainer::build() {
   world_->barrier().wait();
 
   tokenizer_ = make_tokenizer(config_.data);
-  if (sft()) {
+  if (reads_records()) {
+    chat_template_ = find_chat_template(config_.data);
     const int64_t max_length = config_.data.max_length > 0 ? config_.data.max_length : config_.data.seq_len;
     sft_stream_ = std::make_unique<data::SftExampleStream>(
         config_.data.source,
         data::JsonlSourceOptions{.format = config_.data.format, .skip_bad_lines = config_.data.skip_bad_lines},
-        *tokenizer_,
-        data::SftExampleOptions{.train_on = data::parse_train_on(config_.data.train_on),
-                                .max_length = max_length,
-                                .truncation = data::parse_truncation(config_.data.truncation)},
+        data::SftExampleBuilder(*tokenizer_,
+                                {.train_on = data::parse_train_on(config_.data.train_on),
+                                 .max_length = max_length,
+                                 .truncation = data::parse_truncation(config_.data.truncation),
+                                 .preference_pairs = dpo()},
+                                chat_template_ ? &*chat_template_ : nullptr),
         data::SftStreamOptions{.threads = config_.data.tokenize_threads});
     pad_id_ = tokenizer_->pad_id().value_or(tokenizer_->eos_id().value_or(0));
   } else {
@@ -200,6 +220,7 @@ void Trainer::build() {
   pipeline_ = plugin_->pipeline_parallel();
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
+  if (dpo()) build_reference_model(model_config);
   dp_ = plugin_->dp_group();
   dp_size_ = dp_->size();
 
@@ -207,7 +228,7 @@ void Trainer::build() {
                                                .prefetch = config_.data.prefetch,
                                                .pin_memory = device_.is_cuda()};
   std::shared_ptr<data::DataLoader> loader;
-  if (!sft()) {
+  if (!reads_records()) {
     auto train_set = std::make_shared<data::TokenDataset>(data::TokenDataset::from_dir(data_.train_dir, config_.data.seq_len));
     loader = booster_->prepare_dataloader(train_set, loader_options, config_.train.seed, config_.data.shuffle);
   }
@@ -288,12 +309,13 @@ void Trainer::resume_from(const std::string& dir) {
                                       "checkpoint is corrupt",
                                       dir, saved.step, step_of_dir(name)));
   }
-  if (sft() != !saved.sft_position.empty()) {
+  if (reads_records() != !saved.sft_position.empty()) {
     throw CheckpointError(fmt::format("{} is a {} checkpoint but this run's train.task is {}; resume it with the task "
                                       "it was made with",
-                                      dir, saved.sft_position.empty() ? "pretraining" : "sft", config_.train.task));
+                                      dir, saved.sft_position.empty() ? "pretraining" : "sft or dpo",
+                                      config_.train.task));
   }
-  if (sft()) {
+  if (reads_records()) {
     sft_stream_->seek(data::SftStreamPosition::from_json(nlohmann::json::parse(saved.sft_position)));
   } else {
     check_data_position(dir, saved);
@@ -307,7 +329,7 @@ void Trainer::resume_from(const std::string& dir) {
                                       dir, boosted_.lr_scheduler->last_step(), saved.step));
   }
   load_rng_state((fs::path(dir) / "rng" / fmt::format("rank-{:05d}.safetensors", world_->rank())).string(), device_);
-  if (!sft()) boosted_.dataloader->set_state(saved.data_epoch, saved.data_position);
+  if (!reads_records()) boosted_.dataloader->set_state(saved.data_epoch, saved.data_position);
   state_ = saved;
   log.info(fmt::format("resumed from {} at step {}", dir, state_.step));
 }
@@ -374,7 +396,7 @@ void Trainer::save_checkpoint(int64_t step) {
   if (world_->rank() == 0) {
     fs::create_directories(model_dir);
     save_tokenizer_files(config_.data, model_dir);
-    if (sft()) {
+    if (reads_records()) {
       state_.sft_position = sft_stream_->position().to_json().dump();
     } else {
       state_.data_epoch = boosted_.dataloader->epoch();
@@ -432,28 +454,35 @@ std::optional<amp::GraphedTrainStep> Trainer::make_graphed_step() {
       [&plain](const at::Tensor& ids) { return plain.forward_loss(ids, ids); }, *boosted_.optimizer);
 }
 
-at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
+std::vector<std::vector<data::SftExample>> Trainer::take_step_examples(int64_t& tokens, int64_t& targets) {
   // Every rank reads the same examples: the step's batch_size x grad_accum x dp
   // of them, this rank's micro-batches being its slices. So each rank knows the
-  // step's target count, and each micro-batch's loss is its cross-entropy sum
-  // over that count (the per-token mean over the global batch, as transformers'
-  // num_items_in_batch), times dp, which the gradient average over dp undoes.
-  auto& model = *boosted_.model;
-  auto& optimizer = *boosted_.optimizer;
+  // step's target count.
   const int64_t accum = config_.train.grad_accum, rows = config_.data.batch_size;
   std::vector<std::vector<data::SftExample>> micro_batches(static_cast<size_t>(accum));
-  int64_t targets = 0;
   for (auto& mine : micro_batches) {
     for (int64_t rank = 0; rank < dp_size_; ++rank) {
       for (int64_t row = 0; row < rows; ++row) {
         std::optional<data::SftExample> example = sft_stream_->next();
         if (!example) throw ConfigError(fmt::format("data.source '{}' gave no example", config_.data.source));
         targets += example->targets();
-        tokens += static_cast<int64_t>(example->input_ids.size());
+        tokens += static_cast<int64_t>(example->input_ids.size() + example->rejected_ids.size());
         if (rank == dp_->rank()) mine.push_back(std::move(*example));
       }
     }
   }
+  return micro_batches;
+}
+
+at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
+  // Each micro-batch's loss is its cross-entropy sum over the step's target
+  // count (the per-token mean over the global batch, as transformers'
+  // num_items_in_batch), times dp, which the gradient average over dp undoes.
+  auto& model = *boosted_.model;
+  auto& optimizer = *boosted_.optimizer;
+  const int64_t accum = config_.train.grad_accum;
+  int64_t targets = 0;
+  const auto micro_batches = take_step_examples(tokens, targets);
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
   auto step_loss = at::zeros({}, f64);
   for (int64_t micro = 0; micro < accum; ++micro) {
@@ -471,6 +500,66 @@ at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
   return step_loss;
 }
 
+void Trainer::build_reference_model(const models::ModelConfig& model_config) {
+  const std::string precision = config_.plugin.name == "low_level_zero" ? config_.plugin.low_level_zero.precision
+                                : config_.plugin.name == "gemini"       ? config_.plugin.gemini.gemini.precision
+                                                                        : config_.booster.mixed_precision;
+  const auto dtype = scalar_type_of(parse_precision(precision, "precision"));
+  const auto device = device_;
+  reference_model_ = config_.model.pretrained.empty()
+                         ? models::create_model(model_config, {.seed = config_.model.init_seed, .dtype = dtype, .device = device})
+                         : models::load_pretrained(config_.model.pretrained, {.dtype = dtype, .device = device});
+  reference_model_->eval();
+  for (auto& p : reference_model_->parameters()) p.set_requires_grad(false);
+}
+
+at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
+  // Each micro-batch: its pairs' chosen rows then rejected rows, padded, in
+  // one forward of the policy and one of the reference; the loss is the mean
+  // over the pairs (TRL's), divided by grad_accum; dp ranks hold equal pair
+  // counts, so the gradient average over dp gives the global mean.
+  auto& model = *boosted_.model;
+  auto& optimizer = *boosted_.optimizer;
+  const int64_t accum = config_.train.grad_accum;
+  int64_t targets = 0;
+  const auto micro_batches = take_step_examples(tokens, targets);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
+  auto step_loss = at::zeros({}, f64);
+  if (!dpo_metrics_since_log_.defined()) dpo_metrics_since_log_ = at::zeros({4}, f64);
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    const auto& pairs = micro_batches[static_cast<size_t>(micro)];
+    std::vector<data::SftExample> rows;
+    for (const auto& pair : pairs) rows.push_back({.input_ids = pair.input_ids, .trained = pair.trained});
+    for (const auto& pair : pairs)
+      rows.push_back({.input_ids = pair.rejected_ids, .trained = pair.rejected_trained});
+    const SftBatch batch = pad_batch(rows, pad_id_);
+    const auto ids = batch.input_ids.to(device_);
+    const auto labels = batch.labels.to(device_);
+    const auto layout = batch.layout.to(device_);
+    const auto counts = labels.slice(1, 1).ne(-100).sum(1).to(at::kFloat);  // completion tokens per row
+    at::Tensor reference;
+    {
+      at::NoGradGuard no_grad;
+      reference = sequence_logps(reference_model_->forward(ids, layout), labels);
+    }
+    std::optional<booster::Booster::NoSyncGuard> no_sync;
+    if (micro + 1 < accum) no_sync.emplace(model);
+    const auto policy = sequence_logps(model.forward(ids, layout), labels);
+    const auto n = static_cast<int64_t>(pairs.size());
+    const DpoLoss dpo = dpo_loss(policy.slice(0, 0, n), policy.slice(0, n), reference.slice(0, 0, n),
+                                 reference.slice(0, n), counts.slice(0, 0, n), counts.slice(0, n), config_.dpo);
+    auto loss = dpo.loss / static_cast<double>(accum);
+    booster_->backward(loss, optimizer);
+    step_loss += loss.detach().to(at::kDouble);
+    const auto margins = dpo.chosen_rewards - dpo.rejected_rewards;
+    dpo_metrics_since_log_ += at::stack({dpo.chosen_rewards.mean(), dpo.rejected_rewards.mean(),
+                                         margins.gt(0).to(at::kFloat).mean(), margins.mean()})
+                                  .to(at::kDouble) /
+                              static_cast<double>(accum);
+  }
+  return step_loss;
+}
+
 TrainResult Trainer::run() {
   StopSignalScope signals;
   build();
@@ -479,7 +568,7 @@ TrainResult Trainer::run() {
   auto& model = *boosted_.model;
   auto& optimizer = *boosted_.optimizer;
   auto& scheduler = *boosted_.lr_scheduler;
-  data::DataLoader* loader = boosted_.dataloader.get();  // null for sft
+  data::DataLoader* loader = boosted_.dataloader.get();  // null for sft and dpo
   const int64_t accum = config_.train.grad_accum;
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
   // Summed on the device between log points, so a step needs no host sync.
@@ -494,7 +583,7 @@ TrainResult Trainer::run() {
 
   while (state_.step < config_.train.steps) {
     at::Tensor step_loss;  // this step's loss (double, on the device)
-    int64_t step_tokens = sft() ? 0 : global_batch_tokens();
+    int64_t step_tokens = reads_records() ? 0 : global_batch_tokens();
     if (graphed) {
       // The whole step replays from one graph (optimizer step and zeroing included).
       step_loss = graphed->step(loader->next()).to(at::kDouble);
@@ -507,7 +596,10 @@ TrainResult Trainer::run() {
       auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, model, {},
                                             optimizer);
       step_loss = out.loss.detach().to(at::kDouble);
-    } else if (sft()) {
+    } else if (dpo()) {
+      step_loss = dpo_forward_backward(step_tokens);
+      loss_since_log += step_loss;
+    } else if (reads_records()) {
       step_loss = sft_forward_backward(step_tokens);
       loss_since_log += step_loss;
     } else {
@@ -549,6 +641,7 @@ TrainResult Trainer::run() {
       // and whether any rank saw max_nonfinite_steps non-finite steps in a row.
       auto packed = at::stack({loss_since_log, at::full({}, stop_requested.load() ? 1.0 : 0.0, f64)});
       packed[0] = packed[0] / static_cast<double>(dp_size_);
+      if (dpo_metrics_since_log_.defined()) packed = at::cat({packed, dpo_metrics_since_log_ / static_cast<double>(dp_size_)});
       dp_->all_reduce(packed).wait();
       // Over the world, not dp: a pipeline's first stages never see the loss.
       auto diverged = at::ge(nonfinite_longest_, static_cast<double>(config_.train.max_nonfinite_steps)).to(at::kDouble);
@@ -571,6 +664,14 @@ TrainResult Trainer::run() {
                         .loss = host[0].item<double>() / static_cast<double>(steps_since_log),
                         .lr = scheduler.lr(),
                         .tokens_per_s = static_cast<double>(tokens_since_log) / seconds};
+      if (dpo_metrics_since_log_.defined()) {
+        const double steps = static_cast<double>(steps_since_log);
+        record.metrics = {{"rewards/chosen", host[2].item<double>() / steps},
+                          {"rewards/rejected", host[3].item<double>() / steps},
+                          {"rewards/accuracies", host[4].item<double>() / steps},
+                          {"rewards/margins", host[5].item<double>() / steps}};
+        dpo_metrics_since_log_.zero_();
+      }
       state_.last_loss = record.loss;
       result.steps.push_back(record);
       const double mfu = device_.is_cuda() ? record.tokens_per_s * flops_per_token_ /

@@ -14,6 +14,7 @@
 #include "colossus/core/errors.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,7 @@ struct StepRecord {
   double loss = 0.0;  // mean over the steps since the previous record
   double lr = 0.0;
   double tokens_per_s = 0.0;
+  std::map<std::string, double> metrics;  // task metrics (dpo: rewards/chosen, ...), means over the same steps
 };
 
 struct TrainResult {

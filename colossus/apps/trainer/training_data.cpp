@@ -124,6 +124,18 @@ std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data) {
   return data::load_tokenizer(data.tokenizer);
 }
 
+namespace {
+fs::path tokenizer_dir(const DataSection& data) {
+  const fs::path source(data.tokenizer);
+  return fs::is_directory(source) ? source : source.parent_path();
+}
+}  // namespace
+
+std::optional<data::chat::ChatTemplate> find_chat_template(const DataSection& data) {
+  if (data.tokenizer == "byte") return std::nullopt;
+  return data::chat::ChatTemplate::find_in_model_dir(tokenizer_dir(data).string());
+}
+
 TokenizedData prepare_training_data(const TrainConfig& config, const data::Tokenizer& tokenizer,
                                     cluster::ProcessGroup& world) {
   const auto& data = config.data;
@@ -168,10 +180,9 @@ void save_tokenizer_files(const DataSection& data, const std::string& model_dir)
     data::save_byte_tokenizer(model_dir);
     return;
   }
-  const fs::path source(data.tokenizer);
-  const fs::path dir = fs::is_directory(source) ? source : source.parent_path();
+  const fs::path dir = tokenizer_dir(data);
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                           "merges.txt", "tokenizer.model"}) {
+                           "merges.txt", "tokenizer.model", "chat_template.jinja"}) {
     if (fs::exists(dir / name)) fs::copy_file(dir / name, fs::path(model_dir) / name, fs::copy_options::overwrite_existing);
   }
 }

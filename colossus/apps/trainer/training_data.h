@@ -6,14 +6,19 @@
 #pragma once
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/cluster/process_group.h"
+#include "colossus/data/chat/chat_template.h"
 #include "colossus/data/tokenizer.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace colossus::apps {
 
 std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data);
+// The chat template of data.tokenizer's directory, if it has one (see
+// ChatTemplate::find_in_model_dir); none for the byte tokenizer.
+std::optional<data::chat::ChatTemplate> find_chat_template(const DataSection& data);
 
 struct TokenizedData {
   std::string train_dir;  // *.tokens of the training split

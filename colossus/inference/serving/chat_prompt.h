@@ -2,7 +2,7 @@
 // template when it has one, else plain concatenation ("role: content" lines,
 // then "assistant:"), for `colossus serve` and `colossus generate --chat`.
 #pragma once
-#include "colossus/inference/serving/chat_template.h"
+#include "colossus/data/chat/chat_template.h"
 
 #include <nlohmann/json.hpp>
 
@@ -10,6 +10,8 @@
 #include <string>
 
 namespace colossus::inference::serving {
+
+using data::chat::ChatTemplate;
 
 class ChatPrompt {
  public:

@@ -6,7 +6,7 @@
 #include "colossus/data/corpus.h"
 #include "colossus/data/tokenizer.h"
 #include "colossus/inference/generate.h"
-#include "colossus/inference/serving/chat_template.h"
+#include "colossus/data/chat/chat_template.h"
 #include "colossus/models/pretrained.h"
 #include "tests/inference/serving/server_process.h"
 #include "tests/inference/support.h"
@@ -113,7 +113,7 @@ class Serve : public ::testing::Test {
     return tokenizer_->decode(generated, /*skip_special_tokens=*/true);
   }
   static std::vector<int64_t> chat_ids(const nlohmann::ordered_json& messages) {
-    const serving::ChatTemplate chat(kTemplate);
+    const data::chat::ChatTemplate chat(kTemplate);
     return encode(chat.apply(messages, /*add_generation_prompt=*/true), /*add_special_tokens=*/false);
   }
   static HttpResult post(const std::string& path, const json& body) { return curl(server_->url() + path, body.dump()); }

@@ -9,9 +9,9 @@
 #include <string_view>
 #include <vector>
 
-#include "colossus/inference/serving/jinja/value.h"
+#include "colossus/data/chat/jinja/value.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 // Python-style binding of a call's arguments to named parameters; a
 // parameter without a fallback is required. EvalError names `fn` when the
@@ -45,4 +45,4 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
 
 Dict make_globals();
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

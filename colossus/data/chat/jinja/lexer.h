@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 struct Pos {
   int line = 1;
@@ -33,4 +33,4 @@ struct Token {
 // unexpected character, unbalanced brackets).
 std::vector<Token> tokenize(std::string_view source);
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

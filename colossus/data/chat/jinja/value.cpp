@@ -1,4 +1,4 @@
-#include "colossus/inference/serving/jinja/value.h"
+#include "colossus/data/chat/jinja/value.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <charconv>
 #include <cmath>
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 Value from_json(const nlohmann::ordered_json& json) {
   switch (json.type()) {
@@ -410,4 +410,4 @@ bool is_py_space(char32_t c) {
          (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

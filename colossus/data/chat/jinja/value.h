@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 // A type or lookup error inside an expression. The evaluator rethrows it as a
 // ConfigError carrying the template position of the innermost expression.
@@ -137,4 +137,4 @@ void append_utf8(std::string& out, char32_t cp);
 size_t utf8_length(std::string_view s);
 bool is_py_space(char32_t c);  // str.isspace()
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

@@ -1,7 +1,7 @@
 // Filters, tests and globals with Jinja 3.1's (and transformers') argument
 // names and defaults, so keyword calls like tojson(indent=2) or
 // default('x', true) bind as in Python.
-#include "colossus/inference/serving/jinja/builtins.h"
+#include "colossus/data/chat/jinja/builtins.h"
 
 #include <fmt/format.h>
 
@@ -10,10 +10,10 @@
 #include <ctime>
 #include <map>
 
-#include "colossus/inference/serving/chat_template.h"
-#include "colossus/inference/serving/jinja/strings.h"
+#include "colossus/data/chat/chat_template.h"
+#include "colossus/data/chat/jinja/strings.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 namespace {
 
 using Filter = Value (*)(const Value&, const CallArgs&);
@@ -406,4 +406,4 @@ Dict make_globals() {
   return g;
 }
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

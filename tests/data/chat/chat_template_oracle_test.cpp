@@ -9,11 +9,11 @@
 #include <map>
 #include <sstream>
 
-#include "colossus/inference/serving/chat_template.h"
-#include "tests/inference/serving/chat_template_cases.h"
+#include "colossus/data/chat/chat_template.h"
+#include "tests/data/chat/chat_template_cases.h"
 #include "tests/testing/command.h"
 
-namespace colossus::inference::serving {
+namespace colossus::data::chat {
 namespace {
 
 using nlohmann::ordered_json;
@@ -200,4 +200,4 @@ TEST(ChatTemplateOracle, TemplatesRaiseOnBadRoleOrderAsTransformers) {
 }
 
 }  // namespace
-}  // namespace colossus::inference::serving
+}  // namespace colossus::data::chat

@@ -1,7 +1,7 @@
 // ChatTemplate without Python: every language feature against Jinja's exact
 // output (chat_template_cases.h), errors that name the position and the
 // culprit, apply()'s message handling and loading from a model directory.
-#include "colossus/inference/serving/chat_template.h"
+#include "colossus/data/chat/chat_template.h"
 
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "tests/inference/serving/chat_template_cases.h"
+#include "tests/data/chat/chat_template_cases.h"
 #include "tests/testing/command.h"
 
-namespace colossus::inference::serving {
+namespace colossus::data::chat {
 namespace {
 
 namespace fs = std::filesystem;
@@ -181,4 +181,4 @@ TEST(ChatTemplate, LoadsFromAModelDirectory) {
 }
 
 }  // namespace
-}  // namespace colossus::inference::serving
+}  // namespace colossus::data::chat

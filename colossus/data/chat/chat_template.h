@@ -7,13 +7,15 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "colossus/core/errors.h"
 
-namespace colossus::inference::serving {
+namespace colossus::data::chat {
 
 namespace jinja {
 struct Stmt;
@@ -44,6 +46,9 @@ class ChatTemplate {
   // special_tokens_map.json for the ones it lacks. Throws ConfigError naming
   // the file when there is no template or it does not parse.
   static ChatTemplate from_model_dir(const std::string& dir);
+  // from_model_dir() when the directory names a template at all, else
+  // nullopt (a missing template is no error; a broken one still is).
+  static std::optional<ChatTemplate> find_in_model_dir(const std::string& dir);
 
   // Renders with `context`'s keys as the variables. An ordered_json keeps the
   // keys' order, so `tojson` writes dicts as Python would from the same
@@ -62,6 +67,20 @@ class ChatTemplate {
   std::string apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                     const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
 
+  // A conversation rendered with where its {% generation %} blocks (the
+  // assistant turns, in templates written for training) lie: [begin, end)
+  // byte offsets into `text`, in order.
+  struct Rendered {
+    std::string text;
+    std::vector<std::pair<size_t, size_t>> generation_spans;
+  };
+  // apply(), recording the generation blocks' spans as transformers does for
+  // apply_chat_template(..., return_assistant_tokens_mask=True).
+  Rendered apply_marking_generation(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                    const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+  // Whether the template marks assistant turns with {% generation %}.
+  bool has_generation_blocks() const;
+
   const std::string& source() const { return source_; }
   const SpecialTokens& special_tokens() const { return special_tokens_; }
 
@@ -69,6 +88,10 @@ class ChatTemplate {
   std::string source_;
   SpecialTokens special_tokens_;
   std::shared_ptr<const std::vector<std::unique_ptr<jinja::Stmt>>> program_;
+  nlohmann::ordered_json context_for(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                     const nlohmann::ordered_json& extra) const;
+  template <class Render>
+  auto guarded(Render render) const;
 };
 
-}  // namespace colossus::inference::serving
+}  // namespace colossus::data::chat

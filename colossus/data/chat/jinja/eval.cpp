@@ -1,13 +1,13 @@
-#include "colossus/inference/serving/jinja/eval.h"
+#include "colossus/data/chat/jinja/eval.h"
 
 #include <fmt/format.h>
 
 #include <cmath>
 #include <unordered_map>
 
-#include "colossus/inference/serving/jinja/builtins.h"
+#include "colossus/data/chat/jinja/builtins.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 namespace {
 
 [[noreturn]] void type_error(std::string_view op, const Value& a, const Value& b) {
@@ -94,8 +94,11 @@ class Renderer {
     for (const auto& [key, value] : context.items()) root_.vars[key] = from_json(value);
   }
 
-  std::string run(const Body& body) {
+  // generation_spans: where to record {% generation %} output; null: not tracked.
+  std::string run(const Body& body, std::vector<ByteSpan>* generation_spans) {
     std::string out;
+    generation_spans_ = generation_spans;
+    output_ = &out;
     exec(body, root_, out);
     return out;
   }
@@ -180,8 +183,16 @@ class Renderer {
         return Flow::Break;
       case Stmt::Kind::Continue:
         return Flow::Continue;
-      case Stmt::Kind::Generation:
-        return exec(s.body, frame, out);
+      case Stmt::Kind::Generation: {
+        if (!generation_spans_) return exec(s.body, frame, out);
+        if (&out != output_)
+          template_error(s.pos, "a {% generation %} block inside a macro or a set block has no place in the output, "
+                                "so its assistant tokens cannot be marked");
+        const size_t begin = out.size();
+        const Flow flow = exec(s.body, frame, out);
+        generation_spans_->emplace_back(begin, out.size());
+        return flow;
+      }
     }
     return Flow::Normal;
   }
@@ -393,12 +404,31 @@ class Renderer {
   Dict globals_;
   Frame root_;
   int macro_depth_ = 0;
+  std::vector<ByteSpan>* generation_spans_ = nullptr;
+  const std::string* output_ = nullptr;  // the template's own output, not a capture
 };
+
+bool has_generation_in(const Body& body) {
+  for (const StmtPtr& s : body) {
+    if (s->kind == Stmt::Kind::Generation || has_generation_in(s->body) || has_generation_in(s->else_body))
+      return true;
+    for (const auto& branch : s->branches)
+      if (has_generation_in(branch.second)) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
 std::string render(const Body& program, const nlohmann::ordered_json& context) {
-  return Renderer(context).run(program);
+  return Renderer(context).run(program, nullptr);
 }
 
-}  // namespace colossus::inference::serving::jinja
+std::string render(const Body& program, const nlohmann::ordered_json& context, std::vector<ByteSpan>& generation_spans) {
+  generation_spans.clear();
+  return Renderer(context).run(program, &generation_spans);
+}
+
+bool has_generation_block(const Body& program) { return has_generation_in(program); }
+
+}  // namespace colossus::data::chat::jinja

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "colossus/inference/serving/jinja/value.h"
+#include "colossus/data/chat/jinja/value.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 // chars: None/Undefined strips whitespace, a string strips those characters.
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right);
@@ -28,4 +28,4 @@ std::vector<std::string> split_lines(const std::string& s);
 std::optional<int64_t> parse_py_int(const std::string& s, int base);
 std::optional<double> parse_py_float(const std::string& s);
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

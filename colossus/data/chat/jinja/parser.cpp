@@ -1,13 +1,13 @@
-#include "colossus/inference/serving/jinja/parser.h"
+#include "colossus/data/chat/jinja/parser.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <initializer_list>
 
-#include "colossus/inference/serving/jinja/builtins.h"
+#include "colossus/data/chat/jinja/builtins.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 namespace {
 
 ExprPtr node(Expr::Kind kind, Pos pos) {
@@ -510,4 +510,4 @@ class Parser {
 
 Body parse(std::vector<Token> tokens) { return Parser(std::move(tokens)).parse_template(); }
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

@@ -6,10 +6,10 @@
 #include <utility>
 #include <vector>
 
-#include "colossus/inference/serving/jinja/lexer.h"
-#include "colossus/inference/serving/jinja/value.h"
+#include "colossus/data/chat/jinja/lexer.h"
+#include "colossus/data/chat/jinja/value.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
@@ -71,4 +71,4 @@ struct Stmt {
   std::vector<std::pair<std::string, ExprPtr>> params;  // a null default: required
 };
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

@@ -6,7 +6,7 @@
 // - trim_blocks: one newline right after `%}` or `#}` is dropped (not `}}`);
 // - lstrip_blocks: spaces and tabs between a line start and `{%` / `{#` are
 //   dropped (not before `{{`); `{%+` / `+%}` opt out.
-#include "colossus/inference/serving/jinja/lexer.h"
+#include "colossus/data/chat/jinja/lexer.h"
 
 #include <fmt/format.h>
 
@@ -15,9 +15,9 @@
 #include <cstdlib>
 
 #include "colossus/core/errors.h"
-#include "colossus/inference/serving/jinja/value.h"
+#include "colossus/data/chat/jinja/value.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 void template_error(Pos pos, const std::string& message) {
   throw ConfigError(fmt::format("chat template line {}, column {}: {}", pos.line, pos.column, message));
@@ -267,4 +267,4 @@ class Lexer {
 
 std::vector<Token> tokenize(std::string_view source) { return Lexer(source).run(); }
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

@@ -1,4 +1,4 @@
-#include "colossus/inference/serving/chat_template.h"
+#include "colossus/data/chat/chat_template.h"
 
 #include <fmt/format.h>
 
@@ -6,10 +6,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "colossus/inference/serving/jinja/eval.h"
-#include "colossus/inference/serving/jinja/parser.h"
+#include "colossus/data/chat/jinja/eval.h"
+#include "colossus/data/chat/jinja/parser.h"
 
-namespace colossus::inference::serving {
+namespace colossus::data::chat {
 namespace {
 
 namespace fs = std::filesystem;
@@ -127,18 +127,34 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   }
 }
 
-std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
+// EvalError outside any expression (the context), or a bug: a ConfigError, never a crash.
+template <class Render>
+auto ChatTemplate::guarded(Render render) const {
   try {
-    return jinja::render(*program_, context);
+    return render();
   } catch (const ConfigError&) {
     throw;
-  } catch (const std::exception& e) {  // EvalError outside any expression (the context), or a bug: never a crash
+  } catch (const std::exception& e) {
     throw ConfigError(fmt::format("chat template: {}", e.what()));
   }
 }
 
-std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                const nlohmann::ordered_json& extra) const {
+std::optional<ChatTemplate> ChatTemplate::find_in_model_dir(const std::string& dir) {
+  bool named = fs::is_regular_file(fs::path(dir) / "chat_template.jinja");
+  if (std::ifstream config(fs::path(dir) / "tokenizer_config.json"); !named && config) {
+    const auto parsed = nlohmann::json::parse(config, nullptr, /*allow_exceptions=*/false);
+    named = parsed.is_object() && parsed.contains("chat_template") && !parsed["chat_template"].is_null();
+  }
+  if (!named) return std::nullopt;
+  return from_model_dir(dir);
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
+  return guarded([&] { return jinja::render(*program_, context); });
+}
+
+ordered_json ChatTemplate::context_for(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                       const nlohmann::ordered_json& extra) const {
   if (!extra.is_object())
     throw ConfigError(fmt::format("chat template variables must be an object, got {}", extra.dump()));
   for (const char* reserved : {"messages", "add_generation_prompt"})
@@ -151,7 +167,23 @@ std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add
   context["documents"] = nullptr;
   context["add_generation_prompt"] = add_generation_prompt;
   for (const auto& [key, value] : extra.items()) context[key] = value;
-  return render(context);
+  return context;
 }
 
-}  // namespace colossus::inference::serving
+std::string ChatTemplate::apply(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                const nlohmann::ordered_json& extra) const {
+  return render(context_for(messages, add_generation_prompt, extra));
+}
+
+ChatTemplate::Rendered ChatTemplate::apply_marking_generation(const nlohmann::ordered_json& messages,
+                                                              bool add_generation_prompt,
+                                                              const nlohmann::ordered_json& extra) const {
+  const ordered_json context = context_for(messages, add_generation_prompt, extra);
+  Rendered rendered;
+  rendered.text = guarded([&] { return jinja::render(*program_, context, rendered.generation_spans); });
+  return rendered;
+}
+
+bool ChatTemplate::has_generation_blocks() const { return jinja::has_generation_block(*program_); }
+
+}  // namespace colossus::data::chat

@@ -1,4 +1,4 @@
-#include "colossus/inference/serving/jinja/strings.h"
+#include "colossus/data/chat/jinja/strings.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <charconv>
 #include <cstdlib>
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 std::string py_strip(const std::string& s, const Value& chars, bool left, bool right) {
   const bool whitespace = chars.is_none() || chars.is_undefined();
@@ -177,4 +177,4 @@ std::optional<double> parse_py_float(const std::string& s) {
   return d;
 }
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

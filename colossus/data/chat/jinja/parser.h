@@ -4,12 +4,12 @@
 #pragma once
 #include <vector>
 
-#include "colossus/inference/serving/jinja/ast.h"
+#include "colossus/data/chat/jinja/ast.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 // Throws ConfigError naming the line and column and what was expected: an
 // unclosed block, an unknown tag, filter or test, a malformed expression.
 Body parse(std::vector<Token> tokens);
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

@@ -5,7 +5,7 @@
 #pragma once
 #include <vector>
 
-namespace colossus::inference::serving::testing {
+namespace colossus::data::chat::testing {
 
 struct FeatureCase {
   const char* name;
@@ -165,4 +165,4 @@ inline const std::vector<FeatureCase>& feature_cases() {
   return cases;
 }
 
-}  // namespace colossus::inference::serving::testing
+}  // namespace colossus::data::chat::testing

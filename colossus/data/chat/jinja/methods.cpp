@@ -5,10 +5,10 @@
 
 #include <algorithm>
 
-#include "colossus/inference/serving/jinja/builtins.h"
-#include "colossus/inference/serving/jinja/strings.h"
+#include "colossus/data/chat/jinja/builtins.h"
+#include "colossus/data/chat/jinja/strings.h"
 
-namespace colossus::inference::serving::jinja {
+namespace colossus::data::chat::jinja {
 
 std::vector<Value> bind(std::string_view fn, const CallArgs& args, std::initializer_list<Param> params) {
   if (args.positional.size() > params.size())
@@ -271,4 +271,4 @@ Value get_slice(const Value& obj, const Value& start, const Value& stop, const V
   return obj.is_list() ? Value(std::move(items)) : Value(encode_utf8(chars));
 }
 
-}  // namespace colossus::inference::serving::jinja
+}  // namespace colossus::data::chat::jinja

@@ -1,0 +1,132 @@
+// `train.task = "dpo"` end to end on 1 and 2 MPI ranks: 10 steps on JSONL
+// preference pairs give TRL's DPOTrainer losses and reward metrics step for
+// step (fp32, the same model as policy and frozen reference, data order and
+// hyperparameters; global batch 4 pairs as 4 x 1 rank or 2 x 2 ranks), for
+// plain-string and conversational pairs, under ddp, zero2 and gemini.
+#include "colossus/apps/trainer/train_config.h"
+#include "colossus/apps/trainer/trainer.h"
+#include "tests/testing/command.h"
+#include "tests/testing/testing.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace colossus;
+namespace ct = colossus::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The oracle's model, pairs and TRL steps, made once by rank 0.
+const fs::path& oracle_dir() {
+  static const fs::path dir = [] {
+    auto world = ct::world();
+    const fs::path out = ct::job_scratch_dir("dpo_train_test") / "trl";
+    std::string failure;
+    if (world->rank() == 0 && !fs::exists(out / "chat_pairs.trl.json")) {
+      const auto result =
+          ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_DPO_TRL_ORACLE, out.string()));
+      if (result.exit_code != 0) failure = result.output;
+    }
+    world->barrier().wait();
+    if (!failure.empty()) throw std::runtime_error("dpo_trl_oracle.py failed:\n" + failure);
+    return out;
+  }();
+  return dir;
+}
+
+fs::path job_dir(const std::string& name) {
+  auto world = ct::world();
+  auto dir = ct::job_scratch_dir("dpo_train_test") / name;
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world->barrier().wait();
+  return dir;
+}
+
+// TRL's settings (dpo_trl_oracle.py): 4 pairs a step, beta 0.1, sigmoid,
+// AdamW(0.9, 0.999, 1e-8), lr 1e-3 constant, no weight decay, no clipping,
+// max_length 64.
+apps::TrainConfig dpo_config(const fs::path& output_dir, const std::string& pairs,
+                             const std::vector<std::string>& extra = {}) {
+  const int64_t per_rank = 4 / ct::world()->size();
+  std::vector<std::string> overrides{"train.task=\"dpo\"",
+                                     "train.output_dir=\"" + output_dir.string() + "\"",
+                                     "train.steps=10",
+                                     "train.log_every=1",
+                                     "train.tensorboard=false",
+                                     "train.sample_tokens=0",
+                                     "model.pretrained=\"" + (oracle_dir() / "model").string() + "\"",
+                                     "data.source=\"" + (oracle_dir() / (pairs + ".jsonl")).string() + "\"",
+                                     "data.shuffle=false",
+                                     "data.seq_len=64",
+                                     fmt::format("data.batch_size={}", per_rank),
+                                     "optimizer.name=\"adamw\"",
+                                     "optimizer.lr=1e-3",
+                                     "optimizer.beta2=0.999",
+                                     "optimizer.weight_decay=0.0",
+                                     "lr_scheduler.name=\"constant\"",
+                                     "dpo.beta=0.1"};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return apps::parse_train_config("", overrides);
+}
+
+double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-3); }
+
+void expect_trl_steps(const apps::TrainResult& result, const std::string& pairs, const std::string& what) {
+  std::ifstream in(oracle_dir() / (pairs + ".trl.json"));
+  const auto trl = nlohmann::json::parse(in);
+  ASSERT_EQ(result.steps.size(), trl.size()) << what;
+  double worst_loss = 0.0, worst_reward = 0.0;
+  for (size_t i = 0; i < trl.size(); ++i) {
+    const auto& ours = result.steps[i];
+    const auto& want = trl[i];
+    worst_loss = std::max(worst_loss, rel(ours.loss, want["loss"].get<double>()));
+    worst_reward = std::max({worst_reward, rel(ours.metrics.at("rewards/chosen"), want["rewards_chosen"].get<double>()),
+                             rel(ours.metrics.at("rewards/rejected"), want["rewards_rejected"].get<double>()),
+                             rel(ours.metrics.at("rewards/margins"), want["rewards_margin"].get<double>())});
+    EXPECT_DOUBLE_EQ(ours.metrics.at("rewards/accuracies"), want["rewards_accuracy"].get<double>())
+        << what << " step " << i + 1;
+  }
+  EXPECT_LE(worst_loss, 1e-5) << what;
+  // Rewards start at 0 (policy = reference): relative to max(|x|, 1e-3).
+  EXPECT_LE(worst_reward, 1e-4) << what;
+  if (ct::world()->rank() == 0) {
+    std::printf("%s on %d rank(s): loss %.6f -> %.6f, margin -> %.4f; max rel diff vs TRL: loss %.2e, rewards %.2e\n",
+                what.c_str(), ct::world()->size(), result.steps.front().loss, result.steps.back().loss,
+                result.steps.back().metrics.at("rewards/margins"), worst_loss, worst_reward);
+  }
+}
+
+}  // namespace
+
+TEST(DpoTrain, PlainPairsTrainTrlsCurve) {
+  expect_trl_steps(apps::train(dpo_config(job_dir("pairs"), "pairs")), "pairs", "dpo pairs");
+}
+
+// Conversational pairs: prompt rendered with the generation prompt, each
+// completion where prompt + completion parts from it (the model's template).
+TEST(DpoTrain, ChatPairsTrainTrlsCurve) {
+  expect_trl_steps(apps::train(dpo_config(job_dir("chat_pairs"), "chat_pairs")), "chat_pairs", "dpo chat pairs");
+}
+
+TEST(DpoTrain, ZeroAndGeminiTrainTrlsCurve) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
+      {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
+  for (const auto& [name, keys] : cases) {
+    expect_trl_steps(apps::train(dpo_config(job_dir(name), "pairs", keys)), "pairs", "dpo " + name);
+  }
+}
+
+int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
