@@ -15,21 +15,20 @@
 namespace colossus::lora {
 
 class LoraLinear : public models::Layer {
-public:
+ public:
   // base: a models::Linear or models::Conv1D (else ConfigError). Its
   // parameters are registered here under their own names ("weight", "bias"),
   // so the wrapped layer keeps its Hugging Face parameter names, and frozen
   // (requires_grad false). lora_A.weight (r, in) and lora_B.weight (out, r)
   // are new parameters of `adapter_dtype` on the base weight's device,
   // initialised per `init` from `generator_seed`.
-  LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double scaling,
-             double dropout, LoraInit init, uint64_t generator_seed,
-             c10::ScalarType adapter_dtype = c10::kFloat);
+  LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double scaling, double dropout, LoraInit init,
+             uint64_t generator_seed, c10::ScalarType adapter_dtype = c10::kFloat);
 
   // x: (..., in) -> (..., out), in the base output's dtype. The adapter path
   // runs in the adapter dtype (x cast to it), the sum in the promoted dtype,
   // then one cast back: PEFT's Linear.forward.
-  at::Tensor forward(const at::Tensor &x) override;
+  at::Tensor forward(const at::Tensor& x) override;
 
   // scaling * B @ A in the base weight's layout: (out, in) for Linear, its
   // transpose (in, out) for Conv1D (PEFT's fan_in_fan_out); adapter dtype.
@@ -40,16 +39,16 @@ public:
   // merge_and_unload leaves them so too).
   std::shared_ptr<models::Layer> merged() const;
 
-  bool fan_in_fan_out() const { return conv1d_; } // the base is a Conv1D
-  const std::shared_ptr<models::Layer> &base() const { return base_; }
+  bool fan_in_fan_out() const { return conv1d_; }  // the base is a Conv1D
+  const std::shared_ptr<models::Layer>& base() const { return base_; }
   int64_t rank() const { return lora_A.size(0); }
   double scaling() const { return scaling_; }
   double dropout() const { return dropout_; }
 
-  at::Tensor lora_A; // (r, in), registered as lora_A.weight
-  at::Tensor lora_B; // (out, r), registered as lora_B.weight
+  at::Tensor lora_A;  // (r, in), registered as lora_A.weight
+  at::Tensor lora_B;  // (out, r), registered as lora_B.weight
 
-private:
+ private:
   std::shared_ptr<models::Layer> base_;
   at::Tensor base_weight_, base_bias_;
   bool conv1d_ = false;
@@ -57,4 +56,4 @@ private:
   double dropout_;
 };
 
-} // namespace colossus::lora
+}  // namespace colossus::lora

@@ -17,8 +17,7 @@ namespace colossus::lora {
 // fan_in_fan_out set when the targets are Conv1D). Each file is written to a
 // temporary name and renamed into place, so a reader never sees a partial
 // file. ConfigError when the model has no LoRA layers.
-void save_peft_adapter(models::CausalLM &model, const LoraConfig &config,
-                       const std::string &dir);
+void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const std::string& dir);
 
 // Reads dir/adapter_config.json, applies it (apply_lora) and copies the
 // weights of dir/adapter_model.safetensors into the adapters (converted to
@@ -26,10 +25,10 @@ void save_peft_adapter(models::CausalLM &model, const LoraConfig &config,
 // CheckpointError naming the missing and unexpected keys or a shape
 // mismatch, after which the model is as it was (layers unwrapped,
 // requires_grad restored).
-LoraConfig load_peft_adapter(models::CausalLM &model, const std::string &dir);
+LoraConfig load_peft_adapter(models::CausalLM& model, const std::string& dir);
 
 // dir/adapter_config.json parsed (lora_config_from_json) without touching a
 // model.
-LoraConfig read_adapter_config(const std::string &dir);
+LoraConfig read_adapter_config(const std::string& dir);
 
-} // namespace colossus::lora
+}  // namespace colossus::lora

@@ -1,8 +1,8 @@
 // LoraLinear on its own: PEFT's initialisation, the forward formula over a
 // Linear and a GPT-2 Conv1D, fp32 adapters over a bf16 base (PEFT's casts),
 // merging, dropout, and LLaMA's fuse_projections() leaving LoRA layers alone.
-#include "colossus/lora/inject.h"
 #include "colossus/lora/lora_linear.h"
+#include "colossus/lora/inject.h"
 #include "colossus/models/llama.h"
 #include "tests/lora/lora_testing.h"
 
@@ -28,18 +28,15 @@ at::Tensor seeded_randn(at::IntArrayRef sizes, uint64_t seed) {
   return at::randn(sizes, generator, at::kFloat);
 }
 
-std::shared_ptr<models::Linear> linear(int64_t in, int64_t out, bool bias,
-                                       at::ScalarType dtype = at::kFloat) {
-  auto layer = std::make_shared<models::Linear>(
-      in, out, bias, at::TensorOptions().dtype(dtype));
+std::shared_ptr<models::Linear> linear(int64_t in, int64_t out, bool bias, at::ScalarType dtype = at::kFloat) {
+  auto layer = std::make_shared<models::Linear>(in, out, bias, at::TensorOptions().dtype(dtype));
   at::NoGradGuard no_grad;
   layer->weight.copy_(seeded_randn({out, in}, 1) * 0.2);
-  if (bias)
-    layer->bias.copy_(seeded_randn({out}, 2));
+  if (bias) layer->bias.copy_(seeded_randn({out}, 2));
   return layer;
 }
 
-void set_b(LoraLinear &lora, uint64_t seed) {
+void set_b(LoraLinear& lora, uint64_t seed) {
   at::NoGradGuard no_grad;
   lora.lora_B.copy_(seeded_randn(lora.lora_B.sizes(), seed) * 0.3);
 }
@@ -55,22 +52,14 @@ TEST(LoraLinear, DefaultInitIsANoOpWithKaimingA) {
   const double bound = 1.0 / std::sqrt(48.0);
   EXPECT_LE(lora.lora_A.abs().max().item<double>(), bound);
   EXPECT_GT(lora.lora_A.abs().max().item<double>(), 0.9 * bound);
-  EXPECT_NEAR(lora.lora_A.var().item<double>(), bound * bound / 3.0,
-              0.2 * bound * bound / 3.0);
+  EXPECT_NEAR(lora.lora_A.var().item<double>(), bound * bound / 3.0, 0.2 * bound * bound / 3.0);
   // The same seed gives the same A; another seed another.
-  EXPECT_TRUE(at::equal(
-      LoraLinear(linear(48, 24, true), 8, 2.0, 0.0, LoraInit::Kaiming, 42)
-          .lora_A,
-      lora.lora_A));
-  EXPECT_FALSE(at::equal(
-      LoraLinear(linear(48, 24, true), 8, 2.0, 0.0, LoraInit::Kaiming, 43)
-          .lora_A,
-      lora.lora_A));
+  EXPECT_TRUE(at::equal(LoraLinear(linear(48, 24, true), 8, 2.0, 0.0, LoraInit::Kaiming, 42).lora_A, lora.lora_A));
+  EXPECT_FALSE(at::equal(LoraLinear(linear(48, 24, true), 8, 2.0, 0.0, LoraInit::Kaiming, 43).lora_A, lora.lora_A));
   const at::Tensor x = seeded_randn({2, 5, 48}, 3);
   EXPECT_TRUE(at::equal(lora.forward(x), base->forward(x)));
   // Gaussian: std 1/r; B zeros.
-  LoraLinear gaussian(linear(48, 24, true), 8, 2.0, 0.0, LoraInit::Gaussian,
-                      42);
+  LoraLinear gaussian(linear(48, 24, true), 8, 2.0, 0.0, LoraInit::Gaussian, 42);
   EXPECT_NEAR(gaussian.lora_A.std().item<double>(), 1.0 / 8.0, 0.02);
   EXPECT_TRUE(at::equal(gaussian.lora_B, at::zeros_like(gaussian.lora_B)));
 }
@@ -78,13 +67,12 @@ TEST(LoraLinear, DefaultInitIsANoOpWithKaimingA) {
 TEST(LoraLinear, ParametersKeepTheBaseNamesAndOnlyAdaptersTrain) {
   LoraLinear lora(linear(16, 8, true), 4, 1.0, 0.0, LoraInit::Kaiming, 1);
   std::vector<std::string> names;
-  for (const auto &item : lora.named_parameters()) {
+  for (const auto& item : lora.named_parameters()) {
     names.push_back(item.key());
     const bool adapter = item.key().starts_with("lora_");
     EXPECT_EQ(item.value().requires_grad(), adapter) << item.key();
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias", "lora_A.weight",
-                                             "lora_B.weight"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias", "lora_A.weight", "lora_B.weight"}));
 }
 
 TEST(LoraLinear, ForwardIsBasePlusScaledLowRankPathOverLinearAndConv1D) {
@@ -92,9 +80,7 @@ TEST(LoraLinear, ForwardIsBasePlusScaledLowRankPathOverLinearAndConv1D) {
   LoraLinear lora(base, 4, 0.75, 0.0, LoraInit::Kaiming, 7);
   set_b(lora, 8);
   const at::Tensor x = seeded_randn({3, 16}, 9);
-  const at::Tensor expected =
-      base->forward(x) +
-      at::matmul(at::matmul(x, lora.lora_A.t()), lora.lora_B.t()) * 0.75;
+  const at::Tensor expected = base->forward(x) + at::matmul(at::matmul(x, lora.lora_A.t()), lora.lora_B.t()) * 0.75;
   EXPECT_LE(max_rel_diff(lora.forward(x), expected), 1e-6);
 
   auto conv = std::make_shared<models::Conv1D>(16, 12, at::TensorOptions());
@@ -105,26 +91,21 @@ TEST(LoraLinear, ForwardIsBasePlusScaledLowRankPathOverLinearAndConv1D) {
   }
   LoraLinear lora_conv(conv, 4, 0.75, 0.0, LoraInit::Kaiming, 7);
   EXPECT_TRUE(lora_conv.fan_in_fan_out());
-  EXPECT_EQ(lora_conv.lora_A.sizes(),
-            (at::IntArrayRef{4, 16})); // (r, in), as PEFT's Conv1D adapters
+  EXPECT_EQ(lora_conv.lora_A.sizes(), (at::IntArrayRef{4, 16}));  // (r, in), as PEFT's Conv1D adapters
   EXPECT_EQ(lora_conv.lora_B.sizes(), (at::IntArrayRef{12, 4}));
   set_b(lora_conv, 8);
   const at::Tensor conv_expected =
-      conv->forward(x) +
-      at::matmul(at::matmul(x, lora_conv.lora_A.t()), lora_conv.lora_B.t()) *
-          0.75;
+      conv->forward(x) + at::matmul(at::matmul(x, lora_conv.lora_A.t()), lora_conv.lora_B.t()) * 0.75;
   EXPECT_LE(max_rel_diff(lora_conv.forward(x), conv_expected), 1e-6);
   EXPECT_EQ(lora_conv.delta_weight().sizes(),
-            conv->weight.sizes()); // (in, out)
+            conv->weight.sizes());  // (in, out)
 
   // Merged plain layers compute the same, each of its own kind.
-  for (LoraLinear *layer : {&lora, &lora_conv}) {
+  for (LoraLinear* layer : {&lora, &lora_conv}) {
     const auto merged = layer->merged();
-    EXPECT_EQ(dynamic_cast<models::Conv1D *>(merged.get()) != nullptr,
-              layer->fan_in_fan_out());
+    EXPECT_EQ(dynamic_cast<models::Conv1D*>(merged.get()) != nullptr, layer->fan_in_fan_out());
     EXPECT_LE(max_rel_diff(merged->forward(x), layer->forward(x)), 1e-6);
-    for (const auto &p : merged->parameters())
-      EXPECT_FALSE(p.requires_grad());
+    for (const auto& p : merged->parameters()) EXPECT_FALSE(p.requires_grad());
   }
 }
 
@@ -138,10 +119,8 @@ TEST(LoraLinear, Fp32AdaptersOverABf16BaseCastAsPeftDoes) {
   EXPECT_EQ(y.scalar_type(), at::kBFloat16);
   // PEFT: result = base(x) (bf16); x cast to fp32 for the adapter; the sum
   // promotes to fp32; one cast back to bf16.
-  const at::Tensor lora_path =
-      at::linear(at::linear(x.to(at::kFloat), lora.lora_A), lora.lora_B) * 2.0;
-  const at::Tensor expected =
-      (base->forward(x).to(at::kFloat) + lora_path).to(at::kBFloat16);
+  const at::Tensor lora_path = at::linear(at::linear(x.to(at::kFloat), lora.lora_A), lora.lora_B) * 2.0;
+  const at::Tensor expected = (base->forward(x).to(at::kFloat) + lora_path).to(at::kBFloat16);
   EXPECT_TRUE(at::equal(y, expected));
   y.to(at::kFloat).sum().backward();
   EXPECT_EQ(lora.lora_A.grad().scalar_type(), at::kFloat);
@@ -158,9 +137,7 @@ TEST(LoraLinear, DropoutOnlyInTraining) {
   lora.train();
   EXPECT_FALSE(at::equal(lora.forward(x), lora.forward(x)));
   lora.eval();
-  const at::Tensor expected =
-      lora.base()->forward(x) +
-      at::linear(at::linear(x, lora.lora_A), lora.lora_B);
+  const at::Tensor expected = lora.base()->forward(x) + at::linear(at::linear(x, lora.lora_A), lora.lora_B);
   EXPECT_LE(max_rel_diff(lora.forward(x), expected), 1e-6);
 }
 
@@ -170,8 +147,7 @@ TEST(LoraLinear, DropoutOnlyInTraining) {
 TEST(LoraLinear, FuseProjectionsSkipsLoraLayers) {
   auto model = testing::tiny_llama(5);
   apply_lora(*model, {.r = 4, .target_modules = {"q_proj", "gate_proj"}});
-  for (const auto &[path, layer] : lora_layers(*model))
-    set_b(*layer, 6);
+  for (const auto& [path, layer] : lora_layers(*model)) set_b(*layer, 6);
   model->eval();
   at::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(7);
@@ -190,5 +166,5 @@ TEST(LoraLinear, FuseProjectionsSkipsLoraLayers) {
   EXPECT_GT(max_rel_diff(plain->forward(ids), before), 1e-3);
 }
 
-} // namespace
-} // namespace colossus::lora
+}  // namespace
+}  // namespace colossus::lora

@@ -13,30 +13,27 @@ namespace colossus::lora::testing {
 
 namespace fs = std::filesystem;
 
-const fs::path &scratch_dir() { return colossus::testing::scratch_dir("lora"); }
+const fs::path& scratch_dir() { return colossus::testing::scratch_dir("lora"); }
 
-OracleResult run_oracle(const std::string &arguments) {
-  auto result = colossus::testing::run_command(fmt::format(
-      "'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_PEFT_ORACLE, arguments));
+OracleResult run_oracle(const std::string& arguments) {
+  auto result = colossus::testing::run_command(
+      fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_PEFT_ORACLE, arguments));
   return {result.exit_code, std::move(result.output)};
 }
 
-const fs::path &peft_reference_dir() {
+const fs::path& peft_reference_dir() {
   static const fs::path dir = [] {
     fs::path out = scratch_dir() / "peft";
     OracleResult result = run_oracle(fmt::format("make '{}'", out.string()));
     if (result.exit_code != 0)
-      ADD_FAILURE() << "peft_oracle.py make failed (" << result.exit_code
-                    << "):\n"
-                    << result.output;
+      ADD_FAILURE() << "peft_oracle.py make failed (" << result.exit_code << "):\n" << result.output;
     return out;
   }();
   return dir;
 }
 
-double max_rel_diff(const at::Tensor &a, const at::Tensor &b) {
-  const at::Tensor a64 = a.detach().to(at::kDouble),
-                   b64 = b.detach().to(at::kDouble);
+double max_rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor a64 = a.detach().to(at::kDouble), b64 = b.detach().to(at::kDouble);
   const double scale = b64.abs().max().item<double>();
   return (a64 - b64).abs().max().item<double>() / std::max(scale, 1e-30);
 }
@@ -65,4 +62,4 @@ std::shared_ptr<models::CausalLM> tiny_gpt2(uint64_t seed) {
   return models::create_model(config, {.seed = seed});
 }
 
-} // namespace colossus::lora::testing
+}  // namespace colossus::lora::testing
