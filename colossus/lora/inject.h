@@ -23,27 +23,29 @@ namespace colossus::lora {
 // (what PEFT writes to adapter_config.json). ConfigError when: the config is
 // invalid; an entry of target_modules matches no module (the message lists
 // the model's linear layers) or matches a module that is not a Linear /
-// Conv1D; the model already has LoRA layers; the model is Phi-3 (its
-// checkpoints fuse q/k/v, so PEFT's module names differ from ours); a target's
-// weight is a view into a fused tensor (apply LoRA before fuse_projections()).
-LoraConfig apply_lora(models::CausalLM &model, const LoraConfig &config,
-                      uint64_t seed = 0);
+// Conv1D, or a MoE router / expert (the block runs those from packed buffers;
+// "all-linear" skips them, as PEFT does on transformers' Mixtral); the model
+// already has LoRA layers; the model is Phi-3 (its checkpoints fuse q/k/v, so
+// PEFT's module names differ from ours); a target's weight is a view into a
+// fused tensor (apply LoRA before fuse_projections()). A model with LoRA
+// layers also saves its adapters in save_pretrained (as "<path>.lora_A.weight"):
+// merge_lora first for a plain Hugging Face checkpoint.
+LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_t seed = 0);
 
 // The model's LoRA layers by module path ("model.layers.0.self_attn.q_proj"),
 // in named_modules() order.
-std::vector<std::pair<std::string, std::shared_ptr<LoraLinear>>>
-lora_layers(torch::nn::Module &model);
+std::vector<std::pair<std::string, std::shared_ptr<LoraLinear>>> lora_layers(torch::nn::Module& model);
 
 // "base_model.model.<path>.lora_A.weight" (r, in) and "...lora_B.weight"
 // (out, r) for every LoRA layer: the keys PEFT writes to
 // adapter_model.safetensors. The tensors are the parameters themselves.
-checkpoint::NamedTensors lora_parameters(torch::nn::Module &model);
+checkpoint::NamedTensors lora_parameters(torch::nn::Module& model);
 
 // The PEFT key of one adapter matrix; `which` is "lora_A" or "lora_B".
-std::string peft_key(const std::string &module_path, const std::string &which);
+std::string peft_key(const std::string& module_path, const std::string& which);
 
 // Replaces each LoraLinear by its merged plain layer (LoraLinear::merged: W +
 // scaling * B @ A), PEFT's merge_and_unload. Returns how many were merged.
-int64_t merge_lora(models::CausalLM &model);
+int64_t merge_lora(models::CausalLM& model);
 
-} // namespace colossus::lora
+}  // namespace colossus::lora
