@@ -9,7 +9,8 @@
       OUT_DIR/<case>/reference.safetensors holding input_ids, logits, loss,
       merged_logits (after merge_and_unload) and grad.<adapter key> (the
       gradient of the loss for every lora_A / lora_B weight, keyed as in
-      adapter_model.safetensors).
+      adapter_model.safetensors). Also OUT_DIR/bf16_layer.safetensors: one
+      bf16 Linear with fp32 adapters (make_bf16_layer).
 
   peft_oracle.py check ADAPTER_DIR BASE_DIR LOGITS_FILE [ADAPTER_DIR BASE_DIR LOGITS_FILE ...]
       For each triple (one process, so torch and PEFT load once): loads BASE_DIR with from_pretrained and ADAPTER_DIR (written by
@@ -66,7 +67,40 @@ def input_ids(vocab):
     return torch.randint(0, vocab, (BATCH, SEQ), generator=generator)
 
 
+class OneLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 48, bias=True)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def make_bf16_layer(out_dir: pathlib.Path) -> None:
+    """One bf16 nn.Linear under PEFT's LoRA, whose adapters PEFT keeps in fp32
+    (autocast_adapter_dtype): OUT_DIR/bf16_layer.safetensors with the base
+    weight and bias, lora_A, lora_B, the input x, the output y and the
+    gradients of y.float().sum() for lora_A and lora_B."""
+    torch.manual_seed(5)
+    model = peft.get_peft_model(OneLinear().to(torch.bfloat16),
+                                peft.LoraConfig(r=4, lora_alpha=8, target_modules=["proj"]))
+    layer = model.base_model.model.proj
+    lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert lora_a.dtype == torch.float32 and lora_b.dtype == torch.float32, (lora_a.dtype, lora_b.dtype)
+    generator = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        lora_b.copy_(torch.randn(lora_b.shape, generator=generator) * 0.1)
+    x = torch.randn(3, 5, 64, generator=generator).to(torch.bfloat16)
+    y = model(x)
+    y.float().sum().backward()
+    tensors = {"weight": layer.base_layer.weight, "bias": layer.base_layer.bias, "lora_A": lora_a, "lora_B": lora_b,
+               "x": x, "y": y, "grad.lora_A": lora_a.grad, "grad.lora_B": lora_b.grad}
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, out_dir / "bf16_layer.safetensors")
+
+
 def make(out_dir: pathlib.Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    make_bf16_layer(out_dir)
     for family, (build_config, model_class) in FAMILIES.items():
         torch.manual_seed(20261206)
         model_class(build_config()).save_pretrained(out_dir / family / "base", safe_serialization=True)
