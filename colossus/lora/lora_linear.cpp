@@ -18,8 +18,8 @@ namespace {
 
 // nn.Linear's default (and PEFT's init_lora_weights=true for A):
 // kaiming_uniform_(a = sqrt(5)) on a (rows, fan_in) weight is U(-b, b) with
-// b = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)) = sqrt(1/3): b = 1 /
-// sqrt(fan_in).
+// b = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)) = sqrt(1/3),
+// so b = 1 / sqrt(fan_in).
 void kaiming_uniform_a_sqrt5(at::Tensor& weight, at::Generator& generator) {
   const double bound = 1.0 / std::sqrt(static_cast<double>(weight.size(1)));
   weight.uniform_(-bound, bound, generator);
