@@ -1,6 +1,7 @@
 #include "colossus/models/llama.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <tuple>
 
 #include "colossus/core/errors.h"
@@ -158,16 +159,26 @@ std::pair<at::Tensor, at::Tensor> fuse_rows(const std::vector<Linear*>& linears)
   return {weight, bias};
 }
 
+// Only plain Linear layers are fused. A replaced layer (a LoRA wrapper from
+// colossus/lora, a tensor-parallel layer) computes more than x W^T, which the
+// merged matmul would silently drop, so its projections stay as they are.
+bool all_plain_linear(const LayerHost& host, std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    if (dynamic_cast<Linear*>(&host.layer(name)) == nullptr) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void LlamaAttention::fuse_projections() {
-  if (fused_qkv_.defined()) return;
+  if (fused_qkv_.defined() || !all_plain_linear(*this, {"q_proj", "k_proj", "v_proj"})) return;
   std::tie(fused_qkv_, fused_qkv_bias_) =
       fuse_rows({&layer_as<Linear>("q_proj"), &layer_as<Linear>("k_proj"), &layer_as<Linear>("v_proj")});
 }
 
 void LlamaMLP::fuse_projections() {
-  if (fused_gate_up_.defined()) return;
+  if (fused_gate_up_.defined() || !all_plain_linear(*this, {"gate_proj", "up_proj"})) return;
   std::tie(fused_gate_up_, fused_gate_up_bias_) = fuse_rows({&layer_as<Linear>("gate_proj"), &layer_as<Linear>("up_proj")});
 }
 

@@ -1,0 +1,181 @@
+#include "colossus/lora/inject.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/models/moe_layer.h"
+#include "colossus/models/pretrained.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <set>
+
+namespace colossus::lora {
+
+namespace {
+
+bool is_linear(const torch::nn::Module& module) {
+  return dynamic_cast<const models::Linear*>(&module) != nullptr ||
+         dynamic_cast<const models::Conv1D*>(&module) != nullptr;
+}
+
+// PEFT's list match: the whole path, or its tail after a dot.
+bool matches(const std::string& path, const std::string& name) {
+  return path == name ||
+         (path.size() > name.size() && path.ends_with(name) && path[path.size() - name.size() - 1] == '.');
+}
+
+// FNV-1a over the path, mixed with the seed: a layer's initial adapter does
+// not depend on which other layers were targeted.
+uint64_t layer_seed(uint64_t seed, const std::string& path) {
+  uint64_t h = 1469598103934665603ull ^ (seed * 0x9E3779B97F4A7C15ull);
+  for (unsigned char c : path) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string linear_summary(const std::vector<std::string>& linear_paths) {
+  std::set<std::string> leaves;
+  for (const auto& path : linear_paths) leaves.insert(path.substr(path.rfind('.') + 1));
+  std::vector<std::string> examples(linear_paths.begin(),
+                                    linear_paths.begin() + std::min<size_t>(linear_paths.size(), 3));
+  return fmt::format("its linear layers are named {} (e.g. {})", std::vector<std::string>(leaves.begin(), leaves.end()),
+                     examples);
+}
+
+}  // namespace
+
+std::string peft_key(const std::string& module_path, const std::string& which) {
+  return "base_model.model." + module_path + "." + which + ".weight";
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<LoraLinear>>> lora_layers(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<LoraLinear>>> layers;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (auto lora = std::dynamic_pointer_cast<LoraLinear>(item.value())) layers.emplace_back(item.key(), lora);
+  }
+  return layers;
+}
+
+checkpoint::NamedTensors lora_parameters(torch::nn::Module& model) {
+  checkpoint::NamedTensors params;
+  for (const auto& [path, layer] : lora_layers(model)) {
+    params.emplace_back(peft_key(path, "lora_A"), layer->lora_A);
+    params.emplace_back(peft_key(path, "lora_B"), layer->lora_B);
+  }
+  return params;
+}
+
+LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_t seed) {
+  config.validate();
+  if (models::checkpoint_fuses_projections(model.config())) {
+    throw ConfigError(
+        "LoRA on Phi-3 is not supported: its checkpoints (and PEFT's module names) fuse qkv_proj / gate_up_proj while "
+        "Colossus keeps q/k/v_proj; use a LLaMA-architecture or GPT-2 model");
+  }
+  if (!lora_layers(model).empty()) {
+    throw ConfigError(
+        "the model already has LoRA layers; apply one adapter per model (merge_lora first to stack another)");
+  }
+  const torch::nn::Module* head = model.lm_head();
+  // A MoE block's router and experts run from its own packed buffers, not
+  // through their layers' forward, so a wrapper there would never run.
+  // transformers' Mixtral holds no nn.Linear there either, so PEFT's
+  // "all-linear" skips them too.
+  std::vector<std::string> moe_paths;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (dynamic_cast<const models::SparseMoeBlock*>(item.value().get()) != nullptr)
+      moe_paths.push_back(item.key() + ".");
+  }
+  const auto in_moe = [&](const std::string& path) {
+    return std::any_of(moe_paths.begin(), moe_paths.end(),
+                       [&](const std::string& moe) { return path.starts_with(moe); });
+  };
+  std::vector<std::string> linear_paths;
+  std::vector<std::pair<std::string, std::shared_ptr<models::Layer>>> targets;
+  std::set<std::string> matched_entries;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string& path = item.key();
+    const bool linear = is_linear(*item.value());
+    if (linear && !in_moe(path)) linear_paths.push_back(path);
+    bool target = false;
+    if (config.all_linear()) {
+      target = linear && item.value().get() != head && !in_moe(path);
+      if (target) matched_entries.insert("all-linear");
+    } else {
+      for (const auto& name : config.target_modules) {
+        if (!matches(path, name)) continue;
+        matched_entries.insert(name);
+        target = true;
+      }
+    }
+    if (!target) continue;
+    if (!linear) {
+      throw ConfigError(fmt::format("lora target_modules matches \"{}\", a {}: LoRA wraps Linear and Conv1D layers; {}",
+                                    path, item.value()->name(), linear_summary(linear_paths)));
+    }
+    if (in_moe(path)) {
+      throw ConfigError(
+          fmt::format("lora target_modules matches \"{}\", a router or expert of a MoE block, which LoRA does "
+                      "not support (the block runs them from packed buffers); target the attention "
+                      "projections instead",
+                      path));
+    }
+    targets.emplace_back(path, std::dynamic_pointer_cast<models::Layer>(item.value()));
+  }
+  std::vector<std::string> unmatched;
+  for (const auto& name : config.target_modules) {
+    if (!matched_entries.contains(name)) unmatched.push_back(name);
+  }
+  if (!unmatched.empty()) {
+    // Complete the list of linear layers for the message.
+    linear_paths.clear();
+    for (const auto& item : model.named_modules("", false)) {
+      if (is_linear(*item.value()) && !in_moe(item.key())) linear_paths.push_back(item.key());
+    }
+    throw ConfigError(fmt::format("lora target_modules entries {} match no module of {}; {}", unmatched, model.name(),
+                                  linear_summary(linear_paths)));
+  }
+  for (const auto& [path, base] : targets) {
+    for (const auto& param : base->parameters()) {
+      // fuse_projections() makes q/k/v (and gate/up) weights views into one
+      // merged tensor that the eval forward reads directly: it would bypass the
+      // adapter.
+      if (param.storage().nbytes() != static_cast<size_t>(param.numel() * param.element_size())) {
+        throw ConfigError(
+            fmt::format("lora: {}'s parameters are views into a larger tensor that the model reads directly "
+                        "(fuse_projections() ran?), bypassing a LoRA wrapper; apply LoRA before fusing "
+                        "projections",
+                        path));
+      }
+    }
+  }
+  LoraConfig resolved = config;
+  if (config.all_linear()) resolved.target_modules.clear();
+  for (const auto& [path, base] : targets) {
+    auto lora = std::make_shared<LoraLinear>(base, config.r, config.scaling(), config.lora_dropout,
+                                             config.init_lora_weights, layer_seed(seed, path));
+    models::replace_layer(model, path, lora);
+    if (config.all_linear()) resolved.target_modules.push_back(path);
+  }
+  // Only the adapters train (PEFT's _mark_only_adapters_as_trainable, bias
+  // "none").
+  for (auto& item : model.named_parameters()) {
+    if (!item.key().ends_with(".lora_A.weight") && !item.key().ends_with(".lora_B.weight"))
+      item.value().set_requires_grad(false);
+  }
+  return resolved;
+}
+
+int64_t merge_lora(models::CausalLM& model) {
+  int64_t count = 0;
+  for (const auto& [path, layer] : lora_layers(model)) {
+    models::replace_layer(model, path, layer->merged());
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace colossus::lora

@@ -1,0 +1,51 @@
+// Putting LoRA into a model from outside and taking it out again: apply_lora
+// wraps the layers that LoraConfig::target_modules names (matched on their
+// Hugging Face module paths, as PEFT matches) in LoraLinear, lora_parameters
+// lists the adapters under PEFT's state-dict keys, merge_lora folds them back.
+#pragma once
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/lora/lora_config.h"
+#include "colossus/lora/lora_linear.h"
+#include "colossus/models/causal_lm.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace colossus::lora {
+
+// Wraps every matched Linear / Conv1D in a LoraLinear (fp32 adapters on the
+// layer's device, A seeded from (seed, module path)) and freezes every other
+// parameter of the model, as PEFT's get_peft_model does with bias "none".
+// Returns the config with "all-linear" resolved to the wrapped module paths
+// (what PEFT writes to adapter_config.json). ConfigError when: the config is
+// invalid; an entry of target_modules matches no module (the message lists
+// the model's linear layers) or matches a module that is not a Linear /
+// Conv1D, or a MoE router / expert (the block runs those from packed buffers;
+// "all-linear" skips them, as PEFT does on transformers' Mixtral); the model
+// already has LoRA layers; the model is Phi-3 (its checkpoints fuse q/k/v, so
+// PEFT's module names differ from ours); a target's weight is a view into a
+// fused tensor (apply LoRA before fuse_projections()). A model with LoRA
+// layers also saves its adapters in save_pretrained (as "<path>.lora_A.weight"):
+// merge_lora first for a plain Hugging Face checkpoint.
+LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_t seed = 0);
+
+// The model's LoRA layers by module path ("model.layers.0.self_attn.q_proj"),
+// in named_modules() order.
+std::vector<std::pair<std::string, std::shared_ptr<LoraLinear>>> lora_layers(torch::nn::Module& model);
+
+// "base_model.model.<path>.lora_A.weight" (r, in) and "...lora_B.weight"
+// (out, r) for every LoRA layer: the keys PEFT writes to
+// adapter_model.safetensors. The tensors are the parameters themselves.
+checkpoint::NamedTensors lora_parameters(torch::nn::Module& model);
+
+// The PEFT key of one adapter matrix; `which` is "lora_A" or "lora_B".
+std::string peft_key(const std::string& module_path, const std::string& which);
+
+// Replaces each LoraLinear by its merged plain layer (LoraLinear::merged: W +
+// scaling * B @ A), PEFT's merge_and_unload. Returns how many were merged.
+int64_t merge_lora(models::CausalLM& model);
+
+}  // namespace colossus::lora

@@ -1,0 +1,131 @@
+#include "colossus/lora/lora_linear.h"
+
+#include "colossus/core/errors.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace colossus::lora {
+
+namespace {
+
+// nn.Linear's default (and PEFT's init_lora_weights=true for A):
+// kaiming_uniform_(a = sqrt(5)) on a (rows, fan_in) weight is U(-b, b) with
+// b = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)) = sqrt(1/3),
+// so b = 1 / sqrt(fan_in).
+void kaiming_uniform_a_sqrt5(at::Tensor& weight, at::Generator& generator) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(weight.size(1)));
+  weight.uniform_(-bound, bound, generator);
+}
+
+std::shared_ptr<torch::nn::Module> weight_holder(const std::string& name, at::Tensor weight) {
+  auto holder = std::make_shared<torch::nn::Module>(name);
+  holder->register_parameter("weight", std::move(weight));
+  return holder;
+}
+
+}  // namespace
+
+LoraLinear::LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double scaling, double dropout, LoraInit init,
+                       uint64_t generator_seed, c10::ScalarType adapter_dtype)
+    : models::Layer("LoraLinear"), base_(std::move(base)), scaling_(scaling), dropout_(dropout) {
+  if (!base_) throw ConfigError("LoraLinear: the base layer is null");
+  int64_t in = 0, out = 0;
+  if (auto* linear = dynamic_cast<models::Linear*>(base_.get())) {
+    base_weight_ = linear->weight;
+    base_bias_ = linear->bias;
+    out = linear->weight.size(0);
+    in = linear->weight.size(1);
+  } else if (auto* conv = dynamic_cast<models::Conv1D*>(base_.get())) {
+    conv1d_ = true;
+    base_weight_ = conv->weight;
+    base_bias_ = conv->bias;
+    in = conv->weight.size(0);
+    out = conv->weight.size(1);
+  } else {
+    throw ConfigError(fmt::format("LoRA wraps Linear and Conv1D layers; got a {}", base_->name()));
+  }
+  if (r <= 0) throw ConfigError(fmt::format("LoRA rank r = {} must be positive", r));
+  // The same tensors as the base layer's, frozen: registering them here (not
+  // the base as a child) keeps the HF names "<path>.weight" / "<path>.bias".
+  register_parameter("weight", base_weight_, /*requires_grad=*/false);
+  if (base_bias_.defined()) register_parameter("bias", base_bias_, /*requires_grad=*/false);
+
+  // Values drawn in fp32 on the CPU from one seeded generator (the same
+  // numbers on any device), then moved to the base's device.
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(generator_seed);
+  at::Tensor a = at::empty({r, in}, at::kFloat), b = at::empty({out, r}, at::kFloat);
+  {
+    at::NoGradGuard no_grad;
+    switch (init) {
+      case LoraInit::Kaiming:
+        kaiming_uniform_a_sqrt5(a, generator);
+        b.zero_();
+        break;
+      case LoraInit::Gaussian:
+        a.normal_(0.0, 1.0 / static_cast<double>(r), generator);
+        b.zero_();
+        break;
+      case LoraInit::Off:  // both keep nn.Linear's default init
+        kaiming_uniform_a_sqrt5(a, generator);
+        kaiming_uniform_a_sqrt5(b, generator);
+        break;
+    }
+  }
+  const auto options = at::TensorOptions().dtype(adapter_dtype).device(base_weight_.device());
+  lora_A = a.to(options).set_requires_grad(true);
+  lora_B = b.to(options).set_requires_grad(true);
+  register_module("lora_A", weight_holder("lora_A", lora_A));
+  register_module("lora_B", weight_holder("lora_B", lora_B));
+}
+
+at::Tensor LoraLinear::forward(const at::Tensor& x) {
+  at::Tensor result = base_->forward(x);  // (..., out), base dtype
+  const c10::ScalarType result_dtype = result.scalar_type();
+  const at::Tensor lora_x = x.scalar_type() == lora_A.scalar_type() ? x : x.to(lora_A.scalar_type());
+  const at::Tensor dropped = dropout_ > 0.0 ? at::dropout(lora_x, dropout_, is_training()) : lora_x;
+  // (..., in) -> (..., r) -> (..., out); result + lora promotes (bf16 + fp32 ->
+  // fp32).
+  const at::Tensor lora = at::linear(at::linear(dropped, lora_A), lora_B) * scaling_;
+  return (result + lora).to(result_dtype);
+}
+
+at::Tensor LoraLinear::delta_weight() const {
+  at::Tensor delta = at::matmul(lora_B, lora_A);  // (out, in)
+  if (conv1d_) delta = delta.t();
+  return delta * scaling_;
+}
+
+std::shared_ptr<models::Layer> LoraLinear::merged() const {
+  at::NoGradGuard no_grad;
+  const at::Tensor weight = (base_weight_ + delta_weight()).to(base_weight_.scalar_type());
+  const int64_t in = conv1d_ ? weight.size(0) : weight.size(1), out = conv1d_ ? weight.size(1) : weight.size(0);
+  std::shared_ptr<models::Layer> layer;
+  if (conv1d_) {
+    auto conv = std::make_shared<models::Conv1D>(in, out, base_weight_.options());
+    conv->weight.copy_(weight);
+    conv->bias.copy_(base_bias_);
+    conv->weight.set_requires_grad(false);
+    conv->bias.set_requires_grad(false);
+    layer = conv;
+  } else {
+    auto linear = std::make_shared<models::Linear>(in, out, base_bias_.defined(), base_weight_.options());
+    linear->weight.copy_(weight);
+    linear->weight.set_requires_grad(false);
+    if (base_bias_.defined()) {
+      linear->bias.copy_(base_bias_);
+      linear->bias.set_requires_grad(false);
+    }
+    layer = linear;
+  }
+  return layer;
+}
+
+}  // namespace colossus::lora

@@ -1,0 +1,59 @@
+// LoraLinear: a models::Layer that wraps a frozen Linear (weight (out, in)) or
+// GPT-2 Conv1D (weight (in, out)) and adds PEFT's low-rank update,
+// y = base(x) + B(A(dropout(x))) * scaling, with the adapters in their own
+// dtype (fp32 over a bf16 base) exactly as peft/tuners/lora/layer.py casts.
+#pragma once
+#include "colossus/lora/lora_config.h"
+#include "colossus/models/layers.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace colossus::lora {
+
+class LoraLinear : public models::Layer {
+ public:
+  // base: a models::Linear or models::Conv1D (else ConfigError). Its
+  // parameters are registered here under their own names ("weight", "bias"),
+  // so the wrapped layer keeps its Hugging Face parameter names, and frozen
+  // (requires_grad false). lora_A.weight (r, in) and lora_B.weight (out, r)
+  // are new parameters of `adapter_dtype` on the base weight's device,
+  // initialised per `init` from `generator_seed`.
+  LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double scaling, double dropout, LoraInit init,
+             uint64_t generator_seed, c10::ScalarType adapter_dtype = c10::kFloat);
+
+  // x: (..., in) -> (..., out), in the base output's dtype. The adapter path
+  // runs in the adapter dtype (x cast to it), the sum in the promoted dtype,
+  // then one cast back: PEFT's Linear.forward.
+  at::Tensor forward(const at::Tensor& x) override;
+
+  // scaling * B @ A in the base weight's layout: (out, in) for Linear, its
+  // transpose (in, out) for Conv1D (PEFT's fan_in_fan_out); adapter dtype.
+  at::Tensor delta_weight() const;
+  // A new plain layer (Linear or Conv1D, like the base) holding
+  // W + delta_weight() in W's dtype (added in the promoted dtype, as PEFT's
+  // merge) and a copy of the base bias, frozen like the base (PEFT's
+  // merge_and_unload leaves them so too).
+  std::shared_ptr<models::Layer> merged() const;
+
+  bool fan_in_fan_out() const { return conv1d_; }  // the base is a Conv1D
+  const std::shared_ptr<models::Layer>& base() const { return base_; }
+  int64_t rank() const { return lora_A.size(0); }
+  double scaling() const { return scaling_; }
+  double dropout() const { return dropout_; }
+
+  at::Tensor lora_A;  // (r, in), registered as lora_A.weight
+  at::Tensor lora_B;  // (out, r), registered as lora_B.weight
+
+ private:
+  std::shared_ptr<models::Layer> base_;
+  at::Tensor base_weight_, base_bias_;
+  bool conv1d_ = false;
+  double scaling_;
+  double dropout_;
+};
+
+}  // namespace colossus::lora
