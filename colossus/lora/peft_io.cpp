@@ -34,7 +34,22 @@ std::string some_names(const std::vector<std::string>& names, size_t limit = 6) 
 
 }  // namespace
 
+namespace {
+constexpr std::string_view kPeftPrefix = "base_model.model.";
+}
+
+std::vector<std::string> lora_parameter_names(models::CausalLM& model) {
+  std::vector<std::string> names;
+  for (const auto& [key, tensor] : lora_parameters(model)) names.push_back(key.substr(kPeftPrefix.size()));
+  return names;
+}
+
 void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const std::string& dir) {
+  save_peft_adapter(model, config, dir, {});
+}
+
+void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const std::string& dir,
+                       const std::map<std::string, at::Tensor>& weights) {
   const auto layers = lora_layers(model);
   if (layers.empty()) throw ConfigError("save_peft_adapter: the model has no LoRA layers (apply_lora first)");
   config.validate();
@@ -46,7 +61,16 @@ void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const 
     if (config.all_linear()) written.target_modules.push_back(path);
   }
   checkpoint::NamedTensors tensors;
-  for (auto& [key, tensor] : lora_parameters(model)) tensors.emplace_back(key, tensor.detach());
+  for (auto& [key, tensor] : lora_parameters(model)) {
+    if (weights.empty()) {
+      tensors.emplace_back(key, tensor.detach());
+      continue;
+    }
+    const auto it = weights.find(key.substr(kPeftPrefix.size()));
+    if (it == weights.end())
+      throw CheckpointError(fmt::format("adapter weight {} is missing from the weights given", key.substr(kPeftPrefix.size())));
+    tensors.emplace_back(key, it->second);
+  }
   fs::create_directories(dir);
   // Weights first, config last: a directory whose config is new has new
   // weights.

@@ -7,7 +7,9 @@
 #include "colossus/models/causal_lm.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace colossus::lora {
 
@@ -18,6 +20,15 @@ namespace colossus::lora {
 // temporary name and renamed into place, so a reader never sees a partial
 // file. ConfigError when the model has no LoRA layers.
 void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const std::string& dir);
+// The same with the adapter weights taken from `weights`, keyed by the
+// model's parameter names ("<module path>.lora_A.weight"), instead of the
+// model's tensors: for a run whose rank 0 does not hold the trained values
+// (gemini's sharded chunks), read back from its saved checkpoint.
+// CheckpointError naming an adapter weight `weights` lacks.
+void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const std::string& dir,
+                       const std::map<std::string, at::Tensor>& weights);
+// The model's LoRA parameter names ("<module path>.lora_A.weight", ...).
+std::vector<std::string> lora_parameter_names(models::CausalLM& model);
 
 // Reads dir/adapter_config.json, applies it (apply_lora) and copies the
 // weights of dir/adapter_model.safetensors into the adapters (converted to

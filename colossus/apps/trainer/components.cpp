@@ -84,12 +84,16 @@ models::ModelConfig build_model_config(const TrainConfig& config, const data::To
 
 std::unique_ptr<optim::Optimizer> build_optimizer(const OptimizerSection& o, models::CausalLM& model) {
   std::vector<optim::ParamGroup> groups;
+  // Frozen parameters (a LoRA run's base) get no optimizer state.
+  std::vector<at::Tensor> trainable;
+  for (const auto& p : model.parameters())
+    if (p.requires_grad()) trainable.push_back(p);
   if (o.decay_1d_params) {
-    groups = optim::single_group(model.parameters(), o.lr, o.weight_decay);
+    groups = optim::single_group(trainable, o.lr, o.weight_decay);
   } else {
     optim::ParamGroup decay{.lr = o.lr, .weight_decay = o.weight_decay};
     optim::ParamGroup no_decay{.lr = o.lr, .weight_decay = 0.0};
-    for (const auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+    for (const auto& p : trainable) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
     groups.push_back(std::move(decay));
     if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
   }

@@ -343,6 +343,13 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("beta", "dpo: rewards are beta x (policy - reference) log-probs; larger keeps closer to the reference", dpo.beta),
         COLOSSUS_KEY("loss_type", "dpo: sigmoid (DPO), ipo, hinge, robust", dpo.loss_type),
         COLOSSUS_KEY("label_smoothing", "dpo: robust only, the share of preferences assumed flipped, in [0, 0.5)", dpo.label_smoothing)}});
+    s.push_back({"lora", "", {
+        COLOSSUS_KEY("r", "LoRA rank; 0 (the default) trains the whole model, > 0 only adapters on a frozen base", lora.r),
+        COLOSSUS_KEY("lora_alpha", "adapter scaling numerator: scaling = lora_alpha / r (/ sqrt(r) with use_rslora)", lora.lora_alpha),
+        COLOSSUS_KEY("lora_dropout", "dropout on the adapters' input, in [0, 1)", lora.lora_dropout),
+        COLOSSUS_KEY("target_modules", "\"all-linear\" (every linear layer but the head) or comma-separated module names (\"q_proj,v_proj\")", lora.target_modules),
+        COLOSSUS_KEY("use_rslora", "rank-stabilised scaling lora_alpha / sqrt(r)", lora.use_rslora),
+        COLOSSUS_KEY("adapter", "a PEFT adapter directory to continue training (its adapter_config.json sets the options; leave r at 0)", lora.adapter)}});
     return s;
   }();
   return all;
@@ -455,7 +462,7 @@ TrainConfig read_config_tables(const toml::table& root) {
   if (plugin_name != "low_level_zero" && plugin_name != "gemini" && plugin_name != "hybrid_parallel") {
     plugin_name = "ddp";
   }
-  const std::vector<std::string> order = {"data", "optimizer", "lr_scheduler", "plugin", "booster", "train", "dpo"};
+  const std::vector<std::string> order = {"data", "optimizer", "lr_scheduler", "plugin", "booster", "train", "dpo", "lora"};
   for (const auto& path : order) {
     SectionReader reader(top.table(path.c_str()), path);
     for (const Section& section : sections()) {

@@ -6,6 +6,7 @@
 #include "colossus/data/jsonl_records.h"
 #include "colossus/data/sft_examples.h"
 #include "colossus/data/tokenizer.h"
+#include "colossus/lora/lora_config.h"
 #include "colossus/models/config.h"
 
 #include <fmt/format.h>
@@ -134,6 +135,22 @@ void validate_records_task(const TrainConfig& c) {
 
 }  // namespace
 
+lora::LoraConfig lora_config(const LoraSection& section) {
+  lora::LoraConfig config{.r = section.r, .lora_alpha = section.lora_alpha, .lora_dropout = section.lora_dropout,
+                          .use_rslora = section.use_rslora};
+  std::string names = section.target_modules;
+  for (size_t begin = 0; begin <= names.size();) {
+    size_t end = names.find(',', begin);
+    if (end == std::string::npos) end = names.size();
+    std::string name = names.substr(begin, end - begin);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (!name.empty()) config.target_modules.push_back(name);
+    begin = end + 1;
+  }
+  return config;
+}
+
 void TrainConfig::validate() const {
   if (model.pretrained.empty()) models::preset(model.preset);  // throws listing the presets
   require_positive("data.seq_len", data.seq_len, "128");
@@ -144,6 +161,19 @@ void TrainConfig::validate() const {
     throw ConfigError(fmt::format("train.task is \"{}\"; valid: pretrain, sft, dpo", train.task));
   }
   if (train.task != "pretrain") validate_records_task(*this);
+  if (lora.r < 0) throw ConfigError(fmt::format("lora.r = {} must be >= 0 (0: no LoRA; PEFT's default is 8)", lora.r));
+  if (!lora.adapter.empty() && lora.r != 0)
+    throw ConfigError(fmt::format("lora.adapter = '{}' brings its own adapter_config.json; leave lora.r at 0 (it is {})",
+                                  lora.adapter, lora.r));
+  if (lora.enabled()) {
+    if (lora.adapter.empty()) lora_config(lora).validate();
+    if (plugin.name == "hybrid_parallel")
+      throw ConfigError("[lora] runs under plugin ddp, low_level_zero or gemini for now, not hybrid_parallel (the "
+                        "tensor-parallel sharder does not split adapters yet)");
+    if (plugin.lazy_init)
+      throw ConfigError("[lora] loads the base model whole before adding adapters: set plugin.lazy_init = false");
+    if (train.cuda_graph) throw ConfigError("train.cuda_graph is not supported with [lora] yet: set it to false");
+  }
   if (!(data.eval_fraction >= 0.0 && data.eval_fraction < 1.0)) {
     throw ConfigError(fmt::format("data.eval_fraction = {} must be in [0, 1) (e.g. 0.02)", data.eval_fraction));
   }

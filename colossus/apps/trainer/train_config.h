@@ -5,6 +5,7 @@
 // wrong types are ConfigErrors naming the key and what would be valid.
 #pragma once
 #include "colossus/apps/trainer/dpo_options.h"
+#include "colossus/lora/lora_config.h"
 #include "colossus/booster/booster.h"
 #include "colossus/booster/ddp_plugin.h"
 #include "colossus/booster/gemini_plugin.h"
@@ -124,6 +125,22 @@ struct TrainSection {
   double sample_temperature = 0.6;  // top-k 20; 0 = greedy
 };
 
+// [lora]: LoRA adapters over the frozen base model, PEFT's LoraConfig names;
+// r > 0 turns it on. Checkpoints then hold the adapters in PEFT's format in
+// adapter/ beside model/.
+struct LoraSection {
+  int64_t r = 0;
+  double lora_alpha = 16.0;
+  double lora_dropout = 0.0;
+  std::string target_modules = "all-linear";  // "all-linear" or module names, comma-separated ("q_proj,v_proj")
+  bool use_rslora = false;
+  // A PEFT adapter directory to continue training (PEFT's
+  // from_pretrained(is_trainable=True)): its adapter_config.json sets the
+  // options, so r and the rest stay unset.
+  std::string adapter;
+  bool enabled() const { return r > 0 || !adapter.empty(); }
+};
+
 struct TrainConfig {
   ModelSection model;
   DataSection data;
@@ -133,6 +150,7 @@ struct TrainConfig {
   booster::BoosterOptions booster;
   TrainSection train;
   DpoOptions dpo;
+  LoraSection lora;
   // The TOML text this config was read from, overrides applied (saved in the run directory).
   std::string toml_text;
 
@@ -146,5 +164,8 @@ struct TrainConfig {
 TrainConfig parse_train_config(const std::string& toml_text, const std::vector<std::string>& overrides = {},
                                const std::string& origin = "config");
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// [lora] as the adapters' options (target_modules split at commas).
+lora::LoraConfig lora_config(const LoraSection& section);
 
 }  // namespace colossus::apps

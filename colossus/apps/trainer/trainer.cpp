@@ -21,6 +21,8 @@
 #include "colossus/core/precision.h"
 #include "colossus/data/sft_stream.h"
 #include "colossus/inference/generate.h"
+#include "colossus/lora/inject.h"
+#include "colossus/lora/peft_io.h"
 #include "colossus/models/config.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
@@ -151,6 +153,7 @@ class Trainer {
   std::unique_ptr<data::SftExampleStream> sft_stream_;
   int32_t pad_id_ = 0;
   std::shared_ptr<models::CausalLM> reference_model_;  // dpo only
+  lora::LoraConfig lora_config_;                        // [lora]: the applied config, all-linear resolved
   at::Tensor dpo_metrics_since_log_;                    // dpo: (4) summed per step, see dpo_forward_backward
   std::shared_ptr<booster::Plugin> plugin_;
   std::unique_ptr<booster::Booster> booster_;
@@ -204,9 +207,24 @@ void Trainer::build() {
   // checkpoint, mapped; or the seeded init with gemini's lazy_init) only what
   // its plugin keeps, in its working dtype; never the whole model in fp32.
   const bool pretrained = !config_.model.pretrained.empty();
-  const bool lazy = pretrained || config_.plugin.lazy_init;
+  // LoRA wraps layers of a whole model (loaded, then adapters added), so its
+  // base is not lazy: the plugin gets it materialised.
+  const bool lora = config_.lora.enabled();
+  const bool lazy = !lora && (pretrained || config_.plugin.lazy_init);
   auto model = lazy ? models::create_lazy_model(model_config)
-                    : models::create_model(model_config, {.seed = config_.model.init_seed});
+               : lora && pretrained ? models::load_pretrained(config_.model.pretrained)
+                                    : models::create_model(model_config, {.seed = config_.model.init_seed});
+  if (lora) {
+    lora_config_ = config_.lora.adapter.empty()
+                       ? lora::apply_lora(*model, lora_config(config_.lora), config_.model.init_seed)
+                       : lora::load_peft_adapter(*model, config_.lora.adapter);
+    int64_t trained = 0, total = 0;
+    for (const auto& p : model->parameters()) (p.requires_grad() ? trained : total) += p.numel();
+    total += trained;
+    log.info(fmt::format("lora: r {} on {} layers; {} of {} parameters train ({:.2f}%)", lora_config_.r,
+                         lora_config_.target_modules.size(), trained, total,
+                         100.0 * static_cast<double>(trained) / static_cast<double>(total)));
+  }
   models::ParamSource param_source;
   if (lazy) {
     param_source = pretrained ? models::checkpoint_source(*model, config_.model.pretrained)
@@ -413,6 +431,15 @@ void Trainer::publish_pending_checkpoint() {
   booster_->wait_for_saves();
   world_->barrier().wait();  // every rank's files are on disk
   if (world_->rank() == 0) {
+    if (config_.lora.enabled()) {
+      // The adapters in PEFT's format beside model/, read back from what the
+      // plugin saved (a gemini rank 0 holds only its chunk shards).
+      const fs::path partial = dirs_.partial_dir(*pending_publish_);
+      const std::string model_dir = (partial / "model").string();
+      auto& model = boosted_.model->unwrap();
+      const auto weights = checkpoint::load_tensors(model_dir, lora::lora_parameter_names(model));
+      lora::save_peft_adapter(model, lora_config_, (partial / "adapter").string(), weights);
+    }
     dirs_.publish(*pending_publish_, config_.train.keep_last);
     reporter_->on_checkpoint(*pending_publish_, dirs_.step_dir(*pending_publish_));
   }

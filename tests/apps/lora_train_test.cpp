@@ -1,0 +1,164 @@
+// `[lora]` in `colossus train` on 1 and 2 MPI ranks: continuing a PEFT
+// adapter (lora.adapter) on SFT records gives TRL's SFTTrainer losses on the
+// same PeftModel step for step (fp32, base frozen), under ddp, zero2 and
+// gemini; each checkpoint holds the adapters in PEFT's format in adapter/
+// beside model/, equal to the trained weights of model/ and loadable as a
+// PEFT adapter; the base weights stay those of the pretrained model.
+#include "colossus/apps/trainer/train_config.h"
+#include "colossus/apps/trainer/trainer.h"
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/core/errors.h"
+#include "colossus/lora/inject.h"
+#include "colossus/lora/peft_io.h"
+#include "colossus/models/pretrained.h"
+#include "tests/testing/command.h"
+#include "tests/testing/testing.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace colossus;
+namespace ct = colossus::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path& oracle_dir() {
+  static const fs::path dir = [] {
+    auto world = ct::world();
+    const fs::path out = ct::job_scratch_dir("lora_train_test") / "trl";
+    std::string failure;
+    if (world->rank() == 0 && !fs::exists(out / "trl_losses.json")) {
+      const auto result =
+          ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_LORA_TRL_ORACLE, out.string()));
+      if (result.exit_code != 0) failure = result.output;
+    }
+    world->barrier().wait();
+    if (!failure.empty()) throw std::runtime_error("lora_trl_oracle.py failed:\n" + failure);
+    return out;
+  }();
+  return dir;
+}
+
+fs::path job_dir(const std::string& name) {
+  auto world = ct::world();
+  auto dir = ct::job_scratch_dir("lora_train_test") / name;
+  if (world->rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world->barrier().wait();
+  return dir;
+}
+
+apps::TrainConfig lora_config(const fs::path& output_dir, const std::vector<std::string>& extra = {}) {
+  const int64_t per_rank = 4 / ct::world()->size();
+  std::vector<std::string> overrides{"train.task=\"sft\"",
+                                     "train.output_dir=\"" + output_dir.string() + "\"",
+                                     "train.steps=10",
+                                     "train.log_every=1",
+                                     "train.tensorboard=false",
+                                     "train.sample_tokens=0",
+                                     "model.pretrained=\"" + (oracle_dir() / "model").string() + "\"",
+                                     "data.source=\"" + (oracle_dir() / "data.jsonl").string() + "\"",
+                                     "data.shuffle=false",
+                                     "data.seq_len=64",
+                                     fmt::format("data.batch_size={}", per_rank),
+                                     "optimizer.name=\"adamw\"",
+                                     "optimizer.lr=1e-3",
+                                     "optimizer.beta2=0.999",
+                                     "optimizer.weight_decay=0.0",
+                                     "lr_scheduler.name=\"constant\"",
+                                     "lora.adapter=\"" + (oracle_dir() / "adapter").string() + "\""};
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  return apps::parse_train_config("", overrides);
+}
+
+void expect_trl_curve(const apps::TrainResult& result, const std::string& what) {
+  std::ifstream in(oracle_dir() / "trl_losses.json");
+  const auto trl = nlohmann::json::parse(in).get<std::vector<double>>();
+  ASSERT_EQ(result.steps.size(), trl.size()) << what;
+  double worst = 0.0;
+  for (size_t i = 0; i < trl.size(); ++i) worst = std::max(worst, std::abs(result.steps[i].loss - trl[i]) / trl[i]);
+  EXPECT_LE(worst, 1e-5) << what;
+  if (ct::world()->rank() == 0) {
+    std::printf("%s on %d rank(s): loss %.6f -> %.6f, max rel diff vs TRL + PEFT %.2e\n", what.c_str(),
+                ct::world()->size(), result.steps.front().loss, result.steps.back().loss, worst);
+  }
+}
+
+// The final checkpoint: adapter/ is a PEFT adapter whose weights are model/'s
+// adapter tensors, and model/'s base tensors are the pretrained ones.
+void expect_adapter_checkpoint(const apps::TrainResult& result, const std::string& what) {
+  if (ct::world()->rank() != 0) return;
+  ASSERT_FALSE(result.final_checkpoint.empty()) << what;
+  const fs::path step = result.final_checkpoint;
+  ASSERT_TRUE(fs::exists(step / "adapter" / "adapter_config.json")) << what;
+  auto model = models::load_pretrained((oracle_dir() / "model").string());
+  const auto config = lora::load_peft_adapter(*model, (step / "adapter").string());
+  EXPECT_EQ(config.r, 8) << what;
+  const auto saved = checkpoint::load_state_dict((step / "model").string());
+  const auto original = checkpoint::load_state_dict((oracle_dir() / "model").string());
+  int adapters = 0, bases = 0;
+  for (const auto& item : model->named_parameters()) {
+    const auto it = saved.find(item.key());
+    ASSERT_NE(it, saved.end()) << what << ": " << item.key() << " not in model/";
+    if (item.key().find(".lora_") != std::string::npos) {
+      EXPECT_TRUE(at::equal(item.value(), it->second.to(item.value().scalar_type()))) << what << ": " << item.key();
+      ++adapters;
+    } else if (const auto base = original.find(item.key()); base != original.end()) {
+      EXPECT_TRUE(at::equal(base->second, it->second)) << what << ": base " << item.key() << " changed";
+      ++bases;
+    }
+  }
+  EXPECT_EQ(adapters, 2 * 14) << what;  // A and B of 7 linear layers x 2 blocks
+  EXPECT_GT(bases, 0) << what;
+}
+
+}  // namespace
+
+TEST(LoraTrain, PeftAdapterTrainsTrlsCurve) {
+  const auto result = apps::train(lora_config(job_dir("ddp")));
+  expect_trl_curve(result, "lora ddp");
+  expect_adapter_checkpoint(result, "lora ddp");
+}
+
+TEST(LoraTrain, ZeroAndGeminiTrainTrlsCurve) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
+      {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
+  for (const auto& [name, keys] : cases) {
+    const auto result = apps::train(lora_config(job_dir(name), keys));
+    expect_trl_curve(result, "lora " + name);
+    expect_adapter_checkpoint(result, "lora " + name);
+  }
+}
+
+TEST(LoraTrain, LoraKeysAreCheckedByName) {
+  auto message = [](const std::vector<std::string>& extra) {
+    try {
+      lora_config("/tmp/unused", extra).validate();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message({"lora.r=8"}).find("leave lora.r at 0"), std::string::npos);
+  EXPECT_NE(message({"lora.adapter=\"\"", "lora.r=-1"}).find("lora.r = -1"), std::string::npos);
+  EXPECT_NE(message({"lora.adapter=\"\"", "lora.r=8", "lora.lora_dropout=1.0"}).find("dropout"), std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\""}).find("not hybrid_parallel"), std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"gemini\"", "plugin.lazy_init=true"}).find("lazy_init"), std::string::npos);
+  const auto split = apps::lora_config(apps::LoraSection{.r = 4, .target_modules = " q_proj, v_proj "});
+  EXPECT_EQ(split.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+}
+
+int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }
