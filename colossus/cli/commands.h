@@ -20,5 +20,6 @@ Command add_generate_command(CLI::App& app);  // colossus generate
 Command add_serve_command(CLI::App& app);     // colossus serve
 Command add_train_command(CLI::App& app);     // colossus train
 Command add_plan_command(CLI::App& app);      // colossus plan
+Command add_lora_command(CLI::App& app);      // colossus lora merge
 
 }  // namespace colossus::cli

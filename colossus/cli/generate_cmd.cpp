@@ -36,6 +36,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   std::vector<std::string> stop;
   std::string tokenizer;
+  std::string lora;  // --lora: a PEFT adapter to merge in
   std::string dtype = "fp32";
   std::string device = "cpu";
   bool chat = false;
@@ -182,13 +183,8 @@ int run_generate(const GenerateArgs& args) {
   const std::string model_dir = inference::resolve_model_dir(args.path);
   std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
 
-  const auto load_start = std::chrono::steady_clock::now();
   std::shared_ptr<models::CausalLM> model =
-      models::load_pretrained(model_dir, {.dtype = parse_dtype(args.dtype), .device = device});
-  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-  std::fprintf(stderr, "loaded %s (%s, %lld layers, %s, %s) in %.1f s\n", model_dir.c_str(),
-               models::model_type(model->config()).c_str(), static_cast<long long>(models::num_layers(model->config())),
-               args.dtype.c_str(), device.str().c_str(), load_seconds);
+      load_inference_model(model_dir, args.lora, {.dtype = parse_dtype(args.dtype), .device = device});
 
   const int64_t context = context_length(*model);
   std::vector<std::vector<int64_t>> prompt_ids;
@@ -272,6 +268,9 @@ Command add_generate_command(CLI::App& app) {
   sub->add_flag("--greedy", args->greedy, "Always take the most likely token (no sampling)");
   sub->add_option("--seed", args->seed, "Seed of the sampling generator")->capture_default_str();
   sub->add_option("--stop", args->stop, "Stop a sample once its text contains this string; repeatable");
+  sub->add_option("--lora", args->lora,
+                  "A PEFT LoRA adapter directory to merge into the model (a LoRA training checkpoint's own adapter/ "
+                  "is found by itself)");
   sub->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer directory or file (default: the model directory); 'byte' = the built-in byte tokenizer");
   sub->add_option("--dtype", args->dtype, "Weights and compute dtype")

@@ -4,9 +4,13 @@
 #include "colossus/core/accelerator.h"
 #include "colossus/core/errors.h"
 #include "colossus/data/corpus.h"
+#include "colossus/lora/merged_model.h"
+#include "colossus/models/config.h"
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <type_traits>
@@ -35,6 +39,21 @@ c10::Device parse_device(const std::string& name) {
                                   accelerator->error.empty() ? "" : " (" + accelerator->error + ")"));
   }
   return name == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(name);
+}
+
+std::shared_ptr<models::CausalLM> load_inference_model(const std::string& model_dir, const std::string& lora_dir,
+                                                       const models::LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string adapter = lora_dir;
+  if (adapter.empty()) adapter = lora::checkpoint_adapter_dir(model_dir).value_or("");
+  auto model = adapter.empty() ? models::load_pretrained(model_dir, options)
+                               : lora::load_merged(model_dir, adapter, options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "loaded %s%s (%s, %lld layers, %s, %s) in %.1f s\n", model_dir.c_str(),
+               adapter.empty() ? "" : (" + LoRA " + adapter + " (merged)").c_str(),
+               models::model_type(model->config()).c_str(), static_cast<long long>(models::num_layers(model->config())),
+               c10::toString(options.dtype), options.device.str().c_str(), seconds);
+  return model;
 }
 
 std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const std::string& model_dir) {

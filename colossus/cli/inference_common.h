@@ -3,6 +3,7 @@
 #pragma once
 #include "colossus/data/tokenizer.h"
 #include "colossus/models/causal_lm.h"
+#include "colossus/models/pretrained.h"
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -18,6 +19,12 @@ c10::Device parse_device(const std::string& name);
 // --tokenizer's value ("byte", a directory or file) or, when empty, the model
 // directory's tokenizer files; throws ConfigError naming what was looked for.
 std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const std::string& model_dir);
+// The model of model_dir (load_pretrained) with a LoRA adapter merged in:
+// lora_dir (a PEFT adapter directory), or, when empty and model_dir is a
+// LoRA training checkpoint's model/, its adapter/. Reports on stderr what it
+// loaded and how long it took.
+std::shared_ptr<models::CausalLM> load_inference_model(const std::string& model_dir, const std::string& lora_dir,
+                                                       const models::LoadOptions& options);
 // Positions the model has: GPT-2's n_positions, LLaMA's max_position_embeddings.
 int64_t context_length(const models::CausalLM& model);
 

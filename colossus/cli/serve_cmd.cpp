@@ -32,6 +32,7 @@ struct ServeArgs {
   int port = 8000;
   std::string served_model_name;
   std::string tokenizer;
+  std::string lora;  // --lora: a PEFT adapter to merge in
   std::string device = "cpu";
   int threads = 0;
   int max_connections = 0;
@@ -85,7 +86,7 @@ int run_serve(const ServeArgs& args) {
 
   const auto load_start = std::chrono::steady_clock::now();
   std::shared_ptr<models::CausalLM> model =
-      models::load_pretrained(model_dir, {.dtype = config.model_dtype(), .device = device});
+      load_inference_model(model_dir, args.lora, {.dtype = config.model_dtype(), .device = device});
   const int64_t context = context_length(*model);
   if (config.max_input_len >= context) {
     throw ConfigError(fmt::format("--max_input_len {} leaves no room to generate in the model's context of {} "
@@ -164,6 +165,9 @@ Command add_serve_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--served_model_name,--served-model-name", args->served_model_name,
                   "The model name clients send (default: PATH's last component)");
+  sub->add_option("--lora", args->lora,
+                  "A PEFT LoRA adapter directory to merge into the model (a LoRA training checkpoint's own adapter/ "
+                  "is found by itself)");
   sub->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer directory or file (default: the model directory); 'byte' = the built-in byte tokenizer");
   sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();

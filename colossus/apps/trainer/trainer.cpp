@@ -222,7 +222,7 @@ void Trainer::build() {
     for (const auto& p : model->parameters()) (p.requires_grad() ? trained : total) += p.numel();
     total += trained;
     log.info(fmt::format("lora: r {} on {} layers; {} of {} parameters train ({:.2f}%)", lora_config_.r,
-                         lora_config_.target_modules.size(), trained, total,
+                         lora::lora_layers(*model).size(), trained, total,
                          100.0 * static_cast<double>(trained) / static_cast<double>(total)));
   }
   models::ParamSource param_source;

@@ -1,0 +1,48 @@
+#include "colossus/lora/merged_model.h"
+
+#include "colossus/checkpoint/safetensors.h"
+#include "colossus/core/errors.h"
+#include "colossus/lora/inject.h"
+#include "colossus/lora/peft_io.h"
+#include "colossus/models/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace colossus::lora {
+
+namespace fs = std::filesystem;
+
+std::optional<std::string> checkpoint_adapter_dir(const std::string& model_dir) {
+  const fs::path adapter = fs::path(model_dir).lexically_normal().parent_path() / "adapter";
+  if (fs::path(model_dir).lexically_normal().filename() != "model" || !fs::exists(adapter / "adapter_config.json"))
+    return std::nullopt;
+  return adapter.string();
+}
+
+std::shared_ptr<models::CausalLM> load_merged(const std::string& model_dir, const std::string& adapter_dir,
+                                              const models::LoadOptions& options) {
+  auto state = checkpoint::load_state_dict(model_dir);
+  const bool holds_adapter = std::any_of(state.begin(), state.end(), [](const auto& item) {
+    return item.first.find(".lora_A.weight") != std::string::npos;
+  });
+  std::shared_ptr<models::CausalLM> model;
+  if (holds_adapter) {
+    const fs::path config_path = fs::path(model_dir) / "config.json";
+    if (!fs::exists(config_path)) throw CheckpointError(fmt::format("{} has no config.json", model_dir));
+    model = models::create_model(models::read_config(config_path.string()),
+                                 {.dtype = options.dtype, .device = options.device, .init = false});
+    apply_lora(*model, read_adapter_config(adapter_dir));
+    models::load_state_dict(*model, state, model_dir);
+  } else {
+    state.clear();
+    model = models::load_pretrained(model_dir, options);
+    load_peft_adapter(*model, adapter_dir);
+  }
+  merge_lora(*model);
+  return model;
+}
+
+}  // namespace colossus::lora
