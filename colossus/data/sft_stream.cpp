@@ -7,6 +7,8 @@
 
 #include <condition_variable>
 #include <functional>
+#include <limits>
+#include <random>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -85,12 +87,41 @@ class SftExampleStream::Workers {
   std::vector<std::thread> threads_;
 };
 
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch) + 1);
+  for (int64_t i = n - 1; i > 0; --i) {
+    // j uniform in [0, i]: reject the draws past the largest multiple of i + 1.
+    const uint64_t bound = static_cast<uint64_t>(i) + 1;
+    const uint64_t limit = std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % bound;
+    uint64_t draw = rng();
+    while (draw >= limit) draw = rng();
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(draw % bound)]);
+  }
+  return order;
+}
+
 SftExampleStream::SftExampleStream(const std::string& source, const JsonlSourceOptions& source_options,
                                    SftExampleBuilder builder, const SftStreamOptions& options)
     : source_(source, source_options), builder_(std::move(builder)), options_(options) {
   options_.validate();
   start_ = source_.position();
+  if (options_.shuffle_seed) {
+    // One pass to index the records (bad lines fail or are skipped here, once).
+    for (JsonlPosition before = source_.position(); source_.next(); before = source_.position())
+      record_starts_.push_back(before);
+    source_.seek(start_);
+  }
   if (options_.threads > 1) workers_ = std::make_unique<Workers>(options_.threads);
+}
+
+const JsonlPosition& SftExampleStream::shuffled_start(int64_t epoch, int64_t record_index) {
+  if (order_epoch_ != epoch) {
+    order_ = shuffled_order(static_cast<int64_t>(record_starts_.size()), *options_.shuffle_seed, epoch);
+    order_epoch_ = epoch;
+  }
+  return record_starts_[static_cast<size_t>(order_[static_cast<size_t>(record_index)])];
 }
 
 SftExampleStream::~SftExampleStream() { clear(); }
@@ -104,8 +135,16 @@ void SftExampleStream::clear() {
 
 void SftExampleStream::fill() {
   while (static_cast<int64_t>(pending_.size()) < options_.lookahead && !exhausted_) {
+    const bool shuffled = options_.shuffle_seed.has_value();
+    const bool epoch_done = shuffled && record_index_ == static_cast<int64_t>(record_starts_.size());
+    // Shuffled: read only this rank's records, each where the epoch's order puts it.
+    if (shuffled && !epoch_done && record_index_ % options_.world != options_.rank) {
+      ++record_index_;
+      continue;
+    }
+    if (shuffled && !epoch_done) source_.seek(shuffled_start(epoch_, record_index_));
     const JsonlPosition before = source_.position();
-    std::optional<JsonlRecord> record = source_.next();
+    std::optional<JsonlRecord> record = epoch_done ? std::nullopt : source_.next();
     if (!record) {
       if (!options_.loop || record_index_ == 0) {
         exhausted_ = true;

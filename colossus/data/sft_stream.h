@@ -1,8 +1,9 @@
 // The SFT examples of one data-parallel rank, streamed from a JSONL source:
-// records dealt round-robin over the ranks by their index, tokenized ahead on
-// worker threads, examples with no trained token dropped (and counted, as TRL
-// drops them), epochs by starting the source over, and a position that
-// resumes at exactly the next example whatever the thread count.
+// records dealt round-robin over the ranks by their index, in file order or
+// in a seeded permutation drawn anew each epoch, tokenized ahead on worker
+// threads, examples with no trained token dropped (and counted, as TRL drops
+// them), epochs by starting the source over, and a position that resumes at
+// exactly the next example whatever the thread count.
 #pragma once
 #include "colossus/data/jsonl_source.h"
 #include "colossus/data/sft_examples.h"
@@ -13,7 +14,9 @@
 #include <deque>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace colossus::data {
 
@@ -23,11 +26,16 @@ struct SftStreamOptions {
   int threads = 1;        // tokenizing threads (1: on the caller's thread)
   int64_t lookahead = 64; // records tokenized ahead of next()
   bool loop = true;       // after the last record, start over (the next epoch)
+  // Set: each epoch reads the records in a permutation drawn from (seed,
+  // epoch), the same on every rank and after a resume; the source is indexed
+  // (one offset per record) when the stream is made. Unset: file order.
+  std::optional<uint64_t> shuffle_seed;
   void validate() const;
 };
 
 // Where a rank's stream stands: `source` is the JSONL position before the
-// next record this rank takes, `record_index` that record's index, `epoch`
+// next record this rank takes, `record_index` that record's index (in the
+// epoch's permutation when shuffling), `epoch`
 // the pass over the source it belongs to, `dropped` the examples dropped so
 // far. The same for any thread count.
 struct SftStreamPosition {
@@ -73,6 +81,8 @@ class SftExampleStream {
 
   void fill();
   void clear();
+  // Shuffling: the source position of the record_index-th record of `epoch`'s order.
+  const JsonlPosition& shuffled_start(int64_t epoch, int64_t record_index);
 
   JsonlSource source_;
   SftExampleBuilder builder_;
@@ -87,6 +97,14 @@ class SftExampleStream {
   int64_t last_epoch_ = -1;
   int64_t mine_this_epoch_ = 0;  // records of the source's current pass dealt to this rank
   bool exhausted_ = false;
+  std::vector<JsonlPosition> record_starts_;  // shuffling: where each record of the source starts
+  std::vector<int64_t> order_;                // shuffling: order_epoch_'s permutation of the records
+  int64_t order_epoch_ = -1;
 };
+
+// A permutation of [0, n) drawn from (seed, epoch): Fisher-Yates over a
+// 64-bit Mersenne twister with unbiased bounded draws, so the order is the
+// same on every platform and after a resume.
+std::vector<int64_t> shuffled_order(int64_t n, uint64_t seed, int64_t epoch);
 
 }  // namespace colossus::data

@@ -231,6 +231,63 @@ TEST(SftExampleStream, ResumesAtExactlyTheNextExampleWithAnyThreadCount) {
   }
 }
 
+TEST(SftExampleStream, ShuffledOrderIsASeededPermutationPerEpoch) {
+  const auto a = shuffled_order(1000, 7, 0);
+  std::vector<int64_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(sorted[static_cast<size_t>(i)], i);
+  EXPECT_EQ(a, shuffled_order(1000, 7, 0));
+  EXPECT_NE(a, shuffled_order(1000, 7, 1));
+  EXPECT_NE(a, shuffled_order(1000, 8, 0));
+  EXPECT_TRUE(shuffled_order(0, 7, 0).empty());
+}
+
+// With a shuffle seed each epoch deals the permuted records round-robin: the
+// ranks together see every record once an epoch, in another order each epoch,
+// and a stream resumed anywhere (any thread count) continues exactly.
+TEST(SftExampleStream, ShuffledEpochsCoverEveryRecordAndResumeExactly) {
+  const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
+  const std::string file = (oracle_dir() / "text.jsonl").string();  // 4 records, all trainable
+  const auto in_file_order = built("text", 0, 1);
+  ASSERT_EQ(in_file_order.size(), 4U);
+  const auto index_of = [&](const SftExample& e) {
+    for (size_t i = 0; i < in_file_order.size(); ++i)
+      if (same(e, in_file_order[i])) return static_cast<int64_t>(i);
+    return int64_t{-1};
+  };
+  const SftExampleBuilder builder(*tokenizer, {.max_length = 24});
+  std::vector<std::vector<int64_t>> epochs(3);
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    SftExampleStream stream(file, {}, builder, {.rank = rank, .world = 2, .threads = 2, .shuffle_seed = 5});
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      const auto order = shuffled_order(4, 5, epoch);
+      for (int64_t k = rank; k < 4; k += 2) {
+        const auto got = stream.next();
+        ASSERT_TRUE(got.has_value());
+        EXPECT_EQ(index_of(*got), order[static_cast<size_t>(k)]) << "rank " << rank << " epoch " << epoch;
+        epochs[static_cast<size_t>(epoch)].push_back(index_of(*got));
+      }
+    }
+  }
+  for (auto& seen : epochs) {
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3}));
+  }
+  std::vector<SftExample> reference;
+  {
+    SftExampleStream stream(file, {}, builder, {.shuffle_seed = 5});
+    for (int i = 0; i < 12; ++i) reference.push_back(*stream.next());
+  }
+  for (int64_t taken = 0; taken < 9; ++taken) {
+    SftExampleStream first(file, {}, builder, {.threads = 3, .lookahead = 2, .shuffle_seed = 5});
+    for (int64_t i = 0; i < taken; ++i) ASSERT_TRUE(same(*first.next(), reference[static_cast<size_t>(i)]));
+    SftExampleStream resumed(file, {}, builder, {.shuffle_seed = 5});
+    resumed.seek(SftStreamPosition::from_json(first.position().to_json()));
+    for (int64_t i = taken; i < taken + 3; ++i)
+      EXPECT_TRUE(same(*resumed.next(), reference[static_cast<size_t>(i)])) << "resumed after " << taken << " at " << i;
+  }
+}
+
 TEST(SftExampleStream, FewerRecordsThanRanksAndUntrainableDataAreRefused) {
   const auto tokenizer = load_tokenizer((oracle_dir() / "tokenizer").string());
   const fs::path dir = colossus::testing::scratch_dir("sft_examples");

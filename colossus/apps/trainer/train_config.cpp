@@ -101,13 +101,6 @@ void validate_records_task(const TrainConfig& c) {
   if (c.data.source == "builtin") {
     throw ConfigError(task + " reads JSONL records; set data.source to a .jsonl file, a folder or a glob");
   }
-  // Records are read in file order (each rank's share dealt round-robin);
-  // a shuffling reader is still to come, so shuffle is refused, not ignored.
-  if (c.data.shuffle) {
-    throw ConfigError("data.shuffle = true is not supported with " + task +
-                      " yet (records are read in file order); set data.shuffle = false, or shuffle the JSONL file "
-                      "beforehand");
-  }
   if (c.plugin.name == "hybrid_parallel" && c.plugin.hybrid_parallel.pp_size > 1) {
     throw ConfigError(fmt::format("{} with pipeline parallelism (pp_size = {}) is not supported yet; use pp_size = 1 "
                                   "(tp, zero and gemini work)",

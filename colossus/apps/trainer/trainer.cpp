@@ -197,7 +197,9 @@ void Trainer::build() {
                                  .truncation = data::parse_truncation(config_.data.truncation),
                                  .preference_pairs = dpo()},
                                 chat_template_ ? &*chat_template_ : nullptr),
-        data::SftStreamOptions{.threads = config_.data.tokenize_threads});
+        data::SftStreamOptions{.threads = config_.data.tokenize_threads,
+                               .shuffle_seed = config_.data.shuffle ? std::optional<uint64_t>(config_.train.seed)
+                                                                    : std::nullopt});
     pad_id_ = tokenizer_->pad_id().value_or(tokenizer_->eos_id().value_or(0));
   } else {
     data_ = prepare_training_data(config_, *tokenizer_, *world_);
