@@ -47,6 +47,21 @@ std::string linear_summary(const std::vector<std::string>& linear_paths) {
 
 }  // namespace
 
+void snapshot_adapters(torch::nn::Module& model) {
+  for (auto& [path, layer] : lora_layers(model)) layer->snapshot();
+}
+
+SnapshotAdapters::SnapshotAdapters(torch::nn::Module& model) {
+  for (auto& [path, layer] : lora_layers(model)) {
+    layer->use_snapshot = true;
+    layers_.push_back(layer);
+  }
+}
+
+SnapshotAdapters::~SnapshotAdapters() {
+  for (auto& layer : layers_) layer->use_snapshot = false;
+}
+
 std::string peft_key(const std::string& module_path, const std::string& which) {
   return "base_model.model." + module_path + "." + which + ".weight";
 }

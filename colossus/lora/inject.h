@@ -44,6 +44,21 @@ checkpoint::NamedTensors lora_parameters(torch::nn::Module& model);
 // The PEFT key of one adapter matrix; `which` is "lora_A" or "lora_B".
 std::string peft_key(const std::string& module_path, const std::string& which);
 
+// Snapshots every LoRA layer's adapter (LoraLinear::snapshot).
+void snapshot_adapters(torch::nn::Module& model);
+// While alive, the model's LoRA layers run with their snapshots: the model as
+// it was at snapshot_adapters, for DPO's reference.
+class SnapshotAdapters {
+ public:
+  explicit SnapshotAdapters(torch::nn::Module& model);
+  ~SnapshotAdapters();
+  SnapshotAdapters(const SnapshotAdapters&) = delete;
+  SnapshotAdapters& operator=(const SnapshotAdapters&) = delete;
+
+ private:
+  std::vector<std::shared_ptr<LoraLinear>> layers_;
+};
+
 // Replaces each LoraLinear by its merged plain layer (LoraLinear::merged: W +
 // scaling * B @ A), PEFT's merge_and_unload. Returns how many were merged.
 int64_t merge_lora(models::CausalLM& model);

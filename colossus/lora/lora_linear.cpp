@@ -88,13 +88,29 @@ LoraLinear::LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double sc
 
 at::Tensor LoraLinear::forward(const at::Tensor& x) {
   at::Tensor result = base_->forward(x);  // (..., out), base dtype
+  if (use_snapshot) {
+    TORCH_CHECK(snapshot_A_.defined(), "LoraLinear: use_snapshot without snapshot()");
+    // In the adapters' working dtype and place (a bf16 plugin casts them), so
+    // the snapshot is the policy as it started at the policy's own precision.
+    if (snapshot_A_.device() != x.device() || snapshot_A_.scalar_type() != lora_A.scalar_type()) {
+      snapshot_A_ = snapshot_A_.to(x.device(), lora_A.scalar_type());
+      snapshot_B_ = snapshot_B_.to(x.device(), lora_B.scalar_type());
+    }
+  }
+  const at::Tensor& A = use_snapshot ? snapshot_A_ : lora_A;
+  const at::Tensor& B = use_snapshot ? snapshot_B_ : lora_B;
   const c10::ScalarType result_dtype = result.scalar_type();
-  const at::Tensor lora_x = x.scalar_type() == lora_A.scalar_type() ? x : x.to(lora_A.scalar_type());
+  const at::Tensor lora_x = x.scalar_type() == A.scalar_type() ? x : x.to(A.scalar_type());
   const at::Tensor dropped = dropout_ > 0.0 ? at::dropout(lora_x, dropout_, is_training()) : lora_x;
   // (..., in) -> (..., r) -> (..., out); result + lora promotes (bf16 + fp32 ->
   // fp32).
-  const at::Tensor lora = at::linear(at::linear(dropped, lora_A), lora_B) * scaling_;
+  const at::Tensor lora = at::linear(at::linear(dropped, A), B) * scaling_;
   return (result + lora).to(result_dtype);
+}
+
+void LoraLinear::snapshot() {
+  snapshot_A_ = lora_A.detach().clone();
+  snapshot_B_ = lora_B.detach().clone();
 }
 
 at::Tensor LoraLinear::delta_weight() const {

@@ -45,12 +45,19 @@ class LoraLinear : public models::Layer {
   double scaling() const { return scaling_; }
   double dropout() const { return dropout_; }
 
+  // Copies the adapter as it is now; while use_snapshot is set, forward uses
+  // that copy (on the input's device) instead of lora_A / lora_B: DPO's
+  // reference, the policy as it started, without a second model (TRL keeps a
+  // "ref" copy of a PEFT adapter for the same). The copy is no parameter.
+  void snapshot();
+  bool use_snapshot = false;
   at::Tensor lora_A;  // (r, in), registered as lora_A.weight
   at::Tensor lora_B;  // (out, r), registered as lora_B.weight
 
  private:
   std::shared_ptr<models::Layer> base_;
   at::Tensor base_weight_, base_bias_;
+  at::Tensor snapshot_A_, snapshot_B_;
   bool conv1d_ = false;
   double scaling_;
   double dropout_;

@@ -2,7 +2,8 @@
 // preference pairs give TRL's DPOTrainer losses and reward metrics step for
 // step (fp32, the same model as policy and frozen reference, data order and
 // hyperparameters; global batch 4 pairs as 4 x 1 rank or 2 x 2 ranks), for
-// plain-string and conversational pairs, under ddp, zero2 and gemini.
+// plain-string and conversational pairs, under ddp, zero2 and gemini; with
+// LoRA, the adapter as it started as the reference.
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
 #include "tests/testing/command.h"
@@ -31,7 +32,7 @@ const fs::path& oracle_dir() {
     auto world = ct::world();
     const fs::path out = ct::job_scratch_dir("dpo_train_test") / "trl";
     std::string failure;
-    if (world->rank() == 0 && !fs::exists(out / "chat_pairs.trl.json")) {
+    if (world->rank() == 0 && !fs::exists(out / "lora_pairs.trl.json")) {
       const auto result =
           ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_DPO_TRL_ORACLE, out.string()));
       if (result.exit_code != 0) failure = result.output;
@@ -118,6 +119,19 @@ TEST(DpoTrain, PlainPairsTrainTrlsCurve) {
 // completion where prompt + completion parts from it (the model's template).
 TEST(DpoTrain, ChatPairsTrainTrlsCurve) {
   expect_trl_steps(apps::train(dpo_config(job_dir("chat_pairs"), "chat_pairs")), "chat_pairs", "dpo chat pairs");
+}
+
+// LoRA: the policy continues a PEFT adapter and the reference is the policy
+// as it started (the adapter's snapshot, no second model), as TRL with a
+// PeftModel keeps a "ref" copy of the adapter.
+TEST(DpoTrain, LoraAdapterWithItsStartAsReferenceTrainsTrlsCurve) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"ddp", {}},
+      {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}}};
+  for (auto [name, keys] : cases) {
+    keys.push_back("lora.adapter=\"" + (oracle_dir() / "adapter").string() + "\"");
+    expect_trl_steps(apps::train(dpo_config(job_dir("lora_" + name), "pairs", keys)), "lora_pairs", "dpo lora " + name);
+  }
 }
 
 TEST(DpoTrain, ZeroAndGeminiTrainTrlsCurve) {

@@ -10,6 +10,10 @@
       reference model a frozen copy, max_length 64, AdamW lr 1e-3 betas (0.9,
       0.999) eps 1e-8 no weight decay, constant LR, no clipping, fp32, CPU) the
       loss, the mean chosen and rejected rewards, the reward accuracy and margin.
+      OUT_DIR/adapter/ (a PEFT LoRA adapter on every linear layer, lora_B
+      nonzero) and OUT_DIR/lora_pairs.trl.json: the same on pairs.jsonl with the
+      policy that adapter continued (PeftModel, is_trainable) and the reference
+      the policy as it started (TRL loads a "ref" copy of the adapter).
 """
 import json
 import os
@@ -22,6 +26,7 @@ for name in list(os.environ):
                                                                   "MASTER_PORT"):
         del os.environ[name]
 
+import peft
 import torch
 import transformers
 from datasets import Dataset
@@ -75,7 +80,17 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     transformers.logging.set_verbosity_error()
     fast = save_model(out)
-    for name, data in (("pairs", pairs()), ("chat_pairs", chat_pairs())):
+    base = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
+    torch.manual_seed(11)
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                        lora_dropout=0.0, task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    adapted.save_pretrained(out / "adapter")
+    for name, data, lora in (("pairs", pairs(), False), ("chat_pairs", chat_pairs(), False),
+                             ("lora_pairs", pairs(), True)):
         (out / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data),
                                           encoding="utf-8")
         RecordingTrainer.steps = []
@@ -86,6 +101,8 @@ def main() -> int:
                              report_to=[], use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
                              logging_steps=1, save_strategy="no", dataloader_drop_last=False, seed=1)
             model = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
+            if lora:
+                model = peft.PeftModel.from_pretrained(model, out / "adapter", is_trainable=True)
             trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data),
                                        processing_class=fast)
             trainer.train()

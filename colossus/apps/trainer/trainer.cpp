@@ -220,6 +220,7 @@ void Trainer::build() {
     lora_config_ = config_.lora.adapter.empty()
                        ? lora::apply_lora(*model, lora_config(config_.lora), config_.model.init_seed)
                        : lora::load_peft_adapter(*model, config_.lora.adapter);
+    if (dpo()) lora::snapshot_adapters(*model);
     int64_t trained = 0, total = 0;
     for (const auto& p : model->parameters()) (p.requires_grad() ? trained : total) += p.numel();
     total += trained;
@@ -240,7 +241,9 @@ void Trainer::build() {
   pipeline_ = plugin_->pipeline_parallel();
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
-  if (dpo()) build_reference_model(model_config);
+  // With LoRA the reference is the policy with its adapters as they started
+  // (snapshot before boosting; TRL keeps such a copy of a PEFT adapter): no second base.
+  if (dpo() && !config_.lora.enabled()) build_reference_model(model_config);
   dp_ = plugin_->dp_group();
   dp_size_ = dp_->size();
 
@@ -569,7 +572,12 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
     at::Tensor reference;
     {
       at::NoGradGuard no_grad;
-      reference = sequence_logps(reference_model_->forward(ids, layout), labels);
+      if (reference_model_) {
+        reference = sequence_logps(reference_model_->forward(ids, layout), labels);
+      } else {
+        lora::SnapshotAdapters initial_policy(model.unwrap());
+        reference = sequence_logps(model.forward(ids, layout), labels);
+      }
     }
     std::optional<booster::Booster::NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(model);
