@@ -2,6 +2,7 @@
 // plugin wrapping, scheduler rebinding) and the training-step helpers. The
 // collective checkpoint functions live in booster_checkpoint.cpp.
 #include "colossus/booster/booster.h"
+#include "colossus/lora/inject.h"
 
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster_impl.h"
@@ -262,6 +263,13 @@ Boosted Booster::boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<
                  .optimizer = std::move(boosted_optimizer),
                  .lr_scheduler = std::move(lr_scheduler),
                  .dataloader = std::move(dataloader)};
+}
+
+lora::LoraConfig Booster::enable_lora(models::CausalLM& model, const lora::LoraConfig& config, uint64_t seed) {
+  if (plugin_->name() == "hybrid_parallel")
+    throw ConfigError("LoRA runs under plugin ddp, low_level_zero or gemini for now, not hybrid_parallel (the "
+                      "tensor-parallel sharder does not split adapters yet)");
+  return lora::apply_lora(model, config, seed);
 }
 
 std::shared_ptr<data::DataLoader> Booster::prepare_dataloader(std::shared_ptr<const data::TokenDataset> dataset,

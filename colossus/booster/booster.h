@@ -8,6 +8,7 @@
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/plugin.h"
 #include "colossus/data/data_loader.h"
+#include "colossus/lora/lora_config.h"
 #include "colossus/optim/lr_scheduler.h"
 #include "colossus/optim/optimizer.h"
 
@@ -63,6 +64,14 @@ class Booster {
   Boosted boost(std::shared_ptr<models::CausalLM> model, std::unique_ptr<optim::Optimizer> optimizer,
                 std::shared_ptr<optim::LRScheduler> lr_scheduler = nullptr,
                 std::shared_ptr<data::DataLoader> dataloader = nullptr, const models::ParamSource& param_source = {});
+
+  // Colossal-AI's booster.enable_lora: LoRA adapters on `model` before it is
+  // boosted (lora::apply_lora: the base frozen, fp32 adapters trained); build
+  // the optimizer afterwards, on the parameters that still train. Returns the
+  // applied config ("all-linear" resolved). ConfigError when this plugin
+  // cannot train adapters yet (hybrid_parallel: the tensor-parallel sharder
+  // does not split them) or the config is invalid.
+  lora::LoraConfig enable_lora(models::CausalLM& model, const lora::LoraConfig& config, uint64_t seed = 0);
 
   // A dataloader sharded over the plugin's data-parallel group: this rank
   // reads 1/dp of each epoch, shuffled by (seed, epoch) identically on all ranks.

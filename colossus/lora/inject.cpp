@@ -1,6 +1,7 @@
 #include "colossus/lora/inject.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/lora/nf4_linear.h"
 #include "colossus/models/moe_layer.h"
 #include "colossus/models/pretrained.h"
 
@@ -16,7 +17,7 @@ namespace {
 
 bool is_linear(const torch::nn::Module& module) {
   return dynamic_cast<const models::Linear*>(&module) != nullptr ||
-         dynamic_cast<const models::Conv1D*>(&module) != nullptr;
+         dynamic_cast<const models::Conv1D*>(&module) != nullptr || dynamic_cast<const Nf4Linear*>(&module) != nullptr;
 }
 
 // PEFT's list match: the whole path, or its tail after a dot.

@@ -1,6 +1,7 @@
 #include "colossus/lora/lora_linear.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/lora/nf4_linear.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -49,13 +50,18 @@ LoraLinear::LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double sc
     base_bias_ = conv->bias;
     in = conv->weight.size(0);
     out = conv->weight.size(1);
+  } else if (auto* nf4 = dynamic_cast<Nf4Linear*>(base_.get())) {
+    nf4_base_ = true;  // QLoRA: no full-precision weight to register or merge from
+    base_bias_ = nf4->bias;
+    out = nf4->out_features();
+    in = nf4->in_features();
   } else {
-    throw ConfigError(fmt::format("LoRA wraps Linear and Conv1D layers; got a {}", base_->name()));
+    throw ConfigError(fmt::format("LoRA wraps Linear, Conv1D and NF4 Linear layers; got a {}", base_->name()));
   }
   if (r <= 0) throw ConfigError(fmt::format("LoRA rank r = {} must be positive", r));
   // The same tensors as the base layer's, frozen: registering them here (not
   // the base as a child) keeps the HF names "<path>.weight" / "<path>.bias".
-  register_parameter("weight", base_weight_, /*requires_grad=*/false);
+  if (!nf4_base_) register_parameter("weight", base_weight_, /*requires_grad=*/false);
   if (base_bias_.defined()) register_parameter("bias", base_bias_, /*requires_grad=*/false);
 
   // Values drawn in fp32 on the CPU from one seeded generator (the same
@@ -79,7 +85,8 @@ LoraLinear::LoraLinear(std::shared_ptr<models::Layer> base, int64_t r, double sc
         break;
     }
   }
-  const auto options = at::TensorOptions().dtype(adapter_dtype).device(base_weight_.device());
+  const auto device = nf4_base_ ? static_cast<Nf4Linear&>(*base_).weight().packed.device() : base_weight_.device();
+  const auto options = at::TensorOptions().dtype(adapter_dtype).device(device);
   lora_A = a.to(options).set_requires_grad(true);
   lora_B = b.to(options).set_requires_grad(true);
   register_module("lora_A", weight_holder("lora_A", lora_A));
@@ -121,7 +128,10 @@ at::Tensor LoraLinear::delta_weight() const {
 
 std::shared_ptr<models::Layer> LoraLinear::merged() const {
   at::NoGradGuard no_grad;
-  const at::Tensor weight = (base_weight_ + delta_weight()).to(base_weight_.scalar_type());
+  // An NF4 base merges into its dequantised fp32 weight (PEFT dequantises to merge too).
+  const at::Tensor base_weight =
+      nf4_base_ ? static_cast<const Nf4Linear&>(*base_).dequantized_weight(at::kFloat) : base_weight_;
+  const at::Tensor weight = (base_weight + delta_weight().to(base_weight.device())).to(base_weight.scalar_type());
   const int64_t in = conv1d_ ? weight.size(0) : weight.size(1), out = conv1d_ ? weight.size(1) : weight.size(0);
   std::shared_ptr<models::Layer> layer;
   if (conv1d_) {
@@ -132,7 +142,7 @@ std::shared_ptr<models::Layer> LoraLinear::merged() const {
     conv->bias.set_requires_grad(false);
     layer = conv;
   } else {
-    auto linear = std::make_shared<models::Linear>(in, out, base_bias_.defined(), base_weight_.options());
+    auto linear = std::make_shared<models::Linear>(in, out, base_bias_.defined(), base_weight.options());
     linear->weight.copy_(weight);
     linear->weight.set_requires_grad(false);
     if (base_bias_.defined()) {

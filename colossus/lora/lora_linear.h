@@ -59,6 +59,7 @@ class LoraLinear : public models::Layer {
   at::Tensor base_weight_, base_bias_;
   at::Tensor snapshot_A_, snapshot_B_;
   bool conv1d_ = false;
+  bool nf4_base_ = false;  // the base is an Nf4Linear (QLoRA)
   double scaling_;
   double dropout_;
 };

@@ -29,13 +29,30 @@ std::shared_ptr<models::CausalLM> load_merged(const std::string& model_dir, cons
     return item.first.find(".lora_A.weight") != std::string::npos;
   });
   std::shared_ptr<models::CausalLM> model;
+  const LoraConfig adapter = read_adapter_config(adapter_dir);
   if (holds_adapter) {
     const fs::path config_path = fs::path(model_dir) / "config.json";
     if (!fs::exists(config_path)) throw CheckpointError(fmt::format("{} has no config.json", model_dir));
     model = models::create_model(models::read_config(config_path.string()),
                                  {.dtype = options.dtype, .device = options.device, .init = false});
-    apply_lora(*model, read_adapter_config(adapter_dir));
-    models::load_state_dict(*model, state, model_dir);
+    apply_lora(*model, adapter);
+    const auto layers = lora_layers(*model);
+    const bool has_base = std::all_of(layers.begin(), layers.end(),
+                                      [&](const auto& layer) { return state.contains(layer.first + ".weight"); });
+    if (has_base) {
+      models::load_state_dict(*model, state, model_dir);
+    } else {
+      // A QLoRA checkpoint holds no base linear weights (they trained in NF4):
+      // the adapter goes onto the base model it was trained from.
+      const std::string& base = adapter.base_model_name_or_path;
+      if (base.empty() || !fs::exists(fs::path(base) / "config.json"))
+        throw CheckpointError(fmt::format(
+            "{} holds the adapter but not the base model's linear weights (a QLoRA run), and its adapter names no "
+            "base directory that exists ('{}'); give the base model and the adapter: --lora {} on the base",
+            model_dir, base, adapter_dir));
+      model = models::load_pretrained(base, options);
+      load_peft_adapter(*model, adapter_dir);
+    }
   } else {
     state.clear();
     model = models::load_pretrained(model_dir, options);

@@ -349,7 +349,8 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("lora_dropout", "dropout on the adapters' input, in [0, 1)", lora.lora_dropout),
         COLOSSUS_KEY("target_modules", "\"all-linear\" (every linear layer but the head) or comma-separated module names (\"q_proj,v_proj\")", lora.target_modules),
         COLOSSUS_KEY("use_rslora", "rank-stabilised scaling lora_alpha / sqrt(r)", lora.use_rslora),
-        COLOSSUS_KEY("adapter", "a PEFT adapter directory to continue training (its adapter_config.json sets the options; leave r at 0)", lora.adapter)}});
+        COLOSSUS_KEY("adapter", "a PEFT adapter directory to continue training (its adapter_config.json sets the options; leave r at 0)", lora.adapter),
+        COLOSSUS_KEY("quantize", "\"nf4\": QLoRA, the base's linear layers held in 4-bit NF4 (double-quantised as bitsandbytes); \"\": as loaded", lora.quantize)}});
     return s;
   }();
   return all;

@@ -158,6 +158,10 @@ void TrainConfig::validate() const {
   if (!lora.adapter.empty() && lora.r != 0)
     throw ConfigError(fmt::format("lora.adapter = '{}' brings its own adapter_config.json; leave lora.r at 0 (it is {})",
                                   lora.adapter, lora.r));
+  if (lora.quantize != "" && lora.quantize != "nf4")
+    throw ConfigError(fmt::format("lora.quantize = \"{}\"; valid: \"nf4\" (QLoRA) or \"\" (none)", lora.quantize));
+  if (!lora.quantize.empty() && !lora.enabled())
+    throw ConfigError("lora.quantize = \"nf4\" quantises the frozen base of a LoRA run: set lora.r (or lora.adapter)");
   if (lora.enabled()) {
     if (lora.adapter.empty()) lora_config(lora).validate();
     if (plugin.name == "hybrid_parallel")

@@ -138,6 +138,9 @@ struct LoraSection {
   // from_pretrained(is_trainable=True)): its adapter_config.json sets the
   // options, so r and the rest stay unset.
   std::string adapter;
+  // "nf4": QLoRA, the base's linear layers stored in 4-bit NF4 (double
+  // quantised, as bitsandbytes) and dequantised in each forward; "": as loaded.
+  std::string quantize;
   bool enabled() const { return r > 0 || !adapter.empty(); }
 };
 

@@ -22,6 +22,7 @@
 #include "colossus/data/sft_stream.h"
 #include "colossus/inference/generate.h"
 #include "colossus/lora/inject.h"
+#include "colossus/lora/nf4_linear.h"
 #include "colossus/lora/peft_io.h"
 #include "colossus/models/config.h"
 #include "colossus/models/lazy_init.h"
@@ -205,6 +206,9 @@ void Trainer::build() {
     data_ = prepare_training_data(config_, *tokenizer_, *world_);
   }
   auto model_config = build_model_config(config_, *tokenizer_);
+  plugin_ = make_plugin(config_.plugin, world_);
+  pipeline_ = plugin_->pipeline_parallel();
+  booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   // Lazy: a meta model, and each rank reads from the source (the pretrained
   // checkpoint, mapped; or the seeded init with gemini's lazy_init) only what
   // its plugin keeps, in its working dtype; never the whole model in fp32.
@@ -217,10 +221,15 @@ void Trainer::build() {
                : lora && pretrained ? models::load_pretrained(config_.model.pretrained)
                                     : models::create_model(model_config, {.seed = config_.model.init_seed});
   if (lora) {
+    if (config_.lora.quantize == "nf4") {
+      const int64_t quantized = lora::quantize_base_nf4(*model);
+      log.info(fmt::format("lora: {} linear layers of the base held in NF4 (QLoRA)", quantized));
+    }
     lora_config_ = config_.lora.adapter.empty()
-                       ? lora::apply_lora(*model, lora_config(config_.lora), config_.model.init_seed)
+                       ? booster_->enable_lora(*model, lora_config(config_.lora), config_.model.init_seed)
                        : lora::load_peft_adapter(*model, config_.lora.adapter);
     if (dpo()) lora::snapshot_adapters(*model);
+    if (lora_config_.base_model_name_or_path.empty()) lora_config_.base_model_name_or_path = config_.model.pretrained;
     int64_t trained = 0, total = 0;
     for (const auto& p : model->parameters()) (p.requires_grad() ? trained : total) += p.numel();
     total += trained;
@@ -237,9 +246,6 @@ void Trainer::build() {
   auto optimizer = build_optimizer(config_.optimizer, *model);
   auto scheduler = build_lr_scheduler(config_.lr_scheduler, *optimizer, config_.train.steps);
 
-  plugin_ = make_plugin(config_.plugin, world_);
-  pipeline_ = plugin_->pipeline_parallel();
-  booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
   device_ = booster_->device();
   // With LoRA the reference is the policy with its adapters as they started
   // (snapshot before boosting; TRL keeps such a copy of a PEFT adapter): no second base.
