@@ -2,7 +2,7 @@
 // preference pairs give TRL's DPOTrainer losses and reward metrics step for
 // step (fp32, the same model as policy and frozen reference, data order and
 // hyperparameters; global batch 4 pairs as 4 x 1 rank or 2 x 2 ranks), for
-// plain-string and conversational pairs, under ddp, zero2 and gemini; with
+// plain-string and conversational pairs, under ddp, zero1, zero2 and gemini; with
 // LoRA, the adapter as it started as the reference.
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
@@ -136,6 +136,7 @@ TEST(DpoTrain, LoraAdapterWithItsStartAsReferenceTrainsTrlsCurve) {
 
 TEST(DpoTrain, ZeroAndGeminiTrainTrlsCurve) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"zero1", {"plugin.name=\"low_level_zero\"", "plugin.stage=1", "plugin.precision=\"fp32\""}},
       {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
       {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
   for (const auto& [name, keys] : cases) {

@@ -135,6 +135,7 @@ TEST(LoraTrain, PeftAdapterTrainsTrlsCurve) {
 
 TEST(LoraTrain, ZeroAndGeminiTrainTrlsCurve) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"zero1", {"plugin.name=\"low_level_zero\"", "plugin.stage=1", "plugin.precision=\"fp32\""}},
       {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
       {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
   for (const auto& [name, keys] : cases) {

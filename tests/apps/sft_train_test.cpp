@@ -1,7 +1,7 @@
 // `train.task = "sft"` end to end on 1 and 2 MPI ranks: 10 steps on JSONL
 // prompt/completion records give TRL's SFTTrainer losses step for step (fp32,
 // the same model, data order and hyperparameters; global batch 4 as 4 x 1
-// rank or 2 x 2 ranks), padded or packed, under ddp, zero2, gemini and tp2;
+// rank or 2 x 2 ranks), padded or packed, under ddp, zero1, zero2, gemini and tp2;
 // a run saved at step 3 and resumed
 // continues the uninterrupted curve exactly; conversations trained on their
 // assistant turns give TRL's assistant_only_loss curve; SFT- and DPO-only
@@ -123,6 +123,7 @@ TEST(SftTrain, PackedBatchesTrainTrlsCurve) {
 // holding the whole global batch), all on TRL's curve.
 TEST(SftTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
   std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"zero1", {"plugin.name=\"low_level_zero\"", "plugin.stage=1", "plugin.precision=\"fp32\""}},
       {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
       {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
   if (ct::world()->size() == 2) {
