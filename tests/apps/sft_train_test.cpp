@@ -194,6 +194,9 @@ TEST(SftTrain, SftKeysAreCheckedByName) {
   EXPECT_NE(message({"train.task=\"dpo\"", "dpo.label_smoothing=0.1"}).find("robust"), std::string::npos);
   EXPECT_NE(message({"train.task=\"dpo\"", "data.packing=true"}).find("data.packing"), std::string::npos);
   EXPECT_NE(message({"train.task=\"dpo\"", "data.format=\"chat\""}).find("preference"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2"})
+                .find("parallel_output = false"),
+            std::string::npos);
   EXPECT_NE(message({"train.task=\"rlhf\""}).find("valid: pretrain, sft, dpo"), std::string::npos);
   EXPECT_NE(message({"data.source=\"builtin\""}).find("reads JSONL records"), std::string::npos);
 }

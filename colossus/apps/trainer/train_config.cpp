@@ -119,11 +119,13 @@ void validate_records_task(const TrainConfig& c) {
   if (c.data.packing)
     throw ConfigError("data.packing = true is not supported with train.task = \"dpo\" yet (each chosen and rejected "
                       "sequence is its own padded row); set data.packing = false");
-  // The policy's per-sequence log-probs come from full logits; tensor
-  // parallelism shards them over the vocabulary.
-  if (c.plugin.name == "hybrid_parallel")
-    throw ConfigError("train.task = \"dpo\" runs under plugin ddp, low_level_zero or gemini for now, not "
-                      "hybrid_parallel");
+  // The per-sequence log-probs are taken from whole logits: tensor
+  // parallelism gathers them (parallel_output = false); sequence sharding
+  // would split a sequence's sum over ranks.
+  const auto& hp = c.plugin.hybrid_parallel;
+  if (c.plugin.name == "hybrid_parallel" && (hp.parallel_output || hp.sp_size > 1 || hp.enable_sequence_parallelism))
+    throw ConfigError("train.task = \"dpo\" with hybrid_parallel needs plugin.parallel_output = false (the "
+                      "sequence log-probs come from gathered logits) and no sequence parallelism");
 }
 
 }  // namespace
