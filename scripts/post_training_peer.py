@@ -27,8 +27,20 @@ import time
 import torch
 import transformers
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "data"))
-from sft_oracle import tokenizer  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+
+def tokenizer(out: pathlib.Path):
+    """A byte-level BPE (320 tokens, <s> </s> <pad>) trained here: no download, no datasets package."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([" ".join(WORDS)] * 20, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                pad_token="<pad>")
 
 SHAPES = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -45,6 +57,7 @@ def make(args):
     out = pathlib.Path(args.dir)
     (out / "model").mkdir(parents=True, exist_ok=True)
     fast = tokenizer(out)
+    fast.save_pretrained(out / "tokenizer")
     config = transformers.LlamaConfig(max_position_embeddings=4096, bos_token_id=fast.bos_token_id,
                                       eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
                                       **SHAPES[args.shape])
