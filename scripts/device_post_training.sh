@@ -110,6 +110,7 @@ if [[ $stage == lora8b || $stage == all ]]; then
   train_config "$dir" "$work/run_lora" false lora > "$work/lora.toml"
   run_sampled "$bin" train "$work/lora.toml" > "$work/lora.log" 2>&1 || { tail -20 "$work/lora.log"; exit 1; }
   ours_peak=$(cat "$peak_file"); ours_rate=$(ours_tokens_per_s "$work/run_lora/metrics.jsonl")
+  rm -rf "$work/run_lora/checkpoints"  # the base in each checkpoint: 16 GB of a 64 GB disk
   stamp "transformers + PEFT, LoRA r 16"
   run_sampled $python scripts/post_training_peer.py peft "$dir" --device "$device" --steps "$steps" --batch "$batch" \
     --seq "$seq" --r 16 > "$work/peft.json" 2> "$work/peft.err" || { tail -20 "$work/peft.err"; exit 1; }
@@ -131,6 +132,7 @@ if [[ $stage == sft1b || $stage == all ]]; then
     train_config "$dir" "$work/run_sft_$packing" "$packing" full > "$work/sft_$packing.toml"
     "$bin" train "$work/sft_$packing.toml" > "$work/sft_$packing.log" 2>&1 || { tail -20 "$work/sft_$packing.log"; exit 1; }
     rate[$packing]=$(ours_tokens_per_s "$work/run_sft_$packing/metrics.jsonl")
+    rm -rf "$work/run_sft_$packing/checkpoints"
   done
   share=$($python scripts/post_training_peer.py padding "$dir" --batch "$batch" --seq "$seq" | $python -c "import json,sys; print(json.load(sys.stdin)['padding_share'])")
   config="$small shape, full SFT, $precision, batch $batch, seq $seq, $steps steps"
