@@ -28,13 +28,16 @@ std::shared_ptr<models::CausalLM> load_merged(const std::string& model_dir, cons
   const bool holds_adapter = std::any_of(state.begin(), state.end(), [](const auto& item) {
     return item.first.find(".lora_A.weight") != std::string::npos;
   });
-  std::shared_ptr<models::CausalLM> model;
   const LoraConfig adapter = read_adapter_config(adapter_dir);
-  if (holds_adapter) {
-    const fs::path config_path = fs::path(model_dir) / "config.json";
-    if (!fs::exists(config_path)) throw CheckpointError(fmt::format("{} has no config.json", model_dir));
-    model = models::create_model(models::read_config(config_path.string()),
-                                 {.dtype = options.dtype, .device = options.device, .init = false});
+  const fs::path config_path = fs::path(model_dir) / "config.json";
+  if (!fs::exists(config_path)) throw CheckpointError(fmt::format("{} has no config.json", model_dir));
+  // The files already mapped above are the ones loaded: model_dir is read once.
+  auto model = models::create_model(models::read_config(config_path.string()),
+                                    {.dtype = options.dtype, .device = options.device, .init = false});
+  if (!holds_adapter) {
+    models::load_state_dict(*model, state, model_dir);
+    load_peft_adapter(*model, adapter_dir);
+  } else {
     apply_lora(*model, adapter);
     const auto layers = lora_layers(*model);
     const bool has_base = std::all_of(layers.begin(), layers.end(),
@@ -53,10 +56,6 @@ std::shared_ptr<models::CausalLM> load_merged(const std::string& model_dir, cons
       model = models::load_pretrained(base, options);
       load_peft_adapter(*model, adapter_dir);
     }
-  } else {
-    state.clear();
-    model = models::load_pretrained(model_dir, options);
-    load_peft_adapter(*model, adapter_dir);
   }
   merge_lora(*model);
   return model;
