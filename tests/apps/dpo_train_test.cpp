@@ -7,6 +7,7 @@
 // LoRA, the adapter as it started as the reference.
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
+#include "tests/apps/oracle_runs.h"
 #include "tests/testing/command.h"
 #include "tests/testing/testing.h"
 
@@ -27,34 +28,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The oracle's model, pairs and TRL steps, made once by rank 0.
+// The oracle's outputs, made once per job by rank 0.
 const fs::path& oracle_dir() {
-  static const fs::path dir = [] {
-    auto world = ct::world();
-    const fs::path out = ct::job_scratch_dir("dpo_train_test") / "trl";
-    std::string failure;
-    if (world->rank() == 0 && !fs::exists(out / "lora_pairs.trl.json")) {
-      const auto result =
-          ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_DPO_TRL_ORACLE, out.string()));
-      if (result.exit_code != 0) failure = result.output;
-    }
-    world->barrier().wait();
-    if (!failure.empty()) throw std::runtime_error("dpo_trl_oracle.py failed:\n" + failure);
-    return out;
-  }();
+  static const fs::path dir =
+      ct::run_oracle_once("dpo_train_test", "trl", COLOSSUS_PYTHON, COLOSSUS_DPO_TRL_ORACLE, "lora_pairs.trl.json");
   return dir;
 }
 
-fs::path job_dir(const std::string& name) {
-  auto world = ct::world();
-  auto dir = ct::job_scratch_dir("dpo_train_test") / name;
-  if (world->rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  world->barrier().wait();
-  return dir;
-}
+fs::path job_dir(const std::string& name) { return ct::fresh_job_dir("dpo_train_test", name); }
 
 // TRL's settings (dpo_trl_oracle.py): 4 pairs a step, beta 0.1, sigmoid,
 // AdamW(0.9, 0.999, 1e-8), lr 1e-3 constant, no weight decay, no clipping,

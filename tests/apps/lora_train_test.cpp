@@ -12,6 +12,7 @@
 #include "colossus/lora/merged_model.h"
 #include "colossus/lora/peft_io.h"
 #include "colossus/models/pretrained.h"
+#include "tests/apps/oracle_runs.h"
 #include "tests/testing/command.h"
 #include "tests/testing/testing.h"
 
@@ -33,33 +34,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The oracle's outputs, made once per job by rank 0.
 const fs::path& oracle_dir() {
-  static const fs::path dir = [] {
-    auto world = ct::world();
-    const fs::path out = ct::job_scratch_dir("lora_train_test") / "trl";
-    std::string failure;
-    if (world->rank() == 0 && !fs::exists(out / "trl_losses.json")) {
-      const auto result =
-          ct::run_command(fmt::format("'{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_LORA_TRL_ORACLE, out.string()));
-      if (result.exit_code != 0) failure = result.output;
-    }
-    world->barrier().wait();
-    if (!failure.empty()) throw std::runtime_error("lora_trl_oracle.py failed:\n" + failure);
-    return out;
-  }();
+  static const fs::path dir =
+      ct::run_oracle_once("lora_train_test", "trl", COLOSSUS_PYTHON, COLOSSUS_LORA_TRL_ORACLE, "trl_losses.json");
   return dir;
 }
 
-fs::path job_dir(const std::string& name) {
-  auto world = ct::world();
-  auto dir = ct::job_scratch_dir("lora_train_test") / name;
-  if (world->rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
-  }
-  world->barrier().wait();
-  return dir;
-}
+fs::path job_dir(const std::string& name) { return ct::fresh_job_dir("lora_train_test", name); }
 
 apps::TrainConfig lora_config(const fs::path& output_dir, const std::vector<std::string>& extra = {}) {
   const int64_t per_rank = 4 / ct::world()->size();
@@ -152,20 +134,9 @@ TEST(LoraTrain, ZeroAndGeminiTrainTrlsCurve) {
 // The checkpoint holds no base linear weights; its adapter goes back onto
 // the base model it names.
 TEST(LoraTrain, QloraTrainsTrlsCurve) {
-  static const fs::path qlora = [] {
-    auto world = ct::world();
-    const fs::path out = ct::job_scratch_dir("lora_train_test") / "qlora_oracle";
-    std::string failure;
-    if (world->rank() == 0 && !fs::exists(out / "trl_losses.json")) {
-      const auto result =
-          ct::run_command(fmt::format("TORCHDYNAMO_DISABLE=1 '{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON,
-                                      COLOSSUS_QLORA_TRL_ORACLE, out.string()));
-      if (result.exit_code != 0) failure = result.output;
-    }
-    world->barrier().wait();
-    if (!failure.empty()) throw std::runtime_error("qlora_trl_oracle.py failed:\n" + failure);
-    return out;
-  }();
+  static const fs::path qlora = ct::run_oracle_once("lora_train_test", "qlora_oracle", COLOSSUS_PYTHON,
+                                                     COLOSSUS_QLORA_TRL_ORACLE, "trl_losses.json",
+                                                     "TORCHDYNAMO_DISABLE=1");
   auto config = lora_config(job_dir("qlora"), {"model.pretrained=\"" + (qlora / "model").string() + "\"",
                                                "data.source=\"" + (qlora / "data.jsonl").string() + "\"",
                                                "lora.adapter=\"" + (qlora / "adapter").string() + "\"",
