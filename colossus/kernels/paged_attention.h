@@ -49,6 +49,9 @@ struct PagedAttentionArgs {
   float scale = 1.0f;                                // softmax scale, usually 1/sqrt(head_dim)
   // Sliding window: the row at position p sees keys (p - window, p]; 0: all of [0, p].
   int32_t window = 0;
+  // Soft cap of the scaled scores: softcap * tanh(score / softcap) before the
+  // softmax (Gemma 2's attn_logit_softcapping). 0: none.
+  float softcap = 0.0f;
   AttentionDtype dtype = AttentionDtype::kBFloat16;  // of q, out and both caches
   // Which kinds of sequence the step holds (host knowledge; both true is
   // always safe): q_len == 1 rows go to the decode kernel, q_len > 1 to the

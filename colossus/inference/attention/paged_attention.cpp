@@ -57,7 +57,7 @@ bool try_paged_attention_cuda(const at::Tensor& q, const at::Tensor& key_cache, 
   const auto launch = kernels::cuda_slots().paged_attention;
   const auto dtype = kernel_dtype(q.scalar_type());
   if (launch == nullptr || !dtype || !kernel_caches(key_cache, value_cache)) return false;
-  if (spec.softcap != 0.0 || !fits_int32(spec.window)) return false;
+  if (!fits_int32(spec.window)) return false;
   const at::Device device = key_cache.device();
   const int64_t num_seqs = meta.num_seqs();
   if (q.dim() != 3 || q.device() != device || q.scalar_type() != key_cache.scalar_type() || q.stride(2) != 1 ||
@@ -104,6 +104,7 @@ bool try_paged_attention_cuda(const at::Tensor& q, const at::Tensor& key_cache, 
   args.max_blocks_per_seq = static_cast<int32_t>(meta.block_tables.size(1));
   args.scale = static_cast<float>(spec.scale);
   args.window = static_cast<int32_t>(spec.window);
+  args.softcap = static_cast<float>(spec.softcap);
   args.dtype = *dtype;
   return launch(args, device.index());
 }

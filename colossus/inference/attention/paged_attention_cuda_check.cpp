@@ -3,7 +3,7 @@
 // registry. The KV-cache write is checked against the CPU path bit for bit,
 // and attention over random paged layouts (shuffled blocks, mixed lengths, a
 // long split context, GQA, prefill chunks next to decode rows; bf16/fp16
-// prefill on tensor cores and on CUDA cores; sliding windows) against
+// prefill on tensor cores and on CUDA cores; sliding windows; soft caps) against
 // paged_attention_reference run in float64 on the CPU. While a test runs, the
 // kernel slots are wrapped to count launches, so a dispatch that fell back to
 // the reference is caught.
@@ -98,6 +98,7 @@ struct Layout {
   std::vector<int64_t> context_lens;  // per sequence, this step's tokens included
   std::vector<int64_t> query_lens;    // new tokens per sequence
   int64_t window = 0;                 // sliding window (0: none)
+  double softcap = 0.0;               // score soft cap (0: none)
 };
 
 // One layout in one dtype: K/V of every cached position written through
@@ -152,7 +153,8 @@ std::string check_layout(const Layout& l, at::ScalarType dtype, uint64_t seed) {
     wide.narrow(1, 1, l.heads).copy_(q);
     q = wide.narrow(1, 1, l.heads);
   }
-  const models::AttentionSpec spec{.scale = 1.0 / std::sqrt(static_cast<double>(l.head_dim)), .window = l.window};
+  const models::AttentionSpec spec{
+      .scale = 1.0 / std::sqrt(static_cast<double>(l.head_dim)), .window = l.window, .softcap = l.softcap};
 
   const int64_t launches_before = counting.attention_launches.load();
   const at::Tensor out = paged_attention(q, key_cache, value_cache, meta, spec);
@@ -202,7 +204,16 @@ std::string check_paged_attention_cuda() {
     layouts.push_back({"mixed prefill + decode, window 24, GQA 32q/8kv, block 16", 32, 8, d, 16,
                        {17, 3, 40, 9, 64, 300, 1, 700}, {17, 1, 7, 1, 30, 100, 1, 129}, 24});
     layouts.push_back({"mixed, window 1, block 8", 12, 4, d, 8, {50, 1, 20, 600}, {50, 1, 4, 1}, 1});
+    // Soft-capped scores (Gemma 2): a cap of 2 bends most of the N(0, 1)
+    // scores of random q and k, so a kernel that skips it fails.
+    layouts.push_back({"decode, softcap 2, GQA 32q/8kv, block 16", 32, 8, d, 16, decode_lens,
+                       ones(decode_lens.size()), 0, 2.0});
+    layouts.push_back({"mixed prefill + decode, softcap 2, window 24, block 16", 32, 8, d, 16,
+                       {17, 3, 40, 9, 64, 300, 1, 700}, {17, 1, 7, 1, 30, 100, 1, 129}, 24, 2.0});
   }
+  // Gemma 2's head size with its cap and window.
+  layouts.push_back({"mixed, softcap 2, window 40, GQA 8q/4kv, block 16", 8, 4, 256, 16, {17, 1, 600, 45},
+                     {17, 1, 1, 20}, 40, 2.0});
   for (int64_t d : {32, 80, 96, 256}) {
     layouts.push_back({"mixed, GQA 8q/2kv, block 16", 8, 2, d, 16, {17, 1, 600, 45}, {17, 1, 1, 20}});
   }

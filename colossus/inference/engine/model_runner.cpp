@@ -71,10 +71,6 @@ std::string ModelRunner::enable_graphs(int64_t max_batch_size, int64_t max_conte
   if (handles_head_dim == nullptr || !handles_head_dim(static_cast<int32_t>(head_dim))) {
     return fmt::format("the CUDA paged-attention kernels do not handle head_dim {}", head_dim);
   }
-  // A soft cap sends attention to the reference path, which a replay would not refresh.
-  if (const auto* llama = std::get_if<models::LlamaConfig>(&model_.config()); llama && llama->attn_logit_softcapping) {
-    return "the CUDA paged-attention kernels do not soft-cap scores (attn_logit_softcapping)";
-  }
   graphs_ = true;
   graph_max_batch_ = max_batch_size;
   graph_max_context_ = max_context_len;

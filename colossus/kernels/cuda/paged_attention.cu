@@ -83,6 +83,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAtten
   const T* q = static_cast<const T*>(a.q) + static_cast<int64_t>(q_row) * a.q_token_stride +
                static_cast<int64_t>(head0) * a.q_head_stride;
   const float q_scale = a.scale * kLog2e;
+  const float cap_log2 = softcap_log2(a);
   float qf[G][L::kVecsPerLane][L::kVecT];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -155,6 +156,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAtten
       if (tok < tok_end) {
 #pragma unroll
         for (int g = 0; g < G; ++g) {
+          dot[g] = apply_softcap(dot[g], cap_log2);
           thread_max[g] = fmaxf(thread_max[g], dot[g]);
           if (row_lane == 0) logits[g * w.partition_size + (tok - tok_begin)] = dot[g];
         }
@@ -447,7 +449,10 @@ bool paged_attention_cuda_supports(const PagedAttentionArgs& a) {
   }
   if (!paged::is_supported_head_dim(a.head_dim)) return false;
   if (a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.block_size <= 0) return false;
-  if (a.num_seqs < 0 || a.num_seqs > 65535 || a.max_context_len < 0 || a.max_query_len < 0 || a.window < 0) return false;
+  if (a.num_seqs < 0 || a.num_seqs > 65535 || a.max_context_len < 0 || a.max_query_len < 0 || a.window < 0 ||
+      !(a.softcap >= 0.0f)) {
+    return false;
+  }
   if (a.out == nullptr || a.q == nullptr || a.key_cache == nullptr || a.value_cache == nullptr ||
       a.block_tables == nullptr || a.query_start == nullptr || a.context_lens == nullptr) {
     return false;

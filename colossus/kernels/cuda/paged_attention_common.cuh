@@ -144,6 +144,14 @@ __host__ __device__ __forceinline__ int window_start(int window, int pos) {
   return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+// The kernels hold scores in log2 units (scaled by log2 e, so that exp2 gives
+// the softmax numerator). A soft cap c on the natural-unit score x, c tanh(x / c),
+// is then the same cap in log2 units: cap_log2 = c log2 e. 0: no cap.
+__host__ __device__ __forceinline__ float softcap_log2(const PagedAttentionArgs& a) { return a.softcap * kLog2e; }
+__device__ __forceinline__ float apply_softcap(float score_log2, float cap_log2) {
+  return cap_log2 > 0.0f ? cap_log2 * tanhf(score_log2 / cap_log2) : score_log2;
+}
+
 // Tokens a decode row attends to at most: the longest context, or the window.
 inline int64_t decode_span(const PagedAttentionArgs& a) {
   return a.window > 0 && a.window < a.max_context_len ? a.window : a.max_context_len;

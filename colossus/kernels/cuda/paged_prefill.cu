@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PagedAtte
   // Q tile: row r is token r / heads_per_tile (rows past the chunk repeat its
   // last token and are not written) of head head0 + r % heads_per_tile.
   const float q_scale = a.scale * kLog2e;
+  const float cap_log2 = softcap_log2(a);
   const T* q = static_cast<const T*>(a.q);
   for (int idx = tid; idx < P::kRows * P::kDPad; idx += kThreads) {
     const int r = idx / P::kDPad, d = idx % P::kDPad;
@@ -173,7 +174,8 @@ __global__ void __launch_bounds__(kThreads) paged_prefill_kernel(const PagedAtte
 #pragma unroll
       for (int j = 0; j < TN; ++j) {
         const int key = kb + lane8 + 8 * j;
-        if (key > pos[i] || (a.window > 0 && key <= pos[i] - a.window)) s[i][j] = -INFINITY;
+        s[i][j] = (key > pos[i] || (a.window > 0 && key <= pos[i] - a.window)) ? -INFINITY
+                                                                                 : apply_softcap(s[i][j], cap_log2);
         tile_max = fmaxf(tile_max, s[i][j]);
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));

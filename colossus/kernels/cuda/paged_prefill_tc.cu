@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float s_scale = a.scale * kLog2e;
+  const float cap_log2 = softcap_log2(a);
 
   const int64_t block_elems = static_cast<int64_t>(a.kv_heads) * a.block_size * D;
   const int64_t head_offset = static_cast<int64_t>(kv_head) * a.block_size * D;
@@ -196,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int key = kb + nt * 8 + 2 * t + (e & 1);
         const bool hidden = key > pos[e / 2] || (a.window > 0 && key <= pos[e / 2] - a.window);
-        const float v = hidden ? -INFINITY : s[nt][e] * s_scale;
+        const float v = hidden ? -INFINITY : apply_softcap(s[nt][e] * s_scale, cap_log2);
         s[nt][e] = v;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], v);
       }
