@@ -7,15 +7,19 @@
 #     48 under a 110-token prompt + 40 new tokens): `colossus generate --device
 #     cuda --greedy --ids_out` against transformers' greedy generate, fp32 (must
 #     be equal) and bf16 (equal, or the first difference at a near-tie, shown
-#     with HF's margin there).
+#     with HF's margin there), and bf16 again on the best-conditioned of 8
+#     prompts (the largest smallest top-2 margin in transformers' run), where
+#     rounding cannot flip a step.
 #   qwen7b: a Qwen2.5-7B-shaped model (bf16, made on the GPU): greedy for 32
 #     tokens against transformers, then `colossus train` 20 steps with
 #     low_level_zero stage 2 + cpu_offload and with gemini; loss finite, peak
 #     device memory (nvidia-smi, sampled) and host RSS (/usr/bin/time) reported.
 #     Run it on a warm machine right after `families` (build-gpu is reused).
+#     Parts can run in separate calls: `qwen7b greedy`, `qwen7b zero2_offload`,
+#     `qwen7b gemini` (the table in $OUT grows; the model is made once).
 # A Markdown table goes to stdout and $OUT/families.md. `--cpu` runs the
 # families stage on this machine's CPU build (a dry run of the script).
-# Usage (device): bash scripts/device_families.sh [families|qwen7b]   (CPU: --cpu)
+# Usage (device): bash scripts/device_families.sh [families|qwen7b [greedy|zero2_offload|gemini]...]   (CPU: --cpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -42,20 +46,26 @@ if [[ "$device" == cuda && ! -x "$bin" || "$device" == cuda && "$stage" == famil
 fi
 
 # One generate comparison: family dir dtype -> a table row.
+# With candidates > 1, transformers picks the best-conditioned of that many
+# prompts (family_oracle.py greedy --candidates) and ours runs on the same one.
 compare_row() {
-  local name=$1 dir=$2 dtype=$3 new=$4
-  local hf="$work/$name.$dtype.hf.json" ours="$work/$name.$dtype.ours.jsonl" verdict
+  local name=$1 dir=$2 dtype=$3 new=$4 candidates=${5:-1}
+  local tag="$name.$dtype.c$candidates" label=$dtype
+  (( candidates > 1 )) && label="$dtype, best of $candidates prompts"
+  local hf="$work/$tag.hf.json" ours="$work/$tag.ours.jsonl" verdict chosen
   $python scripts/family_oracle.py greedy "$dir" --prompt "$prompt" --new "$new" --dtype "$dtype" --device "$device" \
-    > "$hf" 2> "$work/$name.$dtype.hf.err" || { echo "| $name | $dtype | transformers failed: $(tail -1 "$work/$name.$dtype.hf.err") |" >> "$table"; return; }
+    --candidates "$candidates" > "$hf" 2> "$work/$tag.hf.err" \
+    || { echo "| $name | $label | transformers failed: $(tail -1 "$work/$tag.hf.err") |" >> "$table"; return; }
+  chosen=$($python -c 'import json, sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1])["prompt"])' "$hf")
   local status=0
-  "$bin" generate "$dir" --prompt "$prompt" --max_new_tokens "$new" --greedy --device "$device" --dtype "$dtype" \
-    --ids_out "$ours" > "$work/$name.$dtype.ours.txt" 2> "$work/$name.$dtype.ours.err" || status=$?
+  "$bin" generate "$dir" --prompt "$chosen" --max_new_tokens "$new" --greedy --device "$device" --dtype "$dtype" \
+    --ids_out "$ours" > "$work/$tag.ours.txt" 2> "$work/$tag.ours.err" || status=$?
   if (( status != 0 )); then
-    echo "| $name | $dtype | colossus generate exit $status: $(tail -1 "$work/$name.$dtype.ours.err") |" >> "$table"
+    echo "| $name | $label | colossus generate exit $status: $(tail -1 "$work/$tag.ours.err") |" >> "$table"
     return
   fi
   verdict=$($python scripts/family_oracle.py compare "$hf" "$ours")
-  echo "| $name | $dtype | $verdict; $(grep -o '[0-9.]* tok/s' "$work/$name.$dtype.ours.err" | tail -1) |" >> "$table"
+  echo "| $name | $label | $verdict; $(grep -o '[0-9.]* tok/s' "$work/$tag.ours.err" | tail -1) |" >> "$table"
 }
 
 if [[ "$stage" == families ]]; then
@@ -67,17 +77,22 @@ if [[ "$stage" == families ]]; then
     [[ -f "$dir/config.json" ]] || $python scripts/family_oracle.py make "$family" "$dir" --device "$device" \
       > "$work/$family.make.log" 2>&1 || { echo "| $family | - | make failed: $(tail -1 "$work/$family.make.log") |" >> "$table"; continue; }
     for dtype in fp32 bf16; do compare_row "$family" "$dir" "$dtype" 40; done
+    compare_row "$family" "$dir" bf16 40 8
   done
 elif [[ "$stage" == qwen7b ]]; then
   dir="$work/qwen2.5-7b"
   stamp "make the Qwen2.5-7B-shaped model"
   [[ -f "$dir/config.json" ]] || $python scripts/family_oracle.py make qwen2 "$dir" --shape qwen2.5-7b --device cuda \
     > "$work/qwen7b.make.log" 2>&1 || { tail -5 "$work/qwen7b.make.log"; exit 1; }
-  echo "| Qwen2.5-7B shape | dtype | result |" > "$table"
-  echo "|---|---|---|" >> "$table"
-  stamp "greedy, 32 tokens"
-  compare_row qwen2.5-7b "$dir" bf16 32
+  parts=("${@:2}"); (( ${#parts[@]} )) || parts=(greedy zero2_offload gemini)
+  [[ -f "$table" ]] || { echo "| Qwen2.5-7B shape | dtype | result |" > "$table"; echo "|---|---|---|" >> "$table"; }
+  if [[ " ${parts[*]} " == *" greedy "* ]]; then
+    stamp "greedy, 32 tokens"
+    compare_row qwen2.5-7b "$dir" bf16 32
+    compare_row qwen2.5-7b "$dir" bf16 32 8
+  fi
   for plugin in zero2_offload gemini; do
+    [[ " ${parts[*]} " == *" $plugin "* ]] || continue
     stamp "train $plugin"
     if [[ $plugin == zero2_offload ]]; then
       plugin_toml=$'name = "low_level_zero"\nstage = 2\nprecision = "bf16"\ncpu_offload = true'
@@ -101,7 +116,7 @@ $plugin_toml
 steps = 20
 log_every = 5
 eval_every = 0
-save_every = 0
+save = false
 sample_tokens = 0
 output_dir = "$work/run_$plugin"
 TOML

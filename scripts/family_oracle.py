@@ -8,9 +8,11 @@
       tokens, then two- and three-byte tokens built by merges), so any id the
       model emits decodes. No download.
 
-  family_oracle.py greedy DIR --prompt TEXT --new N --dtype fp32|bf16 [--device cuda]
-      transformers' greedy generate: one JSON line {"ids": generated ids,
-      "margins": top-1 minus top-2 logit at each step}.
+  family_oracle.py greedy DIR --prompt TEXT --new N --dtype fp32|bf16 [--device cuda] [--candidates K]
+      transformers' greedy generate: one JSON line {"prompt", "ids": generated
+      ids, "margins": top-1 minus top-2 logit at each step}. With K > 1, of the
+      prompt and K - 1 word rotations of it, the one whose smallest margin is
+      largest (a comparison that bf16 rounding cannot flip at a near-tie).
 
   family_oracle.py compare HF_JSON OURS_JSONL
       Prints one line: tokens equal before the first difference, and the HF
@@ -91,19 +93,36 @@ def make(args):
     print(json.dumps({"family": args.family, "shape": args.shape, "parameters": model.num_parameters()}))
 
 
-def greedy(args):
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.dir, dtype=dtype).to(args.device).eval()
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(pathlib.Path(args.dir) / "tokenizer.json"))
-    ids = torch.tensor([tok.encode(args.prompt)], device=args.device)
+def greedy_run(model, tok, prompt, new, device):
+    ids = torch.tensor([tok.encode(prompt)], device=device)
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new, do_sample=False,
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
                              output_scores=True, return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
     margins = []
     for scores in out.scores:
         top2 = torch.topk(scores[0].float(), 2).values
         margins.append((top2[0] - top2[1]).item())
-    print(json.dumps({"prompt_ids": ids[0].tolist(), "ids": out.sequences[0, ids.size(1):].tolist(), "margins": margins}))
+    return {"prompt": prompt, "prompt_ids": ids[0].tolist(), "ids": out.sequences[0, ids.size(1):].tolist(),
+            "margins": margins}
+
+
+def candidate_prompts(prompt, n):
+    """The prompt, then n - 1 variants: its words rotated by 1, 2, ... places."""
+    words = prompt.split()
+    return [" ".join(words[k:] + words[:k]) for k in range(min(n, len(words)))]
+
+
+def greedy(args):
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.dir, dtype=dtype).to(args.device).eval()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(pathlib.Path(args.dir) / "tokenizer.json"))
+    runs = [greedy_run(model, tok, p, args.new, args.device) for p in candidate_prompts(args.prompt, args.candidates)]
+    # Random weights give near-uniform logits, so some steps are near-ties that
+    # any rounding difference flips; with --candidates the prompt whose greedy
+    # run has the largest smallest margin is the one compared (stated in the row).
+    best = max(range(len(runs)), key=lambda k: min(runs[k]["margins"]))
+    result = dict(runs[best], candidate=best, candidates=len(runs))
+    print(json.dumps(result))
 
 
 def compare(args):
@@ -117,7 +136,8 @@ def compare(args):
     while same < min(len(a), len(b)) and a[same] == b[same]:
         same += 1
     if same == len(b) == len(a):
-        print(f"equal: {same}/{len(b)} tokens (smallest HF margin {min(hf['margins']):.4f})")
+        chosen = f", prompt {hf['candidate']} of {hf['candidates']} candidates" if hf.get("candidates", 1) > 1 else ""
+        print(f"equal: {same}/{len(b)} tokens (smallest HF margin {min(hf['margins']):.4f}{chosen})")
         return 0
     margin = hf["margins"][same] if same < len(hf["margins"]) else float("nan")
     print(f"differ at token {same}/{len(b)}: ours {a[same] if same < len(a) else None}, HF {b[same]}; "
@@ -139,6 +159,8 @@ def main():
     g.add_argument("--new", type=int, default=32)
     g.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     g.add_argument("--device", default="cuda")
+    g.add_argument("--candidates", type=int, default=1,
+                   help="try the prompt and N - 1 word rotations of it; keep the best-conditioned")
     c = sub.add_parser("compare")
     c.add_argument("hf_json")
     c.add_argument("ours_jsonl")

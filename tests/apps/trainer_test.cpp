@@ -146,6 +146,18 @@ TEST(Trainer, CheckpointLayoutLatestAndPruning) {
   world->barrier().wait();
 }
 
+TEST(Trainer, SaveFalseWritesNoCheckpoint) {
+  auto world = ct::world();
+  auto dir = job_dir("nosave");
+  const auto result = apps::train(tiny_config(dir, {"train.steps=2", "train.save_every=1", "train.save=false"}));
+  EXPECT_TRUE(result.final_checkpoint.empty());
+  if (world->rank() == 0) {
+    EXPECT_FALSE(apps::CheckpointDirs(dir.string()).latest().has_value());
+    EXPECT_TRUE(fs::exists(dir / "metrics.jsonl")) << "the run itself still reports";
+  }
+  world->barrier().wait();
+}
+
 TEST(Trainer, AsyncSaveResumesExactlyToo) {
   auto dir = job_dir("async");
   auto full = apps::train(tiny_config(job_dir("async_full"), {"train.steps=8", "lr_scheduler.total_steps=8"}));

@@ -328,6 +328,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("eval_every", "steps between eval losses (0: only at the end)", train.eval_every),
         COLOSSUS_KEY("eval_batches", "eval batches per rank", train.eval_batches),
         COLOSSUS_KEY("save_every", "steps between checkpoints (0: only the final one)", train.save_every),
+        COLOSSUS_KEY("save", "write checkpoints (false: none at all, for benchmarks and dry runs)", train.save),
         COLOSSUS_KEY("keep_last", "step checkpoints kept (older ones removed); 0 keeps all", train.keep_last),
         COLOSSUS_KEY("max_nonfinite_steps", "consecutive steps with a non-finite loss or gradients that stop the run", train.max_nonfinite_steps),
         COLOSSUS_KEY("async_save", "write checkpoints on a background thread while training goes on", train.async_save),

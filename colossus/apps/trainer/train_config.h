@@ -103,6 +103,9 @@ struct TrainSection {
   int64_t eval_every = 0;     // 0: only at the end
   int64_t eval_batches = 8;   // per rank
   int64_t save_every = 0;     // 0: only the final checkpoint
+  // false: no checkpoint at all (a benchmark or a dry run; nothing to resume
+  // from). A 7B run's optimizer state alone is ~90 GB of disk.
+  bool save = true;
   int64_t keep_last = 2;      // older step checkpoints are removed; 0 keeps all
   // The run stops (DivergenceError) once this many consecutive steps had a
   // non-finite loss or gradients (steps the fp16 loss scaler skips do not

@@ -730,7 +730,7 @@ TrainResult Trainer::run() {
                                 "to continue",
                                 state_.step));
         const bool finite = state_is_finite();
-        if (finite) {
+        if (finite && config_.train.save) {
           save_checkpoint(state_.step);
         } else {
           log.warning(fmt::format("step {}: the loss or the parameters are not finite; not saving a checkpoint",
@@ -738,7 +738,7 @@ TrainResult Trainer::run() {
         }
         publish_pending_checkpoint();
         result.interrupted = true;
-        if (finite) result.final_checkpoint = dirs_.step_dir(state_.step);
+        if (finite && config_.train.save) result.final_checkpoint = dirs_.step_dir(state_.step);
         result.final_step = state_.step;
         reporter_->finish();
         return result;
@@ -752,7 +752,7 @@ TrainResult Trainer::run() {
       }
       last_log_time = std::chrono::steady_clock::now();  // eval time is not training throughput
     }
-    if ((config_.train.save_every > 0 && state_.step % config_.train.save_every == 0) || last) {
+    if (config_.train.save && ((config_.train.save_every > 0 && state_.step % config_.train.save_every == 0) || last)) {
       // A NaN checkpoint published as `latest` would also let keep_last prune the good ones.
       if (state_is_finite()) {
         save_checkpoint(state_.step);
