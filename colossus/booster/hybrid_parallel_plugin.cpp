@@ -5,6 +5,7 @@
 #include "colossus/booster/tp_clip_optimizer.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/lora/tensor_parallel.h"
 #include "colossus/models/activation_checkpoint.h"
 #include "colossus/parallel/tensor/comm.h"
 #include "colossus/parallel/tensor/layers.h"
@@ -357,10 +358,13 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   const auto sequence = !options_.sequence_over_tp()                       ? parallel::tensor::SequenceSharding::None
                         : options_.sequence_parallelism_mode == "split_gather" ? parallel::tensor::SequenceSharding::SplitGather
                                                                              : parallel::tensor::SequenceSharding::Ring;
+  // LoRA layers step aside for the sharder and come back over the parallel layers.
+  auto adapters = lora::detach_for_sharding(*model);
   auto sharded = parallel::plan::shard_model(
       *model, plan, tp_group(),
       parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by,
                                    .sequence = sequence});
+  lora::attach_sharded(*model, std::move(adapters), sharded);
   // After sharding, so the wrappers adopt the tensor-parallel layers.
   if (options_.gradient_checkpointing_ratio > 0.0)
     models::enable_activation_checkpointing(*model, options_.gradient_checkpointing_ratio);

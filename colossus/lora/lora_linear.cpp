@@ -2,6 +2,7 @@
 
 #include "colossus/core/errors.h"
 #include "colossus/lora/nf4_linear.h"
+#include "colossus/parallel/tensor/comm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
@@ -105,14 +106,45 @@ at::Tensor LoraLinear::forward(const at::Tensor& x) {
     }
   }
   const at::Tensor& A = use_snapshot ? snapshot_A_ : lora_A;
-  const at::Tensor& B = use_snapshot ? snapshot_B_ : lora_B;
+  at::Tensor B = use_snapshot ? snapshot_B_ : lora_B;
   const c10::ScalarType result_dtype = result.scalar_type();
-  const at::Tensor lora_x = x.scalar_type() == A.scalar_type() ? x : x.to(A.scalar_type());
+  at::Tensor lora_x = x.scalar_type() == A.scalar_type() ? x : x.to(A.scalar_type());
+  // A row-parallel base that splits a replicated input itself: A_local takes
+  // the same slice.
+  if (tp_.split == TpSplit::Row && lora_x.size(-1) != A.size(1))
+    lora_x = parallel::tensor::scatter_last_dim(lora_x, *tp_.group);
   const at::Tensor dropped = dropout_ > 0.0 ? at::dropout(lora_x, dropout_, is_training()) : lora_x;
   // (..., in) -> (..., r) -> (..., out); result + lora promotes (bf16 + fp32 ->
   // fp32).
-  const at::Tensor lora = at::linear(at::linear(dropped, A), B) * scaling_;
+  at::Tensor h = at::linear(dropped, A);
+  if (tp_.split == TpSplit::Column) {
+    h = parallel::tensor::copy_to_region(h, *tp_.group);
+    if (tp_.replica_slots > 0)
+      B = parallel::tensor::sum_replica_grads(B, tp_.replica_slot, tp_.replica_slots, *tp_.group);
+  } else if (tp_.split == TpSplit::Row) {
+    h = parallel::tensor::reduce_from_region(h, *tp_.group);
+  }
+  const at::Tensor lora = at::linear(h, B) * scaling_;
   return (result + lora).to(result_dtype);
+}
+
+void LoraLinear::adopt_parallel_base(std::shared_ptr<models::Layer> parallel_base, TpAdapterSplit split,
+                                     const at::Tensor& sliced_A, const at::Tensor& sliced_B,
+                                     const at::Tensor& sliced_snapshot_A, const at::Tensor& sliced_snapshot_B) {
+  if (split.split == TpSplit::None || !split.group || !parallel_base) {
+    throw ConfigError("LoraLinear::adopt_parallel_base: needs a parallel base, a split and its group");
+  }
+  if (tp_.split != TpSplit::None) throw ConfigError("LoraLinear::adopt_parallel_base: already split");
+  if (nf4_base_) throw ConfigError("QLoRA (lora.quantize = \"nf4\") does not run under tensor parallelism yet");
+  at::NoGradGuard no_grad;
+  lora_A.set_data(sliced_A.to(lora_A.options()));
+  lora_B.set_data(sliced_B.to(lora_B.options()));
+  if (snapshot_A_.defined()) {
+    snapshot_A_ = sliced_snapshot_A.to(snapshot_A_.options());
+    snapshot_B_ = sliced_snapshot_B.to(snapshot_B_.options());
+  }
+  base_ = std::move(parallel_base);
+  tp_ = std::move(split);
 }
 
 void LoraLinear::snapshot() {
@@ -121,6 +153,8 @@ void LoraLinear::snapshot() {
 }
 
 at::Tensor LoraLinear::delta_weight() const {
+  if (tp_.split != TpSplit::None)
+    throw ConfigError("LoraLinear: a tensor-parallel layer holds a slice; merge from a saved checkpoint instead");
   at::Tensor delta = at::matmul(lora_B, lora_A);  // (out, in)
   if (conv1d_) delta = delta.t();
   return delta * scaling_;

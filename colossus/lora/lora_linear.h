@@ -3,6 +3,7 @@
 // y = base(x) + B(A(dropout(x))) * scaling, with the adapters in their own
 // dtype (fp32 over a bf16 base) exactly as peft/tuners/lora/layer.py casts.
 #pragma once
+#include "colossus/cluster/process_group.h"
 #include "colossus/lora/lora_config.h"
 #include "colossus/models/layers.h"
 
@@ -13,6 +14,22 @@
 #include <memory>
 
 namespace colossus::lora {
+
+// How the base layer is split over tensor-parallel ranks (lora/tensor_parallel.h).
+enum class TpSplit {
+  None,    // a whole Linear / Conv1D / NF4 Linear
+  Column,  // ColumnParallelLinear: lora_B holds this rank's output rows, lora_A is whole
+  Row,     // RowParallelLinear: lora_A holds this rank's input columns, lora_B is whole
+};
+
+// The adapters' side of a tensor-parallel split (LoraLinear::adopt_parallel_base).
+struct TpAdapterSplit {
+  TpSplit split = TpSplit::None;
+  cluster::ProcessGroupPtr group;
+  // Column with replicated key/value heads (fewer kv heads than ranks): this
+  // rank's replica set of lora_B's rows and the number of sets; 0: none.
+  int64_t replica_slot = 0, replica_slots = 0;
+};
 
 class LoraLinear : public models::Layer {
  public:
@@ -51,6 +68,22 @@ class LoraLinear : public models::Layer {
   // "ref" copy of a PEFT adapter for the same). The copy is no parameter.
   void snapshot();
   bool use_snapshot = false;
+  const at::Tensor& snapshot_A() const { return snapshot_A_; }  // undefined before snapshot()
+  const at::Tensor& snapshot_B() const { return snapshot_B_; }
+
+  // Tensor parallelism: `parallel_base` (a ColumnParallelLinear or
+  // RowParallelLinear over the base's own, already sliced, weight) becomes the
+  // base, and `lora_A` / `lora_B` (and a snapshot) become this rank's slices
+  // `sliced_A` / `sliced_B` (set_data: optimizer handles stay valid). The
+  // forward then runs the adapter as Megatron runs a linear pair:
+  //   Column: h = A x on every rank (x replicated), its gradient summed over
+  //           the group (copy_to_region), y_local += s B_local h.
+  //   Row:    h = reduce_from_region(A_local x_local), y += s B h.
+  // Only the r-wide h crosses ranks.
+  void adopt_parallel_base(std::shared_ptr<models::Layer> parallel_base, TpAdapterSplit split,
+                           const at::Tensor& sliced_A, const at::Tensor& sliced_B, const at::Tensor& sliced_snapshot_A,
+                           const at::Tensor& sliced_snapshot_B);
+  const TpAdapterSplit& tp_split() const { return tp_; }
   at::Tensor lora_A;  // (r, in), registered as lora_A.weight
   at::Tensor lora_B;  // (out, r), registered as lora_B.weight
 
@@ -62,6 +95,7 @@ class LoraLinear : public models::Layer {
   bool nf4_base_ = false;  // the base is an Nf4Linear (QLoRA)
   double scaling_;
   double dropout_;
+  TpAdapterSplit tp_;
 };
 
 }  // namespace colossus::lora

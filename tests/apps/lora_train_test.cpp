@@ -1,7 +1,7 @@
 // `[lora]` in `colossus train` on 1 and 2 MPI ranks: continuing a PEFT
 // adapter (lora.adapter) on SFT records gives TRL's SFTTrainer losses on the
 // same PeftModel step for step (fp32, base frozen), under ddp, zero2 and
-// gemini; each checkpoint holds the adapters in PEFT's format in adapter/
+// gemini, and tensor parallelism (tp2); each checkpoint holds the adapters in PEFT's format in adapter/
 // beside model/, equal to the trained weights of model/ and loadable as a
 // PEFT adapter; the base weights stay those of the pretrained model.
 #include "colossus/apps/trainer/train_config.h"
@@ -127,6 +127,18 @@ TEST(LoraTrain, ZeroAndGeminiTrainTrlsCurve) {
   }
 }
 
+// Tensor parallelism: each adapter split as its base (lora_B's rows over a
+// column-parallel layer, lora_A's columns over a row-parallel one); the
+// checkpoint gathers them back to PEFT's shapes.
+TEST(LoraTrain, TensorParallelTrainsTrlsCurve) {
+  if (ct::world()->size() != 2) GTEST_SKIP() << "tp = 2 needs 2 ranks";
+  const auto result = apps::train(lora_config(
+      job_dir("tp2"),
+      {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "plugin.precision=\"fp32\"", "data.batch_size=4"}));
+  expect_trl_curve(result, "lora tp2");
+  expect_adapter_checkpoint(result, "lora tp2");
+}
+
 // QLoRA: the base's linear layers in NF4 (double-quantised, as
 // bitsandbytes), continuing a PEFT adapter: TRL's SFTTrainer on the same
 // adapter over transformers' 4-bit (bitsandbytes) base gives the same curve
@@ -174,7 +186,9 @@ TEST(LoraTrain, LoraKeysAreCheckedByName) {
   EXPECT_NE(message({"lora.r=8"}).find("leave lora.r at 0"), std::string::npos);
   EXPECT_NE(message({"lora.adapter=\"\"", "lora.r=-1"}).find("lora.r = -1"), std::string::npos);
   EXPECT_NE(message({"lora.adapter=\"\"", "lora.r=8", "lora.lora_dropout=1.0"}).find("dropout"), std::string::npos);
-  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\""}).find("not hybrid_parallel"), std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2"}).find("pipeline"), std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.enable_sequence_parallelism=true"}).find("sequence"),
+            std::string::npos);
   EXPECT_NE(message({"plugin.name=\"gemini\"", "plugin.lazy_init=true"}).find("lazy_init"), std::string::npos);
   EXPECT_NE(message({"lora.quantize=\"int8\""}).find("valid: \"nf4\""), std::string::npos);
   EXPECT_NE(message({"lora.adapter=\"\"", "lora.quantize=\"nf4\""}).find("set lora.r"), std::string::npos);

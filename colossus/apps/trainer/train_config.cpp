@@ -166,9 +166,15 @@ void TrainConfig::validate() const {
     throw ConfigError("lora.quantize = \"nf4\" quantises the frozen base of a LoRA run: set lora.r (or lora.adapter)");
   if (lora.enabled()) {
     if (lora.adapter.empty()) lora_config(lora).validate();
-    if (plugin.name == "hybrid_parallel")
-      throw ConfigError("[lora] runs under plugin ddp, low_level_zero or gemini for now, not hybrid_parallel (the "
-                        "tensor-parallel sharder does not split adapters yet)");
+    if (plugin.name == "hybrid_parallel" && plugin.hybrid_parallel.pp_size > 1)
+      throw ConfigError(fmt::format("[lora] with pipeline parallelism (plugin.pp_size = {}) is not supported yet: use "
+                                    "tensor parallelism (tp_size) with ZeRO or data parallelism",
+                                    plugin.hybrid_parallel.pp_size));
+    if (plugin.name == "hybrid_parallel" && plugin.hybrid_parallel.enable_sequence_parallelism)
+      throw ConfigError("[lora] with sequence parallelism (plugin.enable_sequence_parallelism) is not supported yet: "
+                        "set it to false");
+    if (plugin.name == "hybrid_parallel" && !lora.quantize.empty() && plugin.hybrid_parallel.tp_size > 1)
+      throw ConfigError("lora.quantize = \"nf4\" does not run under tensor parallelism (plugin.tp_size > 1) yet");
     if (plugin.lazy_init)
       throw ConfigError("[lora] loads the base model whole before adding adapters: set plugin.lazy_init = false");
     if (train.cuda_graph) throw ConfigError("train.cuda_graph is not supported with [lora] yet: set it to false");
