@@ -167,6 +167,11 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
     };
   }
   models::CausalLM& m = *model_;
+  if (!batch.layout.empty() && (sharded_.sequence != parallel::tensor::SequenceSharding::None || sp_group_)) {
+    throw ConfigError(
+        "execute_pipeline: padded or packed rows (a token layout) with sequence parallelism are not supported; "
+        "drop enable_sequence_parallelism or the layout");
+  }
   HybridPipeline::StageHooks hooks;
   hooks.logits = [this](const at::Tensor& hidden) { return pipeline_logits(hidden); };
   // ring_attn / all_to_all: every stage runs this rank's sequence shard at its
@@ -182,11 +187,13 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
     auto& tp = *sharded_.tp_group;
     const int64_t padded = (seq_len + tp.size() - 1) / tp.size() * tp.size(), local_len = padded / tp.size();
     positions = at::arange(padded, batch.input_ids.options()).clamp_max(seq_len - 1);
-    hooks.embed = [&, padded, local_len](const at::Tensor& ids) {
+    hooks.embed = [&, padded, local_len](const at::Tensor& ids, const models::TokenLayout&) {
       at::Tensor padded_ids = padded == seq_len ? ids : at::constant_pad_nd(ids, {0, padded - seq_len}, 0);
       return m.embed_at(padded_ids, positions.narrow(0, tp.rank() * local_len, local_len), seq_len);
     };
-    hooks.context = [&](const at::Tensor& hidden) { return m.block_context_at(hidden, positions, seq_len); };
+    hooks.context = [&](const at::Tensor& hidden, const models::TokenLayout&) {
+      return m.block_context_at(hidden, positions, seq_len);
+    };
     hooks.logits = [&, padded](const at::Tensor& hidden) {
       at::Tensor logits = sharded_.tied_head ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
                                                  hidden, m.embedding().weight, tp, sharded_.sequence))
@@ -199,17 +206,20 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
     const auto layout = ps::layout_of(sp_mode_);
     attention.emplace(*sp_group_, sp_mode_, seq_len, inner_ring_size_);
     positions = ps::local_position_tensor(seq_len, *sp_group_, layout, batch.input_ids.device());
-    hooks.embed = [&, layout](const at::Tensor& ids) {
+    hooks.embed = [&, layout](const at::Tensor& ids, const models::TokenLayout&) {
       return m.embed_at(ps::shard_sequence(ids, 1, sp_group_->size(), sp_group_->rank(), layout), positions, seq_len);
     };
-    hooks.context = [&](const at::Tensor& hidden) {
+    hooks.context = [&](const at::Tensor& hidden, const models::TokenLayout&) {
       models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
       context.attention = &*attention;
       return context;
     };
   } else {
-    hooks.embed = [&m](const at::Tensor& ids) { return m.embed(ids); };
-    hooks.context = [&m](const at::Tensor& hidden) { return m.block_context(hidden); };
+    // Padded / packed rows: each microbatch at its own positions and documents.
+    hooks.embed = [&m](const at::Tensor& ids, const models::TokenLayout& layout) { return m.embed_layout(ids, layout); };
+    hooks.context = [&m](const at::Tensor& hidden, const models::TokenLayout& layout) {
+      return m.layout_context(hidden, layout);
+    };
   }
   return pipeline_->execute(batch, hooks, loss_fn, scale_loss, return_loss, return_outputs);
 }
@@ -339,6 +349,11 @@ PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const StageHo
   const int64_t mb_rows = rows / M;
   const auto ids_mb = ids.split(mb_rows, 0);
   const auto labels_mb = labels.split(mb_rows, 0);
+  if (!batch.layout.empty()) batch.layout.check_against(ids);
+  std::vector<models::TokenLayout> layouts_mb(static_cast<size_t>(M));
+  if (!batch.layout.empty()) {
+    for (int64_t m = 0; m < M; ++m) layouts_mb[static_cast<size_t>(m)] = batch.layout.rows(m * mb_rows, mb_rows);
+  }
   // Every microbatch's loss is its token sum over the whole batch's count, so
   // the shares add up to the batch mean (HF's num_items_in_batch).
   const int64_t num_items = seq_len > 1 ? labels.narrow(1, 1, seq_len - 1).ne(-100).sum().item<int64_t>() : 0;
@@ -351,8 +366,9 @@ PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const StageHo
   pp::StageFunctions functions;
   functions.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
     const auto& range = stages_->blocks(chunk);
-    at::Tensor hidden = stages_->is_first(chunk) ? hooks.embed(ids_mb[static_cast<size_t>(m)]) : input;
-    const models::BlockContext context = hooks.context(hidden);
+    const models::TokenLayout& layout = layouts_mb[static_cast<size_t>(m)];
+    at::Tensor hidden = stages_->is_first(chunk) ? hooks.embed(ids_mb[static_cast<size_t>(m)], layout) : input;
+    const models::BlockContext context = hooks.context(hidden, layout);
     hidden = model_.forward_blocks(hidden, context, static_cast<size_t>(range.begin), static_cast<size_t>(range.end));
     if (!stages_->is_last(chunk)) return hidden;
     at::Tensor logits = hooks.logits(model_.final_norm(hidden));

@@ -63,10 +63,11 @@ class HybridPipeline {
   // How the wrapper runs the model's ends, so that sequence parallelism
   // (ring_attn / all_to_all) shards the tokens without the pipeline knowing.
   struct StageHooks {
-    // input_ids (B_mb, T) -> hidden (B_mb, T_local, C) on the first stage.
-    std::function<at::Tensor(const at::Tensor& input_ids)> embed;
-    // hidden (B_mb, T_local, C) -> what every block of any stage needs.
-    std::function<models::BlockContext(const at::Tensor& hidden)> context;
+    // input_ids (B_mb, T) and the microbatch's rows of the batch layout ->
+    // hidden (B_mb, T_local, C) on the first stage.
+    std::function<at::Tensor(const at::Tensor& input_ids, const models::TokenLayout& layout)> embed;
+    // hidden (B_mb, T_local, C) and the layout -> what every block of any stage needs.
+    std::function<models::BlockContext(const at::Tensor& hidden, const models::TokenLayout& layout)> context;
     // hidden (B_mb, T_local, C) after the final norm -> logits as the
     // wrapper's forward returns them.
     std::function<at::Tensor(const at::Tensor& hidden)> logits;

@@ -3,6 +3,8 @@
 // return_outputs)): a batch per call from the data iterator, an optional
 // criterion in place of the model's loss, and the step's loss / logits.
 #pragma once
+#include "colossus/models/token_layout.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -13,6 +15,9 @@ namespace colossus::booster {
 struct PipelineBatch {
   at::Tensor input_ids;  // (B, T) int64: this data-parallel rank's rows
   at::Tensor labels;     // (B, T) int64, -100 ignored; undefined: input_ids (causal LM)
+  // Padded or packed rows (positions, documents), split with the rows into
+  // microbatches; empty: plain causal rows.
+  models::TokenLayout layout;
 };
 
 // Yields the next batch (called once per execute_pipeline).

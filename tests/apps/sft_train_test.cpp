@@ -117,6 +117,21 @@ TEST(SftTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
   }
 }
 
+// Pipeline parallelism over 2 ranks (2 stages, one dp rank with the global
+// batch): padded rows in 2 microbatches of 2, and the same batch as 2
+// accumulated loader batches of 2 packed rows (one pipeline batch whose
+// microbatches they are, padded to a common length); both on TRL's curve.
+TEST(SftTrain, PipelineParallelTrainsTrlsCurve) {
+  if (ct::world()->size() != 2) GTEST_SKIP() << "pp = 2 needs 2 ranks";
+  const std::vector<std::string> pp{"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2"};
+  auto padded = pp;
+  padded.insert(padded.end(), {"data.batch_size=4", "plugin.num_microbatches=2"});
+  expect_trl_curve(losses_of(apps::train(sft_config(job_dir("pp2_padded"), padded))), "sft padded pp2");
+  auto packed = pp;
+  packed.insert(packed.end(), {"data.batch_size=2", "train.grad_accum=2", "data.packing=true"});
+  expect_trl_curve(losses_of(apps::train(sft_config(job_dir("pp2_packed"), packed))), "sft packed pp2 accum 2");
+}
+
 // Conversations through the model's chat template (ChatML with its assistant
 // turns in {% generation %} blocks), trained on the assistant turns only:
 // TRL's assistant_only_loss curve, padded and packed.
@@ -178,6 +193,13 @@ TEST(SftTrain, SftKeysAreCheckedByName) {
   EXPECT_NE(message({"train.task=\"dpo\"", "data.format=\"chat\""}).find("preference"), std::string::npos);
   EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2"})
                 .find("parallel_output = false"),
+            std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2"})
+                .find("dpo with pipeline parallelism"),
+            std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2", "plugin.tp_size=2",
+                     "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"split_gather\""})
+                .find("pipeline and sequence parallelism"),
             std::string::npos);
   EXPECT_NE(message({"train.task=\"rlhf\""}).find("valid: pretrain, sft, dpo"), std::string::npos);
   EXPECT_NE(message({"data.source=\"builtin\""}).find("reads JSONL records"), std::string::npos);

@@ -2,8 +2,11 @@
 
 #include "colossus/core/errors.h"
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ne.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -93,6 +96,31 @@ SftBatch pack_batch(const std::vector<data::SftExample>& examples, int64_t seq_l
   batch.layout = models::TokenLayout::packed(rows, seq_len);
   batch.targets = count_targets(batch.labels);
   return batch;
+}
+
+SftBatch concat_batches(const std::vector<SftBatch>& batches, int32_t pad_id) {
+  if (batches.empty()) throw ConfigError("concat_batches: no batches");
+  int64_t longest = 0, position_limit = 0;
+  for (const auto& batch : batches) longest = std::max(longest, batch.input_ids.size(1));
+  std::vector<at::Tensor> ids, labels, positions, documents;
+  SftBatch whole;
+  for (const auto& batch : batches) {
+    const int64_t rows = batch.input_ids.size(0), len = batch.input_ids.size(1), pad = longest - len;
+    const auto& layout = batch.layout;
+    ids.push_back(at::constant_pad_nd(batch.input_ids, {0, pad}, pad_id));
+    labels.push_back(at::constant_pad_nd(batch.labels, {0, pad}, -100));
+    positions.push_back(at::constant_pad_nd(layout.positions(rows, len, batch.input_ids.device()), {0, pad}, 0));
+    const at::Tensor docs = layout.document_ids.defined() ? layout.document_ids : at::zeros({rows, len}, at::kLong);
+    documents.push_back(at::constant_pad_nd(docs, {0, pad}, -1));
+    position_limit = std::max(position_limit, layout.position_ids.defined() ? layout.position_limit : len);
+    whole.targets += batch.targets;
+  }
+  whole.input_ids = at::cat(ids, 0);
+  whole.labels = at::cat(labels, 0);
+  whole.layout.position_ids = at::cat(positions, 0);
+  whole.layout.document_ids = at::cat(documents, 0);
+  whole.layout.position_limit = position_limit;
+  return whole;
 }
 
 }  // namespace colossus::apps

@@ -33,4 +33,10 @@ SftBatch pad_batch(const std::vector<data::SftExample>& examples, int32_t pad_id
 // seq_len (truncate to data.max_length <= seq_len first).
 SftBatch pack_batch(const std::vector<data::SftExample>& examples, int64_t seq_len, int32_t pad_id);
 
+// The batches' rows one under another (a step's micro-batches as one pipeline
+// batch), each padded on the right to the longest: pad_id, labels -100,
+// padding documents (seen by no other token). Every real token keeps its
+// position, document and label, so each batch's rows compute as they did.
+SftBatch concat_batches(const std::vector<SftBatch>& batches, int32_t pad_id);
+
 }  // namespace colossus::apps

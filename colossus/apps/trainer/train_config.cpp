@@ -101,10 +101,17 @@ void validate_records_task(const TrainConfig& c) {
   if (c.data.source == "builtin") {
     throw ConfigError(task + " reads JSONL records; set data.source to a .jsonl file, a folder or a glob");
   }
-  if (c.plugin.name == "hybrid_parallel" && c.plugin.hybrid_parallel.pp_size > 1) {
-    throw ConfigError(fmt::format("{} with pipeline parallelism (pp_size = {}) is not supported yet; use pp_size = 1 "
+  const auto& hybrid = c.plugin.hybrid_parallel;
+  if (c.plugin.name == "hybrid_parallel" && hybrid.pp_size > 1 && c.train.task == "dpo") {
+    throw ConfigError(fmt::format("dpo with pipeline parallelism (pp_size = {}) is not supported yet; use pp_size = 1 "
                                   "(tp, zero and gemini work)",
-                                  task, c.plugin.hybrid_parallel.pp_size));
+                                  hybrid.pp_size));
+  }
+  if (c.plugin.name == "hybrid_parallel" && hybrid.pp_size > 1 &&
+      (hybrid.enable_sequence_parallelism || hybrid.sp_size > 1)) {
+    throw ConfigError(fmt::format("{} with pipeline and sequence parallelism together is not supported yet (padded and "
+                                  "packed rows do not shard along the sequence inside the pipeline); drop one",
+                                  task));
   }
   if (c.train.cuda_graph) {
     throw ConfigError("train.cuda_graph needs fixed-shape batches; " + c.train.task +

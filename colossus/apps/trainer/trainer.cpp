@@ -522,6 +522,28 @@ at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
   int64_t targets = 0;
   const auto micro_batches = take_step_examples(tokens, targets);
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
+  if (pipeline_) {
+    // The step's micro-batches are one pipeline batch whose microbatches they
+    // are (microbatch_size = data.batch_size), padded to a common length; each
+    // microbatch's share is its cross-entropy sum over the same target count.
+    std::vector<SftBatch> batches;
+    for (const auto& examples : micro_batches) {
+      batches.push_back(config_.data.packing ? pack_batch(examples, config_.data.seq_len, pad_id_)
+                                             : pad_batch(examples, pad_id_));
+    }
+    const SftBatch whole = concat_batches(batches, pad_id_);
+    const booster::PipelineBatch pipeline_batch{.input_ids = whole.input_ids.to(device_),
+                                                .labels = whole.labels.to(device_),
+                                                .layout = whole.layout.to(device_)};
+    const double dp = static_cast<double>(dp_size_);
+    auto out = booster_->execute_pipeline(
+        [&] { return pipeline_batch; }, model,
+        [&](const at::Tensor& logits, const at::Tensor& labels, int64_t) {
+          return model.loss(logits, labels, targets) * dp;
+        },
+        optimizer);
+    return out.loss.detach().to(at::kDouble);
+  }
   auto step_loss = at::zeros({}, f64);
   for (int64_t micro = 0; micro < accum; ++micro) {
     const auto& examples = micro_batches[static_cast<size_t>(micro)];
@@ -624,13 +646,15 @@ TrainResult Trainer::run() {
   nonfinite_run_ = at::zeros({}, f64);
   nonfinite_longest_ = at::zeros({}, f64);
 
+  // SFT runs its own pipeline batches (sft_forward_backward).
+  const bool pretrain_pipeline = pipeline_ && !reads_records();
   while (state_.step < config_.train.steps) {
     at::Tensor step_loss;  // this step's loss (double, on the device)
     int64_t step_tokens = reads_records() ? 0 : global_batch_tokens();
     if (graphed) {
       // The whole step replays from one graph (optimizer step and zeroing included).
       step_loss = graphed->step(loader->next()).to(at::kDouble);
-    } else if (pipeline_) {
+    } else if (pretrain_pipeline) {
       // The grad_accum loader batches as one pipeline batch; its loss is the
       // mean over microbatches, as the accumulated loss below.
       std::vector<at::Tensor> batches;
@@ -660,7 +684,7 @@ TrainResult Trainer::run() {
         loss_since_log += detached;  // micro-batch by micro-batch, as the logged loss always was
       }
     }
-    if (graphed || pipeline_) loss_since_log += step_loss;
+    if (graphed || pretrain_pipeline) loss_since_log += step_loss;
     if (!graphed) {
       optimizer.step();
       optimizer.zero_grad();
