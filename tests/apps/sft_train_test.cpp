@@ -102,7 +102,8 @@ TEST(SftTrain, PackedBatchesTrainTrlsCurve) {
 
 // The plugins take the packed layout through forward_loss: ZeRO-2 and Gemini
 // (fp32) over the ranks, and tensor parallelism over 2 ranks (one dp rank
-// holding the whole global batch), all on TRL's curve.
+// holding the whole global batch), plain and with the sequence sharded over
+// the tp group (split_gather, ring), all on TRL's curve.
 TEST(SftTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
   std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
       {"zero1", {"plugin.name=\"low_level_zero\"", "plugin.stage=1", "plugin.precision=\"fp32\""}},
@@ -110,6 +111,12 @@ TEST(SftTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
       {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\""}}};
   if (ct::world()->size() == 2) {
     cases.push_back({"tp2", {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "data.batch_size=4"}});
+    cases.push_back({"tp2_split_gather",
+                     {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "data.batch_size=4",
+                      "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"split_gather\""}});
+    cases.push_back({"tp2_ring",
+                     {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "data.batch_size=4",
+                      "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"ring\""}});
   }
   for (auto& [name, keys] : cases) {
     keys.push_back("data.packing=true");
@@ -200,6 +207,10 @@ TEST(SftTrain, SftKeysAreCheckedByName) {
   EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2", "plugin.tp_size=2",
                      "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"split_gather\""})
                 .find("pipeline and sequence parallelism"),
+            std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.sp_size=2", "plugin.enable_sequence_parallelism=true",
+                     "plugin.sequence_parallelism_mode=\"all_to_all\""})
+                .find("split_gather"),
             std::string::npos);
   EXPECT_NE(message({"train.task=\"rlhf\""}).find("valid: pretrain, sft, dpo"), std::string::npos);
   EXPECT_NE(message({"data.source=\"builtin\""}).find("reads JSONL records"), std::string::npos);

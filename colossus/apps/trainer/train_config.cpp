@@ -107,6 +107,13 @@ void validate_records_task(const TrainConfig& c) {
                                   "(tp, zero and gemini work)",
                                   hybrid.pp_size));
   }
+  if (c.plugin.name == "hybrid_parallel" && hybrid.enable_sequence_parallelism &&
+      hybrid.sequence_parallelism_mode != "split_gather" && hybrid.sequence_parallelism_mode != "ring") {
+    throw ConfigError(fmt::format("{} with plugin.sequence_parallelism_mode = \"{}\" is not supported yet (its padded "
+                                  "and packed rows need per-document attention across the sp ranks); use "
+                                  "\"split_gather\" or \"ring\" (the sequence sharded over the tp group)",
+                                  task, hybrid.sequence_parallelism_mode));
+  }
   if (c.plugin.name == "hybrid_parallel" && hybrid.pp_size > 1 &&
       (hybrid.enable_sequence_parallelism || hybrid.sp_size > 1)) {
     throw ConfigError(fmt::format("{} with pipeline and sequence parallelism together is not supported yet (padded and "
