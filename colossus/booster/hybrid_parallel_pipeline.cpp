@@ -162,8 +162,8 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
   if (partial_reducer_) partial_reducer_->set_sync_enabled(false);
   PipelineCriterion loss_fn = criterion;
   if (!loss_fn) {
-    loss_fn = [this](const at::Tensor& logits, const at::Tensor& labels, int64_t num_items) {
-      return loss(logits, labels, num_items);
+    loss_fn = [this](const at::Tensor& logits, const PipelineBatch& microbatch, int64_t num_items) {
+      return loss(logits, microbatch.labels, num_items);
     };
   }
   models::CausalLM& m = *model_;
@@ -347,12 +347,20 @@ PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const StageHo
   const int64_t rows = ids.size(0), seq_len = ids.size(1);
   const int64_t M = microbatches_for(rows);
   const int64_t mb_rows = rows / M;
-  const auto ids_mb = ids.split(mb_rows, 0);
-  const auto labels_mb = labels.split(mb_rows, 0);
   if (!batch.layout.empty()) batch.layout.check_against(ids);
-  std::vector<models::TokenLayout> layouts_mb(static_cast<size_t>(M));
-  if (!batch.layout.empty()) {
-    for (int64_t m = 0; m < M; ++m) layouts_mb[static_cast<size_t>(m)] = batch.layout.rows(m * mb_rows, mb_rows);
+  for (const auto& t : batch.row_tensors) {
+    if (!t.defined() || t.dim() == 0 || t.size(0) != rows) {
+      throw ConfigError(fmt::format("execute_pipeline: every row tensor needs {} rows (those of input_ids)", rows));
+    }
+  }
+  // Microbatch m: rows [m * mb_rows, (m + 1) * mb_rows) of everything.
+  std::vector<PipelineBatch> microbatches(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) {
+    PipelineBatch& mb = microbatches[static_cast<size_t>(m)];
+    mb.input_ids = ids.narrow(0, m * mb_rows, mb_rows);
+    mb.labels = labels.narrow(0, m * mb_rows, mb_rows);
+    if (!batch.layout.empty()) mb.layout = batch.layout.rows(m * mb_rows, mb_rows);
+    for (const auto& t : batch.row_tensors) mb.row_tensors.push_back(t.narrow(0, m * mb_rows, mb_rows));
   }
   // Every microbatch's loss is its token sum over the whole batch's count, so
   // the shares add up to the batch mean (HF's num_items_in_batch).
@@ -366,14 +374,14 @@ PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const StageHo
   pp::StageFunctions functions;
   functions.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
     const auto& range = stages_->blocks(chunk);
-    const models::TokenLayout& layout = layouts_mb[static_cast<size_t>(m)];
-    at::Tensor hidden = stages_->is_first(chunk) ? hooks.embed(ids_mb[static_cast<size_t>(m)], layout) : input;
-    const models::BlockContext context = hooks.context(hidden, layout);
+    const PipelineBatch& mb = microbatches[static_cast<size_t>(m)];
+    at::Tensor hidden = stages_->is_first(chunk) ? hooks.embed(mb.input_ids, mb.layout) : input;
+    const models::BlockContext context = hooks.context(hidden, mb.layout);
     hidden = model_.forward_blocks(hidden, context, static_cast<size_t>(range.begin), static_cast<size_t>(range.end));
     if (!stages_->is_last(chunk)) return hidden;
     at::Tensor logits = hooks.logits(model_.final_norm(hidden));
     if (return_outputs) outputs[static_cast<size_t>(m)] = logits.detach();
-    return criterion(logits, labels_mb[static_cast<size_t>(m)], num_items);
+    return criterion(logits, mb, num_items);
   };
   functions.parameters = [this](int chunk) { return chunk_params_.at(static_cast<size_t>(chunk)); };
   functions.scale_loss = scale_loss;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace colossus::booster {
 
@@ -18,17 +19,22 @@ struct PipelineBatch {
   // Padded or packed rows (positions, documents), split with the rows into
   // microbatches; empty: plain causal rows.
   models::TokenLayout layout;
+  // Further per-row values (B, ...), split with the rows and handed to the
+  // criterion (as Colossal-AI's criterion gets the micro-batch's inputs):
+  // e.g. DPO's reference log-probs.
+  std::vector<at::Tensor> row_tensors;
 };
 
 // Yields the next batch (called once per execute_pipeline).
 using PipelineDataIter = std::function<PipelineBatch()>;
 
 // logits of one microbatch (as the model's forward returns them: this rank's
-// vocab slice under tp), its labels (B_mb, T), and the token count of the
-// whole batch -> that microbatch's share of the batch loss (the shares sum to
-// the batch loss). Empty: the model's loss with num_items (HF semantics).
+// vocab slice under tp), the microbatch's rows of the batch (input_ids,
+// labels (B_mb, T) always defined, layout, row_tensors), and the label count
+// of the whole batch -> that microbatch's share of the batch loss (the shares
+// sum to the batch loss). Empty: the model's loss with num_items (HF semantics).
 using PipelineCriterion =
-    std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& labels, int64_t num_items)>;
+    std::function<at::Tensor(const at::Tensor& logits, const PipelineBatch& microbatch, int64_t num_items)>;
 
 struct PipelineOutput {
   at::Tensor loss;     // scalar, the batch loss (every pp rank gets it); undefined

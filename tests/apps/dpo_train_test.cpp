@@ -133,7 +133,30 @@ TEST(DpoTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
                                              {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2",
                                               "plugin.parallel_output=false", "data.batch_size=4"})),
                      "pairs", "dpo tp2");
+    // The sequence sharded over the tp group, gathered back before the head.
+    expect_trl_steps(apps::train(dpo_config(job_dir("tp2_split_gather"), "pairs",
+                                             {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2",
+                                              "plugin.parallel_output=false", "data.batch_size=4",
+                                              "plugin.enable_sequence_parallelism=true",
+                                              "plugin.sequence_parallelism_mode=\"split_gather\""})),
+                     "pairs", "dpo tp2 split_gather");
   }
+}
+
+// Pipeline parallelism over 2 ranks: the step's pairs as one pipeline batch
+// (rows chosen, rejected, ...) in microbatches of whole pairs, the reference
+// log-probs handed to each microbatch's criterion: 2 microbatches of 2 pairs,
+// and 2 accumulated loader batches of 2 pairs.
+TEST(DpoTrain, PipelineParallelTrainsTrlsCurve) {
+  if (ct::world()->size() != 2) GTEST_SKIP() << "pp = 2 needs 2 ranks";
+  const std::vector<std::string> pp{"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2",
+                                    "plugin.parallel_output=false"};
+  auto two_microbatches = pp;
+  two_microbatches.insert(two_microbatches.end(), {"data.batch_size=4", "plugin.microbatch_size=4"});
+  expect_trl_steps(apps::train(dpo_config(job_dir("pp2"), "pairs", two_microbatches)), "pairs", "dpo pp2");
+  auto accumulated = pp;
+  accumulated.insert(accumulated.end(), {"data.batch_size=2", "train.grad_accum=2"});
+  expect_trl_steps(apps::train(dpo_config(job_dir("pp2_accum"), "pairs", accumulated)), "pairs", "dpo pp2 accum 2");
 }
 
 int main(int argc, char** argv) { return ct::run_all_tests(argc, argv); }

@@ -201,8 +201,9 @@ TEST(SftTrain, SftKeysAreCheckedByName) {
   EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2"})
                 .find("parallel_output = false"),
             std::string::npos);
-  EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2"})
-                .find("dpo with pipeline parallelism"),
+  EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2",
+                     "plugin.parallel_output=false", "plugin.microbatch_size=3"})
+                .find("would split a chosen/rejected pair"),
             std::string::npos);
   EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2", "plugin.tp_size=2",
                      "plugin.enable_sequence_parallelism=true", "plugin.sequence_parallelism_mode=\"split_gather\""})

@@ -66,10 +66,11 @@ void apply_override(toml::table& root, const std::string& override_text) {
 TrainConfig from_table(const toml::table& root) {
   TrainConfig config = read_config_tables(root);
   // Under pp a step's grad_accum loader batches run as one pipeline batch
-  // (booster.execute_pipeline); by default each loader batch is a microbatch.
+  // (booster.execute_pipeline); by default each loader batch is a microbatch
+  // (for dpo its chosen and rejected rows: two a pair).
   auto& h = config.plugin.hybrid_parallel;
   if (config.plugin.name == "hybrid_parallel" && h.pp_size > 1 && h.num_microbatches == 0 && h.microbatch_size == 0)
-    h.microbatch_size = config.data.batch_size;
+    h.microbatch_size = config.data.batch_size * (config.train.task == "dpo" ? 2 : 1);
   return config;
 }
 
@@ -103,9 +104,17 @@ void validate_records_task(const TrainConfig& c) {
   }
   const auto& hybrid = c.plugin.hybrid_parallel;
   if (c.plugin.name == "hybrid_parallel" && hybrid.pp_size > 1 && c.train.task == "dpo") {
-    throw ConfigError(fmt::format("dpo with pipeline parallelism (pp_size = {}) is not supported yet; use pp_size = 1 "
-                                  "(tp, zero and gemini work)",
-                                  hybrid.pp_size));
+    // A microbatch must hold whole pairs (rows chosen, rejected, chosen, ...).
+    const int64_t rows = 2 * c.data.batch_size * c.train.grad_accum;
+    const int64_t mb_rows = hybrid.microbatch_size > 0  ? hybrid.microbatch_size
+                            : hybrid.num_microbatches > 0 ? rows / std::max<int64_t>(hybrid.num_microbatches, 1)
+                                                          : 2 * c.data.batch_size;
+    if (mb_rows % 2 != 0) {
+      throw ConfigError(fmt::format(
+          "dpo under pipeline parallelism: a microbatch of {} rows would split a chosen/rejected pair (a step has {} "
+          "rows, two a pair); set plugin.microbatch_size to an even number of rows (default: 2 x data.batch_size)",
+          mb_rows, rows));
+    }
   }
   if (c.plugin.name == "hybrid_parallel" && hybrid.enable_sequence_parallelism &&
       hybrid.sequence_parallelism_mode != "split_gather" && hybrid.sequence_parallelism_mode != "ring") {
@@ -134,30 +143,43 @@ void validate_records_task(const TrainConfig& c) {
     throw ConfigError("data.packing = true is not supported with train.task = \"dpo\" yet (each chosen and rejected "
                       "sequence is its own padded row); set data.packing = false");
   // The per-sequence log-probs are taken from whole logits: tensor
-  // parallelism gathers them (parallel_output = false); sequence sharding
-  // would split a sequence's sum over ranks.
+  // parallelism gathers them (parallel_output = false); split_gather / ring
+  // gather the sequence back before the head.
   const auto& hp = c.plugin.hybrid_parallel;
-  if (c.plugin.name == "hybrid_parallel" && (hp.parallel_output || hp.sp_size > 1 || hp.enable_sequence_parallelism))
+  if (c.plugin.name == "hybrid_parallel" && hp.parallel_output)
     throw ConfigError("train.task = \"dpo\" with hybrid_parallel needs plugin.parallel_output = false (the "
-                      "sequence log-probs come from gathered logits) and no sequence parallelism");
+                      "sequence log-probs come from gathered logits)");
 }
 
 }  // namespace
 
-lora::LoraConfig lora_config(const LoraSection& section) {
-  lora::LoraConfig config{.r = section.r, .lora_alpha = section.lora_alpha, .lora_dropout = section.lora_dropout,
-                          .use_rslora = section.use_rslora};
-  std::string names = section.target_modules;
+namespace {
+
+// "q_proj, v_proj" -> {"q_proj", "v_proj"}; "" -> {}.
+std::vector<std::string> comma_list(const std::string& names) {
+  std::vector<std::string> list;
   for (size_t begin = 0; begin <= names.size();) {
     size_t end = names.find(',', begin);
     if (end == std::string::npos) end = names.size();
     std::string name = names.substr(begin, end - begin);
     name.erase(0, name.find_first_not_of(' '));
     name.erase(name.find_last_not_of(' ') + 1);
-    if (!name.empty()) config.target_modules.push_back(name);
+    if (!name.empty()) list.push_back(name);
     begin = end + 1;
   }
-  return config;
+  return list;
+}
+
+}  // namespace
+
+lora::LoraConfig lora_config(const LoraSection& section) {
+  return lora::LoraConfig{.r = section.r,
+                          .lora_alpha = section.lora_alpha,
+                          .lora_dropout = section.lora_dropout,
+                          .target_modules = comma_list(section.target_modules),
+                          .modules_to_save = comma_list(section.modules_to_save),
+                          .bias = section.bias,
+                          .use_rslora = section.use_rslora};
 }
 
 void TrainConfig::validate() const {
@@ -171,6 +193,10 @@ void TrainConfig::validate() const {
   }
   if (train.task != "pretrain") validate_records_task(*this);
   if (lora.r < 0) throw ConfigError(fmt::format("lora.r = {} must be >= 0 (0: no LoRA; PEFT's default is 8)", lora.r));
+  if (!lora.adapter.empty() && (!lora.modules_to_save.empty() || lora.bias != "none"))
+    throw ConfigError(fmt::format("lora.adapter = '{}' brings its own adapter_config.json (modules_to_save, bias); "
+                                  "leave lora.modules_to_save and lora.bias unset",
+                                  lora.adapter));
   if (!lora.adapter.empty() && lora.r != 0)
     throw ConfigError(fmt::format("lora.adapter = '{}' brings its own adapter_config.json; leave lora.r at 0 (it is {})",
                                   lora.adapter, lora.r));

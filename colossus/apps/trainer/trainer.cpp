@@ -31,6 +31,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
@@ -132,6 +133,8 @@ class Trainer {
   // step's chosen/rejected reward means, reward accuracy and margin to
   // dpo_metrics_since_log_.
   at::Tensor dpo_forward_backward(int64_t& tokens);
+  // dpo under pipeline parallelism: the step's pairs as one pipeline batch.
+  at::Tensor dpo_pipeline_step(const std::vector<std::vector<data::SftExample>>& micro_batches);
   // dpo: the frozen reference, the policy as it was loaded, in the working dtype.
   void build_reference_model(const models::ModelConfig& model_config);
 
@@ -228,6 +231,13 @@ void Trainer::build() {
     lora_config_ = config_.lora.adapter.empty()
                        ? booster_->enable_lora(*model, lora_config(config_.lora), config_.model.init_seed)
                        : lora::load_peft_adapter(*model, config_.lora.adapter);
+    if (dpo() && (!lora_config_.modules_to_save.empty() || lora_config_.bias != "none")) {
+      // The reference is the adapters' snapshot; biases and saved modules train in place.
+      throw ConfigError(fmt::format(
+          "train.task = \"dpo\" with LoRA modules_to_save {} / bias \"{}\" is not supported: the reference is the "
+          "adapter as it started and those train in place; use no modules_to_save and bias \"none\"",
+          lora_config_.modules_to_save, lora_config_.bias));
+    }
     if (dpo()) lora::snapshot_adapters(*model);
     if (lora_config_.base_model_name_or_path.empty()) lora_config_.base_model_name_or_path = config_.model.pretrained;
     int64_t trained = 0, total = 0;
@@ -448,7 +458,7 @@ void Trainer::publish_pending_checkpoint() {
       const fs::path partial = dirs_.partial_dir(*pending_publish_);
       const std::string model_dir = (partial / "model").string();
       auto& model = boosted_.model->unwrap();
-      const auto weights = checkpoint::load_tensors(model_dir, lora::lora_parameter_names(model));
+      const auto weights = checkpoint::load_tensors(model_dir, lora::lora_parameter_names(model, lora_config_));
       lora::save_peft_adapter(model, lora_config_, (partial / "adapter").string(), weights);
     }
     dirs_.publish(*pending_publish_, config_.train.keep_last);
@@ -538,8 +548,8 @@ at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
     const double dp = static_cast<double>(dp_size_);
     auto out = booster_->execute_pipeline(
         [&] { return pipeline_batch; }, model,
-        [&](const at::Tensor& logits, const at::Tensor& labels, int64_t) {
-          return model.loss(logits, labels, targets) * dp;
+        [&](const at::Tensor& logits, const booster::PipelineBatch& microbatch, int64_t) {
+          return model.loss(logits, microbatch.labels, targets) * dp;
         },
         optimizer);
     return out.loss.detach().to(at::kDouble);
@@ -586,6 +596,7 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
   auto step_loss = at::zeros({}, f64);
   if (!dpo_metrics_since_log_.defined()) dpo_metrics_since_log_ = at::zeros({4}, f64);
+  if (pipeline_) return dpo_pipeline_step(micro_batches);
   for (int64_t micro = 0; micro < accum; ++micro) {
     const auto& pairs = micro_batches[static_cast<size_t>(micro)];
     std::vector<data::SftExample> rows;
@@ -623,6 +634,56 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
                               static_cast<double>(accum);
   }
   return step_loss;
+}
+
+at::Tensor Trainer::dpo_pipeline_step(const std::vector<std::vector<data::SftExample>>& micro_batches) {
+  // Rows pair by pair (chosen, rejected, chosen, ...), the micro-batches one
+  // under another, padded to the step's longest; each pipeline microbatch
+  // holds whole pairs (an even row count, checked by the config). The
+  // reference log-probs come first, from the whole reference model every
+  // rank holds, and reach each microbatch's criterion as a row tensor; a
+  // microbatch's loss is its pairs' share of the mean over the step's pairs.
+  auto& model = *boosted_.model;
+  if (!reference_model_) throw ConfigError("dpo under pipeline parallelism needs its own reference model (no LoRA)");
+  std::vector<data::SftExample> rows;
+  for (const auto& pairs : micro_batches) {
+    for (const auto& pair : pairs) {
+      rows.push_back({.input_ids = pair.input_ids, .trained = pair.trained});
+      rows.push_back({.input_ids = pair.rejected_ids, .trained = pair.rejected_trained});
+    }
+  }
+  const SftBatch batch = pad_batch(rows, pad_id_);
+  booster::PipelineBatch pipeline_batch{
+      .input_ids = batch.input_ids.to(device_), .labels = batch.labels.to(device_), .layout = batch.layout.to(device_)};
+  at::Tensor reference;
+  {
+    at::NoGradGuard no_grad;
+    reference = sequence_logps(reference_model_->forward(pipeline_batch.input_ids, pipeline_batch.layout),
+                               pipeline_batch.labels);
+  }
+  const auto counts = pipeline_batch.labels.slice(1, 1).ne(-100).sum(1).to(at::kFloat);  // completion tokens per row
+  pipeline_batch.row_tensors = {reference, counts};
+  const double pairs_total = static_cast<double>(rows.size() / 2);
+  const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
+  auto metric_sums = at::zeros({4}, f64);  // chosen rewards, rejected rewards, margins > 0, margins (sums over pairs)
+  auto criterion = [&](const at::Tensor& logits, const booster::PipelineBatch& mb, int64_t) {
+    const auto policy = sequence_logps(logits, mb.labels).view({-1, 2});
+    const auto ref = mb.row_tensors[0].view({-1, 2}), count = mb.row_tensors[1].view({-1, 2});
+    const DpoLoss dpo = dpo_loss(policy.select(1, 0), policy.select(1, 1), ref.select(1, 0), ref.select(1, 1),
+                                 count.select(1, 0), count.select(1, 1), config_.dpo);
+    const auto margins = dpo.chosen_rewards - dpo.rejected_rewards;
+    metric_sums += at::stack({dpo.chosen_rewards.sum(), dpo.rejected_rewards.sum(),
+                              margins.gt(0).to(at::kFloat).sum(), margins.sum()})
+                       .to(at::kDouble);
+    return dpo.loss * (static_cast<double>(policy.size(0)) / pairs_total);
+  };
+  auto out = booster_->execute_pipeline([&] { return pipeline_batch; }, model, criterion, *boosted_.optimizer);
+  // The last stage computed the metrics: every stage takes them (rank 0 logs).
+  if (auto hybrid = std::dynamic_pointer_cast<booster::HybridParallelPlugin>(plugin_); hybrid && hybrid->pp_group()) {
+    hybrid->pp_group()->all_reduce(metric_sums).wait();
+  }
+  dpo_metrics_since_log_ += metric_sums / pairs_total;
+  return out.loss.detach().to(at::kDouble);
 }
 
 TrainResult Trainer::run() {
