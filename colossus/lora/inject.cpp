@@ -84,6 +84,57 @@ checkpoint::NamedTensors lora_parameters(torch::nn::Module& model) {
   return params;
 }
 
+std::vector<AdapterTensor> adapter_tensors(models::CausalLM& model, const LoraConfig& config) {
+  std::vector<AdapterTensor> tensors;
+  std::set<std::string> lora_paths;
+  for (const auto& [path, layer] : lora_layers(model)) {
+    lora_paths.insert(path);
+    tensors.push_back({peft_key(path, "lora_A"), path + ".lora_A.weight", layer->lora_A});
+    tensors.push_back({peft_key(path, "lora_B"), path + ".lora_B.weight", layer->lora_B});
+  }
+  const c10::TensorImpl* embedding = model.tied_embeddings() ? model.embedding().weight.unsafeGetTensorImpl() : nullptr;
+  std::set<std::string> matched_entries;
+  for (auto& item : model.named_parameters()) {
+    const std::string& name = item.key();
+    const auto dot = name.rfind('.');
+    const std::string module = dot == std::string::npos ? "" : name.substr(0, dot);
+    const std::string leaf = name.substr(dot == std::string::npos ? 0 : dot + 1);
+    if (leaf.starts_with("lora_") || module.ends_with(".lora_A") || module.ends_with(".lora_B")) continue;
+    bool saved = false;
+    for (const auto& entry : config.modules_to_save) {
+      if (!matches(module, entry)) continue;
+      if (item.value().unsafeGetTensorImpl() == embedding) {
+        throw ConfigError(fmt::format(
+            "lora modules_to_save \"{}\" holds the embedding that the LM head is tied to ({}); PEFT would train an "
+            "untied copy, Colossus trains modules in place: untie the model or leave it out",
+            entry, name));
+      }
+      matched_entries.insert(entry);
+      saved = true;
+    }
+    if (saved) {
+      tensors.push_back({"base_model.model." + name, name, item.value()});
+      continue;
+    }
+    const bool lora_bias = leaf == "bias" && lora_paths.contains(module);
+    if (leaf == "bias" && (config.bias == "all" || (config.bias == "lora_only" && lora_bias))) {
+      tensors.push_back(
+          {"base_model.model." + (lora_bias ? module + ".base_layer.bias" : name), name, item.value()});
+    }
+  }
+  std::vector<std::string> unmatched;
+  for (const auto& entry : config.modules_to_save) {
+    if (!matched_entries.contains(entry)) unmatched.push_back(entry);
+  }
+  if (!unmatched.empty()) {
+    throw ConfigError(fmt::format("lora modules_to_save entries {} match no module with parameters of {}{}", unmatched,
+                                  model.name(),
+                                  model.tied_embeddings() ? " (its LM head is tied to the embedding: no lm_head of its own)"
+                                                          : ""));
+  }
+  return tensors;
+}
+
 LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_t seed) {
   config.validate();
   if (models::checkpoint_fuses_projections(model.config())) {
@@ -176,12 +227,17 @@ LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_
     models::replace_layer(model, path, lora);
     if (config.all_linear()) resolved.target_modules.push_back(path);
   }
-  // Only the adapters train (PEFT's _mark_only_adapters_as_trainable, bias
-  // "none").
-  for (auto& item : model.named_parameters()) {
-    if (!item.key().ends_with(".lora_A.weight") && !item.key().ends_with(".lora_B.weight"))
-      item.value().set_requires_grad(false);
+  // Only what the adapter trains (PEFT's _mark_only_adapters_as_trainable
+  // and modules_to_save).
+  std::vector<AdapterTensor> trained;
+  try {
+    trained = adapter_tensors(model, config);
+  } catch (...) {
+    for (const auto& [path, lora] : lora_layers(model)) models::replace_layer(model, path, lora->base());
+    throw;
   }
+  for (auto& item : model.named_parameters()) item.value().set_requires_grad(false);
+  for (auto& t : trained) t.tensor.set_requires_grad(true);
   return resolved;
 }
 

@@ -18,7 +18,9 @@ namespace colossus::lora {
 
 // Wraps every matched Linear / Conv1D in a LoraLinear (fp32 adapters on the
 // layer's device, A seeded from (seed, module path)) and freezes every other
-// parameter of the model, as PEFT's get_peft_model does with bias "none".
+// parameter of the model but the biases and modules_to_save the config
+// trains (adapter_tensors), as PEFT's get_peft_model. Those train in place:
+// the model's own bias and module tensors are the trained ones.
 // Returns the config with "all-linear" resolved to the wrapped module paths
 // (what PEFT writes to adapter_config.json). ConfigError when: the config is
 // invalid; an entry of target_modules matches no module (the message lists
@@ -43,6 +45,23 @@ checkpoint::NamedTensors lora_parameters(torch::nn::Module& model);
 
 // The PEFT key of one adapter matrix; `which` is "lora_A" or "lora_B".
 std::string peft_key(const std::string& module_path, const std::string& which);
+
+// One tensor an adapter trains and PEFT saves: its key in
+// adapter_model.safetensors and its parameter name in the model.
+struct AdapterTensor {
+  std::string peft_key;
+  std::string param_name;
+  at::Tensor tensor;
+};
+// Everything `config` trains on a model it was applied to, in PEFT's saved
+// form: every LoRA layer's lora_A / lora_B; with bias "all" every ".bias"
+// parameter, with "lora_only" the LoRA layers' (PEFT keys a LoRA layer's
+// bias "<path>.base_layer.bias"); and every parameter of the modules_to_save
+// modules (PEFT's key "<module path>.<name>": its trained copy's, adapter
+// name dropped). ConfigError for a modules_to_save entry that matches no
+// module, or one that holds a head tied to the embedding (PEFT would train
+// an untied copy; Colossus trains in place).
+std::vector<AdapterTensor> adapter_tensors(models::CausalLM& model, const LoraConfig& config);
 
 // Snapshots every LoRA layer's adapter (LoraLinear::snapshot).
 void snapshot_adapters(torch::nn::Module& model);

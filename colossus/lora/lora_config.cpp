@@ -37,16 +37,13 @@ void LoraConfig::validate() const {
           target_modules));
     }
   }
-  if (!modules_to_save.empty()) {
-    throw ConfigError(
-        fmt::format("lora modules_to_save = {} is not supported yet; leave it empty (null)", modules_to_save));
+  for (const auto& name : modules_to_save) {
+    if (name.empty())
+      throw ConfigError("lora modules_to_save holds an empty name; give module names such as \"lm_head\"");
   }
-  if (bias != "none") {
-    if (bias == "all" || bias == "lora_only") {
-      throw ConfigError(fmt::format("lora bias = \"{}\" is not supported yet; use \"none\"", bias));
-    }
+  if (bias != "none" && bias != "all" && bias != "lora_only") {
     throw ConfigError(
-        fmt::format("lora bias = \"{}\" is not one of PEFT's \"none\", \"all\", \"lora_only\"; use \"none\"", bias));
+        fmt::format("lora bias = \"{}\" is not one of PEFT's \"none\", \"all\", \"lora_only\"", bias));
   }
   if (task_type != "CAUSAL_LM") {
     throw ConfigError(fmt::format(

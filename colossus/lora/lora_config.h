@@ -25,9 +25,12 @@ struct LoraConfig {
   // or ends with "." + entry. The single entry "all-linear" is PEFT's
   // shorthand: every Linear / Conv1D but the LM head.
   std::vector<std::string> target_modules;
-  // Not implemented: must be empty (PEFT's null).
+  // Modules trained whole beside the adapters (PEFT's modules_to_save, e.g.
+  // "lm_head"), matched as target_modules are; saved in the adapter file.
   std::vector<std::string> modules_to_save;
-  std::string bias = "none";  // "none" only ("all", "lora_only" are refused)
+  // Biases that train: "none", "all" (every bias of the model) or
+  // "lora_only" (those of the adapted layers), as PEFT.
+  std::string bias = "none";
   bool use_rslora = false;
   LoraInit init_lora_weights = LoraInit::Kaiming;
   // Carried through adapter_config.json; not used by Colossus.

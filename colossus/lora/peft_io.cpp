@@ -34,13 +34,9 @@ std::string some_names(const std::vector<std::string>& names, size_t limit = 6) 
 
 }  // namespace
 
-namespace {
-constexpr std::string_view kPeftPrefix = "base_model.model.";
-}
-
-std::vector<std::string> lora_parameter_names(models::CausalLM& model) {
+std::vector<std::string> lora_parameter_names(models::CausalLM& model, const LoraConfig& config) {
   std::vector<std::string> names;
-  for (const auto& [key, tensor] : lora_parameters(model)) names.push_back(key.substr(kPeftPrefix.size()));
+  for (const auto& t : adapter_tensors(model, config)) names.push_back(t.param_name);
   return names;
 }
 
@@ -61,15 +57,15 @@ void save_peft_adapter(models::CausalLM& model, const LoraConfig& config, const 
     if (config.all_linear()) written.target_modules.push_back(path);
   }
   checkpoint::NamedTensors tensors;
-  for (auto& [key, tensor] : lora_parameters(model)) {
+  for (const auto& t : adapter_tensors(model, config)) {
     if (weights.empty()) {
-      tensors.emplace_back(key, tensor.detach());
+      tensors.emplace_back(t.peft_key, t.tensor.detach());
       continue;
     }
-    const auto it = weights.find(key.substr(kPeftPrefix.size()));
+    const auto it = weights.find(t.param_name);
     if (it == weights.end())
-      throw CheckpointError(fmt::format("adapter weight {} is missing from the weights given", key.substr(kPeftPrefix.size())));
-    tensors.emplace_back(key, it->second);
+      throw CheckpointError(fmt::format("adapter weight {} is missing from the weights given", t.param_name));
+    tensors.emplace_back(t.peft_key, it->second);
   }
   fs::create_directories(dir);
   // Weights first, config last: a directory whose config is new has new
@@ -107,7 +103,8 @@ LoraConfig load_peft_adapter(models::CausalLM& model, const std::string& dir) {
   for (const auto& item : model.named_parameters()) trainable[item.key()] = item.value().requires_grad();
   apply_lora(model, config);
   try {
-    const checkpoint::NamedTensors params = lora_parameters(model);
+    checkpoint::NamedTensors params;
+    for (const auto& t : adapter_tensors(model, config)) params.emplace_back(t.peft_key, t.tensor);
     std::set<std::string> expected;
     std::vector<std::string> missing, unexpected, mismatched;
     for (const auto& [key, param] : params) {

@@ -43,7 +43,8 @@ const fs::path& oracle_dir() {
 
 fs::path job_dir(const std::string& name) { return ct::fresh_job_dir("lora_train_test", name); }
 
-apps::TrainConfig lora_config(const fs::path& output_dir, const std::vector<std::string>& extra = {}) {
+apps::TrainConfig lora_config(const fs::path& output_dir, const std::vector<std::string>& extra = {},
+                              const std::string& model = "model", const std::string& adapter = "adapter") {
   const int64_t per_rank = 4 / ct::world()->size();
   std::vector<std::string> overrides{"train.task=\"sft\"",
                                      "train.output_dir=\"" + output_dir.string() + "\"",
@@ -51,7 +52,7 @@ apps::TrainConfig lora_config(const fs::path& output_dir, const std::vector<std:
                                      "train.log_every=1",
                                      "train.tensorboard=false",
                                      "train.sample_tokens=0",
-                                     "model.pretrained=\"" + (oracle_dir() / "model").string() + "\"",
+                                     "model.pretrained=\"" + (oracle_dir() / model).string() + "\"",
                                      "data.source=\"" + (oracle_dir() / "data.jsonl").string() + "\"",
                                      "data.shuffle=false",
                                      "data.seq_len=64",
@@ -61,13 +62,14 @@ apps::TrainConfig lora_config(const fs::path& output_dir, const std::vector<std:
                                      "optimizer.beta2=0.999",
                                      "optimizer.weight_decay=0.0",
                                      "lr_scheduler.name=\"constant\"",
-                                     "lora.adapter=\"" + (oracle_dir() / "adapter").string() + "\""};
+                                     "lora.adapter=\"" + (oracle_dir() / adapter).string() + "\""};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return apps::parse_train_config("", overrides);
 }
 
-void expect_trl_curve(const apps::TrainResult& result, const std::string& what) {
-  std::ifstream in(oracle_dir() / "trl_losses.json");
+void expect_trl_curve(const apps::TrainResult& result, const std::string& what,
+                      const std::string& trl_file = "trl_losses.json") {
+  std::ifstream in(oracle_dir() / trl_file);
   const auto trl = nlohmann::json::parse(in).get<std::vector<double>>();
   ASSERT_EQ(result.steps.size(), trl.size()) << what;
   double worst = 0.0;
@@ -137,6 +139,44 @@ TEST(LoraTrain, TensorParallelTrainsTrlsCurve) {
       {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "plugin.precision=\"fp32\"", "data.batch_size=4"}));
   expect_trl_curve(result, "lora tp2");
   expect_adapter_checkpoint(result, "lora tp2");
+}
+
+// An adapter that also trains biases (PEFT's bias "all") and the LM head
+// whole (modules_to_save): TRL + PEFT's curve; the checkpoint's adapter/
+// holds them under PEFT's keys ("<path>.base_layer.bias" for an adapted
+// layer's bias, "lm_head.weight") and loads back onto the base. PEFT's
+// bias "lora_only" adapter loads with only the adapted layers' biases
+// trainable.
+TEST(LoraTrain, BiasesAndSavedModulesTrainTrlsCurve) {
+  const auto result = apps::train(lora_config(job_dir("extras"), {}, "model_bias", "adapter_extras"));
+  expect_trl_curve(result, "lora bias all + modules_to_save lm_head", "trl_losses_extras.json");
+  if (ct::world()->rank() != 0) return;
+  ASSERT_FALSE(result.final_checkpoint.empty());
+  const fs::path adapter = fs::path(result.final_checkpoint) / "adapter";
+  const auto saved = checkpoint::load_state_dict((adapter / "adapter_model.safetensors").string());
+  for (const char* key : {"base_model.model.lm_head.weight", "base_model.model.model.layers.0.self_attn.k_proj.bias",
+                          "base_model.model.model.layers.1.self_attn.q_proj.base_layer.bias"}) {
+    EXPECT_TRUE(saved.contains(key)) << key;
+  }
+  auto model = models::load_pretrained((oracle_dir() / "model_bias").string());
+  const auto config = lora::load_peft_adapter(*model, adapter.string());
+  EXPECT_EQ(config.bias, "all");
+  EXPECT_EQ(config.modules_to_save, std::vector<std::string>{"lm_head"});
+  const auto trained = checkpoint::load_state_dict((fs::path(result.final_checkpoint) / "model").string());
+  for (const auto& item : model->named_parameters()) {
+    if (item.key() == "lm_head.weight" || item.key().ends_with(".bias")) {
+      EXPECT_TRUE(item.value().requires_grad()) << item.key();
+      EXPECT_TRUE(at::equal(item.value(), trained.at(item.key()))) << item.key() << " is the trained one";
+    }
+  }
+
+  auto lora_only = models::load_pretrained((oracle_dir() / "model_bias").string());
+  lora::load_peft_adapter(*lora_only, (oracle_dir() / "adapter_lora_only").string());
+  for (const auto& item : lora_only->named_parameters()) {
+    const bool adapted_bias = item.key().ends_with("q_proj.bias") || item.key().ends_with("v_proj.bias");
+    const bool adapter = item.key().find(".lora_") != std::string::npos;
+    EXPECT_EQ(item.value().requires_grad(), adapted_bias || adapter) << item.key();
+  }
 }
 
 // QLoRA: the base's linear layers in NF4 (double-quantised, as

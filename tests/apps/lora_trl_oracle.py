@@ -9,6 +9,12 @@
       training that adapter (PeftModel.from_pretrained(is_trainable=True)) on
       the base frozen, with sft_trl_oracle.py's settings (batch 4, AdamW lr
       1e-3, constant, fp32, CPU).
+      The same for an adapter that also trains biases and whole modules:
+      OUT_DIR/model_bias/ (the tiny LLaMA with q/k/v/o biases),
+      OUT_DIR/adapter_extras/ (LoRA on q_proj, v_proj with bias "all" and
+      modules_to_save ["lm_head"]) and OUT_DIR/trl_losses_extras.json; and
+      OUT_DIR/adapter_lora_only/ (bias "lora_only", untrained) for the key
+      names PEFT saves.
 """
 import json
 import os
@@ -61,6 +67,33 @@ def main() -> int:
         trainer.train()
     assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
     (out / "trl_losses.json").write_text(json.dumps(RecordingTrainer.losses))
+
+    # Biases and whole modules beside the adapters (trained in place by Colossus).
+    config = transformers.LlamaConfig.from_pretrained(out / "model")
+    config.attention_bias = True
+    torch.manual_seed(8)
+    transformers.LlamaForCausalLM(config).save_pretrained(out / "model_bias", safe_serialization=True)
+    fast.save_pretrained(out / "model_bias")
+    for name, extras in (("adapter_extras", dict(bias="all", modules_to_save=["lm_head"])),
+                         ("adapter_lora_only", dict(bias="lora_only"))):
+        base = transformers.LlamaForCausalLM.from_pretrained(out / "model_bias", dtype=torch.float32)
+        torch.manual_seed(12)
+        model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                          lora_dropout=0.0, task_type="CAUSAL_LM", **extras))
+        with torch.no_grad():
+            for param_name, p in model.named_parameters():
+                if "lora_B" in param_name:
+                    p.normal_(0.0, 0.02)
+        model.save_pretrained(out / name)
+    base = transformers.LlamaForCausalLM.from_pretrained(out / "model_bias", dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(base, out / "adapter_extras", is_trainable=True)
+    RecordingTrainer.losses = []
+    with tempfile.TemporaryDirectory() as work:
+        args.output_dir = work
+        trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data), processing_class=fast)
+        trainer.train()
+    assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
+    (out / "trl_losses_extras.json").write_text(json.dumps(RecordingTrainer.losses))
     return 0
 
 

@@ -349,6 +349,8 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("lora_alpha", "adapter scaling numerator: scaling = lora_alpha / r (/ sqrt(r) with use_rslora)", lora.lora_alpha),
         COLOSSUS_KEY("lora_dropout", "dropout on the adapters' input, in [0, 1)", lora.lora_dropout),
         COLOSSUS_KEY("target_modules", "\"all-linear\" (every linear layer but the head) or comma-separated module names (\"q_proj,v_proj\")", lora.target_modules),
+        COLOSSUS_KEY("modules_to_save", "modules trained whole beside the adapters, comma-separated (\"lm_head\"); saved in the adapter", lora.modules_to_save),
+        COLOSSUS_KEY("bias", "biases that train: none, all, lora_only (those of the adapted layers)", lora.bias),
         COLOSSUS_KEY("use_rslora", "rank-stabilised scaling lora_alpha / sqrt(r)", lora.use_rslora),
         COLOSSUS_KEY("adapter", "a PEFT adapter directory to continue training (its adapter_config.json sets the options; leave r at 0)", lora.adapter),
         COLOSSUS_KEY("quantize", "\"nf4\": QLoRA, the base's linear layers held in 4-bit NF4 (double-quantised as bitsandbytes); \"\": as loaded", lora.quantize)}});

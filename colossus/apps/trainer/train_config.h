@@ -136,6 +136,8 @@ struct LoraSection {
   double lora_alpha = 16.0;
   double lora_dropout = 0.0;
   std::string target_modules = "all-linear";  // "all-linear" or module names, comma-separated ("q_proj,v_proj")
+  std::string modules_to_save;                // modules trained whole, comma-separated ("lm_head"); "": none
+  std::string bias = "none";                  // biases that train: none, all, lora_only (PEFT's)
   bool use_rslora = false;
   // A PEFT adapter directory to continue training (PEFT's
   // from_pretrained(is_trainable=True)): its adapter_config.json sets the
