@@ -212,26 +212,30 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids, const model
   if (sharded_.sequence != parallel::tensor::SequenceSharding::None) {
     logits = forward_sequence_sharded(input_ids, layout);
   } else if (sp_group_) {
-    if (!layout.empty()) {
-      throw ConfigError(fmt::format("hybrid_parallel: padded or packed rows (a TokenLayout) are not supported with "
-                                    "sequence parallelism sp_size {} ({}) yet; use sequence_parallelism_mode "
-                                    "split_gather, or sp_size 1",
-                                    sp_group_->size(),
-                                    sp_mode_ == parallel::sequence::SequenceParallelMode::RingAttention
-                                        ? "ring_attn"
-                                        : "all_to_all"));
-    }
     // This rank's sequence shard at its global positions; every block's
     // attention core runs as ring/Ulysses attention over the sp group.
     namespace ps = parallel::sequence;
     models::check_input_ids(input_ids);
-    const auto layout = ps::layout_of(sp_mode_);
-    const int64_t seq_len = input_ids.size(1);
-    at::Tensor local_ids = ps::shard_sequence(input_ids, 1, sp_group_->size(), sp_group_->rank(), layout);
-    at::Tensor positions = ps::local_position_tensor(seq_len, *sp_group_, layout, input_ids.device());
-    hidden = m.embed_at(local_ids, positions, seq_len);
-    models::BlockContext context = m.block_context_at(hidden, positions, seq_len);
+    const auto sharding = ps::layout_of(sp_mode_);
+    const int64_t seq_len = input_ids.size(1), sp = sp_group_->size();
+    at::Tensor local_ids = ps::shard_sequence(input_ids, 1, sp, sp_group_->rank(), sharding);
     ps::SequenceParallelAttention attention(*sp_group_, sp_mode_, seq_len, inner_ring_size_);
+    at::Tensor positions;
+    int64_t position_limit = seq_len;
+    if (layout.empty()) {
+      positions = ps::local_position_tensor(seq_len, *sp_group_, sharding, input_ids.device());
+    } else {
+      // Padded or packed rows: each token at its own position, attention over
+      // the whole sequence under the rows' document mask (all_to_all only).
+      layout.check_against(input_ids);
+      const models::TokenLayout local = layout.to(input_ids.device());
+      positions = ps::shard_sequence(local.positions(input_ids.size(0), seq_len, input_ids.device()), 1, sp,
+                                     sp_group_->rank(), sharding);
+      if (local.position_ids.defined()) position_limit = local.position_limit;
+      if (local.document_ids.defined()) attention.document_mask = ps::padded_document_mask(local.attention_mask(), sp);
+    }
+    hidden = m.embed_at(local_ids, positions, position_limit);
+    models::BlockContext context = m.block_context_at(hidden, positions, position_limit);
     context.attention = &attention;
     hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
   } else {

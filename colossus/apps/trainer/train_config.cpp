@@ -116,12 +116,18 @@ void validate_records_task(const TrainConfig& c) {
           mb_rows, rows));
     }
   }
-  if (c.plugin.name == "hybrid_parallel" && hybrid.enable_sequence_parallelism &&
-      hybrid.sequence_parallelism_mode != "split_gather" && hybrid.sequence_parallelism_mode != "ring") {
-    throw ConfigError(fmt::format("{} with plugin.sequence_parallelism_mode = \"{}\" is not supported yet (its padded "
-                                  "and packed rows need per-document attention across the sp ranks); use "
-                                  "\"split_gather\" or \"ring\" (the sequence sharded over the tp group)",
-                                  task, hybrid.sequence_parallelism_mode));
+  // Padded / packed rows need per-document attention: split_gather and ring
+  // (over the tp group) gather the sequence for it, all_to_all (Ulysses)
+  // attends over the whole sequence; ring_attn's blocks do not take a mask
+  // yet. DPO's sequence log-probs need the whole sequence's logits, which
+  // all_to_all leaves sharded.
+  const std::string& mode = hybrid.sequence_parallelism_mode;
+  const bool mode_ok =
+      mode == "split_gather" || mode == "ring" || (mode == "all_to_all" && c.train.task == "sft");
+  if (c.plugin.name == "hybrid_parallel" && hybrid.enable_sequence_parallelism && !mode_ok) {
+    throw ConfigError(fmt::format("{} with plugin.sequence_parallelism_mode = \"{}\" is not supported yet; use "
+                                  "\"split_gather\" or \"ring\" (the sequence sharded over the tp group){}",
+                                  task, mode, c.train.task == "sft" ? " or \"all_to_all\"" : ""));
   }
   if (c.plugin.name == "hybrid_parallel" && hybrid.pp_size > 1 &&
       (hybrid.enable_sequence_parallelism || hybrid.sp_size > 1)) {

@@ -7,6 +7,7 @@
 #include <ATen/core/Reduction.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/cross_entropy_loss.h>
+#include <ATen/ops/eye.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -55,6 +56,14 @@ at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor
                                   spec.softcap != 0.0 ? "" : fmt::format(" or sequences of at most {} tokens", spec.window)));
   }
   const double scale = spec.scale;
+  if (document_mask.defined()) {
+    if (mode_ == SequenceParallelMode::RingAttention) {
+      throw ConfigError(
+          "padded or packed rows (a token layout) are not supported with sequence_parallelism_mode \"ring_attn\" yet; "
+          "use \"all_to_all\", or \"split_gather\" / \"ring\" over the tp group");
+    }
+    return ulysses_attention(q, k, v, group_, {.causal = false, .scale = scale, .seq_len = seq_len_, .mask = document_mask});
+  }
   if (mode_ == SequenceParallelMode::RingAttention) {
     return ring_attention(q, k, v, group_,
                           {.causal = true,
@@ -64,6 +73,14 @@ at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor
                            .inner_ring_size = inner_ring_size_});
   }
   return ulysses_attention(q, k, v, group_, {.causal = true, .scale = scale, .seq_len = seq_len_});
+}
+
+at::Tensor padded_document_mask(const at::Tensor &mask, int64_t sp) {
+  const int64_t seq_len = mask.size(-1), padded = padded_length(seq_len, sp, SequenceLayout::Contiguous);
+  if (padded == seq_len) return mask;
+  at::Tensor grown = at::eye(padded, mask.options()).expand({mask.size(0), 1, padded, padded}).clone();
+  grown.narrow(2, 0, seq_len).narrow(3, 0, seq_len).copy_(mask);
+  return grown;
 }
 
 at::Tensor local_position_tensor(int64_t seq_len, cluster::ProcessGroup &group, SequenceLayout layout,

@@ -33,6 +33,9 @@ class SequenceParallelAttention : public models::AttentionHook {
   // ConfigError for a window shorter than the sequence or a soft cap.
   at::Tensor attend(int64_t layer, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                     const models::AttentionSpec &spec) override;
+  // Padded or packed rows (all_to_all only): (B, 1, T_pad, T_pad) bool over
+  // the whole sequence padded to the sp shards (padded_document_mask).
+  at::Tensor document_mask;
 
  private:
   cluster::ProcessGroup &group_;
@@ -40,6 +43,11 @@ class SequenceParallelAttention : public models::AttentionHook {
   int64_t seq_len_;
   int64_t inner_ring_size_;
 };
+
+// A TokenLayout's (B, 1, T, T) attention mask grown to (B, 1, T_pad, T_pad)
+// for `sp` contiguous shards: padding tokens see only themselves and no real
+// token sees them.
+at::Tensor padded_document_mask(const at::Tensor &mask, int64_t sp);
 
 // Global positions of this rank's local tokens as a (T_local) int64 tensor on
 // `device`; padding positions are clamped to seq_len - 1 (their outputs never

@@ -125,7 +125,23 @@ at::Tensor ulysses_attention(const at::Tensor &q, const at::Tensor &k, const at:
   // so only non-causal attention with padding needs a key mask.
   const bool padded = options.seq_len >= 0 && options.seq_len < total;
   at::Tensor out;
-  if (padded && !options.causal) {
+  if (options.mask.defined()) {
+    if (options.mask.dim() != 4 || options.mask.size(2) != total || options.mask.size(3) != total) {
+      throw ConfigError(fmt::format("ulysses attention: the mask {} must be (B, 1, {}, {}) over the padded sequence",
+                                    c10::str(options.mask.sizes()), total, total));
+    }
+    const int64_t groups = qh.size(1) / kh.size(1);
+    auto expand = [&](const at::Tensor &x) {
+      if (groups == 1) return x;
+      return x.unsqueeze(2)
+          .expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
+          .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
+    };
+    std::optional<double> scale;
+    if (options.scale > 0) scale = options.scale;
+    out = at::scaled_dot_product_attention(qh, expand(kh), expand(vh), options.mask.to(qh.device()), 0.0,
+                                           /*is_causal=*/false, scale);
+  } else if (padded && !options.causal) {
     out = reference_attention(qh, kh, vh, false, options.scale, options.seq_len);
   } else {
     const int64_t groups = qh.size(1) / kh.size(1);

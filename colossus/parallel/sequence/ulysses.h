@@ -26,6 +26,10 @@ struct UlyssesOptions {
   double scale = 0.0;    // 0: 1/sqrt(head_dim)
   int64_t seq_len = -1;  // true global length; later positions are padding (keys
                          // masked). -1: no padding.
+  // (B, 1, T_pad, T_pad) bool over the whole padded sequence, true where a
+  // query may see a key (padded or packed rows: documents, causality and
+  // padding included); replaces `causal`. Undefined: none.
+  at::Tensor mask;
 };
 
 // q: (B, H, T_local, D), k, v: (B, H_kv, T_local, D), contiguous sequence
