@@ -41,6 +41,7 @@ struct ServeArgs {
   std::string api_key;
   std::vector<std::string> allowed_origins;
   inference::InferenceConfig config{};
+  const CLI::Option* max_input_len_option = nullptr;  // whether --max_input_len was given
 };
 
 constexpr const char* kFooter = R"(PATH is a Hugging Face model directory, a checkpoint step directory, or a
@@ -88,6 +89,12 @@ int run_serve(const ServeArgs& args) {
   std::shared_ptr<models::CausalLM> model =
       load_inference_model(model_dir, args.lora, {.dtype = config.model_dtype(), .device = device});
   const int64_t context = context_length(*model);
+  if (config.max_input_len >= context && args.max_input_len_option != nullptr &&
+      args.max_input_len_option->count() == 0) {
+    // The default asked for more than this model holds: fit it to the model.
+    config.max_input_len = context - 1;
+    config.validate();
+  }
   if (config.max_input_len >= context) {
     throw ConfigError(fmt::format("--max_input_len {} leaves no room to generate in the model's context of {} "
                                   "positions; use at most {}",
@@ -197,8 +204,10 @@ Command add_serve_command(CLI::App& app) {
   // InferenceConfig's fields, under their own names.
   sub->add_option("--max_batch_size,--max-batch-size", c.max_batch_size, "Sequences decoded together in one step")
       ->capture_default_str();
-  sub->add_option("--max_input_len,--max-input-len", c.max_input_len, "Most prompt tokens a request may bring")
-      ->capture_default_str();
+  args->max_input_len_option =
+      sub->add_option("--max_input_len,--max-input-len", c.max_input_len,
+                      "Most prompt tokens a request may bring (unset: at most the model's context - 1)")
+          ->capture_default_str();
   sub->add_option("--max_output_len,--max-output-len", c.max_output_len, "Most tokens a request may generate (max_tokens)")
       ->capture_default_str();
   sub->add_option("--max_num_batched_tokens,--max-num-batched-tokens", c.max_num_batched_tokens,

@@ -5,9 +5,13 @@
 // PEFT's adapted model, and that generates the same greedy tokens; a
 // directory without an adapter is refused by name.
 #include "tests/testing/command.h"
+#ifdef COLOSSUS_TEST_SERVE
+#include "tests/inference/serving/server_process.h"
+#endif
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -102,6 +106,35 @@ target_modules = "q_proj, v_proj, down_proj"
                                                      (checkpoint / "adapter").string(), (dir / "explicit.jsonl").string()));
   ASSERT_EQ(explicit_adapter.exit_code, 0) << explicit_adapter.output;
   EXPECT_EQ(read_file(dir / "explicit.jsonl"), read_file(dir / "adapted.jsonl"));
+
+#ifdef COLOSSUS_TEST_SERVE
+  // `colossus serve --lora`: the adapter merged into the served model; a
+  // greedy completion continues the prompt exactly as `generate --lora` does.
+  {
+    colossus::inference::testing::ServerProcess server((dir / "base" / "model").string(),
+                                             {"--served_model_name", "tiny-lora", "--lora", (checkpoint / "adapter").string()},
+                                             dir / "serve.log");
+    const fs::path request = dir / "request.json";
+    std::ofstream(request) << nlohmann::json{{"model", "tiny-lora"}, {"prompt", "What is fox and dog? "},
+                                             {"max_tokens", 8}, {"temperature", 0}}
+                                  .dump();
+    const auto reply = ct::run_command(fmt::format(
+        "curl -s -S -H 'Content-Type: application/json' --data-binary '@{}' '{}/v1/completions'", request.string(),
+        server.url()));
+    ASSERT_EQ(reply.exit_code, 0) << reply.output << server.log();
+    const auto body = nlohmann::json::parse(reply.output, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(body.is_discarded()) << reply.output;
+    const std::string served = "What is fox and dog? " + body["choices"][0]["text"].get<std::string>();
+    const auto generated = ct::run_command(fmt::format("'{}' generate '{}' {} --lora '{}' 2>/dev/null", COLOSSUS_BIN,
+                                                       (dir / "base" / "model").string(), prompt,
+                                                       (checkpoint / "adapter").string()));
+    ASSERT_EQ(generated.exit_code, 0) << generated.output;
+    ASSERT_GE(generated.output.size(), served.size()) << generated.output;
+    EXPECT_EQ(generated.output.substr(0, served.size()), served);
+    EXPECT_EQ(generated.output.find_first_not_of(" \n", served.size()), std::string::npos) << generated.output;
+    EXPECT_NE(server.log().find("LoRA"), std::string::npos) << server.log();
+  }
+#endif
 
   const auto check = ct::run_command(fmt::format("'{}' '{}' check '{}' '{}' '{}' 2>&1", COLOSSUS_PYTHON,
                                                  COLOSSUS_LORA_CLI_ORACLE, (dir / "base" / "model").string(),
