@@ -171,6 +171,7 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
   at::Tensor positions = at::arange(padded, input_ids.options()).clamp_max(seq_len - 1);
   int64_t position_limit = seq_len;
   at::Tensor document_mask;
+  models::VarlenSegments varlen;
   if (!layout.empty()) {
     // Per-row positions and documents; the padding tail is a padding document
     // (id -1, it sees itself only) at the row's last position.
@@ -186,6 +187,7 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
     if (!padded_layout.document_ids.defined()) padded_layout.document_ids = at::zeros_like(input_ids);
     if (padded != seq_len) padded_layout.document_ids = at::constant_pad_nd(padded_layout.document_ids, {0, padded - seq_len}, -1);
     document_mask = padded_layout.attention_mask();
+    if (input_ids.is_cuda()) varlen = models::varlen_segments(padded_layout.document_ids);
   }
   at::Tensor hidden = m.embed_at(ids, positions.narrow(-1, tp.rank() * local_len, local_len), position_limit);
   if (hidden.size(1) != local_len) {
@@ -195,6 +197,7 @@ at::Tensor HybridParallelModel::forward_sequence_sharded(const at::Tensor& input
   }
   models::BlockContext context = m.block_context_at(hidden, positions, position_limit);
   context.document_mask = document_mask;
+  context.varlen = varlen;
   hidden = m.final_norm(m.forward_blocks(hidden, context, 0, m.blocks().size()));
   at::Tensor logits = sharded_.tied_head ? m.soft_cap_logits(parallel::tensor::vocab_parallel_logits(
                                              hidden, m.embedding().weight, tp, sharded_.sequence))

@@ -31,10 +31,12 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                                                                 {"rope_sin", &context->rope_sin},
                                                                 {"local_rope_cos", &context->local_rope_cos},
                                                                 {"local_rope_sin", &context->local_rope_sin},
-                                                                {"document_mask", &context->document_mask}};
+                                                                {"document_mask", &context->document_mask},
+                                                                {"cu_seqlens", &context->varlen.cu_seqlens}};
     for (const auto& [name, table] : tables) {
       if (table->defined()) ctx->saved_data[name] = *table;
     }
+    ctx->saved_data["max_seqlen"] = context->varlen.max_seqlen;
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
     ctx->save_for_backward({hidden});
     at::NoGradGuard no_grad;
@@ -49,10 +51,12 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
                                                           {"rope_sin", &context.rope_sin},
                                                           {"local_rope_cos", &context.local_rope_cos},
                                                           {"local_rope_sin", &context.local_rope_sin},
-                                                          {"document_mask", &context.document_mask}};
+                                                          {"document_mask", &context.document_mask},
+                                                          {"cu_seqlens", &context.varlen.cu_seqlens}};
     for (const auto& [name, table] : tables) {
       if (ctx->saved_data.count(name) > 0) *table = ctx->saved_data[name].toTensor();
     }
+    context.varlen.max_seqlen = ctx->saved_data["max_seqlen"].toInt();
     at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
     // Replay the forward's random draws (dropout), then restore the stream.
     auto generator = at::detail::getDefaultCPUGenerator();

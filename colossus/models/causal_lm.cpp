@@ -62,6 +62,7 @@ BlockContext CausalLM::layout_context(const at::Tensor& hidden, const TokenLayou
                              ? block_context_at(hidden, local.position_ids, local.position_limit)
                              : block_context(hidden);
   context.document_mask = local.attention_mask();
+  if (hidden.is_cuda() && local.document_ids.defined()) context.varlen = varlen_segments(local.document_ids);
   return context;
 }
 

@@ -45,6 +45,9 @@ struct BlockContext {
   // (B, 1, T, T) bool: which keys each query may see in padded or packed
   // rows (TokenLayout::attention_mask()); undefined: causal over the row.
   at::Tensor document_mask;
+  // The same rows as flash attention's variable-length segments (CUDA only:
+  // the attention takes them instead of the mask where it can).
+  VarlenSegments varlen;
   // Set by the inference engine (with the index of the block being run);
   // null in training, where attention is causal_attention over the T tokens.
   AttentionHook* attention = nullptr;

@@ -38,8 +38,8 @@ at::Tensor GPT2Attention::forward(const at::Tensor& x, const BlockContext& conte
   if (context.attention != nullptr) {
     y = context.attention->attend(context.layer, heads(parts[0]), heads(parts[1]), heads(parts[2]), {.scale = scale_});
   } else if (context.document_mask.defined()) {
-    y = masked_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), context.document_mask, {.scale = scale_},
-                         dropout);
+    y = causal_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {.scale = scale_}, dropout,
+                         context.document_mask, context.varlen);
   } else {
     y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {}, dropout,
                                          /*is_causal=*/true, scale_);

@@ -112,7 +112,7 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
   const at::Tensor y = context.attention != nullptr
                            ? context.attention->attend(context.layer, q, k, v, spec_)
                            : causal_attention(q, k, v, spec_, is_training() ? attention_dropout_ : 0.0,
-                                              context.document_mask);
+                                              context.document_mask, context.varlen);
   return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
 }
 
