@@ -80,8 +80,15 @@ void expect_trl_steps(const apps::TrainResult& result, const std::string& pairs,
     worst_reward = std::max({worst_reward, rel(ours.metrics.at("rewards/chosen"), want["rewards_chosen"].get<double>()),
                              rel(ours.metrics.at("rewards/rejected"), want["rewards_rejected"].get<double>()),
                              rel(ours.metrics.at("rewards/margins"), want["rewards_margin"].get<double>())});
-    EXPECT_DOUBLE_EQ(ours.metrics.at("rewards/accuracies"), want["rewards_accuracy"].get<double>())
-        << what << " step " << i + 1;
+    // Where TRL's policy equals its reference (step 1: every margin exactly
+    // 0) each pair is a tie that rounding decides (our reference is its own
+    // model, run without a graph); elsewhere the accuracy must match.
+    if (want["rewards_margin"].get<double>() == 0.0) {
+      EXPECT_LE(std::abs(ours.metrics.at("rewards/margins")), 1e-5) << what << " step " << i + 1;
+    } else {
+      EXPECT_DOUBLE_EQ(ours.metrics.at("rewards/accuracies"), want["rewards_accuracy"].get<double>())
+          << what << " step " << i + 1;
+    }
   }
   EXPECT_LE(worst_loss, 1e-5) << what;
   // The tp2 policy and the plain reference round differently: a reward of
@@ -98,6 +105,17 @@ void expect_trl_steps(const apps::TrainResult& result, const std::string& pairs,
 
 TEST(DpoTrain, PlainPairsTrainTrlsCurve) {
   expect_trl_steps(apps::train(dpo_config(job_dir("pairs"), "pairs")), "pairs", "dpo pairs");
+}
+
+// Chosen and rejected sequences packed several to a 64-token row (positions
+// restarting, attention kept inside each), log-probs summed per sequence:
+// the same curve, padded or packed, plain and under ZeRO-2.
+TEST(DpoTrain, PackedPairsTrainTrlsCurve) {
+  expect_trl_steps(apps::train(dpo_config(job_dir("packed"), "pairs", {"data.packing=true"})), "pairs", "dpo packed");
+  expect_trl_steps(apps::train(dpo_config(job_dir("packed_zero2"), "pairs",
+                                           {"data.packing=true", "plugin.name=\"low_level_zero\"", "plugin.stage=2",
+                                            "plugin.precision=\"fp32\""})),
+                   "pairs", "dpo packed zero2");
 }
 
 // Conversational pairs: prompt rendered with the generation prompt, each

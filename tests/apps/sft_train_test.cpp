@@ -208,7 +208,10 @@ TEST(SftTrain, SftKeysAreCheckedByName) {
   EXPECT_NE(message({"train.task=\"dpo\"", "dpo.loss_type=\"kto\""}).find("valid: sigmoid, ipo, hinge, robust"),
             std::string::npos);
   EXPECT_NE(message({"train.task=\"dpo\"", "dpo.label_smoothing=0.1"}).find("robust"), std::string::npos);
-  EXPECT_NE(message({"train.task=\"dpo\"", "data.packing=true"}).find("data.packing"), std::string::npos);
+  EXPECT_NE(message({"train.task=\"dpo\"", "data.packing=true", "plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2",
+                     "plugin.parallel_output=false"})
+                .find("data.packing"),
+            std::string::npos);
   EXPECT_NE(message({"train.task=\"dpo\"", "data.format=\"chat\""}).find("preference"), std::string::npos);
   EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2"})
                 .find("parallel_output = false"),

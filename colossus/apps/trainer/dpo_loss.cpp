@@ -28,6 +28,31 @@ at::Tensor sequence_logps(const at::Tensor& logits, const at::Tensor& labels) {
   return (picked * mask).sum(1);
 }
 
+namespace {
+
+// Per-target values (B, T-1) (zero where no target) summed into their examples.
+at::Tensor sum_per_example(const at::Tensor& values, const at::Tensor& example_ids, int64_t examples) {
+  const at::Tensor owner = example_ids.slice(1, 1, example_ids.size(1)).clamp_min(0).reshape({-1});
+  return at::zeros({examples}, values.options()).index_add(0, owner, values.reshape({-1}));
+}
+
+}  // namespace
+
+at::Tensor example_logps(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& example_ids,
+                         int64_t examples) {
+  const int64_t t = logits.size(1);
+  const at::Tensor targets = labels.slice(1, 1, t);
+  const at::Tensor mask = targets.ne(-100);
+  const at::Tensor log_probs = logits.slice(1, 0, t - 1).to(at::kFloat).log_softmax(-1);
+  const at::Tensor picked = log_probs.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1);
+  return sum_per_example(picked * mask, example_ids.to(logits.device()), examples);
+}
+
+at::Tensor example_target_counts(const at::Tensor& labels, const at::Tensor& example_ids, int64_t examples) {
+  const at::Tensor mask = labels.slice(1, 1, labels.size(1)).ne(-100).to(at::kFloat);
+  return sum_per_example(mask, example_ids.to(labels.device()), examples);
+}
+
 DpoLoss dpo_loss(const at::Tensor& policy_chosen, const at::Tensor& policy_rejected, const at::Tensor& ref_chosen,
                  const at::Tensor& ref_rejected, const at::Tensor& chosen_tokens, const at::Tensor& rejected_tokens,
                  const DpoOptions& options) {

@@ -14,6 +14,14 @@ namespace colossus::apps {
 // row's target log-probabilities.
 at::Tensor sequence_logps(const at::Tensor& logits, const at::Tensor& labels);
 
+// The same per example when rows hold several (packed): example_ids (B, T)
+// names each token's example (-1: padding); a target counts for the example
+// its token belongs to -> (examples,) fp32 sums of target log-probs.
+at::Tensor example_logps(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& example_ids,
+                         int64_t examples);
+// Target tokens per example -> (examples,) fp32.
+at::Tensor example_target_counts(const at::Tensor& labels, const at::Tensor& example_ids, int64_t examples);
+
 struct DpoLoss {
   at::Tensor loss;              // () mean over the pairs
   at::Tensor chosen_rewards;    // (P,) beta * (policy - reference) log-prob of the chosen completion, detached

@@ -6,6 +6,7 @@
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ne.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
@@ -53,10 +54,12 @@ SftBatch pad_batch(const std::vector<data::SftExample>& examples, int32_t pad_id
   batch.input_ids = at::full({rows, seq_len}, pad_id, at::kLong);
   batch.labels = at::full({rows, seq_len}, -100, at::kLong);
   at::Tensor attention_mask = at::full({rows, seq_len}, 0, at::kLong);
+  batch.example_ids = at::full({rows, seq_len}, -1, at::kLong);
   for (int64_t row = 0; row < rows; ++row) {
     const auto& example = examples[static_cast<size_t>(row)];
     place(example, row, 0, batch.input_ids, batch.labels);
     attention_mask[row].narrow(0, 0, static_cast<int64_t>(example.input_ids.size())).fill_(1);
+    batch.example_ids[row].narrow(0, 0, static_cast<int64_t>(example.input_ids.size())).fill_(row);
   }
   batch.layout = models::TokenLayout::from_attention_mask(attention_mask);
   batch.targets = count_targets(batch.labels);
@@ -85,10 +88,12 @@ SftBatch pack_batch(const std::vector<data::SftExample>& examples, int64_t seq_l
   const auto row_count = static_cast<int64_t>(rows.size());
   batch.input_ids = at::full({row_count, seq_len}, pad_id, at::kLong);
   batch.labels = at::full({row_count, seq_len}, -100, at::kLong);
+  batch.example_ids = at::full({row_count, seq_len}, -1, at::kLong);
   size_t next = 0;
   for (int64_t row = 0; row < row_count; ++row) {
     int64_t offset = 0;
     for (const int64_t length : rows[static_cast<size_t>(row)]) {
+      batch.example_ids[row].narrow(0, offset, length).fill_(static_cast<int64_t>(next));
       place(examples[next++], row, offset, batch.input_ids, batch.labels);
       offset += length;
     }
@@ -102,7 +107,8 @@ SftBatch concat_batches(const std::vector<SftBatch>& batches, int32_t pad_id) {
   if (batches.empty()) throw ConfigError("concat_batches: no batches");
   int64_t longest = 0, position_limit = 0;
   for (const auto& batch : batches) longest = std::max(longest, batch.input_ids.size(1));
-  std::vector<at::Tensor> ids, labels, positions, documents;
+  std::vector<at::Tensor> ids, labels, positions, documents, examples;
+  int64_t examples_before = 0;
   SftBatch whole;
   for (const auto& batch : batches) {
     const int64_t rows = batch.input_ids.size(0), len = batch.input_ids.size(1), pad = longest - len;
@@ -112,6 +118,12 @@ SftBatch concat_batches(const std::vector<SftBatch>& batches, int32_t pad_id) {
     positions.push_back(at::constant_pad_nd(layout.positions(rows, len, batch.input_ids.device()), {0, pad}, 0));
     const at::Tensor docs = layout.document_ids.defined() ? layout.document_ids : at::zeros({rows, len}, at::kLong);
     documents.push_back(at::constant_pad_nd(docs, {0, pad}, -1));
+    if (batch.example_ids.defined()) {
+      // Indices continue over the batches (the examples of all of them, in order).
+      const at::Tensor shifted = at::where(batch.example_ids.ge(0), batch.example_ids + examples_before, -1);
+      examples.push_back(at::constant_pad_nd(shifted, {0, pad}, -1));
+      examples_before += batch.example_ids.max().item<int64_t>() + 1;
+    }
     position_limit = std::max(position_limit, layout.position_ids.defined() ? layout.position_limit : len);
     whole.targets += batch.targets;
   }
@@ -120,6 +132,7 @@ SftBatch concat_batches(const std::vector<SftBatch>& batches, int32_t pad_id) {
   whole.layout.position_ids = at::cat(positions, 0);
   whole.layout.document_ids = at::cat(documents, 0);
   whole.layout.position_limit = position_limit;
+  if (examples.size() == batches.size()) whole.example_ids = at::cat(examples, 0);
   return whole;
 }
 

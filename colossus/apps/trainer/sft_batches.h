@@ -18,6 +18,9 @@ struct SftBatch {
   at::Tensor labels;     // (B, T) int64: the token where it is a target, else -100
   models::TokenLayout layout;
   int64_t targets = 0;  // labels that count in the causal-LM loss (after each row's first position)
+  // (B, T) int64: the index (in the examples given) of the example each
+  // token belongs to; -1 for padding. DPO sums log-probs per example.
+  at::Tensor example_ids;
 };
 
 // One example a row, padded on the right to the longest with pad_id (labels

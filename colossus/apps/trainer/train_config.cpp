@@ -145,9 +145,9 @@ void validate_records_task(const TrainConfig& c) {
     throw ConfigError(fmt::format("data.format = \"{}\" with train.task = \"dpo\": DPO trains on preference records "
                                   "(prompt, chosen, rejected); use \"preference\" or \"auto\"",
                                   c.data.format));
-  if (c.data.packing)
-    throw ConfigError("data.packing = true is not supported with train.task = \"dpo\" yet (each chosen and rejected "
-                      "sequence is its own padded row); set data.packing = false");
+  if (c.data.packing && c.plugin.name == "hybrid_parallel" && c.plugin.hybrid_parallel.pp_size > 1)
+    throw ConfigError("data.packing = true with train.task = \"dpo\" under pipeline parallelism is not supported yet "
+                      "(a microbatch must hold whole pairs); set data.packing = false");
   // The per-sequence log-probs are taken from whole logits: tensor
   // parallelism gathers them (parallel_output = false); split_gather / ring
   // gather the sequence back before the head.

@@ -603,24 +603,29 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
     for (const auto& pair : pairs) rows.push_back({.input_ids = pair.input_ids, .trained = pair.trained});
     for (const auto& pair : pairs)
       rows.push_back({.input_ids = pair.rejected_ids, .trained = pair.rejected_trained});
-    const SftBatch batch = pad_batch(rows, pad_id_);
+    // Padded (a row each) or packed (several sequences a row, attention kept
+    // inside each): log-probs are summed per sequence either way.
+    const SftBatch batch = config_.data.packing ? pack_batch(rows, config_.data.seq_len, pad_id_)
+                                                : pad_batch(rows, pad_id_);
     const auto ids = batch.input_ids.to(device_);
     const auto labels = batch.labels.to(device_);
     const auto layout = batch.layout.to(device_);
-    const auto counts = labels.slice(1, 1).ne(-100).sum(1).to(at::kFloat);  // completion tokens per row
+    const auto sequence = batch.example_ids.to(device_);
+    const auto sequences = static_cast<int64_t>(rows.size());
+    const auto counts = example_target_counts(labels, sequence, sequences);  // completion tokens per sequence
     at::Tensor reference;
     {
       at::NoGradGuard no_grad;
       if (reference_model_) {
-        reference = sequence_logps(reference_model_->forward(ids, layout), labels);
+        reference = example_logps(reference_model_->forward(ids, layout), labels, sequence, sequences);
       } else {
         lora::SnapshotAdapters initial_policy(model.unwrap());
-        reference = sequence_logps(model.forward(ids, layout), labels);
+        reference = example_logps(model.forward(ids, layout), labels, sequence, sequences);
       }
     }
     std::optional<booster::Booster::NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(model);
-    const auto policy = sequence_logps(model.forward(ids, layout), labels);
+    const auto policy = example_logps(model.forward(ids, layout), labels, sequence, sequences);
     const auto n = static_cast<int64_t>(pairs.size());
     const DpoLoss dpo = dpo_loss(policy.slice(0, 0, n), policy.slice(0, n), reference.slice(0, 0, n),
                                  reference.slice(0, n), counts.slice(0, 0, n), counts.slice(0, n), config_.dpo);
