@@ -139,6 +139,27 @@ TEST(LoraTrain, TensorParallelTrainsTrlsCurve) {
       {"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "plugin.precision=\"fp32\"", "data.batch_size=4"}));
   expect_trl_curve(result, "lora tp2");
   expect_adapter_checkpoint(result, "lora tp2");
+  // Sequence parallelism on an sp axis (Ulysses): the adapters see whole
+  // tokens, their gradients averaged over dp x sp like any replicated weight.
+  const auto sp = apps::train(lora_config(
+      job_dir("sp2"), {"plugin.name=\"hybrid_parallel\"", "plugin.sp_size=2", "plugin.precision=\"fp32\"",
+                       "data.batch_size=4", "plugin.enable_sequence_parallelism=true",
+                       "plugin.sequence_parallelism_mode=\"all_to_all\""}));
+  expect_trl_curve(sp, "lora sp2 all_to_all");
+  expect_adapter_checkpoint(sp, "lora sp2 all_to_all");
+  // Pipeline parallelism: 2 stages, 2 microbatches of 2 rows; the frozen
+  // base gets no gradient on either stage.
+  const auto pp = apps::train(lora_config(job_dir("pp2"), {"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2",
+                                                           "plugin.precision=\"fp32\"", "data.batch_size=4",
+                                                           "plugin.num_microbatches=2"}));
+  expect_trl_curve(pp, "lora pp2");
+  expect_adapter_checkpoint(pp, "lora pp2");
+  // Zero-bubble's split backward computes weight gradients for the adapters only.
+  const auto zb = apps::train(lora_config(job_dir("pp2_zb"), {"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2",
+                                                              "plugin.precision=\"fp32\"", "data.batch_size=4",
+                                                              "plugin.num_microbatches=2",
+                                                              "plugin.pp_style=\"zero_bubble\""}));
+  expect_trl_curve(zb, "lora pp2 zero_bubble");
 }
 
 // An adapter that also trains biases (PEFT's bias "all") and the LM head
@@ -226,8 +247,13 @@ TEST(LoraTrain, LoraKeysAreCheckedByName) {
   EXPECT_NE(message({"lora.r=8"}).find("leave lora.r at 0"), std::string::npos);
   EXPECT_NE(message({"lora.adapter=\"\"", "lora.r=-1"}).find("lora.r = -1"), std::string::npos);
   EXPECT_NE(message({"lora.adapter=\"\"", "lora.r=8", "lora.lora_dropout=1.0"}).find("dropout"), std::string::npos);
-  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2"}).find("pipeline"), std::string::npos);
-  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.enable_sequence_parallelism=true"}).find("sequence"),
+  EXPECT_NE(message({"train.task=\"dpo\"", "plugin.name=\"hybrid_parallel\"", "plugin.pp_size=2",
+                     "plugin.parallel_output=false"})
+                .find("pipeline"),
+            std::string::npos);
+  EXPECT_NE(message({"plugin.name=\"hybrid_parallel\"", "plugin.tp_size=2", "plugin.enable_sequence_parallelism=true",
+                     "plugin.sequence_parallelism_mode=\"split_gather\""})
+                .find("split_gather"),
             std::string::npos);
   EXPECT_NE(message({"plugin.name=\"gemini\"", "plugin.lazy_init=true"}).find("lazy_init"), std::string::npos);
   EXPECT_NE(message({"lora.quantize=\"int8\""}).find("valid: \"nf4\""), std::string::npos);
