@@ -20,7 +20,6 @@ import json
 import os
 import pathlib
 import sys
-import tempfile
 
 for name in list(os.environ):
     if name.startswith(("OMPI_", "PMIX_", "PMI_")) or name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
@@ -30,11 +29,28 @@ for name in list(os.environ):
 import peft
 import torch
 import transformers
-from datasets import Dataset
-from trl import SFTConfig
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from sft_trl_oracle import RecordingTrainer, records, save_model  # noqa: E402
+from sft_trl_oracle import records, save_model, train_losses  # noqa: E402
+
+
+def make_adapter(base_dir, out_dir, seed, **lora_options):
+    """A PEFT LoRA adapter on the fp32 model in base_dir, A seeded, lora_B made
+    nonzero so both matrices train from step 1, saved to out_dir."""
+    base = transformers.LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    model = peft.get_peft_model(base, peft.LoraConfig(lora_dropout=0.0, task_type="CAUSAL_LM", **lora_options))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02)
+    model.save_pretrained(out_dir)
+
+
+def adapter_losses(base_dir, adapter_dir, fast, data):
+    """TRL's losses training the adapter (is_trainable) on its fp32 base."""
+    base = transformers.LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return train_losses(peft.PeftModel.from_pretrained(base, adapter_dir, is_trainable=True), fast, data)
 
 
 def main() -> int:
@@ -44,29 +60,8 @@ def main() -> int:
     fast = save_model(out)
     data = records()
     (out / "data.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data), encoding="utf-8")
-    base = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
-    torch.manual_seed(11)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                                      lora_dropout=0.0, task_type="CAUSAL_LM"))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0.0, 0.02)
-    model.save_pretrained(out / "adapter")
-
-    base = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
-    model = peft.PeftModel.from_pretrained(base, out / "adapter", is_trainable=True)
-    RecordingTrainer.losses = []
-    with tempfile.TemporaryDirectory() as work:
-        args = SFTConfig(output_dir=work, max_length=64, per_device_train_batch_size=4, max_steps=10,
-                         learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=0.0, report_to=[],
-                         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
-                         save_strategy="no", dataloader_drop_last=False, seed=1)
-        trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data), processing_class=fast)
-        trainer.train()
-    assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
-    (out / "trl_losses.json").write_text(json.dumps(RecordingTrainer.losses))
+    make_adapter(out / "model", out / "adapter", 11, r=8, lora_alpha=16, target_modules="all-linear")
+    (out / "trl_losses.json").write_text(json.dumps(adapter_losses(out / "model", out / "adapter", fast, data)))
 
     # Biases and whole modules beside the adapters (trained in place by Colossus).
     config = transformers.LlamaConfig.from_pretrained(out / "model")
@@ -76,24 +71,10 @@ def main() -> int:
     fast.save_pretrained(out / "model_bias")
     for name, extras in (("adapter_extras", dict(bias="all", modules_to_save=["lm_head"])),
                          ("adapter_lora_only", dict(bias="lora_only"))):
-        base = transformers.LlamaForCausalLM.from_pretrained(out / "model_bias", dtype=torch.float32)
-        torch.manual_seed(12)
-        model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                                          lora_dropout=0.0, task_type="CAUSAL_LM", **extras))
-        with torch.no_grad():
-            for param_name, p in model.named_parameters():
-                if "lora_B" in param_name:
-                    p.normal_(0.0, 0.02)
-        model.save_pretrained(out / name)
-    base = transformers.LlamaForCausalLM.from_pretrained(out / "model_bias", dtype=torch.float32)
-    model = peft.PeftModel.from_pretrained(base, out / "adapter_extras", is_trainable=True)
-    RecordingTrainer.losses = []
-    with tempfile.TemporaryDirectory() as work:
-        args.output_dir = work
-        trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data), processing_class=fast)
-        trainer.train()
-    assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
-    (out / "trl_losses_extras.json").write_text(json.dumps(RecordingTrainer.losses))
+        make_adapter(out / "model_bias", out / name, 12, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                     **extras)
+    losses = adapter_losses(out / "model_bias", out / "adapter_extras", fast, data)
+    (out / "trl_losses_extras.json").write_text(json.dumps(losses))
     return 0
 
 

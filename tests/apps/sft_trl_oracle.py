@@ -74,11 +74,12 @@ class RecordingTrainer(SFTTrainer):
         return loss
 
 
-def save_model(out: pathlib.Path):
+def save_model(out: pathlib.Path, hidden_size=32, intermediate_size=64):
     """The tiny LLaMA (seeded) and its tokenizer in out/model; returns the tokenizer."""
     fast = tokenizer(out)
     torch.manual_seed(7)
-    config = transformers.LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = transformers.LlamaConfig(vocab_size=len(fast), hidden_size=hidden_size,
+                                      intermediate_size=intermediate_size, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                       bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
                                       pad_token_id=fast.pad_token_id, initializer_range=0.2)
@@ -86,6 +87,21 @@ def save_model(out: pathlib.Path):
     model.save_pretrained(out / "model", safe_serialization=True)
     fast.save_pretrained(out / "model")
     return fast
+
+
+def train_losses(model, fast, data, **options):
+    """10 steps of SFTTrainer on `model` with this file's settings -> the losses."""
+    RecordingTrainer.losses = []
+    with tempfile.TemporaryDirectory() as work:
+        args = SFTConfig(output_dir=work, max_length=64, per_device_train_batch_size=4, max_steps=10,
+                         learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+                         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=0.0, report_to=[],
+                         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
+                         save_strategy="no", dataloader_drop_last=False, seed=1, **options)
+        trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data), processing_class=fast)
+        trainer.train()
+    assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
+    return RecordingTrainer.losses
 
 
 def main() -> int:
@@ -96,20 +112,9 @@ def main() -> int:
     for name, data, options in (("data", records(), {}), ("chat", chats(), {"assistant_only_loss": True})):
         (out / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data),
                                           encoding="utf-8")
-        RecordingTrainer.losses = []
-        with tempfile.TemporaryDirectory() as work:
-            args = SFTConfig(output_dir=work, max_length=64, per_device_train_batch_size=4, max_steps=10,
-                             learning_rate=1e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                             adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=0.0, report_to=[],
-                             use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
-                             save_strategy="no", dataloader_drop_last=False, seed=1, **options)
-            model = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
-            trainer = RecordingTrainer(model=model, args=args, train_dataset=Dataset.from_list(data),
-                                       processing_class=fast)
-            trainer.train()
-        assert len(RecordingTrainer.losses) == 10, RecordingTrainer.losses
+        model = transformers.LlamaForCausalLM.from_pretrained(out / "model", dtype=torch.float32)
         losses_file = "trl_losses.json" if name == "data" else "trl_chat_losses.json"
-        (out / losses_file).write_text(json.dumps(RecordingTrainer.losses))
+        (out / losses_file).write_text(json.dumps(train_losses(model, fast, data, **options)))
     return 0
 
 

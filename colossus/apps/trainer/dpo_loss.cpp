@@ -19,16 +19,17 @@ void DpoOptions::validate() const {
                                   label_smoothing));
 }
 
-at::Tensor sequence_logps(const at::Tensor& logits, const at::Tensor& labels) {
+namespace {
+
+// (B, T-1) fp32: each target's log-probability, 0 where there is none.
+at::Tensor target_logps(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t t = logits.size(1);
   const at::Tensor targets = labels.slice(1, 1, t);                      // (B, T-1)
   const at::Tensor mask = targets.ne(-100);
   const at::Tensor log_probs = logits.slice(1, 0, t - 1).to(at::kFloat).log_softmax(-1);  // (B, T-1, V)
   const at::Tensor picked = log_probs.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1);
-  return (picked * mask).sum(1);
+  return picked * mask;
 }
-
-namespace {
 
 // Per-target values (B, T-1) (zero where no target) summed into their examples.
 at::Tensor sum_per_example(const at::Tensor& values, const at::Tensor& example_ids, int64_t examples) {
@@ -38,14 +39,13 @@ at::Tensor sum_per_example(const at::Tensor& values, const at::Tensor& example_i
 
 }  // namespace
 
+at::Tensor sequence_logps(const at::Tensor& logits, const at::Tensor& labels) {
+  return target_logps(logits, labels).sum(1);
+}
+
 at::Tensor example_logps(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& example_ids,
                          int64_t examples) {
-  const int64_t t = logits.size(1);
-  const at::Tensor targets = labels.slice(1, 1, t);
-  const at::Tensor mask = targets.ne(-100);
-  const at::Tensor log_probs = logits.slice(1, 0, t - 1).to(at::kFloat).log_softmax(-1);
-  const at::Tensor picked = log_probs.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1);
-  return sum_per_example(picked * mask, example_ids.to(logits.device()), examples);
+  return sum_per_example(target_logps(logits, labels), example_ids.to(logits.device()), examples);
 }
 
 at::Tensor example_target_counts(const at::Tensor& labels, const at::Tensor& example_ids, int64_t examples) {

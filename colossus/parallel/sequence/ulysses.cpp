@@ -66,6 +66,15 @@ struct HeadToSequence : torch::autograd::Function<HeadToSequence> {
   }
 };
 
+// (B, H_kv, T, D) -> (B, H_kv * groups, T, D): each kv head repeated for the
+// `groups` query heads that read it (autograd sums the copies' gradients).
+at::Tensor repeat_kv_heads(const at::Tensor &x, int64_t groups) {
+  if (groups == 1) return x;
+  return x.unsqueeze(2)
+      .expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
+      .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
+}
+
 }  // namespace
 
 at::Tensor sequence_to_head(const at::Tensor &x, cluster::ProcessGroup &group) {
@@ -103,17 +112,11 @@ at::Tensor ulysses_attention(const at::Tensor &q, const at::Tensor &k, const at:
                     "head count, or sequence_parallelism_mode \"ring_attn\"",
                     q.size(1), sp));
   // Fewer kv heads than sp (GQA): give every query head its own copy of its
-  // kv head, so the heads split evenly; autograd sums the copies' gradients.
+  // kv head, so the heads split evenly.
   at::Tensor k_split = k, v_split = v;
   if (k.size(1) % sp != 0) {
-    const int64_t groups = q.size(1) / k.size(1);
-    auto expand = [&](const at::Tensor &x) {
-      return x.unsqueeze(2)
-          .expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
-          .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
-    };
-    k_split = expand(k);
-    v_split = expand(v);
+    k_split = repeat_kv_heads(k, q.size(1) / k.size(1));
+    v_split = repeat_kv_heads(v, q.size(1) / k.size(1));
   }
   const int64_t total = q.size(2) * sp;
   if (options.seq_len > total)
@@ -124,36 +127,23 @@ at::Tensor ulysses_attention(const at::Tensor &q, const at::Tensor &k, const at:
   // Padding is at the end: causal attention never lets a real query see it,
   // so only non-causal attention with padding needs a key mask.
   const bool padded = options.seq_len >= 0 && options.seq_len < total;
+  const bool masked = options.mask.defined();
+  if (masked && (options.mask.dim() != 4 || options.mask.size(2) != total || options.mask.size(3) != total)) {
+    throw ConfigError(fmt::format("ulysses attention: the mask {} must be (B, 1, {}, {}) over the padded sequence",
+                                  c10::str(options.mask.sizes()), total, total));
+  }
   at::Tensor out;
-  if (options.mask.defined()) {
-    if (options.mask.dim() != 4 || options.mask.size(2) != total || options.mask.size(3) != total) {
-      throw ConfigError(fmt::format("ulysses attention: the mask {} must be (B, 1, {}, {}) over the padded sequence",
-                                    c10::str(options.mask.sizes()), total, total));
-    }
-    const int64_t groups = qh.size(1) / kh.size(1);
-    auto expand = [&](const at::Tensor &x) {
-      if (groups == 1) return x;
-      return x.unsqueeze(2)
-          .expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
-          .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
-    };
-    std::optional<double> scale;
-    if (options.scale > 0) scale = options.scale;
-    out = at::scaled_dot_product_attention(qh, expand(kh), expand(vh), options.mask.to(qh.device()), 0.0,
-                                           /*is_causal=*/false, scale);
-  } else if (padded && !options.causal) {
+  if (padded && !options.causal && !masked) {
     out = reference_attention(qh, kh, vh, false, options.scale, options.seq_len);
   } else {
     const int64_t groups = qh.size(1) / kh.size(1);
-    auto expand = [&](const at::Tensor &x) {
-      if (groups == 1) return x;
-      return x.unsqueeze(2)
-          .expand({x.size(0), x.size(1), groups, x.size(2), x.size(3)})
-          .reshape({x.size(0), x.size(1) * groups, x.size(2), x.size(3)});
-    };
     std::optional<double> scale;
     if (options.scale > 0) scale = options.scale;
-    out = at::scaled_dot_product_attention(qh, expand(kh), expand(vh), {}, 0.0, options.causal, scale);
+    // A mask (padded / packed rows) holds causality itself.
+    out = at::scaled_dot_product_attention(qh, repeat_kv_heads(kh, groups), repeat_kv_heads(vh, groups),
+                                           masked ? std::optional<at::Tensor>(options.mask.to(qh.device()))
+                                                  : std::nullopt,
+                                           0.0, options.causal && !masked, scale);
   }
   return head_to_sequence(out, group);
 }
