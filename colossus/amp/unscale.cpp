@@ -4,6 +4,9 @@
 #include "colossus/kernels/scale.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
 
 #include <map>
 
@@ -18,7 +21,13 @@ bool unscale_and_check_finite(const std::vector<at::Tensor>& tensors, double inv
     if (!t.defined() || t.numel() == 0) continue;
     const bool fused = t.scalar_type() == at::kFloat && t.is_contiguous();
     if (fused && t.is_cpu()) {
-      nonfinite |= kernels::scale_and_check_finite_cpu(t.data_ptr<float>(), t.numel(), scale);
+      // Offloaded master gradients run to billions of values: every core.
+      std::atomic<bool> bad{false};
+      float* data = t.data_ptr<float>();
+      at::parallel_for(0, t.numel(), int64_t{1} << 18, [&](int64_t begin, int64_t end) {
+        if (kernels::scale_and_check_finite_cpu(data + begin, end - begin, scale)) bad = true;
+      });
+      nonfinite |= bad.load();
     } else if (fused && t.is_cuda() && kernels::cuda_slots().scale_and_check_finite != nullptr) {
       auto& [data, numel] = cuda_by_device[t.get_device()];
       data.push_back(t.data_ptr<float>());

@@ -85,6 +85,18 @@ struct AdamMixedPtrs {
   int64_t numel;
 };
 
+// AdamMixedPtrs on host memory, for ZeRO's CPU offload: the gradient is
+// float(grad_bf16) * grad_scale (the clip coefficient, 1 for none), then
+// adam_step_reference's operations, then param_bf16 = bf16(param), rounded to
+// nearest even (NaN -> 0x7FC0, as c10::BFloat16). grad_bf16 and param_bf16
+// may be the same buffer: each element is read before it is written, so one
+// pinned bf16 buffer carries the gradient down and the new parameter back up.
+// Split over threads as adam_step_cpu; every ISA gives the same bits.
+void adam_step_mixed_cpu(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, float grad_scale,
+                         int num_threads, CpuIsa isa);
+// One element of it (tests and the check compare the threaded kernel with it).
+void adam_step_mixed_reference(const AdamMixedPtrs& t, const AdamHyper& h, float grad_scale);
+
 #ifdef COLOSSUS_WITH_CUDA
 // Same update on device memory, one launch per table of up to 32 tensors and
 // 320 chunks of 64K elements (usually one launch for a whole model's group).

@@ -197,6 +197,60 @@ void HybridAdam::step_from_low_precision(const std::vector<at::Tensor>& low_prec
   }
 }
 
+void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std::vector<at::Tensor>& grads_in_out,
+                                 float grad_scale) {
+  if (indices.size() != grads_in_out.size()) {
+    throw ConfigError(fmt::format("HybridAdam: step_host_mixed got {} indices and {} gradients", indices.size(),
+                                  grads_in_out.size()));
+  }
+  if (device_step_) throw ConfigError("HybridAdam: step_host_mixed in device-step mode (CUDA graphs)");
+  std::vector<size_t> group_of;  // flat index -> group
+  std::vector<const at::Tensor*> param_at;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const at::Tensor& p : groups_[g].params) {
+      group_of.push_back(g);
+      param_at.push_back(&p);
+    }
+  }
+  // Batched by (group, step count): the constants depend on both.
+  std::map<std::pair<size_t, int64_t>, std::vector<kernels::AdamMixedPtrs>> batches;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    const int64_t index = indices[i];
+    if (index < 0 || index >= static_cast<int64_t>(param_at.size())) {
+      throw ConfigError(fmt::format("HybridAdam: step_host_mixed index {} is outside [0, {})", index,
+                                    param_at.size()));
+    }
+    const at::Tensor& master = *param_at[static_cast<size_t>(index)];
+    const at::Tensor& io = grads_in_out[i];
+    if (!master.is_cpu() || master.scalar_type() != at::kFloat || !master.is_contiguous() || !io.is_cpu() ||
+        io.scalar_type() != at::kBFloat16 || !io.is_contiguous() || io.numel() != master.numel()) {
+      throw ConfigError(fmt::format("HybridAdam: step_host_mixed needs a contiguous fp32 CPU master and a bf16 CPU "
+                                    "gradient of its size; parameter {} is {} on {} with a {} gradient of {} values",
+                                    index, c10::toString(master.scalar_type()), master.device().str(),
+                                    c10::toString(io.scalar_type()), io.numel()));
+    }
+    ParamState& st = state_at(index);
+    st.step += 1;
+    at::Tensor& m = slot(st, "exp_avg", master);
+    at::Tensor& v = slot(st, "exp_avg_sq", master);
+    if (!m.is_contiguous()) m = m.contiguous();
+    if (!v.is_contiguous()) v = v.contiguous();
+    batches[{group_of[static_cast<size_t>(index)], st.step}].push_back(
+        {master.data_ptr<float>(), io.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(), io.data_ptr(),
+         master.numel()});
+  }
+  for (const auto& [key, table] : batches) {
+    const ParamGroup& group = groups_[key.first];
+    const auto hyper = kernels::make_adam_hyper(group.lr, option(group, "beta1"), option(group, "beta2"),
+                                                option(group, "eps"), group.weight_decay,
+                                                option(group, "adamw_mode") != 0.0,
+                                                option(group, "bias_correction") != 0.0, key.second);
+    kernels::adam_step_mixed_cpu(table.data(), static_cast<int64_t>(table.size()), hyper, grad_scale, num_threads_,
+                                 isa_);
+  }
+}
+
 int64_t HybridAdam::common_step_count(const char* what) {
   int64_t flat = 0;
   for (const ParamGroup& group : groups_) flat += static_cast<int64_t>(group.params.size());

@@ -37,6 +37,15 @@ class HybridAdam : public StatefulOptimizer {
   // (kernels::adam_step_mixed_cuda). Otherwise false.
   bool can_step_from_low_precision(const std::vector<at::Tensor>& low_precision) const override;
   void step_from_low_precision(const std::vector<at::Tensor>& low_precision) override;
+  // ZeRO's CPU offload with bf16 parameters: the host fp32 masters at `indices`
+  // (this optimizer's flat parameter order, across groups) step from the bf16
+  // gradients in `grads_in_out[i]` (host, contiguous, the master's numel),
+  // each multiplied by grad_scale (the clip coefficient; 1 for none), and the
+  // updated masters rounded to bf16 are written over those gradients, ready to
+  // copy to the device. One fused pass (kernels::adam_step_mixed_cpu) with no
+  // fp32 gradient copy. Each index steps once per call.
+  void step_host_mixed(const std::vector<int64_t>& indices, const std::vector<at::Tensor>& grads_in_out,
+                       float grad_scale);
   // Device-step mode (Optimizer::enable_device_step): needs the CUDA build,
   // every parameter an fp32 CUDA tensor on one device, and one step count
   // shared by all of them. Then only step_from_low_precision steps.

@@ -96,6 +96,33 @@ TEST(LowLevelZero, CpuOffloadIsExactAndBf16CommunicationStaysClose) {
   EXPECT_LE(worst_rel_diff(run.train(0, bt::kSteps), reference), 1e-2);
 }
 
+// ZeRO-Offload's bf16 path (bf16 gradient down to pinned host memory, one
+// fused CPU pass writing the bf16 parameters over it, norm and overflow check
+// on the device) performs the same float operations as the fp32 master
+// gradient path, so the curves are equal, with clipping and accumulation.
+TEST(LowLevelZero, Bf16CpuOffloadStepsOnTheHostAsTheMasterGradientPathDoes) {
+  const RunSpec base{.model = "llama", .stage = 2, .micro_batches = 2, .max_norm = 0.5,
+                     .optimizer = "hybrid_adam", .precision = "bf16"};
+  ZeroRun on_device(base);
+  RunSpec offloaded_spec = base;
+  offloaded_spec.cpu_offload = true;
+  ZeroRun offloaded(offloaded_spec);
+  auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(offloaded.boosted().optimizer.get());
+  ASSERT_NE(zero, nullptr);
+  EXPECT_TRUE(zero->steps_on_host_in_bf16());
+  auto* plain = dynamic_cast<zero::LowLevelZeroOptimizer*>(on_device.boosted().optimizer.get());
+  ASSERT_NE(plain, nullptr);
+  EXPECT_FALSE(plain->steps_on_host_in_bf16());
+  // 2 bytes of host gradient a parameter instead of 4.
+  EXPECT_EQ(zero->memory_bytes().grads * 2, plain->memory_bytes().grads);
+  const auto expected = on_device.train(0, bt::kSteps);
+  const auto losses = offloaded.train(0, bt::kSteps);
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t step = 0; step < losses.size(); ++step) EXPECT_EQ(losses[step], expected[step]) << "step " << step;
+  EXPECT_EQ(zero->last_grad_norm(), plain->last_grad_norm());
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 TEST(LowLevelZero, Bf16WithoutMasterWeightsTrains) {
   ZeroRun run({.model = "gpt2", .stage = 2, .precision = "bf16", .master_weights = false});
   auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(run.boosted().optimizer.get());

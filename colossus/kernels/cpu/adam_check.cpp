@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -68,8 +69,66 @@ std::string check_adam_cpu() {
   return {};
 }
 
+// The mixed kernel (bf16 gradient in, bf16 parameter out over it): the fp32
+// results against adam_step_reference on float(grad) * scale, the bf16 output
+// against the scalar body, for every ISA and thread count.
+std::string check_adam_mixed_cpu() {
+  std::mt19937 rng(4321);
+  const std::vector<int64_t> sizes = {1, 15, 33, 100003, 300001};
+  const float grad_scale = 0.75f;
+  for (bool decoupled : {true, false}) {
+    const AdamHyper h = make_adam_hyper(1e-3, 0.9, 0.999, 1e-8, 0.1, decoupled, true, 2);
+    std::vector<Buffers> inputs;
+    std::vector<std::vector<uint16_t>> grads;
+    for (int64_t n : sizes) {
+      inputs.push_back(random_buffers(n, rng));
+      std::vector<uint16_t> g(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &inputs.back().g[static_cast<size_t>(i)], sizeof bits);
+        g[static_cast<size_t>(i)] = static_cast<uint16_t>(bits >> 16);
+        bits &= 0xFFFF0000u;
+        std::memcpy(&inputs.back().g[static_cast<size_t>(i)], &bits, sizeof bits);
+        inputs.back().g[static_cast<size_t>(i)] *= grad_scale;
+      }
+      grads.push_back(std::move(g));
+    }
+    std::vector<Buffers> expected = inputs;
+    std::vector<std::vector<uint16_t>> expected_low = grads;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      adam_step_reference(expected[i].ptrs(), h);
+      Buffers scalar = inputs[i];
+      adam_step_mixed_reference({scalar.p.data(), grads[i].data(), scalar.m.data(), scalar.v.data(),
+                                 expected_low[i].data(), static_cast<int64_t>(sizes[i])},
+                                h, grad_scale);
+    }
+    for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+      if (!cpu_supports(isa)) continue;
+      for (int threads : {1, 3}) {
+        std::vector<Buffers> got = inputs;
+        std::vector<std::vector<uint16_t>> io = grads;  // the gradient, then the bf16 parameter over it
+        std::vector<AdamMixedPtrs> table;
+        for (size_t i = 0; i < got.size(); ++i)
+          table.push_back({got[i].p.data(), io[i].data(), got[i].m.data(), got[i].v.data(), io[i].data(),
+                           static_cast<int64_t>(sizes[i])});
+        adam_step_mixed_cpu(table.data(), static_cast<int64_t>(table.size()), h, grad_scale, threads, isa);
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (!same_bits(got[i].p, expected[i].p) || !same_bits(got[i].m, expected[i].m) ||
+              !same_bits(got[i].v, expected[i].v) || io[i] != expected_low[i]) {
+            return fmt::format("mixed (bf16) step, {} with {} threads (decoupled={}) differs from the reference on "
+                               "a tensor of {} elements",
+                               isa_name(isa), threads, decoupled, sizes[i]);
+          }
+        }
+      }
+    }
+  }
+  return {};
+}
+
 const bool registered = [] {
   register_kernel({"adam", "cpu", check_adam_cpu});
+  register_kernel({"adam_mixed", "cpu", check_adam_mixed_cpu});
   return true;
 }();
 

@@ -9,6 +9,7 @@
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
+#include "colossus/optim/hybrid_adam.h"
 #include "colossus/optim/lamb.h"
 
 #include <ATen/ATen.h>
@@ -155,6 +156,14 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     }
   }
 
+  inner_index_.assign(params_.size(), -1);
+  for (size_t i = 0; i < inner_order_.size(); ++i) inner_index_[inner_order_[i]] = static_cast<int64_t>(i);
+  host_mixed_step_ = options_.cpu_offload && dtype == at::kBFloat16 && master_dtype_ == at::kFloat &&
+                     comm_dtype_ == at::kBFloat16 && !scaler_ &&
+                     dynamic_cast<optim::HybridAdam*>(inner_.get()) != nullptr &&
+                     std::all_of(shard_groups_.begin(), shard_groups_.end(),
+                                 [](const ShardGroup& g) { return g.grad_scale == 1.0; });
+
   at::NoGradGuard no_grad;
   std::vector<size_t> bucket_group;
   layout_ = plan_grouped_layout(params_, group_of, shard_groups_, options_.bucket_numel, bucket_group);
@@ -187,7 +196,7 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
                         ? own_chunk
                         : flat.narrow(0, int64_t{rank} * bucket_layout.shard_numel, bucket_layout.shard_numel)
                               .to(master_device, master_dtype_, /*non_blocking=*/false, /*copy=*/true);
-    bucket.master_grad = at::zeros_like(bucket.master);
+    if (!host_mixed_step_) bucket.master_grad = at::zeros_like(bucket.master);
     bucket.layout.dtype = dtype;
     for (size_t k : bucket_layout.params) {
       const auto& slot = layout_.slots[k];
@@ -201,13 +210,26 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
     }
     buckets_.push_back(std::move(bucket));
   }
+  if (host_mixed_step_) {
+    int64_t total = 0;
+    for (const auto& bucket : buckets_) total += bucket.layout.shard_numel;
+    const bool pin = !buckets_.empty() && buckets_.front().flat_params.is_cuda();
+    host_io_all_ = at::empty({total}, at::TensorOptions().dtype(at::kBFloat16).pinned_memory(pin));
+    int64_t offset = 0;
+    for (auto& bucket : buckets_) {
+      bucket.host_io = host_io_all_.narrow(0, offset, bucket.layout.shard_numel);
+      offset += bucket.layout.shard_numel;
+    }
+  }
   master_views_.resize(params_.size());
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto& slot = layout_.slots[k];
     if (!slot.managed) continue;
     auto& bucket = buckets_[slot.bucket];
     master_views_[k] = bucket.master.narrow(0, slot.own_offset, slot.own_numel);
-    master_views_[k].mutable_grad() = bucket.master_grad.narrow(0, slot.own_offset, slot.own_numel);
+    if (bucket.master_grad.defined()) {
+      master_views_[k].mutable_grad() = bucket.master_grad.narrow(0, slot.own_offset, slot.own_numel);
+    }
   }
   // Non-trainable floating parameters follow the precision too.
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -351,7 +373,8 @@ void LowLevelZeroOptimizer::launch(Bucket& bucket) {
   if (!bucket.staging.defined()) {
     bucket.staging = at::zeros({bucket.layout.numel}, bucket.flat_params.options().dtype(comm_dtype_));
   }
-  const bool direct = comm_dtype_ == master_dtype_ && bucket.master_grad.device() == bucket.staging.device();
+  const bool direct = bucket.master_grad.defined() && comm_dtype_ == master_dtype_ &&
+                      bucket.master_grad.device() == bucket.staging.device();
   bucket.reduced = direct ? bucket.master_grad : at::empty({bucket.layout.shard_numel}, bucket.staging.options());
   auto& group = *shard_groups_[bucket.group].dp_group;
   bucket.reduce_work = group.reduce_scatter(bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
@@ -376,6 +399,13 @@ void LowLevelZeroOptimizer::finish_backward() {
     if (group.extra_dp_group && group.extra_dp_group->size() > 1) {
       group.extra_dp_group->all_reduce(bucket.reduced, cluster::ReduceOp::Avg).wait();
     }
+    if (host_mixed_step_) {
+      // Down to the host while the rest of backward runs; `reduced` stays on
+      // the device for the step's overflow check and norm.
+      bucket.host_io.copy_(bucket.reduced, /*non_blocking=*/true);
+      bucket.staging.reset();
+      continue;
+    }
     if (!bucket.reduced.is_same(bucket.master_grad)) bucket.master_grad.copy_(bucket.reduced);
     if (group.grad_scale != 1.0) bucket.master_grad.mul_(group.grad_scale);
     bucket.reduced.reset();
@@ -384,19 +414,26 @@ void LowLevelZeroOptimizer::finish_backward() {
 }
 
 void LowLevelZeroOptimizer::gather_params() {
-  for (auto& bucket : buckets_) {
-    const auto& group = shard_groups_[bucket.group].dp_group;
-    const int rank = group->rank();
-    const int64_t shard = bucket.layout.shard_numel;
-    // A separate send buffer: MPI forbids an input inside the output.
-    at::Tensor send = bucket.master.to(bucket.flat_params.device(), bucket.layout.dtype, /*non_blocking=*/false,
-                                       /*copy=*/true);
-    if (!aliases_params(bucket)) bucket.flat_params.narrow(0, int64_t{rank} * shard, shard).copy_(send);
-    bucket.reduced = send;  // kept alive until the gather is waited for
-    bucket.gather_work = group->all_gather_into(bucket.flat_params, send);
-  }
-  gather_pending_ = true;
+  for (auto& bucket : buckets_) publish_chunk(bucket, bucket.master);
   if (!options_.overlap_allgather) wait_for_params();
+}
+
+void LowLevelZeroOptimizer::publish_chunk(Bucket& bucket, const at::Tensor& source) {
+  const auto& group = shard_groups_[bucket.group].dp_group;
+  const int rank = group->rank();
+  const int64_t shard = bucket.layout.shard_numel;
+  at::Tensor own = bucket.flat_params.narrow(0, int64_t{rank} * shard, shard);
+  if (host_mixed_step_ && group->size() == 1) {
+    own.copy_(source, /*non_blocking=*/true);  // pinned: overlaps the next bucket's update
+    return;
+  }
+  // A separate send buffer: MPI forbids an input inside the output.
+  at::Tensor send = source.to(bucket.flat_params.device(), bucket.layout.dtype, /*non_blocking=*/host_mixed_step_,
+                              /*copy=*/true);
+  if (!aliases_params(bucket)) own.copy_(send);
+  bucket.reduced = send;  // kept alive until the gather is waited for
+  bucket.gather_work = group->all_gather_into(bucket.flat_params, send);
+  gather_pending_ = true;
 }
 
 void LowLevelZeroOptimizer::wait_for_params() {
@@ -417,6 +454,10 @@ void LowLevelZeroOptimizer::step() {
     inner_groups[g].weight_decay = groups_[g].weight_decay;
     inner_groups[g].options = groups_[g].options;
   }
+  if (host_mixed_step_) {
+    step_host_mixed();
+    return;
+  }
   std::vector<at::Tensor> grads;
   for (const auto& bucket : buckets_) grads.push_back(bucket.master_grad);
   bool overflow = false;
@@ -435,6 +476,77 @@ void LowLevelZeroOptimizer::step() {
   gather_params();
 }
 
+void LowLevelZeroOptimizer::step_host_mixed() {
+  // bf16 takes no loss scale; a non-finite gradient anywhere skips the step.
+  at::Tensor all_finite;
+  for (const auto& bucket : buckets_) {
+    if (!bucket.reduced.defined()) {
+      throw DistError("LowLevelZeroOptimizer: step() without a backward since the last step (cpu_offload keeps no "
+                      "gradient between steps)");
+    }
+    at::Tensor finite = at::isfinite(bucket.reduced).all();
+    all_finite = all_finite.defined() ? all_finite.logical_and(finite) : finite;
+  }
+  // This read waits for the device's stream, and with it for the gradients'
+  // copies to host_io queued on it in finish_backward.
+  const bool overflow = overflow_anywhere(all_finite.defined() && !all_finite.item<bool>());
+  last_step_skipped_ = overflow;
+  float grad_scale = 1.0f;
+  if (!overflow && options_.max_norm > 0.0) {
+    last_grad_norm_ = reduced_grad_norm();
+    // clip_grad_norm's coefficient, in its fp32 operations.
+    const float total = static_cast<float>(last_grad_norm_);
+    grad_scale = std::min((1.0f / (total + 1e-6f)) * static_cast<float>(options_.max_norm), 1.0f);
+  }
+  for (auto& bucket : buckets_) bucket.reduced.reset();
+  if (overflow) {
+    ++skipped_steps_;
+    return;
+  }
+  auto& adam = dynamic_cast<optim::HybridAdam&>(*inner_);
+  for (auto& bucket : buckets_) {
+    std::vector<int64_t> indices;
+    std::vector<at::Tensor> io;
+    for (size_t k : bucket.layout.params) {
+      const auto& slot = layout_.slots[k];
+      if (!slot.managed || slot.own_numel == 0 || inner_index_[k] < 0) continue;
+      indices.push_back(inner_index_[k]);
+      io.push_back(bucket.host_io.narrow(0, slot.own_offset, slot.own_numel));
+    }
+    if (!indices.empty()) adam.step_host_mixed(indices, io, grad_scale);
+    // Padding between the parameters carries zero gradients, so it goes
+    // back as the zeros it held.
+    publish_chunk(bucket, bucket.host_io);
+  }
+  if (!options_.overlap_allgather) wait_for_params();
+}
+
+double LowLevelZeroOptimizer::reduced_grad_norm() const {
+  // Each gradient's fp32 norm as a one-element term: the norm of those terms
+  // is the norm over the gradients (sqrt(x * x) == x in binary floating point).
+  const double norm_type = options_.norm_type;
+  auto term = [norm_type](const at::Tensor& g) {
+    return at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kFloat).reshape({1});
+  };
+  std::vector<at::Tensor> terms;
+  std::vector<double> weights;
+  if (options_.norm_replicas.empty()) {
+    for (const auto& bucket : buckets_) terms.push_back(term(bucket.reduced));
+  } else {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const auto& slot = layout_.slots[k];
+      if (!slot.managed) continue;
+      terms.push_back(term(buckets_[slot.bucket].reduced.narrow(0, slot.own_offset, slot.own_numel)));
+      weights.push_back(1.0 / static_cast<double>(options_.norm_replicas.at(k)));
+    }
+  }
+  if (terms.empty()) {
+    terms.push_back(at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(dp_group_->device())));
+    weights.assign(weights.empty() ? 0 : 1, 1.0);
+  }
+  return amp::grad_norm(terms, norm_type, norm_reducer(), weights);
+}
+
 bool LowLevelZeroOptimizer::overflow_anywhere(bool local) const {
   // Every rank must skip the same steps: the shards over dp, and the other
   // parts of the model over model_parallel_group, each saw other gradients.
@@ -445,11 +557,11 @@ bool LowLevelZeroOptimizer::overflow_anywhere(bool local) const {
   return local;
 }
 
-double LowLevelZeroOptimizer::clip_master_grads(const std::vector<at::Tensor>& bucket_grads) const {
+amp::NormReducer LowLevelZeroOptimizer::norm_reducer() const {
   // Each dp rank holds a disjoint part of the gradient (with several shard
   // groups: over the first, see the constructor), each model-parallel rank
   // other parameters or slices: sum (or max) over dp, then over those.
-  amp::NormReducer reducer = [this](const at::Tensor& local, double norm_type) {
+  return [this](const at::Tensor& local, double norm_type) {
     const auto op = std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum;
     at::Tensor total = local;
     for (const auto& group : {dp_group_, options_.model_parallel_group}) {
@@ -459,6 +571,10 @@ double LowLevelZeroOptimizer::clip_master_grads(const std::vector<at::Tensor>& b
     }
     return total.to(local.device());
   };
+}
+
+double LowLevelZeroOptimizer::clip_master_grads(const std::vector<at::Tensor>& bucket_grads) const {
+  const amp::NormReducer reducer = norm_reducer();
   if (options_.norm_replicas.empty())
     return amp::clip_grad_norm(bucket_grads, options_.max_norm, options_.norm_type, reducer);
   // Per parameter, so each term takes its weight: this rank's part of it.
@@ -504,7 +620,8 @@ LowLevelZeroOptimizer::MemoryBytes LowLevelZeroOptimizer::memory_bytes() const {
   for (const auto& bucket : buckets_) {
     bytes.params += bucket.flat_params.nbytes();
     if (!aliases_params(bucket)) bytes.masters += bucket.master.nbytes();
-    bytes.grads += bucket.master_grad.nbytes();
+    if (bucket.master_grad.defined()) bytes.grads += bucket.master_grad.nbytes();
+    if (bucket.host_io.defined()) bytes.grads += bucket.host_io.nbytes();
     if (bucket.staging.defined()) bytes.grads += bucket.staging.nbytes();
   }
   for (const auto& [name, p] : params_) {

@@ -8,6 +8,7 @@
 // reduce-scattered bucket by bucket from post-accumulate-grad hooks while
 // backward runs; after the step the updated chunks are all-gathered back.
 #pragma once
+#include "colossus/amp/clip_grad.h"
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/cluster/process_group.h"
 #include "colossus/models/lazy_init.h"
@@ -107,6 +108,8 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   at::Tensor scale_loss(const at::Tensor& loss) const override;
   bool last_step_skipped() const { return last_step_skipped_; }
   double last_grad_norm() const { return last_grad_norm_; }
+  // Whether steps take ZeRO-Offload's bf16 host path (host_mixed_step_ below).
+  bool steps_on_host_in_bf16() const { return host_mixed_step_; }
   optim::Optimizer& inner() { return *inner_; }
   // The model's parameters (index order of the layout) and their buckets.
   const NamedParams& named_params() const { return params_; }
@@ -136,7 +139,10 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
     size_t group = 0;  // index into shard_groups_
     at::Tensor flat_params;  // (numel) model dtype; the parameters are views of it
     at::Tensor master;       // (shard_numel) master dtype, on the master device
-    at::Tensor master_grad;  // (shard_numel), the .grad of the master views
+    at::Tensor master_grad;  // (shard_numel), the .grad of the master views (undefined in the host mixed step)
+    // Host mixed step: (shard_numel) bf16 in pinned host memory; the reduced
+    // gradient lands here, and the CPU Adam writes the new bf16 chunk over it.
+    at::Tensor host_io;
     at::Tensor staging;      // (numel) communication dtype, during a synced backward
     at::Tensor reduced;      // (shard_numel) communication dtype, reduce-scatter output
     size_t pending = 0;
@@ -156,6 +162,15 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   bool overflow_anywhere(bool local) const;
   // The global norm of the master gradients, clipped to max_norm in place.
   double clip_master_grads(const std::vector<at::Tensor>& bucket_grads) const;
+  // Combines local norm terms over dp, then model_parallel_group.
+  amp::NormReducer norm_reducer() const;
+  // ZeRO-Offload's step for bf16 parameters (see host_mixed_step_).
+  void step_host_mixed();
+  // The global norm of the reduced bf16 gradients, in fp32 on their device.
+  double reduced_grad_norm() const;
+  // Copies `source` (this rank's chunk, on the host or the device) into the
+  // bucket's parameters and all-gathers the other ranks' chunks.
+  void publish_chunk(Bucket& bucket, const at::Tensor& source);
   // Parameter k's whole values: the tensor itself, or param_source's for a meta one.
   at::Tensor whole_values(size_t k) const;
 
@@ -168,6 +183,16 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   std::vector<Bucket> buckets_;
   std::vector<at::Tensor> master_views_;  // by parameter index (undefined if not managed)
   std::vector<size_t> inner_order_;       // inner flat index -> parameter index
+  std::vector<int64_t> inner_index_;      // parameter index -> inner flat index (-1: not in it)
+  // ZeRO-Offload's layout for bf16 parameters with HybridAdam and CPU masters:
+  // no fp32 master gradient on the host (14 bytes a parameter there, not 18).
+  // The reduced bf16 gradient is copied to pinned host memory while backward
+  // runs; the overflow check and the norm run on the device; one fused CPU
+  // pass (kernels::adam_step_mixed_cpu) updates masters and moments and
+  // writes the bf16 parameters over the gradient, and each bucket's copy back
+  // overlaps the next bucket's update.
+  bool host_mixed_step_ = false;
+  at::Tensor host_io_all_;  // the buckets' host_io, one pinned allocation
   c10::ScalarType comm_dtype_;
   c10::ScalarType master_dtype_;
   std::optional<amp::DynamicLossScaler> scaler_;

@@ -1,0 +1,146 @@
+// The CPU mixed-precision Adam step (adam.h: adam_step_mixed_cpu): bf16
+// gradient in, fp32 master and moments updated, bf16 parameter out. One scalar
+// body, inlined into a baseline, an AVX2 and an AVX-512 function so the
+// compiler vectorises it for each ISA; the float operations are the
+// reference's in the reference's order (no FMA contraction: this file is
+// built with -ffp-contract=off), so every ISA gives the same bits.
+#include "colossus/core/errors.h"
+#include "colossus/kernels/adam.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+namespace colossus::kernels {
+
+namespace {
+
+enum Mode { kNoDecay = 0, kL2 = 1, kDecoupled = 2 };
+
+inline float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+// Round to nearest even, NaN to the canonical quiet NaN (c10::BFloat16's rule).
+inline uint16_t float_to_bf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  return std::isnan(value) ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+}
+
+template <int kMode>
+__attribute__((always_inline)) inline void mixed_body(const AdamMixedPtrs& t, int64_t begin, int64_t end,
+                                                     const AdamHyper& h, float grad_scale) {
+  float* __restrict param = t.param;
+  float* __restrict exp_avg = t.exp_avg;
+  float* __restrict exp_avg_sq = t.exp_avg_sq;
+  // grad and param_bf16 may alias (read, then written, per element): no __restrict.
+  const uint16_t* grad = static_cast<const uint16_t*>(t.grad_bf16);
+  uint16_t* low = static_cast<uint16_t*>(t.param_bf16);
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    float p = param[i];
+    float g = bf16_to_float(grad[i]) * grad_scale;
+    if constexpr (kMode == kL2) g = g + h.weight_decay * p;
+    if constexpr (kMode == kDecoupled) p = p * h.decay_factor;
+    float m = h.beta1 * exp_avg[i] + h.one_minus_beta1 * g;
+    float v = h.beta2 * exp_avg_sq[i] + h.one_minus_beta2 * (g * g);
+    float denom = std::sqrt(v) / h.bias_correction2_sqrt + h.eps;
+    p = p - h.step_size * (m / denom);
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    low[i] = float_to_bf16(p);
+  }
+}
+
+int mode_of(const AdamHyper& h) {
+  if (h.weight_decay == 0.0f) return kNoDecay;
+  return h.decoupled ? kDecoupled : kL2;
+}
+
+using RangeFn = void (*)(const AdamMixedPtrs&, int64_t, int64_t, const AdamHyper&, float);
+
+void range_scalar(const AdamMixedPtrs& t, int64_t begin, int64_t end, const AdamHyper& h, float s) {
+  switch (mode_of(h)) {
+    case kL2: return mixed_body<kL2>(t, begin, end, h, s);
+    case kDecoupled: return mixed_body<kDecoupled>(t, begin, end, h, s);
+    default: return mixed_body<kNoDecay>(t, begin, end, h, s);
+  }
+}
+
+__attribute__((target("avx2"))) void range_avx2(const AdamMixedPtrs& t, int64_t begin, int64_t end,
+                                                const AdamHyper& h, float s) {
+  switch (mode_of(h)) {
+    case kL2: return mixed_body<kL2>(t, begin, end, h, s);
+    case kDecoupled: return mixed_body<kDecoupled>(t, begin, end, h, s);
+    default: return mixed_body<kNoDecay>(t, begin, end, h, s);
+  }
+}
+
+__attribute__((target("avx512f,avx512bw"))) void range_avx512(const AdamMixedPtrs& t, int64_t begin, int64_t end,
+                                                              const AdamHyper& h, float s) {
+  switch (mode_of(h)) {
+    case kL2: return mixed_body<kL2>(t, begin, end, h, s);
+    case kDecoupled: return mixed_body<kDecoupled>(t, begin, end, h, s);
+    default: return mixed_body<kNoDecay>(t, begin, end, h, s);
+  }
+}
+
+RangeFn range_fn(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return range_avx512;
+    case CpuIsa::kAvx2: return range_avx2;
+    default: return range_scalar;
+  }
+}
+
+// As adam_step_cpu: below this many elements a second thread costs more than
+// it saves; split points are multiples of kSplitAlign (no shared cache lines).
+constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
+constexpr int64_t kSplitAlign = 1024;
+
+void run_flat_range(RangeFn fn, const AdamMixedPtrs* tensors, int64_t count, int64_t begin, int64_t end,
+                    const AdamHyper& h, float grad_scale) {
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count && offset < end; ++i) {
+    const int64_t n = tensors[i].numel;
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
+    if (lo < hi) fn(tensors[i], lo - offset, hi - offset, h, grad_scale);
+    offset += n;
+  }
+}
+
+}  // namespace
+
+void adam_step_mixed_reference(const AdamMixedPtrs& t, const AdamHyper& h, float grad_scale) {
+  range_scalar(t, 0, t.numel, h, grad_scale);
+}
+
+void adam_step_mixed_cpu(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, float grad_scale,
+                         int num_threads, CpuIsa isa) {
+  if (!cpu_supports(isa)) {
+    throw ConfigError(fmt::format("CPU Adam: ISA '{}' is not supported by this CPU; use '{}'", isa_name(isa),
+                                  isa_name(best_cpu_isa())));
+  }
+  if (num_threads < 0) throw ConfigError(fmt::format("CPU Adam: num_threads={} is negative; use 0 (all cores)", num_threads));
+  const RangeFn fn = range_fn(isa);
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += tensors[i].numel;
+  int64_t threads = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
+  threads = std::max<int64_t>(1, std::min(threads, total / kMinElementsPerThread));
+  int64_t per_thread = (total + threads - 1) / threads;
+  per_thread = (per_thread + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  std::vector<std::thread> workers;
+  for (int64_t k = 1; k < threads; ++k) {
+    const int64_t begin = std::min(total, k * per_thread), end = std::min(total, (k + 1) * per_thread);
+    if (begin < end) workers.emplace_back(run_flat_range, fn, tensors, count, begin, end, std::cref(h), grad_scale);
+  }
+  run_flat_range(fn, tensors, count, 0, std::min(total, per_thread), h, grad_scale);
+  for (auto& w : workers) w.join();
+}
+
+}  // namespace colossus::kernels
