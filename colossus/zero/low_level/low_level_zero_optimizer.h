@@ -185,7 +185,7 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   std::vector<size_t> inner_order_;       // inner flat index -> parameter index
   std::vector<int64_t> inner_index_;      // parameter index -> inner flat index (-1: not in it)
   // ZeRO-Offload's layout for bf16 parameters with HybridAdam and CPU masters:
-  // no fp32 master gradient on the host (14 bytes a parameter there, not 18).
+  // no fp32 master gradient on the host (14 bytes a parameter there, not 16).
   // The reduced bf16 gradient is copied to pinned host memory while backward
   // runs; the overflow check and the norm run on the device; one fused CPU
   // pass (kernels::adam_step_mixed_cpu) updates masters and moments and
