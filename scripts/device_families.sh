@@ -93,6 +93,15 @@ elif [[ "$stage" == qwen7b ]]; then
     # fp32 on the GPU (30 GB each, one at a time): the same model without
     # bf16's one-step ties, to tell rounding from a wrong kernel.
     compare_row qwen2.5-7b "$dir" fp32 32
+    # Where bf16 parts from transformers: is it a tie? Both bf16 runs against
+    # transformers' fp32 run on the same prompt.
+    for pair in "transformers bf16:qwen2.5-7b.bf16.c1.hf.json" "colossus bf16:qwen2.5-7b.bf16.c1.ours.jsonl"; do
+      if [[ -f "$work/qwen2.5-7b.fp32.c1.hf.json" && -f "$work/${pair#*:}" ]]; then
+        verdict=$($python scripts/family_oracle.py compare "$work/qwen2.5-7b.fp32.c1.hf.json" "$work/${pair#*:}" \
+          | sed 's/ours/bf16/; s/HF \([0-9]\)/fp32 \1/')
+        echo "| qwen2.5-7b | ${pair%%:*} vs transformers fp32 | $verdict |" >> "$table"
+      fi
+    done
   fi
   for plugin in zero2_offload gemini; do
     [[ " ${parts[*]} " == *" $plugin "* ]] || continue
