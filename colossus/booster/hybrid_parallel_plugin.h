@@ -127,6 +127,10 @@ class HybridParallelModel : public ModelWrapper {
   // them, before the zero optimizer installs its own).
   void release_grad_reducers();
   const parallel::plan::ShardedModel& sharded() const { return sharded_; }
+  // ring_attn / all_to_all: the group forward()'s logits are sequence-sharded
+  // over, and how; null when forward() returns the whole sequence.
+  cluster::ProcessGroup* sequence_shard_group() const { return sp_group_.get(); }
+  parallel::sequence::SequenceLayout sequence_shard_layout() const { return parallel::sequence::layout_of(sp_mode_); }
   // Pipeline parallelism (hybrid_parallel_pipeline.cpp): this rank's stages,
   // set by the plugin with pp_size > 1 (forward() is refused then); null without.
   void attach_pipeline(std::unique_ptr<HybridPipeline> pipeline);

@@ -158,6 +158,18 @@ TEST(DpoTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
                                               "plugin.enable_sequence_parallelism=true",
                                               "plugin.sequence_parallelism_mode=\"split_gather\""})),
                      "pairs", "dpo tp2 split_gather");
+    // Ulysses on an sp axis: the logits stay sequence-sharded and each
+    // sequence's log-prob is summed over the sp group; padded and packed.
+    const std::vector<std::string> sp2{"plugin.name=\"hybrid_parallel\"", "plugin.sp_size=2",
+                                       "plugin.parallel_output=false", "data.batch_size=4",
+                                       "plugin.enable_sequence_parallelism=true",
+                                       "plugin.sequence_parallelism_mode=\"all_to_all\""};
+    expect_trl_steps(apps::train(dpo_config(job_dir("sp2_all_to_all"), "pairs", sp2)), "pairs",
+                     "dpo sp2 all_to_all");
+    auto packed = sp2;
+    packed.push_back("data.packing=true");
+    expect_trl_steps(apps::train(dpo_config(job_dir("sp2_all_to_all_packed"), "pairs", packed)), "pairs",
+                     "dpo sp2 all_to_all packed");
   }
 }
 

@@ -133,6 +133,9 @@ class Trainer {
   // step's chosen/rejected reward means, reward accuracy and margin to
   // dpo_metrics_since_log_.
   at::Tensor dpo_forward_backward(int64_t& tokens);
+  // example_logps of the policy model's logits, sequence-sharded or not.
+  at::Tensor policy_logps(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& example_ids,
+                          int64_t examples);
   // dpo under pipeline parallelism: the step's pairs as one pipeline batch.
   at::Tensor dpo_pipeline_step(const std::vector<std::vector<data::SftExample>>& micro_batches);
   // dpo: the frozen reference, the policy as it was loaded, in the working dtype.
@@ -583,6 +586,19 @@ void Trainer::build_reference_model(const models::ModelConfig& model_config) {
   for (auto& p : reference_model_->parameters()) p.set_requires_grad(false);
 }
 
+at::Tensor Trainer::policy_logps(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& example_ids,
+                                 int64_t examples) {
+  // Ulysses (all_to_all) leaves the policy's logits sharded along the
+  // sequence: each rank sums its shard's targets, then the sp group adds.
+  const auto* hybrid = dynamic_cast<const booster::HybridParallelModel*>(boosted_.model.get());
+  if (hybrid != nullptr && hybrid->sequence_shard_group() != nullptr) {
+    return parallel::sequence::sequence_parallel_example_logps(logits, labels, example_ids, examples,
+                                                               *hybrid->sequence_shard_group(),
+                                                               hybrid->sequence_shard_layout());
+  }
+  return example_logps(logits, labels, example_ids, examples);
+}
+
 at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
   // Each micro-batch: its pairs' chosen rows then rejected rows, padded, in
   // one forward of the policy and one of the reference; the loss is the mean
@@ -620,12 +636,12 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
         reference = example_logps(reference_model_->forward(ids, layout), labels, sequence, sequences);
       } else {
         lora::SnapshotAdapters initial_policy(model.unwrap());
-        reference = example_logps(model.forward(ids, layout), labels, sequence, sequences);
+        reference = policy_logps(model.forward(ids, layout), labels, sequence, sequences);
       }
     }
     std::optional<booster::Booster::NoSyncGuard> no_sync;
     if (micro + 1 < accum) no_sync.emplace(model);
-    const auto policy = example_logps(model.forward(ids, layout), labels, sequence, sequences);
+    const auto policy = policy_logps(model.forward(ids, layout), labels, sequence, sequences);
     const auto n = static_cast<int64_t>(pairs.size());
     const DpoLoss dpo = dpo_loss(policy.slice(0, 0, n), policy.slice(0, n), reference.slice(0, 0, n),
                                  reference.slice(0, n), counts.slice(0, 0, n), counts.slice(0, n), config_.dpo);

@@ -10,6 +10,7 @@
 #include <ATen/ops/eye.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -89,6 +90,38 @@ at::Tensor local_position_tensor(int64_t seq_len, cluster::ProcessGroup &group, 
   std::vector<int64_t> pos = local_positions(padded_length(seq_len, sp, layout) / sp, sp, group.rank(), layout);
   for (int64_t &p : pos) p = std::min(p, seq_len - 1);
   return at::tensor(pos, at::TensorOptions().dtype(at::kLong)).to(device);
+}
+
+namespace {
+
+// The full (B, T) tensor shifted one token left (x[:, t + 1] at t, `fill` at
+// the end), then this rank's shard of it, with `fill` where the shard pads.
+at::Tensor shifted_shard(const at::Tensor &x, int64_t fill, cluster::ProcessGroup &sp_group, SequenceLayout layout) {
+  const int64_t b = x.size(0), t = x.size(1);
+  at::Tensor shifted = at::cat({x.narrow(1, 1, t - 1), at::full({b, 1}, fill, x.options())}, 1);
+  at::Tensor local = shard_sequence(shifted, 1, sp_group.size(), sp_group.rank(), layout);
+  if (local.size(1) * sp_group.size() != t) {
+    std::vector<int64_t> pos = local_positions(local.size(1), sp_group.size(), sp_group.rank(), layout);
+    at::Tensor is_pad = at::tensor(pos, at::TensorOptions().dtype(at::kLong)).to(x.device()) >= t;
+    local = local.masked_fill(is_pad.unsqueeze(0), fill);
+  }
+  return local;
+}
+
+}  // namespace
+
+at::Tensor sequence_parallel_example_logps(const at::Tensor &local_logits, const at::Tensor &labels,
+                                           const at::Tensor &example_ids, int64_t examples,
+                                           cluster::ProcessGroup &sp_group, SequenceLayout layout) {
+  const at::Tensor targets = shifted_shard(labels, -100, sp_group, layout);
+  const at::Tensor owners = shifted_shard(example_ids.to(labels.device()), -1, sp_group, layout);
+  const at::Tensor mask = targets.ne(-100);
+  const at::Tensor log_probs = local_logits.to(at::kFloat).log_softmax(-1);
+  const at::Tensor picked = log_probs.gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1) * mask;
+  at::Tensor sums = at::zeros({examples}, picked.options())
+                        .index_add(0, owners.clamp_min(0).reshape({-1}), picked.reshape({-1}));
+  if (sp_group.size() == 1) return sums;
+  return SumOverSequence::apply(sums, &sp_group);
 }
 
 at::Tensor sequence_parallel_causal_lm_loss(const at::Tensor &local_logits, const at::Tensor &labels,

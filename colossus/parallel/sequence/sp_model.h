@@ -67,4 +67,15 @@ at::Tensor sequence_parallel_causal_lm_loss(const at::Tensor &local_logits, cons
                                             const tensor::VocabShard *vocab, cluster::ProcessGroup *tp_group,
                                             std::optional<int64_t> num_items = std::nullopt);
 
+// DPO's per-example log-probabilities from this rank's sequence shard of the
+// full-vocabulary logits (local_logits (B, T_local, V), sharded by `layout`),
+// for the full labels and example_ids (B, T) (HF shift: logits[:, t] predicts
+// labels[:, t + 1]; example_ids -1 for padding): (examples,) fp32 sums of the
+// target log-probs, summed over `sp_group` (every rank gets the totals; the
+// backward scales by sp, as sequence_parallel_causal_lm_loss's, for gradients
+// averaged over dp x sp).
+at::Tensor sequence_parallel_example_logps(const at::Tensor &local_logits, const at::Tensor &labels,
+                                           const at::Tensor &example_ids, int64_t examples,
+                                           cluster::ProcessGroup &sp_group, SequenceLayout layout);
+
 }  // namespace colossus::parallel::sequence
