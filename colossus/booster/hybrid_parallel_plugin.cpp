@@ -228,14 +228,22 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids, const model
     if (layout.empty()) {
       positions = ps::local_position_tensor(seq_len, *sp_group_, sharding, input_ids.device());
     } else {
-      // Padded or packed rows: each token at its own position, attention over
-      // the whole sequence under the rows' document mask (all_to_all only).
+      // Padded or packed rows: each token at its own position; Ulysses attends
+      // over the whole sequence under the rows' document mask, the ring masks
+      // each block by the document ids.
       layout.check_against(input_ids);
       const models::TokenLayout local = layout.to(input_ids.device());
       positions = ps::shard_sequence(local.positions(input_ids.size(0), seq_len, input_ids.device()), 1, sp,
                                      sp_group_->rank(), sharding);
       if (local.position_ids.defined()) position_limit = local.position_limit;
-      if (local.document_ids.defined()) attention.document_mask = ps::padded_document_mask(local.attention_mask(), sp);
+      if (local.document_ids.defined()) {
+        if (sp_mode_ == ps::SequenceParallelMode::RingAttention) {
+          const int64_t padded = ps::padded_length(seq_len, sp, sharding);
+          attention.document_ids = at::constant_pad_nd(local.document_ids, {0, padded - seq_len}, -1);
+        } else {
+          attention.document_mask = ps::padded_document_mask(local.attention_mask(), sp);
+        }
+      }
     }
     hidden = m.embed_at(local_ids, positions, position_limit);
     models::BlockContext context = m.block_context_at(hidden, positions, position_limit);

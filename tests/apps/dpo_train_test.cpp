@@ -170,6 +170,11 @@ TEST(DpoTrain, ZeroGeminiAndTensorParallelTrainTrlsCurve) {
     packed.push_back("data.packing=true");
     expect_trl_steps(apps::train(dpo_config(job_dir("sp2_all_to_all_packed"), "pairs", packed)), "pairs",
                      "dpo sp2 all_to_all packed");
+    // Ring attention: zig-zag shards, each ring block masked by document.
+    auto ring = packed;
+    ring[5] = "plugin.sequence_parallelism_mode=\"ring_attn\"";
+    expect_trl_steps(apps::train(dpo_config(job_dir("sp2_ring_attn_packed"), "pairs", ring)), "pairs",
+                     "dpo sp2 ring_attn packed");
   }
 }
 

@@ -118,17 +118,9 @@ void validate_records_task(const TrainConfig& c) {
   }
   // Padded / packed rows need per-document attention: split_gather and ring
   // (over the tp group) gather the sequence for it, all_to_all (Ulysses)
-  // attends over the whole sequence; ring_attn's blocks do not take a mask
-  // yet. DPO sums each sequence's log-probs over the sp group when
-  // all_to_all leaves the logits sharded.
-  const std::string& mode = hybrid.sequence_parallelism_mode;
-  const bool mode_ok = mode == "split_gather" || mode == "ring" || mode == "all_to_all";
-  if (c.plugin.name == "hybrid_parallel" && hybrid.enable_sequence_parallelism && !mode_ok) {
-    throw ConfigError(fmt::format("{} with plugin.sequence_parallelism_mode = \"{}\" is not supported yet; use "
-                                  "\"split_gather\" or \"ring\" (the sequence sharded over the tp group) or "
-                                  "\"all_to_all\" (an sp axis)",
-                                  task, mode));
-  }
+  // attends over the whole sequence under the document mask, ring_attn masks
+  // each block by the document ids. DPO sums each sequence's log-probs over
+  // the sp group where the logits stay sharded (all_to_all, ring_attn).
   if (c.plugin.name == "hybrid_parallel" && hybrid.pp_size > 1 &&
       (hybrid.enable_sequence_parallelism || hybrid.sp_size > 1)) {
     throw ConfigError(fmt::format("{} with pipeline and sequence parallelism together is not supported yet (padded and "

@@ -43,7 +43,7 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
   }
   static BlockPlan plan(const Geometry &g, int64_t r, int64_t src, const at::TensorOptions &options) {
     return plan_block(local_positions(g.local_len, g.sp, r, g.layout), local_positions(g.local_len, g.sp, src, g.layout),
-                      g.causal, g.seq_len, options);
+                      g.causal, g.seq_len, options, g.documents);
   }
 
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
@@ -68,6 +68,7 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
     ctx->saved_data["scale"] = g.scale;
     ctx->saved_data["causal"] = g.causal;
     ctx->saved_data["zigzag"] = g.layout == SequenceLayout::ZigZag;
+    ctx->saved_data["documents"] = g.documents;
     ctx->save_for_backward({q, k, v, out, lse});
     return out.to(q.scalar_type());
   }
@@ -83,7 +84,8 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
                ctx->saved_data["scale"].toDouble(),
                ctx->saved_data["causal"].toBool(),
                ctx->saved_data["zigzag"].toBool() ? SequenceLayout::ZigZag : SequenceLayout::Contiguous,
-               sp};
+               sp,
+               ctx->saved_data["documents"].toTensor()};
     const auto ct = compute_type(q.scalar_type());
     std::vector<at::Tensor> qs = shards(q, g, ct), kvs = kv_shards(k, v, g), douts = shards(grads[0], g, ct);
     std::vector<at::Tensor> outs = shards(saved[3], g, ct), lses = shards(saved[4].unsqueeze(-1), g, ct);
@@ -133,7 +135,8 @@ at::Tensor blockwise_ring_attention(const at::Tensor &q, const at::Tensor &k, co
              options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))),
              options.causal,
              options.layout,
-             sp};
+             sp,
+             options.documents};
   return BlockwiseFn::apply(q, k, v, g);
 }
 

@@ -80,8 +80,8 @@ std::pair<at::Tensor, at::Tensor> ring_forward(const at::Tensor &q_in, const at:
     for (int64_t s = 0; s < g.inner; ++s) {
       std::optional<Exchange> ex;
       if (s + 1 < g.inner) ex = start_exchange(kv, group, g.inner_next(), g.inner_prev(), kTagKv);
-      BlockPlan plan =
-          plan_block(q_pos, local_positions(t, g.sp, g.source(o, s), g.layout), g.causal, g.seq_len, q.options());
+      BlockPlan plan = plan_block(q_pos, local_positions(t, g.sp, g.source(o, s), g.layout), g.causal, g.seq_len,
+                                  q.options(), g.documents);
       g.math().forward(q, kv, plan, out, lse);
       if (ex) {
         ex->wait();
@@ -122,8 +122,8 @@ variable_list ring_backward(const at::Tensor &q_in, const at::Tensor &k, const a
     for (int64_t s = 0; s < g.inner; ++s) {
       std::optional<Exchange> ex;
       if (s + 1 < g.inner) ex = start_exchange(kv, group, g.inner_next(), g.inner_prev(), kTagKv);
-      BlockPlan plan =
-          plan_block(q_pos, local_positions(t, g.sp, g.source(o, s), g.layout), g.causal, g.seq_len, q.options());
+      BlockPlan plan = plan_block(q_pos, local_positions(t, g.sp, g.source(o, s), g.layout), g.causal, g.seq_len,
+                                  q.options(), g.documents);
       auto grads = g.math().backward(q, dout, kv, plan, lse_safe, delta, dq);
       if (grad_ex) {
         grad_ex->wait();
@@ -179,6 +179,7 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["causal"] = g.causal;
     ctx->saved_data["zigzag"] = g.layout == SequenceLayout::ZigZag;
     ctx->saved_data["inner"] = g.inner;
+    ctx->saved_data["documents"] = g.documents;
     ctx->save_for_backward({q, k, v, out, lse});
     return result;
   }
@@ -193,7 +194,8 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
                ctx->saved_data["scale"].toDouble(),
                ctx->saved_data["causal"].toBool(),
                ctx->saved_data["zigzag"].toBool() ? SequenceLayout::ZigZag : SequenceLayout::Contiguous,
-               ctx->saved_data["inner"].toInt()};
+               ctx->saved_data["inner"].toInt(),
+               ctx->saved_data["documents"].toTensor()};
     variable_list d = ring_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], group, g);
     return {d[0].to(saved[0].scalar_type()), d[1].to(saved[1].scalar_type()), d[2].to(saved[2].scalar_type()),
             at::Tensor(), at::Tensor()};
@@ -238,7 +240,12 @@ at::Tensor ring_attention(const at::Tensor &q, const at::Tensor &k, const at::Te
              options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))),
              options.causal,
              options.layout,
-             options.inner_ring_size == 0 ? sp : options.inner_ring_size};
+             options.inner_ring_size == 0 ? sp : options.inner_ring_size,
+             options.documents};
+  if (options.documents.defined() &&
+      (options.documents.dim() != 2 || options.documents.size(0) != q.size(0) || options.documents.size(1) != total))
+    throw ConfigError(fmt::format("ring attention: documents {} must be (B, T_local * sp) = ({}, {})",
+                                  c10::str(options.documents.sizes()), q.size(0), total));
   return RingAttentionFn::apply(q, k, v, &group, g);
 }
 

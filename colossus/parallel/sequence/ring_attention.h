@@ -30,6 +30,11 @@ struct RingAttentionOptions {
   // inner pass, overlapped with it). Must divide sp; 0 (or sp) means one
   // ring over the whole group.
   int64_t inner_ring_size = 0;
+  // Padded or packed rows: (B, T_local * sp) int64 document ids on q's
+  // device, in sequence order (the padded tail included). A query attends
+  // keys of its own document only; a negative id (padding) only itself.
+  // Undefined: one document per row.
+  at::Tensor documents;
 
   // Throws ConfigError naming the bad value.
   void validate(int64_t sp) const;

@@ -16,7 +16,7 @@
 namespace colossus::parallel::sequence::blocks {
 
 BlockPlan plan_block(const std::vector<int64_t> &q_pos, const std::vector<int64_t> &k_pos, bool causal, int64_t seq_len,
-                     const at::TensorOptions &device) {
+                     const at::TensorOptions &device, const at::Tensor &documents) {
   BlockPlan plan;
   const int64_t nq = static_cast<int64_t>(q_pos.size()), nk = static_cast<int64_t>(k_pos.size());
   const int64_t max_q = *std::max_element(q_pos.begin(), q_pos.end());
@@ -44,7 +44,7 @@ BlockPlan plan_block(const std::vector<int64_t> &q_pos, const std::vector<int64_
   int64_t min_q_box = std::numeric_limits<int64_t>::max();
   for (int64_t i = q0; i < q1; ++i) min_q_box = std::min(min_q_box, q_pos[i]);
   for (int64_t j = k0; j < k1; ++j) max_k = std::max(max_k, k_pos[j]);
-  const bool need_mask = max_k >= seq_len || (causal && min_q_box < max_k);
+  const bool need_mask = max_k >= seq_len || (causal && min_q_box < max_k) || documents.defined();
   if (need_mask) {
     auto idx = at::TensorOptions().dtype(at::kLong);
     at::Tensor qp = at::tensor(c10::ArrayRef<int64_t>(q_pos.data() + q0, q1 - q0), idx).to(device.device());
@@ -52,6 +52,12 @@ BlockPlan plan_block(const std::vector<int64_t> &q_pos, const std::vector<int64_
     at::Tensor allowed = (kp < seq_len).unsqueeze(0).expand({q1 - q0, k1 - k0});
     if (causal) allowed = allowed.logical_and(qp.unsqueeze(1) >= kp.unsqueeze(0));
     plan.mask = allowed;
+    if (documents.defined()) {
+      const at::Tensor doc_q = documents.index_select(1, qp), doc_k = documents.index_select(1, kp);  // (B, L)
+      const at::Tensor same = doc_q.unsqueeze(2).eq(doc_k.unsqueeze(1)).logical_and(doc_k.ge(0).unsqueeze(1));
+      const at::Tensor itself = qp.unsqueeze(1).eq(kp.unsqueeze(0)).unsqueeze(0);
+      plan.mask = allowed.unsqueeze(0).logical_and(same.logical_or(itself)).unsqueeze(1);  // (B, 1, Lq, Lk)
+    }
   }
   return plan;
 }

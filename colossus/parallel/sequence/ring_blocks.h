@@ -30,9 +30,12 @@ struct BlockPlan {
 // With the zig-zag layout and causal attention this gives: own block -> the
 // full box with a causal mask; a block from an earlier rank -> all queries x
 // its first chunk; from a later rank -> the second query chunk x all keys; so
-// every rank does the same work.
+// every rank does the same work. `documents` (B, T_total) int64 in sequence
+// order (RingAttentionOptions::documents) or undefined: with it the mask is
+// (B, 1, Lq, Lk), a query seeing only keys of its own document (and a
+// negative id, padding, only itself), as TokenLayout::attention_mask.
 BlockPlan plan_block(const std::vector<int64_t> &q_pos, const std::vector<int64_t> &k_pos, bool causal, int64_t seq_len,
-                     const at::TensorOptions &device);
+                     const at::TensorOptions &device, const at::Tensor &documents = {});
 
 // (B, H_kv, L, D) -> (B, H_kv * groups, L, D), each kv head serving `groups`
 // consecutive query heads.
@@ -74,6 +77,7 @@ struct Geometry {
   bool causal;
   SequenceLayout layout;
   int64_t inner;
+  at::Tensor documents = {};  // RingAttentionOptions::documents
 
   int64_t outer() const { return sp / inner; }
   int64_t ring() const { return rank / inner; }   // which inner ring

@@ -57,12 +57,7 @@ at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor
                                   spec.softcap != 0.0 ? "" : fmt::format(" or sequences of at most {} tokens", spec.window)));
   }
   const double scale = spec.scale;
-  if (document_mask.defined()) {
-    if (mode_ == SequenceParallelMode::RingAttention) {
-      throw ConfigError(
-          "padded or packed rows (a token layout) are not supported with sequence_parallelism_mode \"ring_attn\" yet; "
-          "use \"all_to_all\", or \"split_gather\" / \"ring\" over the tp group");
-    }
+  if (document_mask.defined() && mode_ == SequenceParallelMode::AllToAll) {
     return ulysses_attention(q, k, v, group_, {.causal = false, .scale = scale, .seq_len = seq_len_, .mask = document_mask});
   }
   if (mode_ == SequenceParallelMode::RingAttention) {
@@ -71,7 +66,8 @@ at::Tensor SequenceParallelAttention::attend(int64_t /*layer*/, const at::Tensor
                            .scale = scale,
                            .seq_len = seq_len_,
                            .layout = SequenceLayout::ZigZag,
-                           .inner_ring_size = inner_ring_size_});
+                           .inner_ring_size = inner_ring_size_,
+                           .documents = document_ids});
   }
   return ulysses_attention(q, k, v, group_, {.causal = true, .scale = scale, .seq_len = seq_len_});
 }

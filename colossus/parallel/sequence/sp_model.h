@@ -33,9 +33,13 @@ class SequenceParallelAttention : public models::AttentionHook {
   // ConfigError for a window shorter than the sequence or a soft cap.
   at::Tensor attend(int64_t layer, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                     const models::AttentionSpec &spec) override;
-  // Padded or packed rows (all_to_all only): (B, 1, T_pad, T_pad) bool over
-  // the whole sequence padded to the sp shards (padded_document_mask).
+  // Padded or packed rows, all_to_all: (B, 1, T_pad, T_pad) bool over the
+  // whole sequence padded to the sp shards (padded_document_mask).
   at::Tensor document_mask;
+  // Padded or packed rows, ring_attn: (B, T_pad) int64 document ids over the
+  // sequence padded to the zig-zag shards (-1 in the padded tail); each ring
+  // block masks its own part (RingAttentionOptions::documents).
+  at::Tensor document_ids;
 
  private:
   cluster::ProcessGroup &group_;

@@ -179,6 +179,52 @@ TEST(RingAttention, BlockwisePathMatchesFullAttention) {
   EXPECT_THROW(ps::blockwise_ring_attention(x, x, x, 2), ConfigError);  // 6 tokens are not 4 zig-zag chunks
 }
 
+// Packed and padded rows: with document ids, the blockwise ring keeps each
+// query inside its own document (a negative id, padding, sees only itself),
+// as a dense masked reference does, forward and grads, for every sp and
+// layout, GQA, a length that needs ring padding.
+TEST(RingAttention, DocumentsKeepPackedRowsApart) {
+  const int64_t seq_len = 21, heads = 4, kv_heads = 2, d = 8;
+  for (int64_t sp : {1, 2, 3}) {
+    for (auto layout : {ps::SequenceLayout::ZigZag, ps::SequenceLayout::Contiguous}) {
+      const int64_t padded = ps::padded_length(seq_len, sp, layout);
+      std::vector<int64_t> ids(static_cast<size_t>(2 * padded), -1);
+      for (int64_t t = 0; t < seq_len - 2; ++t) {  // the last two real tokens of each row are padding
+        ids[static_cast<size_t>(t)] = t < 7 ? 0 : t < 16 ? 1 : 2;
+        ids[static_cast<size_t>(padded + t)] = 0;
+      }
+      at::Tensor docs = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).view({2, padded});
+      at::Tensor q = seeded({2, heads, padded, d}, 1, at::kDouble).requires_grad_(true);
+      at::Tensor k = seeded({2, kv_heads, padded, d}, 2, at::kDouble).requires_grad_(true);
+      at::Tensor v = seeded({2, kv_heads, padded, d}, 3, at::kDouble).requires_grad_(true);
+      at::Tensor g = seeded({2, heads, padded, d}, 4, at::kDouble).narrow(2, 0, seq_len);
+      const std::string what = fmt::format("sp={} zigzag={}", sp, layout == ps::SequenceLayout::ZigZag);
+      auto run = [&](bool blockwise) {
+        for (auto *x : {&q, &k, &v}) x->mutable_grad() = at::Tensor();
+        at::Tensor out;
+        if (blockwise) {
+          out = ps::blockwise_ring_attention(q, k, v, sp,
+                                             {.causal = true, .seq_len = seq_len, .layout = layout, .documents = docs});
+        } else {
+          const at::Tensor pos = at::arange(padded);
+          const at::Tensor causal = pos.unsqueeze(1).ge(pos.unsqueeze(0)).logical_and(pos.lt(seq_len).unsqueeze(0));
+          const at::Tensor same = docs.unsqueeze(2).eq(docs.unsqueeze(1)).logical_and(docs.ge(0).unsqueeze(1));
+          const at::Tensor allowed = same.logical_and(causal).logical_or(at::eye(padded, at::kBool)).unsqueeze(1);
+          at::Tensor kx = k.repeat_interleave(heads / kv_heads, 1), vx = v.repeat_interleave(heads / kv_heads, 1);
+          at::Tensor s = at::matmul(q, kx.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+          out = at::matmul(at::softmax(s.masked_fill(allowed.logical_not(), -INFINITY), -1), vx);
+        }
+        out = out.narrow(2, 0, seq_len);
+        (out * g).sum().backward();
+        return std::vector<at::Tensor>{out.detach(), q.grad().narrow(2, 0, seq_len), k.grad().narrow(2, 0, seq_len),
+                                       v.grad().narrow(2, 0, seq_len)};
+      };
+      auto want = run(false), got = run(true);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_LE(ct::max_rel_diff(got[i], want[i]), 1e-10) << i << " " << what;
+    }
+  }
+}
+
 // On a CUDA machine (scripts/device_ring_attention.sh runs this binary on one
 // rank): ring attention over the one-rank world and its blockwise path with
 // sp 2 and 4 simulated, on CUDA tensors in fp32 and bf16, equal the fp64 CPU
