@@ -2,6 +2,7 @@
 
 #include "colossus/core/errors.h"
 #include "colossus/lora/nf4_linear.h"
+#include "colossus/parallel/sequence/split_gather.h"
 #include "colossus/parallel/tensor/comm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -118,11 +119,13 @@ at::Tensor LoraLinear::forward(const at::Tensor& x) {
   // fp32).
   at::Tensor h = at::linear(dropped, A);
   if (tp_.split == TpSplit::Column) {
-    h = parallel::tensor::copy_to_region(h, *tp_.group);
+    h = tp_.sequence_sharded ? parallel::sequence::gather_sequence(h, *tp_.group)
+                             : parallel::tensor::copy_to_region(h, *tp_.group);
     if (tp_.replica_slots > 0)
       B = parallel::tensor::sum_replica_grads(B, tp_.replica_slot, tp_.replica_slots, *tp_.group);
   } else if (tp_.split == TpSplit::Row) {
-    h = parallel::tensor::reduce_from_region(h, *tp_.group);
+    h = tp_.sequence_sharded ? parallel::sequence::reduce_scatter_sequence(h, *tp_.group)
+                             : parallel::tensor::reduce_from_region(h, *tp_.group);
   }
   const at::Tensor lora = at::linear(h, B) * scaling_;
   return (result + lora).to(result_dtype);

@@ -29,6 +29,9 @@ struct TpAdapterSplit {
   // Column with replicated key/value heads (fewer kv heads than ranks): this
   // rank's replica set of lora_B's rows and the number of sets; 0: none.
   int64_t replica_slot = 0, replica_slots = 0;
+  // split_gather / ring: the layer's activations are sharded along the
+  // sequence (dim 1) over the group, as its base's are.
+  bool sequence_sharded = false;
 };
 
 class LoraLinear : public models::Layer {
@@ -79,6 +82,12 @@ class LoraLinear : public models::Layer {
   //   Column: h = A x on every rank (x replicated), its gradient summed over
   //           the group (copy_to_region), y_local += s B_local h.
   //   Row:    h = reduce_from_region(A_local x_local), y += s B h.
+  // With the sequence sharded over the group (split_gather / ring), as the
+  // base gathers its input and reduce-scatters its output along the sequence:
+  //   Column: h = gather_sequence(A x_local), y_local += s B_local h.
+  //   Row:    h = reduce_scatter_sequence(A_local x_local), y_local += s B h.
+  // The whole A (column) and B (row) then see this rank's tokens only; the
+  // plugin sums their gradients over tp, as every tp-replicated weight's.
   // Only the r-wide h crosses ranks.
   void adopt_parallel_base(std::shared_ptr<models::Layer> parallel_base, TpAdapterSplit split,
                            const at::Tensor& sliced_A, const at::Tensor& sliced_B, const at::Tensor& sliced_snapshot_A,

@@ -37,17 +37,13 @@ DetachedAdapters detach_for_sharding(models::CausalLM& model) {
 
 void attach_sharded(models::CausalLM& model, DetachedAdapters adapters, parallel::plan::ShardedModel& sharded) {
   if (adapters.empty()) return;
-  if (sharded.sequence != parallel::tensor::SequenceSharding::None) {
-    throw ConfigError(
-        "[lora] with sequence parallelism over the tensor-parallel group (split_gather / ring) is not supported: "
-        "the adapters would need the gathered sequence; drop enable_sequence_parallelism or use all_to_all");
-  }
   at::NoGradGuard no_grad;
   const int rank = sharded.tp_group->rank();
   for (auto& [path, layer] : adapters) {
     auto& module = module_at(model, path);
     std::shared_ptr<models::Layer> parallel_base;
-    TpAdapterSplit split{.group = sharded.tp_group};
+    TpAdapterSplit split{.group = sharded.tp_group,
+                         .sequence_sharded = sharded.sequence != parallel::tensor::SequenceSharding::None};
     const auto weight_spec = sharded.specs.find(path + ".weight");
     if (dynamic_cast<parallel::tensor::ColumnParallelLinear*>(&module) != nullptr) {
       split.split = TpSplit::Column;

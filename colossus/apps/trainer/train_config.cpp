@@ -211,15 +211,6 @@ void TrainConfig::validate() const {
                                     "{}) is not supported yet: use tensor parallelism (tp_size) with ZeRO or data "
                                     "parallelism",
                                     plugin.hybrid_parallel.pp_size));
-    // split_gather / ring hand the layers sequence shards that the adapters
-    // would have to gather like their base; all_to_all (an sp axis) keeps
-    // every linear layer on whole tokens.
-    const auto& mode = plugin.hybrid_parallel.sequence_parallelism_mode;
-    if (plugin.name == "hybrid_parallel" && plugin.hybrid_parallel.enable_sequence_parallelism &&
-        (mode == "split_gather" || mode == "ring"))
-      throw ConfigError(fmt::format("[lora] with plugin.sequence_parallelism_mode = \"{}\" is not supported yet: use "
-                                    "\"all_to_all\" or \"ring_attn\" (an sp axis), or no sequence parallelism",
-                                    mode));
     if (plugin.name == "hybrid_parallel" && !lora.quantize.empty() && plugin.hybrid_parallel.tp_size > 1)
       throw ConfigError("lora.quantize = \"nf4\" does not run under tensor parallelism (plugin.tp_size > 1) yet");
     if (plugin.lazy_init)
