@@ -7,6 +7,7 @@
 #include "colossus/kernels/cross_entropy.h"
 #include "colossus/kernels/device_graph.h"
 #include "colossus/kernels/moe_permute.h"
+#include "colossus/kernels/nf4.h"
 #include "colossus/kernels/norm.h"
 #include "colossus/kernels/paged_attention.h"
 #include "colossus/kernels/rope.h"
@@ -76,6 +77,12 @@ using CudaMoePermuteFn = bool (*)(const MoePermuteArgs& args, int device_index);
 using CudaMoeUnpermuteFn = bool (*)(const MoeUnpermuteArgs& args, int device_index);
 using CudaMoeRowDotFn = bool (*)(const MoeRowDotArgs& args, int device_index);
 
+// QLoRA's NF4 weights (nf4.h) on CUDA device `device_index`, on its current
+// stream (asynchronous). Each returns false, launching nothing, when its
+// kernel does not handle the arguments.
+using CudaNf4DequantizeFn = bool (*)(const Nf4DequantizeArgs& args, int device_index);
+using CudaNf4GemvFn = bool (*)(const Nf4GemvArgs& args, int device_index);
+
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaAdamMixedFn adam_mixed = nullptr;
@@ -98,6 +105,8 @@ struct CudaSlots {
   CudaRopeFn rope = nullptr;
   CudaSwigluFn swiglu_forward = nullptr;
   CudaSwigluFn swiglu_backward = nullptr;
+  CudaNf4DequantizeFn nf4_dequantize = nullptr;
+  CudaNf4GemvFn nf4_gemv = nullptr;
 };
 
 CudaSlots& cuda_slots();

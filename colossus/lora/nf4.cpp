@@ -83,6 +83,10 @@ at::Tensor dynamic_map() {
   return map;
 }
 
+at::Tensor nf4_lookup_tables(const c10::Device& device) {
+  return at::cat({code_tensor(at::kCPU), dynamic_map()}).to(device);
+}
+
 int64_t Nf4Tensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

@@ -19,6 +19,10 @@ namespace colossus::lora {
 const std::array<float, 16>& nf4_code();
 // bitsandbytes' signed 8-bit dynamic map (create_dynamic_map), 256 sorted values.
 at::Tensor dynamic_map();
+// The two tables a kernel looks codes up in, one fp32 tensor on `device`:
+// (272) = nf4_code() (16) then dynamic_map() (256). Callers keep it per device:
+// making it is a host-to-device copy.
+at::Tensor nf4_lookup_tables(const c10::Device& device);
 
 struct Nf4Tensor {
   at::Tensor packed;        // (ceil(numel / 2)) uint8

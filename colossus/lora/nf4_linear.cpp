@@ -1,6 +1,7 @@
 #include "colossus/lora/nf4_linear.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/lora/nf4_matmul.h"
 #include "colossus/models/moe_layer.h"
 
 #include <ATen/ATen.h>
@@ -22,6 +23,12 @@ at::Tensor Nf4Linear::dequantized_weight(c10::ScalarType dtype) const { return d
 at::Tensor Nf4Linear::forward(const at::Tensor& x) {
   if (weight_.packed.device() != x.device()) weight_ = weight_.to(x.device());
   const at::Tensor b = bias.defined() ? bias.to(x.scalar_type()) : at::Tensor();
+  if (nf4_kernels_take(x)) {
+    // Kept, not remade per call: making them is a host-to-device copy (which
+    // a CUDA graph capture could not hold either).
+    if (!lookup_tables_.defined() || lookup_tables_.device() != x.device()) lookup_tables_ = nf4_lookup_tables(x.device());
+    return nf4_linear(x, weight_, lookup_tables_, b);
+  }
   return at::linear(x, dequantize_nf4(weight_, x.scalar_type()), b);
 }
 

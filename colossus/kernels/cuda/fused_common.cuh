@@ -1,5 +1,5 @@
 // Device helpers shared by the CUDA kernels (norm.cu, rope.cu, swiglu.cu,
-// cross_entropy.cu, moe_permute.cu): fp32 <-> element conversions, 16-byte vector loads/stores as
+// cross_entropy.cu, moe_permute.cu, nf4.cu): fp32 <-> element conversions, 16-byte vector loads/stores as
 // floats, and a block-wide sum. No torch headers.
 #pragma once
 #include <cuda_bf16.h>
