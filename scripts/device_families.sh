@@ -19,7 +19,7 @@
 #     `qwen7b gemini` (the table in $OUT grows; the model is made once).
 # A Markdown table goes to stdout and $OUT/families.md. `--cpu` runs the
 # families stage on this machine's CPU build (a dry run of the script).
-# Usage (device): bash scripts/device_families.sh [families|qwen7b [greedy|zero2_offload|gemini]...]   (CPU: --cpu)
+# Usage (device): bash scripts/device_families.sh [families|qwen7b [make|greedy|agreement|zero2_offload|gemini]...]   (CPU: --cpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -102,6 +102,32 @@ elif [[ "$stage" == qwen7b ]]; then
         echo "| qwen2.5-7b | ${pair%%:*} vs transformers fp32 | $verdict |" >> "$table"
       fi
     done
+  fi
+  if [[ " ${parts[*]} " == *" agreement "* ]]; then
+    # Many prompts, each greedy for 32 tokens in transformers fp32 (the
+    # reference), transformers bf16, colossus bf16 and colossus fp32: how long
+    # each stays on the reference. Equal means for the two bf16 runs say the
+    # partings are bf16 rounding at random near-ties, not a fault of ours.
+    n=${AGREEMENT_PROMPTS:-12}
+    stamp "agreement over $n prompts"
+    for dtype in fp32 bf16; do
+      $python scripts/family_oracle.py greedy "$dir" --prompt "$prompt" --new 32 --dtype "$dtype" --device "$device" \
+        --candidates "$n" --all > "$work/agree.hf.$dtype.jsonl" 2> "$work/agree.hf.$dtype.err" \
+        || { tail -3 "$work/agree.hf.$dtype.err"; exit 1; }
+    done
+    mapfile -t prompts < <($python -c 'import json, sys
+for line in open(sys.argv[1]): print(json.loads(line)["prompt"])' "$work/agree.hf.fp32.jsonl")
+    prompt_args=(); for p in "${prompts[@]}"; do prompt_args+=(--prompt "$p"); done
+    for dtype in bf16 fp32; do
+      "$bin" generate "$dir" "${prompt_args[@]}" --max_new_tokens 32 --greedy --device "$device" --dtype "$dtype" \
+        --ids_out "$work/agree.ours.$dtype.jsonl" > "$work/agree.ours.$dtype.txt" 2> "$work/agree.ours.$dtype.err" \
+        || { tail -3 "$work/agree.ours.$dtype.err"; exit 1; }
+    done
+    $python scripts/family_oracle.py agreement "$work/agree.hf.fp32.jsonl" "$work/agree.hf.bf16.jsonl" \
+      "$work/agree.ours.bf16.jsonl" "$work/agree.ours.fp32.jsonl" \
+      --labels "transformers bf16" "colossus bf16" "colossus fp32" > "$out/agreement.md"
+    echo "tokens equal to transformers fp32's greedy run, of 32, per prompt:" >> "$table"
+    cat "$out/agreement.md" >> "$table"
   fi
   for plugin in zero2_offload gemini; do
     [[ " ${parts[*]} " == *" $plugin "* ]] || continue

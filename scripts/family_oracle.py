@@ -14,6 +14,16 @@
       prompt and K - 1 word rotations of it, the one whose smallest margin is
       largest (a comparison that bf16 rounding cannot flip at a near-tie).
 
+  family_oracle.py greedy ... --candidates K --all
+      One JSON line per candidate prompt (the prompt and its K - 1 rotations).
+
+  family_oracle.py agreement REFERENCE_JSONL OTHER_JSONL...
+      For each prompt of the reference (transformers fp32's --all lines), how
+      many tokens each other run (JSONL, one line per prompt: transformers
+      bf16's --all, or colossus generate --ids_out) keeps before it parts from
+      the reference; prints a table with the lengths and their mean. Telling a
+      tie apart from a precision fault takes many prompts, not one.
+
   family_oracle.py compare HF_JSON OURS_JSONL
       Prints one line: tokens equal before the first difference, and the HF
       margin at that step (a near-tie there is rounding, not a defect).
@@ -120,9 +130,35 @@ def greedy(args):
     # Random weights give near-uniform logits, so some steps are near-ties that
     # any rounding difference flips; with --candidates the prompt whose greedy
     # run has the largest smallest margin is the one compared (stated in the row).
+    if args.all:
+        for k, run in enumerate(runs):
+            print(json.dumps(dict(run, candidate=k, candidates=len(runs))))
+        return
     best = max(range(len(runs)), key=lambda k: min(runs[k]["margins"]))
     result = dict(runs[best], candidate=best, candidates=len(runs))
     print(json.dumps(result))
+
+
+def agreement(args):
+    def lines(path):
+        return [json.loads(l) for l in pathlib.Path(path).read_text().splitlines() if l.strip()]
+    reference = lines(args.reference)
+    print("| run | " + " | ".join(f"prompt {k}" for k in range(len(reference))) + " | mean |")
+    print("|---|" + "---|" * (len(reference) + 1))
+    for path, label in zip(args.others, args.labels or args.others):
+        by_prompt = {tuple(r["prompt_ids"]): r["ids"] for r in lines(path)}
+        lengths = []
+        for ref in reference:
+            ids = by_prompt.get(tuple(ref["prompt_ids"]))
+            if ids is None:
+                print(f"{label}: no run for prompt {ref['prompt'][:40]!r}")
+                return 1
+            same = 0
+            while same < min(len(ids), len(ref["ids"])) and ids[same] == ref["ids"][same]:
+                same += 1
+            lengths.append(same)
+        print(f"| {label} | " + " | ".join(str(n) for n in lengths) + f" | {sum(lengths) / len(lengths):.1f} |")
+    return 0
 
 
 def compare(args):
@@ -161,11 +197,16 @@ def main():
     g.add_argument("--device", default="cuda")
     g.add_argument("--candidates", type=int, default=1,
                    help="try the prompt and N - 1 word rotations of it; keep the best-conditioned")
+    g.add_argument("--all", action="store_true", help="print every candidate's run, not the best")
+    a = sub.add_parser("agreement")
+    a.add_argument("reference")
+    a.add_argument("others", nargs="+")
+    a.add_argument("--labels", nargs="*")
     c = sub.add_parser("compare")
     c.add_argument("hf_json")
     c.add_argument("ours_jsonl")
     args = p.parse_args()
-    return {"make": make, "greedy": greedy, "compare": compare}[args.cmd](args) or 0
+    return {"make": make, "greedy": greedy, "compare": compare, "agreement": agreement}[args.cmd](args) or 0
 
 
 if __name__ == "__main__":
