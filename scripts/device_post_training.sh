@@ -7,9 +7,11 @@
 #     (nvidia-smi, sampled, for both processes).
 #   sft1b: full SFT of a llama-1b-shaped model, packed against padded rows
 #     (tokens/s) and the share of padding packing removes.
+#   qlora1b: QLoRA (NF4 base through the CUDA dequantisation kernels) against
+#     LoRA over the bf16 base of the llama-1b-shaped model: tokens/s, memory.
 # A Markdown table goes to stdout and $OUT/post_training.md, one JSON object a
 # row to $OUT/post_training.jsonl (bench/results.jsonl's fields; add them there).
-# Usage (device): bash scripts/device_post_training.sh [lora8b|sft1b|all]
+# Usage (device): bash scripts/device_post_training.sh [lora8b|qlora1b|sft1b|all]
 #        (CPU dry run with tiny shapes: --cpu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +69,8 @@ row() {  # bench config metric value peer peer_value
 }
 train_config() {  # dir out_dir packing lora
   local lora_section=""
-  [[ $4 == lora ]] && lora_section=$'[lora]\nr = 16\nlora_alpha = 32\ntarget_modules = "all-linear"'
+  [[ $4 == lora || $4 == qlora ]] && lora_section=$'[lora]\nr = 16\nlora_alpha = 32\ntarget_modules = "all-linear"'
+  [[ $4 == qlora ]] && lora_section+=$'\nquantize = "nf4"'
   cat <<TOML
 [model]
 pretrained = "$1/model"
@@ -118,6 +121,27 @@ if [[ $stage == lora8b || $stage == all ]]; then
   config="$big shape, LoRA r 16 all-linear, $precision, batch $batch x <= $seq tokens padded, $steps steps"
   row lora_sft "$config" tokens_per_s "$ours_rate" transformers+peft "$peer_rate"
   [[ $device == cuda ]] && row lora_sft "$config" peak_gpu_mib "$ours_peak" transformers+peft "$peer_peak"
+fi
+
+if [[ $stage == qlora1b || $stage == all ]]; then
+  # QLoRA against LoRA on the same model, data and batch: the NF4 base (its
+  # CUDA dequantisation kernels) against the bf16 base, tokens/s and memory.
+  dir="$work/$small"
+  stamp "make the $small-shaped model"
+  [[ -f "$dir/model/config.json" ]] || $python scripts/post_training_peer.py make "$dir" --shape "$small" --device "$device" \
+    > "$work/make_small.log" 2>&1 || { tail -5 "$work/make_small.log"; exit 1; }
+  declare -A qrate qpeak
+  for kind in lora qlora; do
+    stamp "colossus train, $kind r 16"
+    rm -rf "$work/run_$kind"
+    train_config "$dir" "$work/run_$kind" false "$kind" > "$work/$kind.toml"
+    run_sampled "$bin" train "$work/$kind.toml" > "$work/$kind.log" 2>&1 || { tail -20 "$work/$kind.log"; exit 1; }
+    qrate[$kind]=$(ours_tokens_per_s "$work/run_$kind/metrics.jsonl"); qpeak[$kind]=$(cat "$peak_file")
+    rm -rf "$work/run_$kind/checkpoints"
+  done
+  config="$small shape, r 16 all-linear, $precision, batch $batch x <= $seq tokens padded, $steps steps"
+  row qlora_sft "$config" tokens_per_s "${qrate[qlora]}" "colossus LoRA, $precision base" "${qrate[lora]}"
+  [[ $device == cuda ]] && row qlora_sft "$config" peak_gpu_mib "${qpeak[qlora]}" "colossus LoRA, $precision base" "${qpeak[lora]}"
 fi
 
 if [[ $stage == sft1b || $stage == all ]]; then
