@@ -315,5 +315,28 @@ TEST(LauncherDryRun, LocalRanksShowTheirEnvironment) {
   EXPECT_EQ(lines[2].substr(lines[2].size() - 5), " true");
 }
 
+// torchrun's spellings (hyphens, --rdzv-endpoint HOST:PORT) start the same
+// ranks as ours; naming node 0 both ways is refused.
+TEST(LauncherDryRun, TorchrunSpellingsMatchOurs) {
+  auto ours = run_launcher({"run", "--nproc_per_node", "2", "--backend", "nccl", "--dry_run", "--master_addr",
+                            "127.0.0.1", "--master_port", "6002", "true"});
+  auto theirs = run_launcher({"run", "--nproc-per-node", "2", "--backend", "nccl", "--dry-run", "--rdzv-endpoint",
+                              "127.0.0.1:6002", "true"});
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.err;
+  EXPECT_EQ(theirs.out, ours.out);
+  EXPECT_NE(theirs.out.find("MASTER_PORT=6002"), std::string::npos) << theirs.out;
+  auto hyphens = run_launcher({"run", "--nproc-per-node", "2", "--backend", "nccl", "--dry_run", "--master-addr",
+                               "127.0.0.1", "--master-port", "6002", "--node-rank", "0", "--nnodes", "1", "true"});
+  ASSERT_EQ(hyphens.exit_code, 0) << hyphens.err;
+  EXPECT_EQ(hyphens.out, ours.out);
+  auto both = run_launcher({"run", "-n", "2", "--dry_run", "--master_port", "6002", "--rdzv-endpoint", "h:1", "true"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("give one of the two forms"), std::string::npos) << both.err;
+  auto no_host = run_launcher({"run", "-n", "2", "--dry_run", "--rdzv-endpoint", ":6002", "true"});
+  EXPECT_EQ(no_host.exit_code, 2);
+  EXPECT_NE(no_host.err.find("names no host"), std::string::npos) << no_host.err;
+}
+
 }  // namespace
 }  // namespace colossus::launcher::testing
