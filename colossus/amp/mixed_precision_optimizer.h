@@ -44,7 +44,7 @@ class MixedPrecisionOptimizer : public optim::Optimizer {
   void load_state_dict(const optim::OptimizerState& state) override;
 
   // The factor to multiply the loss by before backward (1 for bf16).
-  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  double loss_scale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   at::Tensor scale_loss(const at::Tensor& loss) const override;
   // A bf16/fp32 step skipped for non-finite gradients (fp16 skips are the
   // loss scaler's normal work and do not count).
@@ -56,7 +56,7 @@ class MixedPrecisionOptimizer : public optim::Optimizer {
   bool last_step_skipped() const;
   int64_t skipped_steps() const;
   // Global grad norm of the last clipped step (before clipping), NaN if none.
-  double last_grad_norm() const { return last_grad_norm_; }
+  double last_grad_norm() const override { return last_grad_norm_; }
 
   // Device-step mode (optim::Optimizer::enable_device_step) for a step
   // captured in a CUDA graph: the finite check writes the inner optimizer's

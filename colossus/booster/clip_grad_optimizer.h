@@ -32,7 +32,8 @@ class ClipGradOptimizer : public optim::Optimizer {
   void load_state_dict(const optim::OptimizerState& state) override;
 
   // Global gradient norm of the last step, before clipping.
-  double last_grad_norm() const { return last_grad_norm_; }
+  double last_grad_norm() const override { return last_grad_norm_; }
+  double loss_scale() const override { return inner_->loss_scale(); }
   at::Tensor scale_loss(const at::Tensor& loss) const override { return inner_->scale_loss(loss); }
   bool last_step_nonfinite() const override { return !std::isfinite(last_grad_norm_); }
   int64_t follow_parameters() override { return inner_->follow_parameters(); }

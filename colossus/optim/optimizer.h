@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -87,6 +88,11 @@ class Optimizer {
   // accounts for (a skipped bf16 step, a non-finite clipped norm). Reads only
   // what the step already brought to the host.
   virtual bool last_step_nonfinite() const { return false; }
+  // The global gradient norm of the last step, before clipping, where the
+  // optimizer computed one (clipping on); NaN otherwise. For run metrics.
+  virtual double last_grad_norm() const { return std::numeric_limits<double>::quiet_NaN(); }
+  // The loss scale the next backward uses (fp16's dynamic scaler); 1 without one.
+  virtual double loss_scale() const { return 1.0; }
   // The model's parameters were overwritten (a checkpoint loaded into them, a
   // plugin's broadcast): an optimizer that keeps its own copies (fp32
   // masters) re-reads the parameters that changed. Returns how many it

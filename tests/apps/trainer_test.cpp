@@ -158,6 +158,62 @@ TEST(Trainer, SaveFalseWritesNoCheckpoint) {
   world->barrier().wait();
 }
 
+// Each logged step carries the run metrics: gradient norm before clipping,
+// fp16's loss scale, step and data-wait time, peak host (and, on a GPU,
+// device) memory, in metrics.jsonl and TensorBoard under train/.
+TEST(Trainer, RunMetricsReachMetricsJsonlAndTensorBoard) {
+  auto world = ct::world();
+  auto dir = job_dir("run_metrics");
+  const auto result = apps::train(tiny_config(
+      dir, {"train.steps=3", "train.save=false", "train.tensorboard=true", "plugin.name=\"low_level_zero\"",
+            "plugin.precision=\"fp16\"", "plugin.max_norm=1.0", "plugin.initial_scale=1024"}));
+  ASSERT_EQ(result.steps.size(), 3u);
+  for (const auto& step : result.steps) {
+    EXPECT_TRUE(std::isfinite(step.grad_norm) && step.grad_norm > 0.0) << step.grad_norm;
+    EXPECT_GT(step.loss_scale, 0.0);
+    EXPECT_GT(step.step_time_s, 0.0);
+    EXPECT_GE(step.data_wait_s, 0.0);
+    EXPECT_LE(step.data_wait_s, step.step_time_s);
+    EXPECT_GT(step.peak_host_mib, 1.0);
+  }
+  if (world->rank() == 0) {
+    const auto records = metrics::read_metrics_jsonl(dir / "metrics.jsonl");
+    int steps = 0;
+    for (const auto& record : records) {
+      if (!record.contains("loss")) continue;
+      ++steps;
+      for (const char* key : {"grad_norm", "loss_scale", "step_time_s", "data_wait_s", "peak_host_mib", "lr", "tokens"})
+        EXPECT_TRUE(record.contains(key)) << key << " missing from " << record.dump();
+      EXPECT_DOUBLE_EQ(record["loss_scale"].get<double>(), result.steps[steps - 1].loss_scale);
+    }
+    EXPECT_EQ(steps, 3);
+    std::string events;
+    for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+      if (entry.path().filename().string().starts_with("events.out.tfevents")) {
+        std::ifstream in(entry.path(), std::ios::binary);
+        events.assign(std::istreambuf_iterator<char>(in), {});
+      }
+    }
+    for (const char* tag : {"train/grad_norm", "train/loss_scale", "train/step_time_s", "train/data_wait_s",
+                            "train/peak_host_mib", "train/loss"})
+      EXPECT_NE(events.find(tag), std::string::npos) << tag << " not in the TensorBoard events";
+  }
+  world->barrier().wait();
+  // Without clipping no norm is computed, and bf16 keeps no loss scale: neither is written.
+  auto plain_dir = job_dir("run_metrics_plain");
+  const auto plain = apps::train(tiny_config(plain_dir, {"train.steps=2", "train.save=false"}));
+  ASSERT_FALSE(plain.steps.empty());
+  EXPECT_TRUE(std::isnan(plain.steps.back().grad_norm));
+  EXPECT_TRUE(std::isnan(plain.steps.back().loss_scale));
+  if (world->rank() == 0) {
+    for (const auto& record : metrics::read_metrics_jsonl(plain_dir / "metrics.jsonl")) {
+      EXPECT_FALSE(record.contains("grad_norm"));
+      EXPECT_FALSE(record.contains("loss_scale"));
+    }
+  }
+  world->barrier().wait();
+}
+
 TEST(Trainer, AsyncSaveResumesExactlyToo) {
   auto dir = job_dir("async");
   auto full = apps::train(tiny_config(job_dir("async_full"), {"train.steps=8", "lr_scheduler.total_steps=8"}));

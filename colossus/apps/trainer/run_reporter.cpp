@@ -55,13 +55,23 @@ void RunReporter::on_step(const StepRecord& r, int64_t tokens_seen, double mfu) 
                                {"tokens_per_s", r.tokens_per_s},
                                {"tokens", static_cast<double>(tokens_seen)}};
   if (!std::isnan(mfu)) fields.emplace_back("mfu", mfu);
+  // Run metrics, where measured (a NaN is left out, not written).
+  const std::pair<const char*, double> run[] = {{"grad_norm", r.grad_norm},
+                                                {"loss_scale", r.loss_scale},
+                                                {"step_time_s", r.step_time_s},
+                                                {"data_wait_s", r.data_wait_s},
+                                                {"peak_device_mib", r.peak_device_mib},
+                                                {"peak_host_mib", r.peak_host_mib}};
+  for (const auto& [name, value] : run) {
+    if (!std::isnan(value)) fields.emplace_back(name, value);
+  }
   for (const auto& [name, value] : r.metrics) fields.emplace_back(name, value);
   impl_->jsonl->write(r.step, fields);
   if (impl_->tensorboard) {
-    std::vector<std::pair<std::string, double>> scalars{
-        {"train/loss", r.loss}, {"train/lr", r.lr}, {"train/tokens_per_s", r.tokens_per_s}};
-    if (!std::isnan(mfu)) scalars.emplace_back("train/mfu", mfu);
-    for (const auto& [name, value] : r.metrics) scalars.emplace_back("train/" + name, value);
+    std::vector<std::pair<std::string, double>> scalars;
+    for (const auto& [name, value] : fields) {
+      if (name != "tokens") scalars.emplace_back("train/" + name, value);
+    }
     impl_->tensorboard->add_scalars(r.step, scalars);
   }
   metrics::ProgressFields shown{{"loss", r.loss}, {"lr", r.lr}, {"tokens_per_s", r.tokens_per_s}};

@@ -24,6 +24,7 @@
 #include "colossus/lora/inject.h"
 #include "colossus/lora/nf4_linear.h"
 #include "colossus/lora/peft_io.h"
+#include "colossus/metrics/memory.h"
 #include "colossus/models/config.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
@@ -91,6 +92,14 @@ bool nonfinite_gradients(const optim::Optimizer& optimizer, bool device_step) {
   return !device_step && optimizer.last_step_nonfinite();
 }
 
+// The parameters' precision: a plugin's own precision replaces the booster's.
+std::string run_precision(const TrainConfig& c) {
+  if (c.plugin.name == "low_level_zero") return c.plugin.low_level_zero.precision;
+  if (c.plugin.name == "gemini") return c.plugin.gemini.gemini.precision;
+  if (c.plugin.name == "hybrid_parallel") return c.plugin.hybrid_parallel.precision;
+  return c.booster.mixed_precision;
+}
+
 class Trainer {
  public:
   Trainer(const TrainConfig& config, const TrainOptions& options)
@@ -133,6 +142,16 @@ class Trainer {
   // step's chosen/rejected reward means, reward accuracy and margin to
   // dpo_metrics_since_log_.
   at::Tensor dpo_forward_backward(int64_t& tokens);
+  // fetch(), its wall time added to data_wait_since_log_ (run metrics).
+  template <typename Fetch>
+  auto waiting_for_data(Fetch&& fetch) {
+    const auto start = std::chrono::steady_clock::now();
+    auto batch = fetch();
+    data_wait_since_log_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return batch;
+  }
+  double data_wait_since_log_ = 0.0;
+  std::string precision_;  // the run's parameter precision: fp32, bf16, fp16
   // example_logps of the policy model's logits, sequence-sharded or not.
   at::Tensor policy_logps(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& example_ids,
                           int64_t examples);
@@ -212,6 +231,7 @@ void Trainer::build() {
     data_ = prepare_training_data(config_, *tokenizer_, *world_);
   }
   auto model_config = build_model_config(config_, *tokenizer_);
+  precision_ = run_precision(config_);
   plugin_ = make_plugin(config_.plugin, world_);
   pipeline_ = plugin_->pipeline_parallel();
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
@@ -533,7 +553,7 @@ at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
   auto& optimizer = *boosted_.optimizer;
   const int64_t accum = config_.train.grad_accum;
   int64_t targets = 0;
-  const auto micro_batches = take_step_examples(tokens, targets);
+  const auto micro_batches = waiting_for_data([&] { return take_step_examples(tokens, targets); });
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
   if (pipeline_) {
     // The step's micro-batches are one pipeline batch whose microbatches they
@@ -574,10 +594,7 @@ at::Tensor Trainer::sft_forward_backward(int64_t& tokens) {
 }
 
 void Trainer::build_reference_model(const models::ModelConfig& model_config) {
-  const std::string precision = config_.plugin.name == "low_level_zero" ? config_.plugin.low_level_zero.precision
-                                : config_.plugin.name == "gemini"       ? config_.plugin.gemini.gemini.precision
-                                                                        : config_.booster.mixed_precision;
-  const auto dtype = scalar_type_of(parse_precision(precision, "precision"));
+  const auto dtype = scalar_type_of(parse_precision(precision_, "precision"));
   const auto device = device_;
   reference_model_ = config_.model.pretrained.empty()
                          ? models::create_model(model_config, {.seed = config_.model.init_seed, .dtype = dtype, .device = device})
@@ -608,7 +625,7 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
   auto& optimizer = *boosted_.optimizer;
   const int64_t accum = config_.train.grad_accum;
   int64_t targets = 0;
-  const auto micro_batches = take_step_examples(tokens, targets);
+  const auto micro_batches = waiting_for_data([&] { return take_step_examples(tokens, targets); });
   const auto f64 = at::TensorOptions().dtype(at::kDouble).device(device_);
   auto step_loss = at::zeros({}, f64);
   if (!dpo_metrics_since_log_.defined()) dpo_metrics_since_log_ = at::zeros({4}, f64);
@@ -735,12 +752,13 @@ TrainResult Trainer::run() {
     int64_t step_tokens = reads_records() ? 0 : global_batch_tokens();
     if (graphed) {
       // The whole step replays from one graph (optimizer step and zeroing included).
-      step_loss = graphed->step(loader->next()).to(at::kDouble);
+      step_loss = graphed->step(waiting_for_data([&] { return loader->next(); })).to(at::kDouble);
     } else if (pretrain_pipeline) {
       // The grad_accum loader batches as one pipeline batch; its loss is the
       // mean over microbatches, as the accumulated loss below.
       std::vector<at::Tensor> batches;
-      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(loader->next().to(device_, /*non_blocking=*/true));
+      for (int64_t micro = 0; micro < accum; ++micro)
+        batches.push_back(waiting_for_data([&] { return loader->next(); }).to(device_, /*non_blocking=*/true));
       const auto ids = at::cat(batches);
       auto out = booster_->execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, model, {},
                                             optimizer);
@@ -754,7 +772,7 @@ TrainResult Trainer::run() {
     } else {
       step_loss = at::zeros({}, f64);
       for (int64_t micro = 0; micro < accum; ++micro) {
-        auto ids = loader->next().to(device_, /*non_blocking=*/true);
+        auto ids = waiting_for_data([&] { return loader->next(); }).to(device_, /*non_blocking=*/true);
         std::optional<booster::Booster::NoSyncGuard> no_sync;
         if (micro + 1 < accum) no_sync.emplace(model);
         // The wrapper's loss: tensor parallelism computes it on vocab-sharded
@@ -812,7 +830,15 @@ TrainResult Trainer::run() {
       StepRecord record{.step = state_.step,
                         .loss = host[0].item<double>() / static_cast<double>(steps_since_log),
                         .lr = scheduler.lr(),
-                        .tokens_per_s = static_cast<double>(tokens_since_log) / seconds};
+                        .tokens_per_s = static_cast<double>(tokens_since_log) / seconds,
+                        .grad_norm = optimizer.last_grad_norm(),
+                        .step_time_s = seconds / static_cast<double>(steps_since_log),
+                        .data_wait_s = data_wait_since_log_ / static_cast<double>(steps_since_log),
+                        .peak_host_mib = static_cast<double>(metrics::host_peak_rss_bytes()) / (1 << 20)};
+      if (precision_ == "fp16") record.loss_scale = optimizer.loss_scale();
+      if (const auto memory = metrics::device_memory())
+        record.peak_device_mib = static_cast<double>(memory->peak_allocated_bytes) / (1 << 20);
+      data_wait_since_log_ = 0.0;
       if (dpo_metrics_since_log_.defined()) {
         const double steps = static_cast<double>(steps_since_log);
         record.metrics = {{"rewards/chosen", host[2].item<double>() / steps},

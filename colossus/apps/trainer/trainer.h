@@ -39,6 +39,13 @@ struct StepRecord {
   double lr = 0.0;
   double tokens_per_s = 0.0;
   std::map<std::string, double> metrics;  // task metrics (dpo: rewards/chosen, ...), means over the same steps
+  // Run metrics (NaN where not measured):
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();   // the last step's, before clipping (clipping on)
+  double loss_scale = std::numeric_limits<double>::quiet_NaN();  // fp16's, for the next step
+  double step_time_s = 0.0;                                      // mean wall time of a step since the previous record
+  double data_wait_s = 0.0;                                      // of which waiting for the step's batches
+  double peak_device_mib = std::numeric_limits<double>::quiet_NaN();  // allocated on this rank's device, since start
+  double peak_host_mib = std::numeric_limits<double>::quiet_NaN();    // this process's resident set, since start
 };
 
 struct TrainResult {

@@ -41,9 +41,9 @@ class GeminiOptimizer : public optim::Optimizer {
   void load_state_dict(const optim::OptimizerState& state) override;
 
   at::Tensor scale_loss(const at::Tensor& loss) const override;
-  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  double loss_scale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   bool last_step_skipped() const { return last_step_skipped_; }
-  double last_grad_norm() const { return last_grad_norm_; }
+  double last_grad_norm() const override { return last_grad_norm_; }
   // The chunks' bytes plus the optimizer state by place (host / device).
   GeminiMemory memory_bytes() const;
   optim::Optimizer& inner() { return *inner_; }

@@ -104,10 +104,10 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   // loading weights into the model); fp32 masters are copied outright.
   // Returns the buckets re-read.
   int64_t follow_parameters() override;
-  double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+  double loss_scale() const override { return scaler_ ? scaler_->scale() : 1.0; }
   at::Tensor scale_loss(const at::Tensor& loss) const override;
   bool last_step_skipped() const { return last_step_skipped_; }
-  double last_grad_norm() const { return last_grad_norm_; }
+  double last_grad_norm() const override { return last_grad_norm_; }
   // Whether steps take ZeRO-Offload's bf16 host path (host_mixed_step_ below).
   bool steps_on_host_in_bf16() const { return host_mixed_step_; }
   optim::Optimizer& inner() { return *inner_; }
