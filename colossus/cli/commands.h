@@ -21,5 +21,6 @@ Command add_serve_command(CLI::App& app);     // colossus serve
 Command add_train_command(CLI::App& app);     // colossus train
 Command add_plan_command(CLI::App& app);      // colossus plan
 Command add_lora_command(CLI::App& app);      // colossus lora merge
+Command add_data_command(CLI::App& app);      // colossus data prepare
 
 }  // namespace colossus::cli

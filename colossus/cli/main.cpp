@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
       colossus::cli::add_check_command(app), colossus::cli::add_selftest_command(app),
       colossus::cli::add_generate_command(app), colossus::cli::add_train_command(app),
       colossus::cli::add_serve_command(app), colossus::cli::add_plan_command(app),
-      colossus::cli::add_lora_command(app)};
+      colossus::cli::add_lora_command(app), colossus::cli::add_data_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
