@@ -169,9 +169,10 @@ TEST(TrainCli, DatasetAndBinaryFilesAreRefusedAsTextSources) {
   };
   // JSONL records, as a file, a glob or a folder holding only them, are post-training data.
   const std::string jsonl = error_for(dir / "chat.jsonl");
-  EXPECT_EQ(jsonl, fmt::format("data.source = '{}' is JSONL records, which pretraining does not read (it reads raw "
-                               "text and would train on the JSON markup); set train.task = \"sft\" to fine-tune on them, "
-                               "or give a .txt file, a folder of .txt files or token shards",
+  EXPECT_EQ(jsonl, fmt::format("data.source = '{0}' is JSONL records, which pretraining does not read (it reads raw "
+                               "text and would train on the JSON markup); to pretrain on their text, tokenize it with "
+                               "`colossus data prepare {0} --tokenizer TOKENIZER --output SHARDS` and set data.source = "
+                               "SHARDS; to fine-tune on them, set train.task = \"sft\"",
                                (dir / "chat.jsonl").string()));
   EXPECT_NE(error_for(dir / "*.jsonl").find("' is JSONL records, which pretraining"), std::string::npos);
   fs::create_directories(dir / "records");

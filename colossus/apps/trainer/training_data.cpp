@@ -96,9 +96,10 @@ void refuse_jsonl_source(const DataSection& data) {
                       !has_token_shards(source / "train"));
   if (!jsonl) return;
   throw ConfigError(fmt::format("data.source = '{}' is JSONL records, which pretraining does not read (it reads raw "
-                                "text and would train on the JSON markup); set train.task = \"sft\" to fine-tune on them, "
-                                "or give a .txt file, a folder of .txt files or token shards",
-                                data.source));
+                                "text and would train on the JSON markup); to pretrain on their text, tokenize it with "
+                                "`colossus data prepare {} --tokenizer TOKENIZER --output SHARDS` and set data.source = "
+                                "SHARDS; to fine-tune on them, set train.task = \"sft\"",
+                                data.source, data.source));
 }
 
 std::string stamp_of(const DataSection& data, int64_t vocab_size) {
