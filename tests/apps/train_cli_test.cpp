@@ -183,6 +183,35 @@ TEST(TrainCli, DatasetAndBinaryFilesAreRefusedAsTextSources) {
   EXPECT_NE(binary.find("offset 4"), std::string::npos) << binary;
 }
 
+// The docs' path from records to pretraining: `colossus data prepare` turns
+// JSONL into token shards, and `colossus train` trains on them; rerunning the
+// same prepare command finds the output complete.
+TEST(TrainCli, DataPrepareShardsTrainAsADataSource) {
+  const fs::path dir = colossus::testing::scratch_dir("train_cli") / "prepare";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  {
+    std::ofstream out(dir / "corpus.jsonl");
+    for (int i = 0; i < 300; ++i)
+      out << R"({"text": "Record )" << i << R"(: the quick brown fox jumps over the lazy dog."})" << "\n";
+  }
+  const std::string prepare = fmt::format("'{}' data prepare '{}' --tokenizer byte --output '{}' --shard_tokens 4000 2>&1",
+                                          COLOSSUS_BIN, (dir / "corpus.jsonl").string(), (dir / "shards").string());
+  const auto first = colossus::testing::run_command(prepare);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("300 documents"), std::string::npos) << first.output;
+  EXPECT_TRUE(fs::exists(dir / "shards" / "shard-000000.tokens"));
+  const auto again = colossus::testing::run_command(prepare);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("already complete"), std::string::npos) << again.output;
+  std::ofstream(dir / "train.toml") << "[model]\npreset = \"gpt2-tiny\"\n[data]\nsource = \"" << (dir / "shards").string()
+                                   << "\"\ntokenizer = \"byte\"\nseq_len = 32\nbatch_size = 2\n[train]\nsteps = 2\nsave = false\n"
+                                   << "tensorboard = false\nsample_tokens = 0\noutput_dir = \"" << (dir / "run").string() << "\"\n";
+  const auto run = colossus_train(dir / "train.toml", "");
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
+}
+
 TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {
   // The trainer read the context length with std::get<LlamaConfig>, which a
   // Mixtral config (a variant of its own) threw bad_variant_access on.
