@@ -210,6 +210,10 @@ TEST(TrainCli, DataPrepareShardsTrainAsADataSource) {
   const auto run = colossus_train(dir / "train.toml", "");
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
+  // The start of the log names the parallel layout and prints the effective config.
+  EXPECT_NE(run.output.find("layout: 1 rank(s): dp 1 (ddp)"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("effective config:"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("source = '" + (dir / "shards").string() + "'"), std::string::npos) << run.output;
 }
 
 TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {

@@ -3,6 +3,7 @@
 #include "colossus/amp/graphed_train_step.h"
 
 #include "colossus/apps/trainer/checkpoint_dirs.h"
+#include "colossus/apps/trainer/config_schema.h"
 #include "colossus/apps/trainer/components.h"
 #include "colossus/apps/trainer/dpo_loss.h"
 #include "colossus/apps/trainer/run_reporter.h"
@@ -90,6 +91,28 @@ class StopSignalScope {
 // decides. fp16 steps the scaler skips are its normal work and do not count.
 bool nonfinite_gradients(const optim::Optimizer& optimizer, bool device_step) {
   return !device_step && optimizer.last_step_nonfinite();
+}
+
+// How the ranks split the work, for the start-up log: "dp 2 x pp 2 x tp 2 x sp 1 (ring_attn)".
+std::string parallel_layout(const TrainConfig& c, int world, int64_t dp) {
+  if (c.plugin.name == "hybrid_parallel") {
+    const auto& h = c.plugin.hybrid_parallel;
+    std::string sp = "sp 1";
+    if (h.enable_sequence_parallelism) {
+      const bool over_tp = h.sequence_parallelism_mode == "split_gather" || h.sequence_parallelism_mode == "ring";
+      sp = over_tp ? fmt::format("sequence over tp ({})", h.sequence_parallelism_mode)
+                   : fmt::format("sp {} ({})", h.sp_size, h.sequence_parallelism_mode);
+    }
+    return fmt::format("{} rank(s): dp {} x pp {} x tp {} x {}{}", world, dp, h.pp_size, h.tp_size, sp,
+                       h.zero_stage > 0 ? fmt::format(", ZeRO-{} over dp", h.zero_stage) : "");
+  }
+  if (c.plugin.name == "low_level_zero")
+    return fmt::format("{} rank(s): dp {}, ZeRO-{}{}", world, dp, c.plugin.low_level_zero.stage,
+                       c.plugin.low_level_zero.cpu_offload ? " with the optimizer on the CPU" : "");
+  if (c.plugin.name == "gemini")
+    return fmt::format("{} rank(s): dp {}, Gemini (ZeRO-3 chunks, placement {})", world, dp,
+                       c.plugin.gemini.gemini.placement_policy);
+  return fmt::format("{} rank(s): dp {} ({})", world, dp, c.plugin.name);
 }
 
 // The parameters' precision: a plugin's own precision replaces the booster's.
@@ -336,6 +359,10 @@ void Trainer::build() {
                        world_->size(), precision, device_.str(),
                        config_.data.batch_size * config_.train.grad_accum * dp_size_, config_.data.seq_len,
                        config_.data.batch_size, config_.train.grad_accum, dp_size_));
+  log.info("layout: " + parallel_layout(config_, world_->size(), dp_size_));
+  // The config as it runs (defaults filled, overrides applied): what a
+  // reader of the log needs to reproduce the run (also in OUTPUT_DIR/config.toml).
+  log.info("effective config:\n" + effective_config_toml(config_));
   reporter_ = std::make_unique<RunReporter>(config_, world_->rank(), state_.step, device_);
 }
 
