@@ -204,16 +204,52 @@ TEST(TrainCli, DataPrepareShardsTrainAsADataSource) {
   const auto again = colossus::testing::run_command(prepare);
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("already complete"), std::string::npos) << again.output;
-  std::ofstream(dir / "train.toml") << "[model]\npreset = \"gpt2-tiny\"\n[data]\nsource = \"" << (dir / "shards").string()
-                                   << "\"\ntokenizer = \"byte\"\nseq_len = 32\nbatch_size = 2\n[train]\nsteps = 2\nsave = false\n"
-                                   << "tensorboard = false\nsample_tokens = 0\noutput_dir = \"" << (dir / "run").string() << "\"\n";
-  const auto run = colossus_train(dir / "train.toml", "");
+  // docs/getting-started.md's "Pretraining on your own corpus", small.
+  const fs::path repo = fs::path(COLOSSUS_BIN).parent_path().parent_path().parent_path();
+  const auto run = colossus::testing::run_command(fmt::format(
+      "'{}' train '{}' --data.source='{}' --data.tokenizer=byte --train.steps=2 --train.save=false "
+      "--train.output_dir='{}' --train.sample_tokens=0 --train.eval_batches=0 --data.batch_size=2 2>&1",
+      COLOSSUS_BIN, (repo / "examples/configs/gpt2_demo.toml").string(), (dir / "shards").string(),
+      (dir / "run").string()));
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(fs::exists(dir / "run" / "metrics.jsonl"));
   // The start of the log names the parallel layout and prints the effective config.
   EXPECT_NE(run.output.find("layout: 1 rank(s): dp 1 (ddp)"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("effective config:"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("source = '" + (dir / "shards").string() + "'"), std::string::npos) << run.output;
+}
+
+// docs/getting-started.md's first fine-tune, command for command: a model
+// directory (here the Hugging Face checkpoint of a short pretraining run),
+// examples/configs/sft.toml on prompt/completion records with the model and
+// data given as overrides, then `colossus generate` on the fine-tuned run.
+TEST(TrainCli, GettingStartedFineTuneRunsAsDocumented) {
+  const fs::path dir = colossus::testing::scratch_dir("train_cli") / "getting_started";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path repo = fs::path(COLOSSUS_BIN).parent_path().parent_path().parent_path();
+  const auto base = colossus::testing::run_command(fmt::format(
+      "'{}' train '{}' --train.steps=2 --train.save_every=2 --train.output_dir='{}' --data.builtin_bytes=100000 "
+      "--model.config.n_layer=2 --model.config.n_embd=64 --model.config.n_head=4 --train.sample_tokens=0 2>&1",
+      COLOSSUS_BIN, (repo / "examples/configs/gpt2_demo.toml").string(), (dir / "base").string()));
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  const fs::path model = dir / "base" / "checkpoints" / read_line(dir / "base" / "checkpoints" / "latest") / "model";
+  {
+    std::ofstream out(dir / "train.jsonl");
+    for (int i = 0; i < 24; ++i)
+      out << R"({"prompt": "Question )" << i << R"(: what is )" << i << R"( plus one?", "completion": " )" << i + 1
+          << R"(."})" << "\n";
+  }
+  const auto sft = colossus::testing::run_command(fmt::format(
+      "cd '{}' && '{}' train '{}' --model.pretrained='{}' --data.source=train.jsonl --train.steps=3 "
+      "--train.save_every=3 --train.log_every=1 --train.output_dir=runs/sft --data.seq_len=64 --data.max_length=64 2>&1",
+      dir.string(), COLOSSUS_BIN, (repo / "examples/configs/sft.toml").string(), model.string()));
+  ASSERT_EQ(sft.exit_code, 0) << sft.output;
+  EXPECT_NE(sft.output.find("train 3/3"), std::string::npos) << sft.output;
+  const auto sample = colossus::testing::run_command(fmt::format(
+      "cd '{}' && '{}' generate runs/sft --prompt 'Question 3: what is 3 plus one?' --max_new_tokens 4 --greedy 2>&1",
+      dir.string(), COLOSSUS_BIN));
+  EXPECT_EQ(sample.exit_code, 0) << sample.output;
 }
 
 TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {
