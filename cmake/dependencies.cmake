@@ -73,8 +73,14 @@ else()
   set(COLOSSUS_WITH_CUDA OFF)
 endif()
 
+# The kernels need sm_80 (bf16 mma.sync; no Hopper-only instructions): machine code for
+# A100 (80), A10/RTX 30x0 (86), L4/L40S/RTX 40x0 (89) and Hopper (90), plus
+# compute_90 PTX for later GPUs to JIT. -DCOLOSSUS_CUDA_ARCHS narrows it
+# (scripts/device_build.sh builds 90 only; "80-virtual" alone is PTX for the
+# JIT test).
+set(COLOSSUS_CUDA_ARCHS "80-real;86-real;89-real;90" CACHE STRING "CUDA architectures of the kernels (CMAKE_CUDA_ARCHITECTURES syntax)")
 if(COLOSSUS_WITH_CUDA)
-  set(CMAKE_CUDA_ARCHITECTURES 90)
+  set(CMAKE_CUDA_ARCHITECTURES ${COLOSSUS_CUDA_ARCHS})
   set(CMAKE_CUDA_STANDARD 17)
   enable_language(CUDA)
   # nccl.h comes from the nvidia-nccl wheel that torch depends on.

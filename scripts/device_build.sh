@@ -17,7 +17,7 @@ for lib in libutf8proc oniguruma; do
 done
 
 start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
+cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCOLOSSUS_CUDA_ARCHS="${COLOSSUS_CUDA_ARCHS:-90}" -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=${COLOSSUS_TESTS:-ON} > "$out/configure.log" 2>&1 \
   || { tail -40 "$out/configure.log"; exit 1; }
 # -k 0: report every failing file in one call, the device time is scarce.
