@@ -33,8 +33,11 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/colossus/ DESTINATION ${CMAKE_INSTALL_INCL
         FILES_MATCHING PATTERN "*.h"
         PATTERN "cli" EXCLUDE PATTERN "launcher" EXCLUDE PATTERN "apps" EXCLUDE PATTERN "serving" EXCLUDE)
 
-# The binary finds libtorch where this build found it (the wheel is not copied).
-set_target_properties(colossus_cli PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+# The binary finds libtorch where this build found it (the wheel is not
+# copied). Named explicitly: CMake leaves directories inside the project (the
+# .venv) out of INSTALL_RPATH_USE_LINK_PATH, which covers the rest (MPI).
+get_filename_component(colossus_torch_lib_dir "${COLOSSUS_TORCH_ROOT}/lib" REALPATH)
+set_target_properties(colossus_cli PROPERTIES INSTALL_RPATH "${colossus_torch_lib_dir}" INSTALL_RPATH_USE_LINK_PATH ON)
 install(TARGETS colossus_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # Where this build found torch: the package's fallback when its user's
