@@ -17,11 +17,17 @@ endif()
 
 # The PCH host: every Colossus C++ target reuses its precompiled header, so all
 # of them must share these compile options.
+# What is ours alone (warnings, -Werror, code generation flags, toml++, the
+# version macro) sits behind BUILD_INTERFACE: every target of this build gets
+# it, while the installed package (cmake/install.cmake) exports only what a
+# program that includes our headers needs: the include root, the definitions
+# our headers depend on, and the libraries.
 add_library(colossus_options INTERFACE)
-target_include_directories(colossus_options INTERFACE ${CMAKE_SOURCE_DIR})
-target_include_directories(colossus_options SYSTEM INTERFACE ${TOMLPP_INCLUDE_DIR})
-target_compile_options(colossus_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS} -fPIC -fopenmp-simd>)
-target_compile_definitions(colossus_options INTERFACE COLOSSUS_VERSION="${PROJECT_VERSION}")
+target_include_directories(colossus_options INTERFACE $<BUILD_INTERFACE:${CMAKE_SOURCE_DIR}> $<INSTALL_INTERFACE:include>)
+target_include_directories(colossus_options SYSTEM INTERFACE $<BUILD_INTERFACE:${TOMLPP_INCLUDE_DIR}>)
+target_compile_options(colossus_options INTERFACE
+  $<BUILD_INTERFACE:$<$<COMPILE_LANGUAGE:CXX>:${COLOSSUS_WARNINGS} -fPIC -fopenmp-simd>>)
+target_compile_definitions(colossus_options INTERFACE $<BUILD_INTERFACE:COLOSSUS_VERSION="${PROJECT_VERSION}">)
 # torch ships its own fmt (v12) headers ahead of Debian's on the include path, so
 # fmt is used header-only from there rather than linked from Debian.
 target_compile_definitions(colossus_options INTERFACE FMT_HEADER_ONLY OMPI_SKIP_MPICXX MPICH_SKIP_MPICXX)
