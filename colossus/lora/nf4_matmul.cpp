@@ -1,5 +1,6 @@
 #include "colossus/lora/nf4_matmul.h"
 
+#include "colossus/kernels/aten_element_dtype.h"
 #include "colossus/kernels/cuda_slots.h"
 
 #include <ATen/ATen.h>
@@ -15,15 +16,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-std::optional<kernels::ElementDtype> element_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return kernels::ElementDtype::kFloat32;
-    case at::kHalf: return kernels::ElementDtype::kFloat16;
-    case at::kBFloat16: return kernels::ElementDtype::kBFloat16;
-    default: return std::nullopt;
-  }
-}
-
 // W (out, in) in `dtype`: by the kernel when the forward used the kernels,
 // else by the ATen reference.
 at::Tensor dequantized(const Nf4Tensor& weight, const at::Tensor& tables, at::ScalarType dtype, bool fused) {
@@ -37,7 +29,7 @@ at::Tensor fused_gemv(const at::Tensor& x, const Nf4Tensor& weight, const at::Te
   sizes.back() = out_features;
   at::Tensor y = at::empty(sizes, x.options());
   const kernels::Nf4GemvArgs args{.weight = nf4_weight_ptrs(weight, tables),
-                                  .dtype = *element_dtype(x.scalar_type()),
+                                  .dtype = *kernels::element_dtype_of(x.scalar_type()),
                                   .rows = x.numel() / in_features,
                                   .x = x.data_ptr(),
                                   .bias = bias.defined() ? bias.data_ptr() : nullptr,
@@ -101,7 +93,7 @@ struct Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
 bool nf4_kernels_take(const at::Tensor& x) {
   const auto& slots = kernels::cuda_slots();
   return slots.nf4_gemv != nullptr && slots.nf4_dequantize != nullptr && x.is_cuda() &&
-         element_dtype(x.scalar_type()).has_value();
+         kernels::element_dtype_of(x.scalar_type()).has_value();
 }
 
 kernels::Nf4WeightPtrs nf4_weight_ptrs(const Nf4Tensor& weight, const at::Tensor& tables) {
@@ -125,7 +117,7 @@ kernels::Nf4WeightPtrs nf4_weight_ptrs(const Nf4Tensor& weight, const at::Tensor
 
 at::Tensor dequantize_nf4_fused(const Nf4Tensor& weight, const at::Tensor& tables, c10::ScalarType dtype) {
   at::Tensor out = at::empty(weight.shape, weight.packed.options().dtype(dtype));
-  const auto element = element_dtype(dtype);
+  const auto element = kernels::element_dtype_of(dtype);
   TORCH_CHECK(element && kernels::cuda_slots().nf4_dequantize != nullptr && weight.packed.is_cuda(),
               "the NF4 dequantisation kernel needs a CUDA build, a CUDA weight and fp32 / fp16 / bf16");
   const kernels::Nf4DequantizeArgs args{.weight = nf4_weight_ptrs(weight, tables), .dtype = *element, .out = out.data_ptr()};

@@ -1,5 +1,6 @@
 #include "colossus/models/fused_layers.h"
 
+#include "colossus/kernels/aten_element_dtype.h"
 #include "colossus/kernels/cuda_slots.h"
 
 #include <ATen/ATen.h>
@@ -11,15 +12,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
-
-std::optional<kernels::ElementDtype> element_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return kernels::ElementDtype::kFloat32;
-    case at::kHalf: return kernels::ElementDtype::kFloat16;
-    case at::kBFloat16: return kernels::ElementDtype::kBFloat16;
-    default: return std::nullopt;
-  }
-}
 
 // A CUDA tensor the kernels can read as-is: contiguous, 16-byte aligned.
 bool kernel_ready(const at::Tensor& t) {
@@ -51,7 +43,7 @@ struct FusedNormFunction : public torch::autograd::Function<FusedNormFunction> {
     at::Tensor sum = with_residual ? at::empty_like(x, at::MemoryFormat::Contiguous) : at::Tensor();
     at::Tensor mean = layer ? at::empty({rows}, stats) : at::Tensor(), rstd = at::empty({rows}, stats);
     const kernels::NormForwardArgs args{.kind = kind,
-                                        .dtype = *element_dtype(x.scalar_type()),
+                                        .dtype = *kernels::element_dtype_of(x.scalar_type()),
                                         .rows = rows,
                                         .cols = cols,
                                         .x = x.data_ptr(),
@@ -84,7 +76,7 @@ struct FusedNormFunction : public torch::autograd::Function<FusedNormFunction> {
     at::Tensor dbias = with_bias ? at::empty_like(weight) : at::Tensor();
     const int64_t cols = s.size(-1);
     const kernels::NormBackwardArgs args{.kind = kind,
-                                         .dtype = *element_dtype(s.scalar_type()),
+                                         .dtype = *kernels::element_dtype_of(s.scalar_type()),
                                          .rows = s.numel() / cols,
                                          .cols = cols,
                                          .dy = dy.data_ptr(),
@@ -107,7 +99,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_norm(kernels::NormKind ki
                                                             const at::Tensor& bias, double eps) {
   const auto& slots = kernels::cuda_slots();
   if (slots.norm_forward == nullptr || slots.norm_backward == nullptr || !x.is_cuda() || x.dim() < 1) return std::nullopt;
-  const auto dtype = element_dtype(x.scalar_type());
+  const auto dtype = kernels::element_dtype_of(x.scalar_type());
   if (!dtype || !kernels::norm_cols_supported(kind, *dtype, x.size(-1)) || x.numel() == 0) return std::nullopt;
   if (!kernel_ready(x) || !kernel_ready(weight) || weight.dim() != 1 || weight.size(0) != x.size(-1) ||
       weight.scalar_type() != x.scalar_type()) {
@@ -132,7 +124,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_norm(kernels::NormKind ki
 struct FusedRopeFunction : public torch::autograd::Function<FusedRopeFunction> {
   static void run(const at::Tensor& q, at::Tensor& q_out, const at::Tensor& k, at::Tensor& k_out,
                   const at::Tensor& cos, const at::Tensor& sin, bool backward) {
-    const kernels::RopeArgs args{.dtype = *element_dtype(q.scalar_type()),
+    const kernels::RopeArgs args{.dtype = *kernels::element_dtype_of(q.scalar_type()),
                                  .batch = q.size(0),
                                  .seq = q.size(1),
                                  .head_dim = q.size(3),
@@ -176,7 +168,7 @@ struct FusedRopeFunction : public torch::autograd::Function<FusedRopeFunction> {
 struct FusedSwigluFunction : public torch::autograd::Function<FusedSwigluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     at::Tensor out = at::empty_like(gate, at::MemoryFormat::Contiguous);
-    const kernels::SwigluArgs args{.dtype = *element_dtype(gate.scalar_type()),
+    const kernels::SwigluArgs args{.dtype = *kernels::element_dtype_of(gate.scalar_type()),
                                    .n = gate.numel(),
                                    .gate = gate.data_ptr(),
                                    .up = up.data_ptr(),
@@ -192,7 +184,7 @@ struct FusedSwigluFunction : public torch::autograd::Function<FusedSwigluFunctio
     const at::Tensor& up = saved[1];
     const at::Tensor dout = grad_for_kernel(grads[0], gate);
     at::Tensor dgate = at::empty_like(gate, at::MemoryFormat::Contiguous), dup = at::empty_like(up, at::MemoryFormat::Contiguous);
-    const kernels::SwigluArgs args{.dtype = *element_dtype(gate.scalar_type()),
+    const kernels::SwigluArgs args{.dtype = *kernels::element_dtype_of(gate.scalar_type()),
                                    .n = gate.numel(),
                                    .gate = gate.data_ptr(),
                                    .up = up.data_ptr(),
@@ -223,7 +215,7 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
       sin.dim() != 2) {
     return std::nullopt;
   }
-  const auto dtype = element_dtype(q.scalar_type());
+  const auto dtype = kernels::element_dtype_of(q.scalar_type());
   if (!dtype || !kernels::rope_head_dim_supported(*dtype, q.size(3))) return std::nullopt;
   for (const at::Tensor* t : {&k, &cos, &sin}) {
     if (!kernel_ready(*t) || t->scalar_type() != q.scalar_type() || t->device() != q.device()) return std::nullopt;
@@ -242,8 +234,9 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
 std::optional<at::Tensor> fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   const auto& slots = kernels::cuda_slots();
   if (slots.swiglu_forward == nullptr || slots.swiglu_backward == nullptr || !gate.is_cuda()) return std::nullopt;
-  if (!element_dtype(gate.scalar_type()) || up.scalar_type() != gate.scalar_type() || !up.sizes().equals(gate.sizes()) ||
-      up.device() != gate.device() || !gate.is_contiguous() || !up.is_contiguous()) {
+  if (!kernels::element_dtype_of(gate.scalar_type()) || up.scalar_type() != gate.scalar_type() ||
+      !up.sizes().equals(gate.sizes()) || up.device() != gate.device() || !gate.is_contiguous() ||
+      !up.is_contiguous()) {
     return std::nullopt;
   }
   return FusedSwigluFunction::apply(gate, up);

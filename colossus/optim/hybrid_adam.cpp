@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -53,6 +54,30 @@ void HybridAdam::validate_group(const ParamGroup& group, size_t group_index) con
   }
 }
 
+AdamMath HybridAdam::math_of(const ParamGroup& group) const {
+  return {.lr = group.lr,
+          .beta1 = option(group, "beta1"),
+          .beta2 = option(group, "beta2"),
+          .eps = option(group, "eps"),
+          .weight_decay = group.weight_decay,
+          .decoupled = option(group, "adamw_mode") != 0.0,
+          .bias_correction = option(group, "bias_correction") != 0.0};
+}
+
+kernels::AdamHyper HybridAdam::hyper_of(const ParamGroup& group, int64_t step) const {
+  const AdamMath math = math_of(group);
+  return kernels::make_adam_hyper(math.lr, math.beta1, math.beta2, math.eps, math.weight_decay, math.decoupled,
+                                  math.bias_correction, step);
+}
+
+std::pair<float*, float*> HybridAdam::fused_moments(ParamState& st, const at::Tensor& master) {
+  at::Tensor& m = slot(st, "exp_avg", master);
+  at::Tensor& v = slot(st, "exp_avg_sq", master);
+  if (!m.is_contiguous()) m = m.contiguous();
+  if (!v.is_contiguous()) v = v.contiguous();
+  return {m.data_ptr<float>(), v.data_ptr<float>()};
+}
+
 void HybridAdam::step() {
   at::NoGradGuard no_grad;
   if (device_step_) {
@@ -73,13 +98,7 @@ void HybridAdam::step() {
   }
   int64_t flat = 0;
   for (const ParamGroup& group : groups_) {
-    const AdamMath math{.lr = group.lr,
-                        .beta1 = option(group, "beta1"),
-                        .beta2 = option(group, "beta2"),
-                        .eps = option(group, "eps"),
-                        .weight_decay = group.weight_decay,
-                        .decoupled = option(group, "adamw_mode") != 0.0,
-                        .bias_correction = option(group, "bias_correction") != 0.0};
+    const AdamMath math = math_of(group);
     // Fused work batched by (device, step count): the bias corrections depend on the step.
     std::map<std::pair<int, int64_t>, std::vector<kernels::AdamTensorPtrs>> cpu_batches, cuda_batches;
     std::vector<at::Tensor> converted_grads;  // fp32 contiguous copies, alive until the kernels ran
@@ -110,12 +129,8 @@ void HybridAdam::step() {
         g = grad.to(param.device(), at::kFloat).contiguous();
         converted_grads.push_back(g);
       }
-      at::Tensor& m = slot(st, "exp_avg", param);
-      at::Tensor& v = slot(st, "exp_avg_sq", param);
-      if (!m.is_contiguous()) m = m.contiguous();
-      if (!v.is_contiguous()) v = v.contiguous();
-      kernels::AdamTensorPtrs ptrs{param.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
-                                   v.data_ptr<float>(), param.numel()};
+      const auto [m, v] = fused_moments(st, param);
+      kernels::AdamTensorPtrs ptrs{param.data_ptr<float>(), g.data_ptr<float>(), m, v, param.numel()};
       if (param.is_cpu()) {
         cpu_batches[{-1, st.step}].push_back(ptrs);
       } else {
@@ -123,13 +138,11 @@ void HybridAdam::step() {
       }
     }
     for (const auto& [key, table] : cpu_batches) {
-      const auto hyper = kernels::make_adam_hyper(math.lr, math.beta1, math.beta2, math.eps, math.weight_decay,
-                                                  math.decoupled, math.bias_correction, key.second);
+      const auto hyper = hyper_of(group, key.second);
       kernels::adam_step_cpu(table.data(), static_cast<int64_t>(table.size()), hyper, num_threads_, isa_);
     }
     for (const auto& [key, table] : cuda_batches) {
-      const auto hyper = kernels::make_adam_hyper(math.lr, math.beta1, math.beta2, math.eps, math.weight_decay,
-                                                  math.decoupled, math.bias_correction, key.second);
+      const auto hyper = hyper_of(group, key.second);
       kernels::cuda_slots().adam(table.data(), static_cast<int64_t>(table.size()), hyper, key.first);
     }
     // converted_grads may be freed now: CUDA work is stream-ordered before any reuse.
@@ -168,30 +181,18 @@ void HybridAdam::step_from_low_precision(const std::vector<at::Tensor>& low_prec
   }
   size_t flat = 0;
   for (const ParamGroup& group : groups_) {
-    const AdamMath math{.lr = group.lr,
-                        .beta1 = option(group, "beta1"),
-                        .beta2 = option(group, "beta2"),
-                        .eps = option(group, "eps"),
-                        .weight_decay = group.weight_decay,
-                        .decoupled = option(group, "adamw_mode") != 0.0,
-                        .bias_correction = option(group, "bias_correction") != 0.0};
     std::map<std::pair<int, int64_t>, std::vector<kernels::AdamMixedPtrs>> batches;
     for (const at::Tensor& master : group.params) {
       const int64_t index = static_cast<int64_t>(flat);
       const at::Tensor& low = low_precision[flat++];
       ParamState& st = state_at(index);
       st.step += 1;
-      at::Tensor& m = slot(st, "exp_avg", master);
-      at::Tensor& v = slot(st, "exp_avg_sq", master);
-      if (!m.is_contiguous()) m = m.contiguous();
-      if (!v.is_contiguous()) v = v.contiguous();
-      batches[{master.get_device(), st.step}].push_back({master.data_ptr<float>(), low.grad().data_ptr(),
-                                                         m.data_ptr<float>(), v.data_ptr<float>(), low.data_ptr(),
-                                                         master.numel()});
+      const auto [m, v] = fused_moments(st, master);
+      batches[{master.get_device(), st.step}].push_back(
+          {master.data_ptr<float>(), low.grad().data_ptr(), m, v, low.data_ptr(), master.numel()});
     }
     for (const auto& [key, table] : batches) {
-      const auto hyper = kernels::make_adam_hyper(math.lr, math.beta1, math.beta2, math.eps, math.weight_decay,
-                                                  math.decoupled, math.bias_correction, key.second);
+      const auto hyper = hyper_of(group, key.second);
       kernels::cuda_slots().adam_mixed(table.data(), static_cast<int64_t>(table.size()), hyper, key.first);
     }
   }
@@ -204,24 +205,22 @@ void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std:
                                   grads_in_out.size()));
   }
   if (device_step_) throw ConfigError("HybridAdam: step_host_mixed in device-step mode (CUDA graphs)");
-  std::vector<size_t> group_of;  // flat index -> group
-  std::vector<const at::Tensor*> param_at;
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    for (const at::Tensor& p : groups_[g].params) {
-      group_of.push_back(g);
-      param_at.push_back(&p);
-    }
-  }
+  // Group g holds flat indices [group_end[g - 1], group_end[g]).
+  std::vector<int64_t> group_end;
+  for (const ParamGroup& group : groups_)
+    group_end.push_back((group_end.empty() ? 0 : group_end.back()) + static_cast<int64_t>(group.params.size()));
+  const int64_t params = group_end.empty() ? 0 : group_end.back();
   // Batched by (group, step count): the constants depend on both.
   std::map<std::pair<size_t, int64_t>, std::vector<kernels::AdamMixedPtrs>> batches;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < indices.size(); ++i) {
     const int64_t index = indices[i];
-    if (index < 0 || index >= static_cast<int64_t>(param_at.size())) {
-      throw ConfigError(fmt::format("HybridAdam: step_host_mixed index {} is outside [0, {})", index,
-                                    param_at.size()));
+    if (index < 0 || index >= params) {
+      throw ConfigError(fmt::format("HybridAdam: step_host_mixed index {} is outside [0, {})", index, params));
     }
-    const at::Tensor& master = *param_at[static_cast<size_t>(index)];
+    const auto after = std::upper_bound(group_end.begin(), group_end.end(), index);
+    const size_t g = static_cast<size_t>(after - group_end.begin());
+    const at::Tensor& master = groups_[g].params[static_cast<size_t>(index - (g == 0 ? 0 : group_end[g - 1]))];
     const at::Tensor& io = grads_in_out[i];
     if (!master.is_cpu() || master.scalar_type() != at::kFloat || !master.is_contiguous() || !io.is_cpu() ||
         io.scalar_type() != at::kBFloat16 || !io.is_contiguous() || io.numel() != master.numel()) {
@@ -232,20 +231,11 @@ void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std:
     }
     ParamState& st = state_at(index);
     st.step += 1;
-    at::Tensor& m = slot(st, "exp_avg", master);
-    at::Tensor& v = slot(st, "exp_avg_sq", master);
-    if (!m.is_contiguous()) m = m.contiguous();
-    if (!v.is_contiguous()) v = v.contiguous();
-    batches[{group_of[static_cast<size_t>(index)], st.step}].push_back(
-        {master.data_ptr<float>(), io.data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(), io.data_ptr(),
-         master.numel()});
+    const auto [m, v] = fused_moments(st, master);
+    batches[{g, st.step}].push_back({master.data_ptr<float>(), io.data_ptr(), m, v, io.data_ptr(), master.numel()});
   }
   for (const auto& [key, table] : batches) {
-    const ParamGroup& group = groups_[key.first];
-    const auto hyper = kernels::make_adam_hyper(group.lr, option(group, "beta1"), option(group, "beta2"),
-                                                option(group, "eps"), group.weight_decay,
-                                                option(group, "adamw_mode") != 0.0,
-                                                option(group, "bias_correction") != 0.0, key.second);
+    const auto hyper = hyper_of(groups_[key.first], key.second);
     kernels::adam_step_mixed_cpu(table.data(), static_cast<int64_t>(table.size()), hyper, grad_scale, num_threads_,
                                  isa_);
   }
@@ -322,12 +312,8 @@ void HybridAdam::step_on_device(const std::vector<at::Tensor>& low_precision) {
       const int64_t index = static_cast<int64_t>(flat);
       const at::Tensor& low = low_precision[flat++];
       ParamState& st = state_at(index);
-      at::Tensor& m = slot(st, "exp_avg", master);
-      at::Tensor& v = slot(st, "exp_avg_sq", master);
-      if (!m.is_contiguous()) m = m.contiguous();
-      if (!v.is_contiguous()) v = v.contiguous();
-      table.push_back({master.data_ptr<float>(), low.grad().data_ptr(), m.data_ptr<float>(), v.data_ptr<float>(),
-                       low.data_ptr(), master.numel()});
+      const auto [m, v] = fused_moments(st, master);
+      table.push_back({master.data_ptr<float>(), low.grad().data_ptr(), m, v, low.data_ptr(), master.numel()});
     }
     slots.adam_mixed_device(table.data(), static_cast<int64_t>(table.size()), constants,
                             d.lr.data_ptr<double>() + g, d.counters.data_ptr<int64_t>(), d.skip.data_ptr<int32_t>(),

@@ -9,6 +9,7 @@
 #include "colossus/optim/adam.h"
 
 #include <optional>
+#include <utility>
 
 namespace colossus::optim {
 
@@ -69,6 +70,11 @@ class HybridAdam : public StatefulOptimizer {
  private:
   HybridAdam(std::vector<ParamGroup> groups, const HybridAdamOptions& options, bool groups_given);
   void step_on_device(const std::vector<at::Tensor>& low_precision);
+  // A group's update constants, and those folded for one step count.
+  AdamMath math_of(const ParamGroup& group) const;
+  kernels::AdamHyper hyper_of(const ParamGroup& group, int64_t step) const;
+  // The fused kernels' view of a parameter's moments (made contiguous, created on first use).
+  static std::pair<float*, float*> fused_moments(ParamState& st, const at::Tensor& master);
   // Every parameter's step count, which device-step mode needs to be one number.
   int64_t common_step_count(const char* what);
   int num_threads_;

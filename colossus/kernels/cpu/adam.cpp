@@ -4,13 +4,11 @@
 #include "colossus/kernels/adam.h"
 #include "colossus/kernels/adam_hyper_math.h"
 #include "colossus/kernels/cpu/adam_simd.h"
+#include "colossus/kernels/cpu/thread_split.h"
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
-#include <thread>
-#include <vector>
 
 namespace colossus::kernels {
 
@@ -70,55 +68,25 @@ RangeFn range_fn(CpuIsa isa) {
   }
 }
 
-// Below this many elements a second thread costs more than it saves
-// (thread start is ~20-50 us; a core does ~1M elements per ms).
-constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
-// Split points are multiples of this, so threads never share a cache line.
-constexpr int64_t kSplitAlign = 1024;
-
-// Runs elements [begin, end) of the concatenation of all tensors.
-void run_flat_range(RangeFn fn, const AdamTensorPtrs* tensors, int64_t count, int64_t begin, int64_t end,
-                    const AdamHyper& h) {
-  int64_t offset = 0;
-  for (int64_t i = 0; i < count && offset < end; ++i) {
-    const int64_t n = tensors[i].numel;
-    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
-    if (lo < hi) fn(tensors[i], lo - offset, hi - offset, h);
-    offset += n;
-  }
-}
-
 }  // namespace
 
 void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads) {
   adam_step_cpu(tensors, count, h, num_threads, best_cpu_isa());
 }
 
-void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads, CpuIsa isa) {
+void detail::check_cpu_adam_call(CpuIsa isa, int num_threads) {
   if (!cpu_supports(isa)) {
     throw ConfigError(fmt::format("CPU Adam: ISA '{}' is not supported by this CPU; use '{}'", isa_name(isa),
                                   isa_name(best_cpu_isa())));
   }
   if (num_threads < 0) throw ConfigError(fmt::format("CPU Adam: num_threads={} is negative; use 0 (all cores)", num_threads));
+}
+
+void adam_step_cpu(const AdamTensorPtrs* tensors, int64_t count, const AdamHyper& h, int num_threads, CpuIsa isa) {
+  detail::check_cpu_adam_call(isa, num_threads);
   const RangeFn fn = range_fn(isa);
-  int64_t total = 0;
-  for (int64_t i = 0; i < count; ++i) total += tensors[i].numel;
-  int64_t threads = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = std::max<int64_t>(1, std::min(threads, total / kMinElementsPerThread));
-  if (threads == 1) {
-    run_flat_range(fn, tensors, count, 0, total, h);
-    return;
-  }
-  int64_t per_thread = (total + threads - 1) / threads;
-  per_thread = (per_thread + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
-  std::vector<std::thread> workers;
-  workers.reserve(static_cast<size_t>(threads - 1));
-  for (int64_t k = 1; k < threads; ++k) {
-    const int64_t begin = std::min(total, k * per_thread), end = std::min(total, (k + 1) * per_thread);
-    if (begin < end) workers.emplace_back(run_flat_range, fn, tensors, count, begin, end, std::cref(h));
-  }
-  run_flat_range(fn, tensors, count, 0, std::min(total, per_thread), h);
-  for (auto& w : workers) w.join();
+  detail::split_over_threads(tensors, count, num_threads,
+                             [fn, &h](const AdamTensorPtrs& t, int64_t lo, int64_t hi) { fn(t, lo, hi, h); });
 }
 
 }  // namespace colossus::kernels

@@ -4,17 +4,13 @@
 // compiler vectorises it for each ISA; the float operations are the
 // reference's in the reference's order (no FMA contraction: this file is
 // built with -ffp-contract=off), so every ISA gives the same bits.
-#include "colossus/core/errors.h"
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/cpu/adam_simd.h"
+#include "colossus/kernels/cpu/thread_split.h"
 
-#include <fmt/format.h>
-
-#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <thread>
-#include <vector>
 
 namespace colossus::kernels {
 
@@ -98,22 +94,6 @@ RangeFn range_fn(CpuIsa isa) {
   }
 }
 
-// As adam_step_cpu: below this many elements a second thread costs more than
-// it saves; split points are multiples of kSplitAlign (no shared cache lines).
-constexpr int64_t kMinElementsPerThread = int64_t{1} << 16;
-constexpr int64_t kSplitAlign = 1024;
-
-void run_flat_range(RangeFn fn, const AdamMixedPtrs* tensors, int64_t count, int64_t begin, int64_t end,
-                    const AdamHyper& h, float grad_scale) {
-  int64_t offset = 0;
-  for (int64_t i = 0; i < count && offset < end; ++i) {
-    const int64_t n = tensors[i].numel;
-    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + n);
-    if (lo < hi) fn(tensors[i], lo - offset, hi - offset, h, grad_scale);
-    offset += n;
-  }
-}
-
 }  // namespace
 
 void adam_step_mixed_reference(const AdamMixedPtrs& t, const AdamHyper& h, float grad_scale) {
@@ -122,25 +102,10 @@ void adam_step_mixed_reference(const AdamMixedPtrs& t, const AdamHyper& h, float
 
 void adam_step_mixed_cpu(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, float grad_scale,
                          int num_threads, CpuIsa isa) {
-  if (!cpu_supports(isa)) {
-    throw ConfigError(fmt::format("CPU Adam: ISA '{}' is not supported by this CPU; use '{}'", isa_name(isa),
-                                  isa_name(best_cpu_isa())));
-  }
-  if (num_threads < 0) throw ConfigError(fmt::format("CPU Adam: num_threads={} is negative; use 0 (all cores)", num_threads));
+  detail::check_cpu_adam_call(isa, num_threads);
   const RangeFn fn = range_fn(isa);
-  int64_t total = 0;
-  for (int64_t i = 0; i < count; ++i) total += tensors[i].numel;
-  int64_t threads = num_threads > 0 ? num_threads : std::max(1u, std::thread::hardware_concurrency());
-  threads = std::max<int64_t>(1, std::min(threads, total / kMinElementsPerThread));
-  int64_t per_thread = (total + threads - 1) / threads;
-  per_thread = (per_thread + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
-  std::vector<std::thread> workers;
-  for (int64_t k = 1; k < threads; ++k) {
-    const int64_t begin = std::min(total, k * per_thread), end = std::min(total, (k + 1) * per_thread);
-    if (begin < end) workers.emplace_back(run_flat_range, fn, tensors, count, begin, end, std::cref(h), grad_scale);
-  }
-  run_flat_range(fn, tensors, count, 0, std::min(total, per_thread), h, grad_scale);
-  for (auto& w : workers) w.join();
+  auto range = [fn, &h, grad_scale](const AdamMixedPtrs& t, int64_t lo, int64_t hi) { fn(t, lo, hi, h, grad_scale); };
+  detail::split_over_threads(tensors, count, num_threads, range);
 }
 
 }  // namespace colossus::kernels
