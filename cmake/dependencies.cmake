@@ -80,6 +80,11 @@ endif()
 # JIT test).
 set(COLOSSUS_CUDA_ARCHS "80-real;86-real;89-real;90" CACHE STRING "CUDA architectures of the kernels (CMAKE_CUDA_ARCHITECTURES syntax)")
 if(COLOSSUS_WITH_CUDA)
+  # Torch's CMake appends its own -gencode flags (from TORCH_CUDA_ARCH_LIST) to
+  # CMAKE_CUDA_FLAGS; our .cu files include no torch header, so the list above
+  # alone decides what they are built for (else an "80-virtual" build would
+  # still carry sm_90a machine code, measured with cuobjdump).
+  string(REGEX REPLACE "-gencode[ ]+arch=[^ ]+" "" CMAKE_CUDA_FLAGS "${CMAKE_CUDA_FLAGS}")
   set(CMAKE_CUDA_ARCHITECTURES ${COLOSSUS_CUDA_ARCHS})
   set(CMAKE_CUDA_STANDARD 17)
   enable_language(CUDA)

@@ -10,7 +10,7 @@ APT_PACKAGES=(build-essential cmake ninja-build ccache git pkg-config python3-ve
   libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev libfmt-dev
   libtomlplusplus-dev libcpp-httplib-dev libsentencepiece-dev libutf8proc-dev libonig-dev libgtest-dev curl)
 # Test oracles only: the product never imports Python.
-PY_ORACLES=(numpy transformers tokenizers safetensors sentencepiece protobuf openai trl peft bitsandbytes)
+PY_ORACLES=(numpy transformers tokenizers safetensors sentencepiece protobuf openai trl peft bitsandbytes tensorboard)
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 

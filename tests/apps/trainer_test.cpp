@@ -197,6 +197,32 @@ TEST(Trainer, RunMetricsReachMetricsJsonlAndTensorBoard) {
     for (const char* tag : {"train/grad_norm", "train/loss_scale", "train/step_time_s", "train/data_wait_s",
                             "train/peak_host_mib", "train/loss"})
       EXPECT_NE(events.find(tag), std::string::npos) << tag << " not in the TensorBoard events";
+    // What `wandb sync OUTPUT_DIR/tensorboard` imports: tensorboard's own event
+    // loader reads every field of metrics.jsonl at its step, to float32.
+    const auto read = ct::run_command(fmt::format("'{}' '{}' '{}' 2>/dev/null", COLOSSUS_PYTHON,
+                                                  COLOSSUS_TENSORBOARD_READER, (dir / "tensorboard").string()));
+    ASSERT_EQ(read.exit_code, 0) << read.output;
+    const auto scalars = nlohmann::json::parse(read.output);
+    int compared = 0;
+    for (const auto& record : records) {
+      if (!record.contains("loss")) continue;
+      const int64_t step = record["step"].get<int64_t>();
+      for (const auto& [key, value] : record.items()) {
+        if (key == "step" || !value.is_number()) continue;
+        const std::string tag = "train/" + key;
+        ASSERT_TRUE(scalars.contains(tag)) << tag << " not read back from TensorBoard";
+        bool found = false;
+        for (const auto& point : scalars[tag]) {
+          if (point[0].get<int64_t>() != step) continue;
+          found = true;
+          const double want = value.get<double>();
+          EXPECT_NEAR(point[1].get<double>(), want, 1e-6 * std::max(1.0, std::abs(want))) << tag << " at " << step;
+          ++compared;
+        }
+        EXPECT_TRUE(found) << tag << " has no point at step " << step;
+      }
+    }
+    EXPECT_GE(compared, 3 * 9) << "loss, lr, tokens/s, tokens, grad norm, loss scale, step and wait time, host memory";
   }
   world->barrier().wait();
   // Without clipping no norm is computed, and bf16 keeps no loss scale: neither is written.

@@ -69,9 +69,9 @@ void RunReporter::on_step(const StepRecord& r, int64_t tokens_seen, double mfu) 
   impl_->jsonl->write(r.step, fields);
   if (impl_->tensorboard) {
     std::vector<std::pair<std::string, double>> scalars;
-    for (const auto& [name, value] : fields) {
-      if (name != "tokens") scalars.emplace_back("train/" + name, value);
-    }
+    // Every field, tokens seen too (TensorBoard keeps float32: exact to 2^24
+    // tokens, then to 7 digits; metrics.jsonl has the exact count).
+    for (const auto& [name, value] : fields) scalars.emplace_back("train/" + name, value);
     impl_->tensorboard->add_scalars(r.step, scalars);
   }
   metrics::ProgressFields shown{{"loss", r.loss}, {"lr", r.lr}, {"tokens_per_s", r.tokens_per_s}};
