@@ -379,18 +379,22 @@ at::Tensor SparseMoeBlock::run_local_experts(const at::Tensor& x, const std::vec
     gate_up_ = at::Tensor();
     down_ = at::Tensor();
   }
-  // Grouped GEMMs only without autograd (inference, evaluation): the weight
-  // gradients of at::_grouped_mm's backward through the packed views did not
-  // match the per-expert loop in our tests (torch 2.11), so training keeps the loop.
-  if (!at::GradMode::is_enabled() && x.size(0) > 0 && x.scalar_type() == gate_up_.scalar_type() &&
-      x.device() == gate_up_.device() && grouped_gemm_ready()) {
+  last_ran_grouped_ = false;
+  if (x.size(0) > 0 && x.scalar_type() == gate_up_.scalar_type() && x.device() == gate_up_.device() &&
+      grouped_gemm_ready()) {
+    last_ran_grouped_ = true;
     std::vector<int32_t> ends;
     int64_t total = 0;
     for (const int64_t r : rows) ends.push_back(static_cast<int32_t>(total += r));
     at::Tensor offsets = at::tensor(ends, at::kInt).to(x.device());
     const int64_t inner = down_.size(2);
-    at::Tensor gate_up = PackedWeights::apply(gate_up_, gate_up_parts());  // (L, 2I, H)
-    at::Tensor down = PackedWeights::apply(down_, down_parts());           // (L, H, I)
+    // The parts go in as an at::TensorList: autograd's ExtractVariables takes a
+    // std::vector<at::Tensor> argument for a non-tensor (its catch-all template
+    // hides the base's vector overload), so the parameters would silently get
+    // no gradient (the training mismatch of the grouped path, root-caused).
+    const std::vector<at::Tensor> gate_up_list = gate_up_parts(), down_list = down_parts();
+    at::Tensor gate_up = PackedWeights::apply(gate_up_, at::TensorList(gate_up_list));  // (L, 2I, H)
+    at::Tensor down = PackedWeights::apply(down_, at::TensorList(down_list));           // (L, H, I)
     at::Tensor h = at::_grouped_mm(x.contiguous(), gate_up.transpose(1, 2), offsets);  // (M, 2I): w1 x | w3 x
     at::Tensor activated = at::silu(h.narrow(1, 0, inner)) * h.narrow(1, inner, inner);
     return at::_grouped_mm(activated, down.transpose(1, 2), offsets);

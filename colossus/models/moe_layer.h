@@ -115,6 +115,8 @@ class SparseMoeBlock : public LayerHost {
   // multiples, and not switched off by set_grouped_gemm(false) (benchmarks and tests compare both paths).
   bool grouped_gemm_ready() const;
   void set_grouped_gemm(bool enabled) { grouped_gemm_enabled_ = enabled; }
+  // Whether the last forward ran the experts as grouped GEMMs (tests, benchmarks).
+  bool last_ran_grouped() const { return last_ran_grouped_; }
   // Whether CUDA rows are sorted, permuted and combined by the dispatch
   // kernels when registered (default); false: the ATen reference ops.
   void set_dispatch_kernels(bool enabled) { dispatch_kernels_enabled_ = enabled; }
@@ -147,6 +149,7 @@ class SparseMoeBlock : public LayerHost {
   int64_t last_dropped_ = 0;
   at::Tensor gate_up_, down_;  // packed buffers (local, 2I, H) and (local, H, I)
   bool grouped_gemm_enabled_ = true;
+  bool last_ran_grouped_ = false;
   bool dispatch_kernels_enabled_ = true;
 };
 

@@ -171,6 +171,48 @@ TEST(SparseMoeBlock, GroupedGemmPathEqualsThePerExpertLoopIncludingEmptyExperts)
   }
 }
 
+// Training through the grouped GEMMs: the input and every expert weight get
+// the per-expert loop's gradients, experts without rows a zero gradient.
+TEST(SparseMoeBlock, GroupedGemmBackwardEqualsThePerExpertLoop) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    MixtralConfig c = tiny(8, 1);
+    SparseMoeBlock moe(c, at::TensorOptions().dtype(dtype));
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : moe.parameters()) p.zero_();
+      testing::perturb_parameters(moe, 13, 0.3);
+    }
+    const at::Tensor x0 = at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(6)).to(dtype);
+    const at::Tensor upstream = at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(7));
+    auto gradients = [&](bool grouped) {
+      moe.set_grouped_gemm(grouped);
+      moe.zero_grad();
+      at::Tensor x = x0.clone().requires_grad_(true);
+      (moe.forward(x).to(at::kFloat) * upstream).sum().backward();
+      EXPECT_EQ(moe.last_ran_grouped(), grouped);
+      std::vector<at::Tensor> out{x.grad().to(at::kFloat)};
+      for (const auto& p : moe.parameters()) {
+        out.push_back(p.grad().defined() ? p.grad().to(at::kFloat) : at::zeros(p.sizes(), at::kFloat));
+      }
+      return out;
+    };
+    const auto looped = gradients(false);
+    const auto grouped = gradients(true);
+    ASSERT_EQ(grouped.size(), looped.size());
+    const double tolerance = dtype == at::kFloat ? 1e-5 : 3e-2;
+    int empty_experts = 0;
+    for (size_t i = 0; i < looped.size(); ++i) {
+      EXPECT_LE(max_abs_diff(grouped[i], looped[i]), tolerance * std::max(1.0, looped[i].abs().max().item<double>()))
+          << "gradient " << i << ", dtype " << dtype;
+      if (i > 0 && looped[i].abs().max().item<double>() == 0.0) {
+        ++empty_experts;
+        EXPECT_EQ(grouped[i].abs().max().item<double>(), 0.0) << "an expert without rows gets a zero gradient";
+      }
+    }
+    EXPECT_GT(empty_experts, 0) << "6 tokens top-1 over 8 experts leaves some without rows";
+  }
+}
+
 TEST(SparseMoeBlock, OddWidthsAndDoubleFallBackToTheLoop) {
   MixtralConfig c = tiny(4, 2);
   c.intermediate_size = 18;  // 72-byte fp32 rows: not a 16-byte multiple
