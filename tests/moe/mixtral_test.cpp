@@ -173,43 +173,55 @@ TEST(SparseMoeBlock, GroupedGemmPathEqualsThePerExpertLoopIncludingEmptyExperts)
 
 // Training through the grouped GEMMs: the input and every expert weight get
 // the per-expert loop's gradients, experts without rows a zero gradient.
+void expect_grouped_backward_equals_the_loop(const at::Device& device, at::ScalarType dtype) {
+  SCOPED_TRACE(fmt::format("{} {}", device.str(), c10::toString(dtype)));
+  MixtralConfig c = tiny(8, 1);
+  SparseMoeBlock moe(c, at::TensorOptions().dtype(dtype).device(device));
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : moe.parameters()) p.zero_();
+    testing::perturb_parameters(moe, 13, 0.3);
+  }
+  const at::Tensor x0 =
+      at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(6)).to(device, dtype);
+  const at::Tensor upstream = at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(7)).to(device);
+  auto gradients = [&](bool grouped) {
+    moe.set_grouped_gemm(grouped);
+    moe.zero_grad();
+    at::Tensor x = x0.clone().requires_grad_(true);
+    (moe.forward(x).to(at::kFloat) * upstream).sum().backward();
+    EXPECT_EQ(moe.last_ran_grouped(), grouped);
+    std::vector<at::Tensor> out{x.grad().to(at::kCPU, at::kFloat)};
+    for (const auto& p : moe.parameters()) {
+      out.push_back(p.grad().defined() ? p.grad().to(at::kCPU, at::kFloat) : at::zeros(p.sizes(), at::kFloat));
+    }
+    return out;
+  };
+  const auto looped = gradients(false);
+  const auto grouped = gradients(true);
+  ASSERT_EQ(grouped.size(), looped.size());
+  const double tolerance = dtype == at::kFloat ? 1e-5 : 3e-2;
+  int empty_experts = 0;
+  for (size_t i = 0; i < looped.size(); ++i) {
+    EXPECT_LE(max_abs_diff(grouped[i], looped[i]), tolerance * std::max(1.0, looped[i].abs().max().item<double>()))
+        << "gradient " << i;
+    if (i > 0 && looped[i].abs().max().item<double>() == 0.0) {
+      ++empty_experts;
+      EXPECT_EQ(grouped[i].abs().max().item<double>(), 0.0) << "an expert without rows gets a zero gradient";
+    }
+  }
+  EXPECT_GT(empty_experts, 0) << "6 tokens top-1 over 8 experts leaves some without rows";
+}
+
 TEST(SparseMoeBlock, GroupedGemmBackwardEqualsThePerExpertLoop) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) expect_grouped_backward_equals_the_loop(at::kCPU, dtype);
+}
+
+// On a GPU (scripts/device_moe.sh): the same through CUDA's grouped GEMM.
+TEST(SparseMoeBlock, CudaGroupedGemmBackwardEqualsThePerExpertLoop) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    MixtralConfig c = tiny(8, 1);
-    SparseMoeBlock moe(c, at::TensorOptions().dtype(dtype));
-    {
-      at::NoGradGuard no_grad;
-      for (auto& p : moe.parameters()) p.zero_();
-      testing::perturb_parameters(moe, 13, 0.3);
-    }
-    const at::Tensor x0 = at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(6)).to(dtype);
-    const at::Tensor upstream = at::randn({2, 3, c.hidden_size}, at::make_generator<at::CPUGeneratorImpl>(7));
-    auto gradients = [&](bool grouped) {
-      moe.set_grouped_gemm(grouped);
-      moe.zero_grad();
-      at::Tensor x = x0.clone().requires_grad_(true);
-      (moe.forward(x).to(at::kFloat) * upstream).sum().backward();
-      EXPECT_EQ(moe.last_ran_grouped(), grouped);
-      std::vector<at::Tensor> out{x.grad().to(at::kFloat)};
-      for (const auto& p : moe.parameters()) {
-        out.push_back(p.grad().defined() ? p.grad().to(at::kFloat) : at::zeros(p.sizes(), at::kFloat));
-      }
-      return out;
-    };
-    const auto looped = gradients(false);
-    const auto grouped = gradients(true);
-    ASSERT_EQ(grouped.size(), looped.size());
-    const double tolerance = dtype == at::kFloat ? 1e-5 : 3e-2;
-    int empty_experts = 0;
-    for (size_t i = 0; i < looped.size(); ++i) {
-      EXPECT_LE(max_abs_diff(grouped[i], looped[i]), tolerance * std::max(1.0, looped[i].abs().max().item<double>()))
-          << "gradient " << i << ", dtype " << dtype;
-      if (i > 0 && looped[i].abs().max().item<double>() == 0.0) {
-        ++empty_experts;
-        EXPECT_EQ(grouped[i].abs().max().item<double>(), 0.0) << "an expert without rows gets a zero gradient";
-      }
-    }
-    EXPECT_GT(empty_experts, 0) << "6 tokens top-1 over 8 experts leaves some without rows";
+    expect_grouped_backward_equals_the_loop(at::Device(at::kCUDA, 0), dtype);
   }
 }
 
