@@ -16,9 +16,12 @@
 // "colossus grouped" sorts, permutes and combines with them; the same layer
 // with the ATen dispatch ops (set_dispatch_kernels(false)) is timed beside it
 // and compared too (its own table and JSONL rows).
+// With --peer FILE (what bench/moe_layer_peer.py printed in the same device
+// call: transformers' own Qwen3MoeSparseMoeBlock at these shapes, its eager
+// loop and its grouped_mm experts), a table and rows against it.
 // Prints a table; appends to bench/RESULTS.md and bench/results.jsonl.
 //
-// Usage: bench_moe_layer [--device cuda|cpu] [--quick] [--iters N] [--commit SHA] [--no-record]
+// Usage: bench_moe_layer [--device cuda|cpu] [--quick] [--iters N] [--peer FILE] [--commit SHA] [--no-record]
 #include "bench/bench_common.h"
 #include "colossus/models/config.h"
 #include "colossus/models/layers.h"
@@ -31,6 +34,7 @@
 #include <torch/headeronly/version.h>
 
 #include <chrono>
+#include <fstream>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -57,6 +61,7 @@ struct Options {
   bool record = true;
   int iters = 20;
   std::string commit;
+  std::string peer;
   std::string command = "bench_moe_layer";
 };
 
@@ -74,12 +79,13 @@ Options parse(int argc, char** argv) {
     else if (a == "--quick") o.quick = true;
     else if (a == "--iters") o.iters = std::stoi(next());
     else if (a == "--commit") o.commit = next();
+    else if (a == "--peer") o.peer = next();
     else if (a == "--no-record") o.record = false;
     else if (a == "--help" || a == "-h") {
-      fmt::print("usage: bench_moe_layer [--device cuda|cpu] [--quick] [--iters N] [--commit SHA] [--no-record]\n");
+      fmt::print("usage: bench_moe_layer [--device cuda|cpu] [--quick] [--iters N] [--peer FILE] [--commit SHA] [--no-record]\n");
       std::exit(0);
     } else {
-      throw std::runtime_error("unknown flag " + a + " (valid: --device, --quick, --iters, --commit, --no-record)");
+      throw std::runtime_error("unknown flag " + a + " (valid: --device, --quick, --iters, --peer, --commit, --no-record)");
     }
   }
   if (o.device != "cuda" && o.device != "cpu") throw std::runtime_error("--device is " + o.device + "; use cuda or cpu");
@@ -134,6 +140,11 @@ Timing time_impl(const at::Device& device, int iters, const at::Tensor& x, const
 
 double rel_diff(const at::Tensor& a, const at::Tensor& b) {
   return ((a.to(at::kFloat) - b.to(at::kFloat)).norm() / b.to(at::kFloat).norm().clamp_min(1e-30)).item<double>();
+}
+
+// bench/moe_layer_peer.py's key of a shape.
+std::string peer_key(const Shape& s) {
+  return fmt::format("{}x{}x{}x{}x{}", s.hidden, s.intermediate, s.experts, s.top_k, s.tokens);
 }
 
 struct Row {
@@ -263,6 +274,32 @@ int main(int argc, char** argv) try {
       }
     }
   }
+  // transformers' own block at the same shapes, measured in the same device call.
+  nlohmann::json peer;
+  if (!opt.peer.empty()) {
+    std::ifstream in(opt.peer);
+    if (!in) throw std::runtime_error("--peer " + opt.peer + ": cannot open it");
+    peer = nlohmann::json::parse(in);
+    lines.push_back("");
+    lines.push_back("| layer | pass | colossus ms | transformers eager ms | x | transformers grouped_mm ms | x |");
+    lines.push_back("|---|---|---|---|---|---|---|");
+    for (const Row& r : rows) {
+      const nlohmann::json& p = peer.value(peer_key(r.shape), nlohmann::json::object());
+      for (const bool step : {false, true}) {
+        const double ours = step ? r.grouped.step_ms : r.grouped.fwd_ms;
+        std::string cells;
+        for (const char* impl : {"eager", "grouped_mm"}) {
+          if (!p.contains(impl)) {
+            cells += " n/a | - |";
+            continue;
+          }
+          const double theirs = p[impl].at(step ? "step_ms" : "fwd_ms").get<double>();
+          cells += fmt::format(" {:.3f} | {:.2f} |", theirs, theirs / ours);
+        }
+        lines.push_back(fmt::format("| {} | {} | {:.3f} |{}", r.shape.name, step ? "fwd+bwd" : "fwd", ours, cells));
+      }
+    }
+  }
   fmt::print("\nMoE layer on {} ({}):\n", machine, dtype == at::kBFloat16 ? "bf16" : "fp32");
   for (const auto& l : lines) fmt::print("{}\n", l);
   for (const Row& r : rows) {
@@ -315,6 +352,14 @@ int main(int argc, char** argv) try {
       if (r.dispatch_kernels) {
         emit("colossus grouped GEMM with the ATen dispatch ops (no dispatch kernels)",
              step ? r.aten_dispatch.step_ms : r.aten_dispatch.fwd_ms);
+      }
+      const nlohmann::json& p = peer.is_object() ? peer.value(peer_key(r.shape), nlohmann::json::object())
+                                                 : nlohmann::json::object();
+      for (const char* impl : {"eager", "grouped_mm"}) {
+        if (p.contains(impl)) {
+          emit(fmt::format("transformers Qwen3MoeSparseMoeBlock ({} experts)", impl),
+               p[impl].at(step ? "step_ms" : "fwd_ms").get<double>());
+        }
       }
     }
   }

@@ -30,7 +30,17 @@ fi
 stamp "bench_moe_layer"
 commit_flag=()
 [[ -n "${COLOSSUS_COMMIT:-}" ]] && commit_flag=(--commit "$COLOSSUS_COMMIT")
-build-gpu/bin/bench_moe_layer "${commit_flag[@]}" "$@" 2>&1 | tee "$out/bench_moe_layer.log"
+# The peer first: transformers' own block at the same shapes, same call.
+peer_flag=()
+stamp "moe_layer_peer.py (transformers)"
+quick=(); [[ " $* " == *" --quick "* ]] && quick=(--quick)
+if python3 bench/moe_layer_peer.py "${quick[@]}" > "$out/moe_peer.json" 2> "$out/moe_peer.log"; then
+  peer_flag=(--peer "$out/moe_peer.json")
+  cat "$out/moe_peer.log"
+else
+  echo "moe_layer_peer.py failed:"; tail -20 "$out/moe_peer.log"
+fi
+build-gpu/bin/bench_moe_layer "${commit_flag[@]}" "${peer_flag[@]}" "$@" 2>&1 | tee "$out/bench_moe_layer.log"
 rc=${PIPESTATUS[0]}
 # The section and rows the bench appended, for copying back into the repository.
 sed -n '/^## moe_layer/,$p' bench/RESULTS.md > "$out/moe_RESULTS.md"
