@@ -13,16 +13,18 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TORCH_CUDA_ARCH_LIST=9.0
 out=${OUT:-/tmp/colossus-out}
+# BUILD_DIR: reuse a configured build of this call (e.g. device_cuda_archs.sh's build-ptx).
+build=${BUILD_DIR:-build-gpu}
 mkdir -p "$out"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 stamp "configure"
 torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
+cmake -S . -B ${build} -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=OFF > "$out/configure.log" 2>&1 \
   || { tail -60 "$out/configure.log"; exit 1; }
 stamp "build"
-if ! ninja -C build-gpu -k 0 -j "$(nproc)" bench_moe_layer > "$out/moe_build.log" 2>&1; then
+if ! ninja -C ${build} -k 0 -j "$(nproc)" bench_moe_layer > "$out/moe_build.log" 2>&1; then
   echo "=== build failed (full log: moe_build.log) ==="
   grep -E -B3 -A25 "error|FAILED" "$out/moe_build.log" | head -200
   exit 1
@@ -40,7 +42,7 @@ if python3 bench/moe_layer_peer.py "${quick[@]}" > "$out/moe_peer.json" 2> "$out
 else
   echo "moe_layer_peer.py failed:"; tail -20 "$out/moe_peer.log"
 fi
-build-gpu/bin/bench_moe_layer "${commit_flag[@]}" "${peer_flag[@]}" "$@" 2>&1 | tee "$out/bench_moe_layer.log"
+${build}/bin/bench_moe_layer "${commit_flag[@]}" "${peer_flag[@]}" "$@" 2>&1 | tee "$out/bench_moe_layer.log"
 rc=${PIPESTATUS[0]}
 # The section and rows the bench appended, for copying back into the repository.
 sed -n '/^## moe_layer/,$p' bench/RESULTS.md > "$out/moe_RESULTS.md"
