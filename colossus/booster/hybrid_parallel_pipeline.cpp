@@ -221,6 +221,7 @@ PipelineOutput HybridParallelModel::execute_pipeline(const PipelineBatch& batch,
       return m.layout_context(hidden, layout);
     };
   }
+  hooks.carry = pipeline_carry_;
   return pipeline_->execute(batch, hooks, loss_fn, scale_loss, return_loss, return_outputs);
 }
 
@@ -375,13 +376,30 @@ PipelineOutput HybridPipeline::execute(const PipelineBatch& batch, const StageHo
   functions.forward = [&](int chunk, int64_t m, const at::Tensor& input) {
     const auto& range = stages_->blocks(chunk);
     const PipelineBatch& mb = microbatches[static_cast<size_t>(m)];
-    at::Tensor hidden = stages_->is_first(chunk) ? hooks.embed(mb.input_ids, mb.layout) : input;
+    const PipelineCarry& carry = hooks.carry;
+    at::Tensor hidden, carried;
+    if (stages_->is_first(chunk)) {
+      hidden = hooks.embed(mb.input_ids, mb.layout);
+    } else if (carry.numel > 0) {
+      // (hidden values..., carried values...) as the previous stage packed them.
+      const at::Tensor flat = input.reshape(-1);
+      const int64_t hidden_numel = flat.numel() - carry.numel;
+      hidden = flat.narrow(0, 0, hidden_numel).view({mb_rows, -1, models::hidden_size(model_.config())});
+      carried = flat.narrow(0, hidden_numel, carry.numel).to(at::kFloat);
+    } else {
+      hidden = input;
+    }
     const models::BlockContext context = hooks.context(hidden, mb.layout);
     hidden = model_.forward_blocks(hidden, context, static_cast<size_t>(range.begin), static_cast<size_t>(range.end));
-    if (!stages_->is_last(chunk)) return hidden;
+    if (carry.numel > 0) carried = carry.extend(carried, range.begin, range.end);
+    if (!stages_->is_last(chunk)) {
+      if (carry.numel == 0) return hidden;
+      return at::cat({hidden.reshape(-1), carried.to(hidden.scalar_type())});
+    }
     at::Tensor logits = hooks.logits(model_.final_norm(hidden));
     if (return_outputs) outputs[static_cast<size_t>(m)] = logits.detach();
-    return criterion(logits, mb, num_items);
+    at::Tensor loss = criterion(logits, mb, num_items);
+    return carry.numel > 0 ? carry.finish(loss, carried, M) : loss;
   };
   functions.parameters = [this](int chunk) { return chunk_params_.at(static_cast<size_t>(chunk)); };
   functions.scale_loss = scale_loss;

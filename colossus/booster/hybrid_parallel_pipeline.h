@@ -62,6 +62,20 @@ class HybridPipeline {
 
   // How the wrapper runs the model's ends, so that sequence parallelism
   // (ring_attn / all_to_all) shards the tokens without the pipeline knowing.
+  // A small fp32 vector (numel values) that each virtual stage extends after
+  // its blocks and the last stage folds into the microbatch loss: what a loss
+  // needs from every stage's layers (MoE router statistics). It travels in
+  // the same p2p message as the hidden state (packed after it, in its dtype),
+  // so autograd carries its gradient back to the stage that made it.
+  struct PipelineCarry {
+    int64_t numel = 0;  // 0: nothing carried
+    // incoming (numel) fp32, undefined on the first stage; this stage ran
+    // blocks [block_begin, block_end) -> outgoing (numel) fp32.
+    std::function<at::Tensor(const at::Tensor& incoming, int64_t block_begin, int64_t block_end)> extend;
+    // The last stage: the criterion's loss of one microbatch and the carried
+    // vector, of num_microbatches -> that microbatch's loss.
+    std::function<at::Tensor(const at::Tensor& loss, const at::Tensor& carried, int64_t num_microbatches)> finish;
+  };
   struct StageHooks {
     // input_ids (B_mb, T) and the microbatch's rows of the batch layout ->
     // hidden (B_mb, T_local, C) on the first stage.
@@ -71,6 +85,9 @@ class HybridPipeline {
     // hidden (B_mb, T_local, C) after the final norm -> logits as the
     // wrapper's forward returns them.
     std::function<at::Tensor(const at::Tensor& hidden)> logits;
+    // Optional (PipelineCarry): per-microbatch statistics carried from stage
+    // to stage beside the hidden state.
+    PipelineCarry carry;
   };
   // batch.input_ids: (B, T) -> the batch loss (mean over its counted tokens,
   // as one forward would give) and, on the last stage, the logits. Under a

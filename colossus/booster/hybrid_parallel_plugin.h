@@ -135,6 +135,9 @@ class HybridParallelModel : public ModelWrapper {
   // set by the plugin with pp_size > 1 (forward() is refused then); null without.
   void attach_pipeline(std::unique_ptr<HybridPipeline> pipeline);
   HybridPipeline* pipeline() const { return pipeline_.get(); }
+  // Statistics every stage adds to and the last folds into each microbatch's
+  // loss (MoeHybridParallelPlugin's router losses); none by default.
+  void set_pipeline_carry(HybridPipeline::PipelineCarry carry) { pipeline_carry_ = std::move(carry); }
   PipelineOutput execute_pipeline(const PipelineBatch& batch, const PipelineCriterion& criterion,
                                   const std::function<at::Tensor(const at::Tensor&)>& scale_loss, bool return_loss,
                                   bool return_outputs) override;
@@ -149,6 +152,7 @@ class HybridParallelModel : public ModelWrapper {
   int64_t inner_ring_size_;
 
   std::unique_ptr<HybridPipeline> pipeline_;
+  HybridPipeline::PipelineCarry pipeline_carry_;
   // Final hidden (B, T, C) -> logits as forward() returns them (pipeline's last stage).
   at::Tensor pipeline_logits(const at::Tensor& hidden);
 

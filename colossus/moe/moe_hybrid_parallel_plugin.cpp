@@ -10,6 +10,7 @@
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 #include "colossus/moe/expert_parallel.h"
+#include "colossus/moe/router_loss_carry.h"
 #include "colossus/moe/shard_experts.h"
 #include "colossus/parallel/plan/plan.h"
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
@@ -80,11 +81,14 @@ void MoeHybridParallelPluginOptions::validate() const {
   if (pp_size < 1) {
     throw ConfigError(fmt::format("moe_hybrid_parallel.pp_size is {} but must be >= 1, e.g. 1 or 2", pp_size));
   }
-  if ((tp_size > 1 || pp_size > 1) && zero_stage != 0) {
+  if (pp_size > 1 && zero_stage == 2) {
+    // As HybridParallelPlugin: the microbatches' backwards interleave, so the
+    // gradients are reduced once per schedule and stage 2 would save nothing.
     throw ConfigError(
-        fmt::format("moe_hybrid_parallel.zero_stage is {} with tp_size = {} and pp_size = {}: ZeRO composes with "
-                    "ep and dp only so far; use zero_stage = 0 with tp/pp, or tp_size = pp_size = 1 with zero_stage",
-                    zero_stage, tp_size, pp_size));
+        fmt::format("moe_hybrid_parallel.zero_stage is 2 with pp_size = {}: a pipeline reduces gradients once per "
+                    "schedule, so they cannot be sharded while backward runs; use zero_stage = 1 with pp_size > 1, "
+                    "or zero_stage = 2 with pp_size = 1 (any tp_size)",
+                    pp_size));
   }
   if (pp_size > 1) {
     try {
@@ -143,8 +147,9 @@ MoeHybridParallelModel::MoeHybridParallelModel(std::shared_ptr<models::MixtralFo
     // Broadcast, expert sharding, tp sharding and the cast are done; the
     // HybridParallelModel's reducer (over a group of one) stays off.
     tp_pp_->set_grad_sync(false);
-    // With a pipeline, gradients are averaged once after each schedule.
-    if (tp_pp_->pipeline()) return;
+    // With a pipeline, gradients are averaged once after each schedule; with
+    // ZeRO its shard groups reduce them.
+    if (tp_pp_->pipeline() || options.zero_stage > 0) return;
   } else {
     // Every rank starts from rank 0's values, then keeps its experts.
     booster::broadcast_tensors(model_->parameters(), *dp_group_);
@@ -191,6 +196,9 @@ at::Tensor MoeHybridParallelModel::forward(const at::Tensor& input_ids, const mo
 
 at::Tensor MoeHybridParallelModel::loss(const at::Tensor& logits, const at::Tensor& labels,
                                         std::optional<int64_t> num_items) {
+  // Under a pipeline the last stage holds only its layers' router logits; the
+  // schedule adds the router losses from the carried statistics instead.
+  if (tp_pp_ && tp_pp_->pipeline()) return tp_pp_->loss(logits, labels, num_items);
   if (tp_pp_) return model_->add_router_losses(tp_pp_->loss(logits, labels, num_items));
   return model_->moe_loss(logits, labels, num_items);
 }
@@ -210,6 +218,8 @@ booster::PipelineOutput MoeHybridParallelModel::execute_pipeline(
         "or pp_size > 1");
   }
   booster::PipelineOutput out = tp_pp_->execute_pipeline(batch, criterion, scale_loss, return_loss, return_outputs);
+  // ZeRO: the pipeline handed the gradients to its shard groups already.
+  if (zero_after_schedule_) return out;
   // This stage's gradients (other stages' parameters are empty): the dense
   // ones averaged over dp, an expert's over moe_dp; an expert's gradient
   // already sums the ep group's tokens (the all-to-all's backward), so 1/ep
@@ -247,9 +257,9 @@ MoeHybridParallelPlugin::MoeHybridParallelPlugin(MoeHybridParallelPluginOptions 
         has_tp_pp() ? fmt::format("moe_hybrid_parallel.ep_size is {} but must divide the dp size {} (world size {} "
                                   "/ tp_size {} / pp_size {}); use an ep_size dividing {}",
                                   options_.ep_size, dp, w, tp, pp, dp)
-                    : fmt::format("moe_hybrid_parallel.ep_size is {} but must "
-                                  "divide the dp size (world size {})",
-                                  options_.ep_size, w));
+                    : fmt::format("moe_hybrid_parallel.ep_size is {} but must divide the dp size (world size "
+                                  "{}); use an ep_size dividing {} (e.g. 1), or run on a multiple of {} ranks",
+                                  options_.ep_size, w, w, options_.ep_size));
   }
   const int moe_dp = static_cast<int>(dp / options_.ep_size), ep = static_cast<int>(options_.ep_size);
   cluster::MeshAxes axes = options_.moe_dp_outside ? cluster::MeshAxes{{"moe_dp", moe_dp}, {"ep", ep}}
@@ -267,8 +277,10 @@ MoeHybridParallelPlugin::MoeHybridParallelPlugin(MoeHybridParallelPluginOptions 
   norm_group_ = world_->split(0, world_->rank(), "moe_hybrid_parallel_norm");
   // The multi-axis group dp_group() hands out, created here (a collective
   // split), so no getter makes a hidden collective.
-  mesh_->create_groups_and_seal(has_tp_pp() ? std::vector<std::vector<std::string>>{{"moe_dp", "ep"}}
-                                            : std::vector<std::vector<std::string>>{});
+  std::vector<std::vector<std::string>> multi_axis;
+  if (has_tp_pp()) multi_axis.push_back({"moe_dp", "ep"});
+  if (tp > 1 && pp > 1) multi_axis.push_back({"pp", "tp"});
+  mesh_->create_groups_and_seal(multi_axis);
   if (has_tp_pp()) {
     self_group_ = world_->split(world_->rank(), 0, "moe_hybrid_parallel_self");
   }
@@ -295,15 +307,6 @@ std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_model(std::
 
 std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_tp_pp(
     std::shared_ptr<models::MixtralForCausalLM> mixtral) {
-  if (options_.pp_size > 1 && mixtral->has_router_losses()) {
-    throw ConfigError(
-        fmt::format("moe_hybrid_parallel: pp_size = {} with router losses (output_router_logits = {}, "
-                    "router_z_loss_coef = {}): they need every layer's router logits on the last stage, which the "
-                    "pipeline does not carry yet; use pp_size = 1 (tp_size and ep_size work), or turn the router "
-                    "losses off",
-                    options_.pp_size, mixtral->mixtral_config().output_router_logits,
-                    mixtral->mixtral_config().router_z_loss_coef));
-  }
   // As HybridParallelPlugin::wrap_model: rank 0's full weights everywhere,
   // then this rank's experts, its tp slices, its pipeline stage, the cast.
   booster::broadcast_tensors(mixtral->parameters(), *world_);
@@ -321,7 +324,12 @@ std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_tp_pp(
   fp32_originals_ = cast_to_precision(*mixtral, options_.precision);
   auto tp_pp = std::make_shared<booster::HybridParallelModel>(mixtral, std::move(sharded), self_group_,
                                                               /*parallel_output=*/true, options_.bucket_cap_mb);
-  if (pipeline) tp_pp->attach_pipeline(std::move(pipeline));
+  if (pipeline) {
+    tp_pp->attach_pipeline(std::move(pipeline));
+    // Every stage's router statistics ride with the hidden state to the last
+    // stage, which adds the losses (router_loss_carry.h).
+    if (mixtral->has_router_losses()) tp_pp->set_pipeline_carry(router_loss_carry(*mixtral));
+  }
   // The dense reducer gets a communicator of its own (see the constructor).
   auto dp_dense = dp_group()->split(0, dp_group()->rank(), "moe_hybrid_parallel_dense_dp");
   return std::make_shared<MoeHybridParallelModel>(std::move(mixtral), dp_dense, ep_group(), moe_dp_group(), options_,
@@ -357,7 +365,25 @@ std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booste
 
   if (options_.zero_stage > 0) {
     std::vector<size_t> group_of;
-    for (const auto& [name, p] : named) group_of.push_back(is_expert_parameter(name) ? 1 : 0);
+    std::vector<int64_t> norm_replicas;
+    for (const auto& [name, p] : named) {
+      group_of.push_back(is_expert_parameter(name) ? 1 : 0);
+      // tp: a replicated element (norms, router, experts) is held by every
+      // tp rank; the norm over tp x pp counts it once.
+      norm_replicas.push_back(moe->tp_pp() ? moe->tp_pp()->sharded().replicas(name) : 1);
+    }
+    if (moe->tp_pp()) {
+      // Before ZeRO sets its gradient hooks: a reducer's destructor clears
+      // whatever hook its parameters hold.
+      moe->tp_pp()->release_grad_reducers();
+      // bf16/fp16: back to the exact fp32 values, which ZeRO takes as masters
+      // before casting again (as without tp/pp, where nothing was cast).
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < named.size() && i < fp32_originals_.size(); ++i) {
+        if (at::isFloatingType(named[i].second.scalar_type())) named[i].second.set_data(fp32_originals_[i]);
+      }
+      fp32_originals_.clear();
+    }
     // Experts' reduce-scatter averages over moe_dp; their gradients already
     // sum the ep group's tokens, so 1/ep makes it the average over dp.
     std::vector<zero::ShardGroup> groups{{.dp_group = moe->dp_group()},
@@ -371,8 +397,18 @@ std::unique_ptr<optim::Optimizer> MoeHybridParallelPlugin::wrap_optimizer(booste
             .max_norm = options_.max_norm,
             .norm_type = options_.norm_type,
             .bucket_numel = std::max<int64_t>(1, static_cast<int64_t>(options_.reduce_bucket_size_in_m * (1 << 20))),
-            .overlap_communication = options_.overlap_communication});
+            .overlap_communication = options_.overlap_communication,
+            // Slices over tp and stages over pp hold different gradients.
+            .model_parallel_group = model_parallel_group(),
+            .norm_replicas = std::move(norm_replicas)});
     cast_floating_buffers(moe->unwrap(), dtype_of(options_.precision));
+    if (auto* tp_pp = moe->tp_pp(); tp_pp && tp_pp->pipeline()) {
+      // Microbatch backwards interleave: gradients accumulate and go to the
+      // shard groups once after each schedule.
+      zero->set_grad_sync(false);
+      tp_pp->pipeline()->set_zero_optimizer(zero.get());
+      moe->reduce_after_schedule_by_zero();
+    }
     return zero;
   }
 

@@ -8,15 +8,18 @@
 // parallel::plan::mixtral_plan (HybridParallelModel does the forward and the
 // vocab-parallel loss); pp_size > 1 splits the blocks over pp with
 // HybridParallelPlugin's stage manager and schedules (booster.execute_pipeline).
-// zero_stage 1/2 (tp = pp = 1) shards optimizer state (and gradients) with
-// one LowLevelZeroOptimizer: the dense part over dp, the experts over moe_dp.
+// zero_stage 1/2 shards optimizer state (and gradients; stage 2 without pp)
+// with one LowLevelZeroOptimizer: the dense part over dp, the experts over
+// moe_dp; with tp/pp its norm also sums over tp x pp (replicas counted once)
+// and with pp the schedule hands it the gradients once per step.
 // The plugin owns precision (fp32, bf16, fp16 with fp32 masters) and clipping
 // (max_norm; each element counted once although dense parameters are
 // replicated over dp and tp, experts over moe_dp and tp). Checkpoints (tp =
 // pp = 1): the model as one HF directory (loads with any ep), the optimizer as
 // one file per ep rank (resumes on any layout; another ep_size maps it by
-// parameter name). Not yet: ZeRO or checkpoint IO with tp/pp, router losses
-// with pp (ConfigErrors).
+// parameter name). Router losses with pp ride to the last stage
+// (router_loss_carry.h). Not yet: checkpoint IO with tp/pp, ZeRO-2 with pp
+// (ConfigErrors).
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
@@ -46,7 +49,8 @@ struct MoeHybridParallelPluginOptions {
   int64_t make_vocab_size_divisible_by = 64;  // tp_size > 1: vocab padded to a multiple of this x tp
   bool moe_dp_outside = true;  // mesh axes (moe_dp, ep): the ranks of one ep group are consecutive
   // 0: gradients all-reduced (dense over dp, experts over moe_dp); 1: optimizer
-  // state sharded over the same groups; 2: gradients too. ZeRO-3 is refused.
+  // state sharded over the same groups (any tp, pp); 2: gradients too
+  // (pp_size = 1). ZeRO-3 is refused.
   int zero_stage = 0;
   std::string precision = "fp32";           // "fp32", "bf16" or "fp16" (loss-scaled); masters stay fp32
   amp::LossScalerOptions loss_scaler = {};  // fp16 only
@@ -95,6 +99,10 @@ class MoeHybridParallelModel : public booster::ModelWrapper {
   cluster::ProcessGroupPtr ep_group() const { return ep_group_; }
   cluster::ProcessGroupPtr moe_dp_group() const { return moe_dp_group_; }
 
+  // ZeRO with a pipeline: the schedule hands the gradients to the ZeRO
+  // optimizer, so execute_pipeline does not average them itself.
+  void reduce_after_schedule_by_zero() { zero_after_schedule_ = true; }
+
   // Blocks until the attached optimizer's last update reached the parameters.
   void wait_for_params() const;
   // zero_stage 0 with bf16/fp16: the fp32 values before the cast, by
@@ -107,6 +115,7 @@ class MoeHybridParallelModel : public booster::ModelWrapper {
   std::shared_ptr<booster::HybridParallelModel> tp_pp_;
   cluster::ProcessGroupPtr dp_group_, ep_group_, moe_dp_group_;
   std::unique_ptr<booster::GradReducer> dense_reducer_, expert_reducer_;
+  bool zero_after_schedule_ = false;
 };
 
 class MoeHybridParallelPlugin : public booster::Plugin {
@@ -132,6 +141,12 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   cluster::ProcessGroupPtr tp_group() const { return options_.tp_size > 1 ? mesh_->group("tp") : nullptr; }
   cluster::ProcessGroupPtr pp_group() const { return options_.pp_size > 1 ? mesh_->group("pp") : nullptr; }
   bool has_tp_pp() const { return options_.tp_size > 1 || options_.pp_size > 1; }
+  // The ranks holding other slices (tp) or stages (pp) of the same dp
+  // replica: a norm over them sums different gradients. Null with tp = pp = 1.
+  cluster::ProcessGroupPtr model_parallel_group() const {
+    if (options_.tp_size > 1 && options_.pp_size > 1) return mesh_->group({"pp", "tp"});
+    return options_.tp_size > 1 ? tp_group() : pp_group();
+  }
   const MoeHybridParallelPluginOptions& options() const { return options_; }
   // Throws ConfigError unless `model` is a MixtralForCausalLM whose experts
   // ep_size divides.

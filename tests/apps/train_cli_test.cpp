@@ -272,7 +272,8 @@ TEST(TrainCli, ExampleConfigsOfEveryFamilyAndPluginRun) {
       // A family's config names a model directory; the test swaps in the family's tiny preset.
       const std::string model = std::string(folder) == "families"
                                     ? fmt::format("--model.pretrained= --model.preset={}-tiny --train.task=pretrain", name)
-                                    : std::string("--model.preset=llama-tiny");
+                                    : name.starts_with("moe") ? std::string("--model.preset=mixtral-tiny --plugin.ep_size=1")
+                                                              : std::string("--model.preset=llama-tiny");
       // Every file parses with every key known (--print_config reads it whole).
       const auto printed = colossus::testing::run_command(
           fmt::format("'{}' train '{}' {} --data.tokenizer=byte --print_config 2>&1", COLOSSUS_BIN, config, model));
@@ -286,7 +287,7 @@ TEST(TrainCli, ExampleConfigsOfEveryFamilyAndPluginRun) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 13);  // 9 families, 4 single-rank plugin layouts
+  EXPECT_EQ(ran, 14);  // 9 families, 5 plugin layouts one rank runs (moe_hybrid_parallel with ep_size 1)
 }
 
 TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {

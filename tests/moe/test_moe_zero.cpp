@@ -224,8 +224,7 @@ TEST(MoeZero, BadOptionsAreClearConfigErrors) {
        "zero_stage is 3; use 0 (all-reduce), 1 (optimizer state sharded) "
        "or 2"},
       {{.precision = "fp8"}, "precision is 'fp8'; use 'fp32', 'bf16' or 'fp16'"},
-      {{.tp_size = 2, .zero_stage = 1}, "zero_stage is 1 with tp_size = 2"},
-      {{.pp_size = 2, .zero_stage = 1}, "zero_stage is 1 with tp_size = 1 and pp_size = 2"},
+      {{.pp_size = 2, .zero_stage = 2}, "zero_stage is 2 with pp_size = 2"},
       {{.max_norm = -1.0}, "max_norm is -1; use 0 (no clipping)"},
   };
   for (const auto& [options, expected] : cases) {

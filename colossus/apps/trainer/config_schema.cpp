@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -79,6 +80,17 @@ class SectionReader {
     get(key, wide);
     if (wide < 0) throw ConfigError(fmt::format("{}.{} = {} must not be negative", path_, key, wide));
     out = static_cast<uint64_t>(wide);
+  }
+  void get(const char* key, std::vector<int64_t>& out) {
+    if (auto* node = find(key)) {
+      const auto* array = node->as_array();
+      if (!array) fail(key, *node, "an array of integers, e.g. [1, 3]");
+      out.clear();
+      for (const auto& item : *array) {
+        if (!item.is_integer()) fail(key, item, "an array of integers, e.g. [1, 3]");
+        out.push_back(*item.value<int64_t>());
+      }
+    }
   }
   // A sub-table (absent: an empty one).
   const toml::table* table(const char* key) {
@@ -179,6 +191,17 @@ std::vector<Key> loss_scaler_keys(const char* prefix_doc, const std::function<am
           k("max_scale", "the scale never grows past this", &amp::LossScalerOptions::max_scale)};
 }
 
+// An array of integers ("num_layers_per_stage = [1, 3]").
+Key int_list_key(const char* name, const char* doc, std::function<std::vector<int64_t>&(TrainConfig&)> of) {
+  return Key{name, "array of integers", doc,
+             [name, of](SectionReader& s, TrainConfig& c) { s.get(name, of(c)); },
+             [name, of](const TrainConfig& c, toml::table& t) {
+               toml::array array;
+               for (int64_t v : of(const_cast<TrainConfig&>(c))) array.push_back(v);
+               t.insert_or_assign(name, std::move(array));
+             }};
+}
+
 void append_keys(std::vector<Key>& keys, std::vector<Key> more) {
   for (auto& key : more) keys.push_back(std::move(key));
 }
@@ -223,7 +246,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("total_steps", "steps of the whole schedule (0: train.steps)", lr_scheduler.total_steps),
         COLOSSUS_KEY("min_lr_ratio", "cosine floor as a fraction of lr", lr_scheduler.min_lr_ratio)}});
     s.push_back({"plugin", "", {
-        COLOSSUS_KEY("name", "ddp | low_level_zero | gemini | hybrid_parallel; the keys below depend on it", plugin.name)}});
+        COLOSSUS_KEY("name", "ddp | low_level_zero | gemini | hybrid_parallel | moe_hybrid_parallel; the keys below depend on it", plugin.name)}});
     s.push_back({"plugin", "name = \"ddp\"", {
         COLOSSUS_KEY("broadcast_buffers", "buffers follow rank 0's at each forward", plugin.ddp.broadcast_buffers),
         COLOSSUS_KEY("bucket_cap_mb", "gradient bucket size in MB (all-reduced while backward runs)", plugin.ddp.bucket_cap_mb),
@@ -293,6 +316,30 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("bucket_cap_mb", "dp gradient bucket size in MB", plugin.hybrid_parallel.bucket_cap_mb)}});
     append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
                   return c.plugin.hybrid_parallel.loss_scaler;
+                }));
+    s.push_back({"plugin", "name = \"moe_hybrid_parallel\"", {
+        COLOSSUS_KEY("ep_size", "expert-parallel ranks (divides the dp size world / (tp_size x pp_size) and the experts)", plugin.moe_hybrid_parallel.ep_size),
+        COLOSSUS_KEY("moe_dp_outside", "mesh (moe_dp, ep) with an ep group's ranks adjacent; false: (ep, moe_dp)", plugin.moe_hybrid_parallel.moe_dp_outside),
+        COLOSSUS_KEY("tp_size", "tensor-parallel ranks of attention, embedding and head (experts stay whole)", plugin.moe_hybrid_parallel.tp_size),
+        COLOSSUS_KEY("pp_size", "pipeline stages", plugin.moe_hybrid_parallel.pp_size),
+        COLOSSUS_KEY("pp_style", "1f1b | interleaved | zero_bubble", plugin.moe_hybrid_parallel.pp_style),
+        COLOSSUS_KEY("num_model_chunks", "interleaved: virtual stages per rank", plugin.moe_hybrid_parallel.num_model_chunks),
+        COLOSSUS_KEY("num_microbatches", "microbatches per pipeline step (0: from microbatch_size)", plugin.moe_hybrid_parallel.num_microbatches),
+        COLOSSUS_KEY("microbatch_size", "rows per microbatch (0 with pp: data.batch_size)", plugin.moe_hybrid_parallel.microbatch_size),
+        COLOSSUS_KEY("overlap_p2p", "each pipeline receive is posted one action ahead", plugin.moe_hybrid_parallel.overlap_p2p),
+        COLOSSUS_KEY("make_vocab_size_divisible_by", "tp: vocab padded to a multiple of this x tp", plugin.moe_hybrid_parallel.make_vocab_size_divisible_by),
+        COLOSSUS_KEY("zero_stage", "0: gradients all-reduced; 1: optimizer state sharded (dense over dp, experts over moe_dp); 2: gradients too", plugin.moe_hybrid_parallel.zero_stage),
+        COLOSSUS_KEY("precision", "fp32 | bf16 | fp16 (loss-scaled); fp32 masters; replaces booster.mixed_precision", plugin.moe_hybrid_parallel.precision),
+        COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm (each element counted once)", plugin.moe_hybrid_parallel.max_norm),
+        COLOSSUS_KEY("norm_type", "2 or infinity", plugin.moe_hybrid_parallel.norm_type),
+        COLOSSUS_KEY("bucket_cap_mb", "zero_stage 0: all-reduce bucket size in MB", plugin.moe_hybrid_parallel.bucket_cap_mb),
+        COLOSSUS_KEY("reduce_bucket_size_in_m", "zero_stage 1/2: million elements per reduce-scatter bucket", plugin.moe_hybrid_parallel.reduce_bucket_size_in_m),
+        COLOSSUS_KEY("overlap_communication", "zero_stage 1/2: reduce-scatter while backward runs", plugin.moe_hybrid_parallel.overlap_communication)}});
+    s.back().keys.push_back(int_list_key(
+        "num_layers_per_stage", "pp: decoder layers of each stage (empty: even split)",
+        [](TrainConfig& c) -> std::vector<int64_t>& { return c.plugin.moe_hybrid_parallel.num_layers_per_stage; }));
+    append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
+                  return c.plugin.moe_hybrid_parallel.loss_scaler;
                 }));
     s.push_back({"booster", "", {
         COLOSSUS_KEY("mixed_precision", "fp32 | bf16 | fp16 (fp32 masters; fp16 loss-scaled); plugins that own precision ignore it", booster.mixed_precision),
@@ -463,9 +510,7 @@ TrainConfig read_config_tables(const toml::table& root) {
       plugin_name = *name->value<std::string>();
     }
   }
-  if (plugin_name != "low_level_zero" && plugin_name != "gemini" && plugin_name != "hybrid_parallel") {
-    plugin_name = "ddp";
-  }
+  if (std::find(plugin_names().begin(), plugin_names().end(), plugin_name) == plugin_names().end()) plugin_name = "ddp";
   const std::vector<std::string> order = {"data", "optimizer", "lr_scheduler", "plugin", "booster", "train", "dpo", "lora"};
   for (const auto& path : order) {
     SectionReader reader(top.table(path.c_str()), path);
@@ -490,12 +535,9 @@ TrainConfig read_config_tables(const toml::table& root) {
 std::string effective_config_toml(const TrainConfig& config) {
   toml::table root;
   for (const Section& section : sections()) {
-    if (!applies(section, config.plugin.name == "low_level_zero" || config.plugin.name == "gemini" ||
-                                  config.plugin.name == "hybrid_parallel"
-                              ? config.plugin.name
-                              : "ddp")) {
-      continue;
-    }
+    const bool known =
+        std::find(plugin_names().begin(), plugin_names().end(), config.plugin.name) != plugin_names().end();
+    if (!applies(section, known ? config.plugin.name : "ddp")) continue;
     toml::table* table = &root;
     std::string rest = section.path;
     while (!rest.empty()) {

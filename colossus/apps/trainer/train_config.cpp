@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -71,6 +72,10 @@ TrainConfig from_table(const toml::table& root) {
   auto& h = config.plugin.hybrid_parallel;
   if (config.plugin.name == "hybrid_parallel" && h.pp_size > 1 && h.num_microbatches == 0 && h.microbatch_size == 0)
     h.microbatch_size = config.data.batch_size * (config.train.task == "dpo" ? 2 : 1);
+  auto& moe = config.plugin.moe_hybrid_parallel;
+  if (config.plugin.name == "moe_hybrid_parallel" && moe.pp_size > 1 && moe.num_microbatches == 0 &&
+      moe.microbatch_size == 0)
+    moe.microbatch_size = config.data.batch_size;
   return config;
 }
 
@@ -149,7 +154,48 @@ void validate_records_task(const TrainConfig& c) {
                       "sequence log-probs come from gathered logits)");
 }
 
+// plugin.name = "moe_hybrid_parallel": its options, and what the run around
+// it must leave off. The sizes against the world (ep_size divides the dp size)
+// are checked when the plugin lays out the ranks, and the model's kind
+// (an MoE model) when the model config is known: both before any allocation.
+void validate_moe_plugin(const TrainConfig& c) {
+  c.plugin.moe_hybrid_parallel.validate();
+  // As the other plugins that own precision and clipping.
+  if (c.booster.mixed_precision != "fp32" || c.booster.max_norm > 0.0) {
+    throw ConfigError(fmt::format("booster.mixed_precision = '{}' / booster.max_norm = {} are not used with plugin "
+                                  "moe_hybrid_parallel; set plugin.precision and plugin.max_norm instead",
+                                  c.booster.mixed_precision, c.booster.max_norm));
+  }
+  // The router losses would count padding as routed tokens (the plugin
+  // refuses padded and packed rows), so MoE trains on token streams.
+  if (c.train.task != "pretrain") {
+    throw ConfigError(fmt::format("train.task = \"{}\" with plugin moe_hybrid_parallel is not supported yet (its "
+                                  "padded or packed rows would be routed as tokens); use train.task = \"pretrain\", "
+                                  "or plugin.name = \"ddp\" / \"low_level_zero\" for MoE fine-tuning",
+                                  c.train.task));
+  }
+  const auto& m = c.plugin.moe_hybrid_parallel;
+  if ((m.tp_size > 1 || m.pp_size > 1) && c.train.save) {
+    // Refused here rather than at the first save, after hours of training.
+    throw ConfigError(fmt::format("plugin moe_hybrid_parallel with tp_size = {} / pp_size = {} cannot write "
+                                  "checkpoints yet (tp slices and pipeline stages are not gathered); set "
+                                  "train.save = false, or use tp_size = pp_size = 1 (any ep_size, zero_stage)",
+                                  m.tp_size, m.pp_size));
+  }
+  if (c.lora.enabled()) {
+    throw ConfigError("[lora] with plugin moe_hybrid_parallel is not supported (experts are sharded over ep before "
+                      "adapters could wrap them); set lora.r = 0, or use plugin.name = \"ddp\" for LoRA on an MoE "
+                      "model");
+  }
+}
+
 }  // namespace
+
+const std::vector<std::string>& plugin_names() {
+  static const std::vector<std::string> names{"ddp", "low_level_zero", "gemini", "hybrid_parallel",
+                                              "moe_hybrid_parallel"};
+  return names;
+}
 
 namespace {
 
@@ -233,11 +279,11 @@ void TrainConfig::validate() const {
   }
   require_non_negative("lr_scheduler.warmup_steps", lr_scheduler.warmup_steps);
   require_non_negative("lr_scheduler.total_steps", lr_scheduler.total_steps);
-  if (plugin.name != "ddp" && plugin.name != "low_level_zero" && plugin.name != "gemini" &&
-      plugin.name != "hybrid_parallel") {
-    throw ConfigError(fmt::format(
-        "plugin.name = '{}' is unknown; available: ddp, low_level_zero, gemini, hybrid_parallel", plugin.name));
+  if (std::find(plugin_names().begin(), plugin_names().end(), plugin.name) == plugin_names().end()) {
+    throw ConfigError(fmt::format("plugin.name = '{}' is unknown; available: {}", plugin.name,
+                                  fmt::join(plugin_names(), ", ")));
   }
+  if (plugin.name == "moe_hybrid_parallel") validate_moe_plugin(*this);
   if (plugin.name == "gemini") {
     plugin.gemini.validate();
     if (booster.mixed_precision != "fp32" || booster.max_norm > 0.0) {

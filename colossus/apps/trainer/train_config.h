@@ -11,6 +11,7 @@
 #include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
+#include "colossus/moe/moe_hybrid_parallel_plugin.h"
 
 #include <cstdint>
 #include <map>
@@ -76,7 +77,7 @@ struct SchedulerSection {
 };
 
 struct PluginSection {
-  std::string name = "ddp";  // ddp | low_level_zero | gemini | hybrid_parallel
+  std::string name = "ddp";  // ddp | low_level_zero | gemini | hybrid_parallel | moe_hybrid_parallel
   booster::DDPPluginOptions ddp = {};
   // name = "low_level_zero": its precision and max_norm replace the booster's.
   booster::LowLevelZeroPluginOptions low_level_zero = {};
@@ -90,7 +91,16 @@ struct PluginSection {
   // name = "hybrid_parallel": tensor x data parallel; its precision and
   // max_norm replace the booster's (custom_policy is C++ only).
   booster::HybridParallelPluginOptions hybrid_parallel = {};
+  // name = "moe_hybrid_parallel": expert x data (x tensor x pipeline)
+  // parallel for MoE models; its precision and max_norm replace the
+  // booster's. The router losses and the capacity are the model's
+  // (model.config: output_router_logits, router_aux_loss_coef,
+  // router_z_loss_coef, capacity_factor).
+  moe::MoeHybridParallelPluginOptions moe_hybrid_parallel = {};
 };
+
+// The plugin names [plugin] name takes.
+const std::vector<std::string>& plugin_names();
 
 struct TrainSection {
   // pretrain (token streams) | sft (JSONL records, trained tokens only) | dpo (preference records, [dpo])

@@ -15,6 +15,7 @@
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/gemini_plugin.h"
 #include "colossus/booster/low_level_zero_plugin.h"
+#include "colossus/moe/moe_hybrid_parallel_plugin.h"
 #include "colossus/checkpoint/file_io.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
@@ -58,6 +59,9 @@ std::shared_ptr<booster::Plugin> make_plugin(const PluginSection& section, clust
   if (section.name == "gemini") return std::make_shared<booster::GeminiPlugin>(section.gemini, world);
   if (section.name == "hybrid_parallel") {
     return std::make_shared<booster::HybridParallelPlugin>(section.hybrid_parallel, world);
+  }
+  if (section.name == "moe_hybrid_parallel") {
+    return std::make_shared<moe::MoeHybridParallelPlugin>(section.moe_hybrid_parallel, world);
   }
   return std::make_shared<booster::DDPPlugin>(section.ddp, world);
 }
@@ -106,6 +110,13 @@ std::string parallel_layout(const TrainConfig& c, int world, int64_t dp) {
     return fmt::format("{} rank(s): dp {} x pp {} x tp {} x {}{}", world, dp, h.pp_size, h.tp_size, sp,
                        h.zero_stage > 0 ? fmt::format(", ZeRO-{} over dp", h.zero_stage) : "");
   }
+  if (c.plugin.name == "moe_hybrid_parallel") {
+    const auto& m = c.plugin.moe_hybrid_parallel;
+    return fmt::format("{} rank(s): dp {} (moe_dp {} x ep {}) x pp {} x tp {}{}", world, dp, dp / m.ep_size,
+                       m.ep_size, m.pp_size, m.tp_size,
+                       m.zero_stage > 0 ? fmt::format(", ZeRO-{} (dense over dp, experts over moe_dp)", m.zero_stage)
+                                        : "");
+  }
   if (c.plugin.name == "low_level_zero")
     return fmt::format("{} rank(s): dp {}, ZeRO-{}{}", world, dp, c.plugin.low_level_zero.stage,
                        c.plugin.low_level_zero.cpu_offload ? " with the optimizer on the CPU" : "");
@@ -120,6 +131,7 @@ std::string run_precision(const TrainConfig& c) {
   if (c.plugin.name == "low_level_zero") return c.plugin.low_level_zero.precision;
   if (c.plugin.name == "gemini") return c.plugin.gemini.gemini.precision;
   if (c.plugin.name == "hybrid_parallel") return c.plugin.hybrid_parallel.precision;
+  if (c.plugin.name == "moe_hybrid_parallel") return c.plugin.moe_hybrid_parallel.precision;
   return c.booster.mixed_precision;
 }
 
@@ -255,6 +267,14 @@ void Trainer::build() {
   }
   auto model_config = build_model_config(config_, *tokenizer_);
   precision_ = run_precision(config_);
+  if (config_.plugin.name == "moe_hybrid_parallel" && !std::holds_alternative<models::MixtralConfig>(model_config)) {
+    // Refused here, before the plugin lays out ranks or anything is allocated.
+    throw ConfigError(fmt::format(
+        "plugin.name = \"moe_hybrid_parallel\" needs a mixture-of-experts model (model_type mixtral: "
+        "model.preset = \"mixtral-tiny\" or a pretrained Mixtral); model type '{}' is dense: use plugin.name = "
+        "\"hybrid_parallel\" for it",
+        models::model_type(model_config)));
+  }
   plugin_ = make_plugin(config_.plugin, world_);
   pipeline_ = plugin_->pipeline_parallel();
   booster_ = std::make_unique<booster::Booster>(plugin_, config_.booster);
