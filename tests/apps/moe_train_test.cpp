@@ -3,8 +3,8 @@
 // and eval curve of one process on the same global batch (fp32, 1e-5
 // relative), and a 2-rank run stopped at a checkpoint resumes onto its own
 // curve exactly; bad layouts and non-MoE models stop before anything is
-// allocated, naming the values and an alternative. The reference runs in this
-// process (apps::train), the ranks as `colossus train` under mpirun.
+// allocated, naming the values and an alternative. Every run is a `colossus
+// train` child process (the ranks under mpirun).
 #include "colossus/apps/trainer/config_schema.h"
 #include "colossus/apps/trainer/train_config.h"
 #include "colossus/apps/trainer/trainer.h"
@@ -115,9 +115,14 @@ std::string config_error_of(const std::function<void()>& f) {
 }
 
 TEST(MoeTrain, ExpertParallelRanksTrainTheOneProcessCurveAndResume) {
-  // One process: the 2 ranks' rows as 2 micro-batches of one row.
+  // One process: the 2 ranks' rows as 2 micro-batches of one row. Through the
+  // CLI too: once this test process has initialised MPI (apps::train does), an
+  // mpirun started from it fails, so every run of this test is a child process.
   const fs::path one = scratch("one");
-  train_here(one, {"train.grad_accum=2", "train.eval_batches=2"});
+  const auto single = ct::run_command(fmt::format("'{}' train '{}' --train.output_dir='{}' --train.grad_accum=2 "
+                                                  "--train.eval_batches=2 2>&1",
+                                                  COLOSSUS_BIN, config_file().string(), one.string()));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
   const Curve reference = curve_of(one);
   ASSERT_EQ(reference.losses.size(), 6u);
   ASSERT_EQ(reference.eval_losses.size(), 2u);
