@@ -424,14 +424,20 @@ double estimated_parameters(const ModelConfig& config) {
   const double d = static_cast<double>(l.resolved_head_dim());
   const double attention = h * d * static_cast<double>(2 * l.num_attention_heads + 2 * l.kv_heads());
   double mlp = 3 * h * static_cast<double>(l.intermediate_size);
+  double mlp_total = static_cast<double>(l.num_hidden_layers) * mlp;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) {
-    // Every layer counted sparse (an upper bound with dense mlp_only_layers): experts, router, shared expert.
-    mlp = 3 * h * static_cast<double>(m->expert_intermediate_size()) * static_cast<double>(m->num_local_experts) +
-          h * static_cast<double>(m->num_local_experts) + 3 * h * static_cast<double>(m->shared_expert_intermediate_size);
+    // Sparse layers: experts, router, shared expert; the others (Qwen MoE) a dense MLP.
+    const double sparse = 3 * h * static_cast<double>(m->expert_intermediate_size()) *
+                              static_cast<double>(m->num_local_experts) +
+                          h * static_cast<double>(m->num_local_experts) +
+                          3 * h * static_cast<double>(m->shared_expert_intermediate_size) +
+                          (m->shared_expert_intermediate_size > 0 ? h : 0.0);  // shared expert and its gate
+    mlp_total = 0;
+    for (int64_t i = 0; i < m->num_hidden_layers; ++i) mlp_total += m->is_sparse_layer(i) ? sparse : mlp;
   }
   const double norms = 2 * h;
   return static_cast<double>(l.vocab_size) * h * (l.tie_word_embeddings ? 1 : 2) +
-         static_cast<double>(l.num_hidden_layers) * (attention + mlp + norms) + h;
+         static_cast<double>(l.num_hidden_layers) * (attention + norms) + mlp_total + h;
 }
 
 int64_t max_positions(const ModelConfig& config) {
