@@ -286,7 +286,7 @@ TEST(TrainCli, ExampleConfigsOfEveryFamilyAndPluginRun) {
       ++ran;
     }
   }
-  EXPECT_EQ(ran, 13);  // 9 families, 4 single-rank plugin layouts
+  EXPECT_EQ(ran, 15);  // 11 families, 4 single-rank plugin layouts
 }
 
 TEST(TrainCli, MixtralPresetTrainsThroughTheTrainer) {
