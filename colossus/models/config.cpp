@@ -238,7 +238,7 @@ MixtralConfig MixtralConfig::defaults() {
 
 void MixtralConfig::validate() const {
   LlamaConfig::validate();
-  if (attention_bias || mlp_bias) throw ConfigError("MixtralConfig: attention_bias and mlp_bias must be false (Mixtral has no biases)");
+  config_json::validate_moe_family(*this);  // biases and the Qwen-MoE switches, by moe_family
   check_positive("MixtralConfig.num_local_experts", num_local_experts);
   if (num_experts_per_tok < 1 || num_experts_per_tok > num_local_experts) {
     throw ConfigError(fmt::format("MixtralConfig.num_experts_per_tok (top-k) is {} but must be in [1, num_local_experts={}]",
@@ -389,7 +389,8 @@ void LlamaConfig::validate() const {
 
 std::string model_type(const ModelConfig& config) {
   if (std::holds_alternative<GPT2Config>(config)) return "gpt2";
-  return std::holds_alternative<MixtralConfig>(config) ? "mixtral" : std::get<LlamaConfig>(config).family;
+  if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->moe_family;
+  return std::get<LlamaConfig>(config).family;
 }
 
 int64_t vocab_size(const ModelConfig& config) {
@@ -423,10 +424,20 @@ double estimated_parameters(const ModelConfig& config) {
   const double d = static_cast<double>(l.resolved_head_dim());
   const double attention = h * d * static_cast<double>(2 * l.num_attention_heads + 2 * l.kv_heads());
   double mlp = 3 * h * static_cast<double>(l.intermediate_size);
-  if (const auto* m = std::get_if<MixtralConfig>(&config)) mlp = mlp * static_cast<double>(m->num_local_experts) + h * static_cast<double>(m->num_local_experts);
+  double mlp_total = static_cast<double>(l.num_hidden_layers) * mlp;
+  if (const auto* m = std::get_if<MixtralConfig>(&config)) {
+    // Sparse layers: experts, router, shared expert; the others (Qwen MoE) a dense MLP.
+    const double sparse = 3 * h * static_cast<double>(m->expert_intermediate_size()) *
+                              static_cast<double>(m->num_local_experts) +
+                          h * static_cast<double>(m->num_local_experts) +
+                          3 * h * static_cast<double>(m->shared_expert_intermediate_size) +
+                          (m->shared_expert_intermediate_size > 0 ? h : 0.0);  // shared expert and its gate
+    mlp_total = 0;
+    for (int64_t i = 0; i < m->num_hidden_layers; ++i) mlp_total += m->is_sparse_layer(i) ? sparse : mlp;
+  }
   const double norms = 2 * h;
   return static_cast<double>(l.vocab_size) * h * (l.tie_word_embeddings ? 1 : 2) +
-         static_cast<double>(l.num_hidden_layers) * (attention + mlp + norms) + h;
+         static_cast<double>(l.num_hidden_layers) * (attention + norms) + mlp_total + h;
 }
 
 int64_t max_positions(const ModelConfig& config) {
@@ -454,6 +465,8 @@ ModelConfig config_from_json(const std::string& json_text) {
     config = gpt2_from_json(j);
   } else if (type == "mixtral") {
     config = mixtral_from_json(j);
+  } else if (type == "qwen2_moe" || type == "qwen3_moe") {
+    config = qwen_moe_from_json(type, j);
   } else {
     config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3; else refused naming them
   }
@@ -466,7 +479,7 @@ std::string config_to_json(const ModelConfig& config) {
       [](const auto& c) {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, GPT2Config>) return gpt2_to_json(c);
-        else if constexpr (std::is_same_v<C, MixtralConfig>) return mixtral_to_json(c);
+        else if constexpr (std::is_same_v<C, MixtralConfig>) return c.is_qwen_moe() ? qwen_moe_to_json(c) : mixtral_to_json(c);
         else return llama_family_to_json(c);
       },
       config);
@@ -572,12 +585,40 @@ ModelConfig preset(std::string_view name) {
     c.num_experts_per_tok = 2;
     return c;
   }
+  if (name == "qwen2_moe-tiny" || name == "qwen3_moe-tiny") {
+    // The family's defaults at mixtral-tiny's size; three layers, the middle one dense (mlp_only_layers),
+    // so a model holds both kinds of block.
+    const std::string family(name.substr(0, name.find('-')));
+    MixtralConfig c = std::get<MixtralConfig>(config_from_json(fmt::format(R"({{"model_type": "{}"}})", family)));
+    c.vocab_size = 128;
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.max_position_embeddings = 128;
+    c.mlp_only_layers = {1};
+    c.moe_intermediate_size = 32;
+    if (family == "qwen2_moe") {
+      c.num_local_experts = 4;
+      c.num_experts_per_tok = 2;
+      c.shared_expert_intermediate_size = 48;
+      c.layer_types.assign(3, "full_attention");
+    } else {
+      c.num_local_experts = 8;  // many small experts, renormalised top-k as Qwen3-MoE's releases
+      c.num_experts_per_tok = 2;
+      c.norm_topk_prob = true;
+    }
+    return c;
+  }
   throw ConfigError(fmt::format("unknown model preset \"{}\"; known: {}", name, fmt::join(preset_names(), ", ")));
 }
 
 std::vector<std::string> preset_names() {
   return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
-          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny"};
+          "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny",
+          "qwen2_moe-tiny", "qwen3_moe-tiny"};
 }
 
 }  // namespace colossus::models

@@ -154,6 +154,20 @@ struct MixtralConfig : LlamaConfig {
   double router_z_loss_coef = 0.0;          // ST-MoE z-loss, added to the loss when > 0
   std::optional<double> capacity_factor{};  // unset: dropless; else each expert keeps ceil(cf * N * k / E) tokens
 
+  // The Qwen MoE families (HF Qwen2MoeConfig / Qwen3MoeConfig, config_moe_families.cpp) are this model
+  // with the fields below; their attention is Qwen2's (qkv_bias) or Qwen3's (qk_norm), so `family` holds
+  // "qwen2" or "qwen3" and moe_family the model_type: "mixtral", "qwen2_moe" or "qwen3_moe".
+  std::string moe_family = "mixtral";
+  std::optional<int64_t> moe_intermediate_size{};  // each routed expert's width; unset: intermediate_size (Mixtral)
+  int64_t shared_expert_intermediate_size = 0;     // Qwen2-MoE: > 0, a shared expert gated by sigmoid(shared_expert_gate x)
+  bool norm_topk_prob = true;                      // renormalise the top-k probabilities to sum 1 (Mixtral always)
+  int64_t decoder_sparse_step = 1;                 // layer i is sparse when (i + 1) % step == 0 ...
+  std::vector<int64_t> mlp_only_layers{};          // ... and i is not listed here; else a dense MLP of intermediate_size
+
+  bool is_qwen_moe() const { return moe_family == "qwen2_moe" || moe_family == "qwen3_moe"; }
+  int64_t expert_intermediate_size() const { return moe_intermediate_size.value_or(intermediate_size); }
+  // Whether block `layer` has the sparse MoE block (HF's rule), else a dense MLP.
+  bool is_sparse_layer(int64_t layer) const;
   // Mixtral's defaults where they differ from LLaMA's (HF MixtralConfig).
   static MixtralConfig defaults();
   void validate() const;
@@ -161,7 +175,8 @@ struct MixtralConfig : LlamaConfig {
 
 using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
 
-// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3" or "mixtral".
+// HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "mixtral",
+// "qwen2_moe" or "qwen3_moe".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);
@@ -185,7 +200,8 @@ ModelConfig read_config(const std::string& path);
 void write_config(const ModelConfig& config, const std::string& path);
 
 // gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny,
-// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny, mixtral-tiny.
+// qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny, mixtral-tiny,
+// qwen2_moe-tiny, qwen3_moe-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

@@ -97,5 +97,10 @@ json llama_to_json(const LlamaConfig& c);
 // "mistral"), with that family's keys and defaults (config_families.cpp).
 LlamaConfig llama_family_from_json(const std::string& family, const json& j);
 json llama_family_to_json(const LlamaConfig& c);
+// Qwen2-MoE / Qwen3-MoE by model_type ("qwen2_moe", "qwen3_moe"), and what
+// MixtralConfig::validate checks per moe_family (config_moe_families.cpp).
+MixtralConfig qwen_moe_from_json(const std::string& moe_family, const json& j);
+json qwen_moe_to_json(const MixtralConfig& c);
+void validate_moe_family(const MixtralConfig& c);
 
 }  // namespace colossus::models::config_json

@@ -4,32 +4,55 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
 namespace colossus::models {
 
 MixtralDecoderLayer::MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options, int64_t layer)
-    : TransformerBlock("MixtralDecoderLayer") {
+    : TransformerBlock(config.is_qwen_moe() ? "QwenMoeDecoderLayer" : "MixtralDecoderLayer"),
+      moe_name_(config.is_qwen_moe() ? "mlp" : "block_sparse_moe") {
   self_attn_ = register_module("self_attn", std::make_shared<LlamaAttention>(config, options, layer));
-  moe_ = register_module("block_sparse_moe", std::make_shared<SparseMoeBlock>(config, options));
+  if (config.is_sparse_layer(layer)) {
+    moe_ = register_module(moe_name_, std::make_shared<SparseMoeBlock>(config, options));
+  } else {
+    mlp_ = register_module("mlp", std::make_shared<LlamaMLP>(config, options));  // intermediate_size wide
+  }
   add_layer("input_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
   add_layer("post_attention_layernorm", std::make_shared<RMSNorm>(config.hidden_size, config.rms_norm_eps, options));
 }
 
 void MixtralDecoderLayer::replace_moe(std::shared_ptr<SparseMoeBlock> moe) {
   TORCH_CHECK(moe != nullptr, "replace_moe: null block");
-  replace_module("block_sparse_moe", moe);
+  TORCH_CHECK(moe_ != nullptr, "replace_moe: this layer has a dense MLP, no MoE block");
+  replace_module(moe_name_, moe);
   moe_ = std::move(moe);
 }
 
 at::Tensor MixtralDecoderLayer::forward(const at::Tensor& hidden, const BlockContext& context) {
   TORCH_CHECK(context.rope_cos.defined(), "MixtralDecoderLayer needs RoPE cos/sin in its BlockContext");
   at::Tensor h = hidden + self_attn_->forward(layer("input_layernorm").forward(hidden), context);
-  return h + moe_->forward(layer("post_attention_layernorm").forward(h));
+  at::Tensor normed = layer("post_attention_layernorm").forward(h);
+  return h + (moe_ ? moe_->forward(normed) : mlp_->forward(normed));
 }
 
+SparseMoeBlock& MixtralDecoderLayer::moe() const {
+  TORCH_CHECK(moe_ != nullptr, "MixtralDecoderLayer::moe: this layer has a dense MLP (is_sparse() is false)");
+  return *moe_;
+}
+
+namespace {
+
+const char* class_name(const MixtralConfig& config) {
+  if (config.moe_family == "qwen2_moe") return "Qwen2MoeForCausalLM";
+  if (config.moe_family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  return "MixtralForCausalLM";
+}
+
+}  // namespace
+
 MixtralForCausalLM::MixtralForCausalLM(const MixtralConfig& config, const at::TensorOptions& options)
-    : CausalLM("MixtralForCausalLM", config), rope_(rope_spec(config)) {
+    : CausalLM(class_name(config), config), rope_(rope_spec(config)) {
   config.validate();
   model_ = register_module("model", std::make_shared<Backbone>("MixtralModel"));
   model_->add_layer("embed_tokens",
@@ -80,13 +103,14 @@ std::vector<SparseMoeBlock*> MixtralForCausalLM::moe_blocks() const {
   std::vector<SparseMoeBlock*> out;
   for (const auto& block : blocks()) {
     // A wrapper block (ZeRO-3, checkpointing) adopts the layer's children, so
-    // look the MoE block up by name.
+    // look the MoE block up by name; a Qwen-MoE layer's "mlp" may be dense.
     auto children = block->named_children();
-    auto* moe = children.contains("block_sparse_moe")
-                    ? dynamic_cast<SparseMoeBlock*>(children["block_sparse_moe"].get())
-                    : nullptr;
-    TORCH_CHECK(moe != nullptr, "MixtralForCausalLM: a block has no block_sparse_moe");
-    out.push_back(moe);
+    const bool qwen = mixtral_config().is_qwen_moe();
+    const char* name = qwen ? "mlp" : "block_sparse_moe";
+    auto* moe = children.contains(name) ? dynamic_cast<SparseMoeBlock*>(children[name].get()) : nullptr;
+    TORCH_CHECK(moe != nullptr || (qwen && children.contains(name)), class_name(mixtral_config()),
+                ": a block has no ", name);
+    if (moe != nullptr) out.push_back(moe);
   }
   return out;
 }
@@ -103,7 +127,9 @@ std::vector<at::Tensor> MixtralForCausalLM::router_logits() const {
 
 at::Tensor MixtralForCausalLM::aux_loss() const {
   const auto& c = mixtral_config();
-  return moe::load_balancing_loss(router_logits(), c.num_local_experts, c.num_experts_per_tok);
+  const std::vector<at::Tensor> logits = router_logits();
+  if (logits.empty()) return at::zeros({}, embedding().weight.options().dtype(at::kFloat));  // every layer dense
+  return moe::load_balancing_loss(logits, c.num_local_experts, c.num_experts_per_tok);
 }
 
 int64_t MixtralForCausalLM::dropped_tokens() const {
@@ -121,7 +147,9 @@ at::Tensor MixtralForCausalLM::add_router_losses(const at::Tensor& lm_loss) cons
   const auto& c = mixtral_config();
   at::Tensor loss = lm_loss;
   if (c.output_router_logits) loss = loss + c.router_aux_loss_coef * aux_loss();
-  if (c.router_z_loss_coef > 0) loss = loss + c.router_z_loss_coef * moe::router_z_loss(router_logits());
+  if (c.router_z_loss_coef > 0 && !moe_blocks().empty()) {
+    loss = loss + c.router_z_loss_coef * moe::router_z_loss(router_logits());
+  }
   return loss;
 }
 
@@ -132,6 +160,7 @@ bool MixtralForCausalLM::has_router_losses() const {
 
 CausalLM::InitRule MixtralForCausalLM::init_rule(const std::string& name) const {
   if (name.ends_with("norm.weight")) return {Init::Ones};
+  if (name.ends_with(".bias")) return {Init::Zeros};  // Qwen2-MoE's q/k/v bias, as HF's init
   return {Init::Normal, mixtral_config().initializer_range};
 }
 

@@ -3,7 +3,12 @@
 // model.{embed_tokens, layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj,
 // post_attention_layernorm, block_sparse_moe.{gate, experts.M.{w1,w2,w3}}},
 // norm}, lm_head. Attention, RMSNorm and RoPE are LLaMA's; the FFN is
-// SparseMoeBlock.
+// SparseMoeBlock. The same classes run Qwen2-MoE and Qwen3-MoE
+// (MixtralConfig::moe_family; HF's Qwen2MoeForCausalLM / Qwen3MoeForCausalLM
+// names): Qwen2's or Qwen3's attention, the MoE block under mlp.{gate,
+// experts.M.{gate,up,down}_proj} (Qwen2-MoE: + shared_expert.*,
+// shared_expert_gate), and a dense LLaMA MLP (mlp.{gate,up,down}_proj) on the
+// layers that are not sparse (decoder_sparse_step, mlp_only_layers).
 #pragma once
 #include "colossus/models/causal_lm.h"
 #include "colossus/models/config.h"
@@ -17,18 +22,22 @@ namespace colossus::models {
 
 class MixtralDecoderLayer : public TransformerBlock {
  public:
-  // layer: the block's index (its sliding window, when the config has one).
+  // layer: the block's index (its sliding window, when the config has one; whether it is sparse).
   MixtralDecoderLayer(const MixtralConfig& config, const at::TensorOptions& options, int64_t layer);
   // hidden: (B, T, C) -> (B, T, C)
   at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
 
-  SparseMoeBlock& moe() const { return *moe_; }
+  // False for a Qwen-MoE layer with a dense MLP (moe() must not be called there).
+  bool is_sparse() const { return moe_ != nullptr; }
+  SparseMoeBlock& moe() const;
   // Installs another MoE block (e.g. expert-parallel) under the same name.
   void replace_moe(std::shared_ptr<SparseMoeBlock> moe);
 
  private:
   std::shared_ptr<LlamaAttention> self_attn_;
-  std::shared_ptr<SparseMoeBlock> moe_;
+  std::shared_ptr<SparseMoeBlock> moe_;  // null on a dense layer
+  std::shared_ptr<LlamaMLP> mlp_;        // the dense layer's MLP
+  std::string moe_name_;                 // block_sparse_moe (Mixtral) or mlp (Qwen MoE)
 };
 
 class MixtralForCausalLM : public CausalLM {
@@ -50,7 +59,7 @@ class MixtralForCausalLM : public CausalLM {
   Layer* lm_head() const override;
   std::string blocks_path() const override { return "model.layers"; }
 
-  // The MoE block of every decoder layer, in order.
+  // The MoE block of every sparse decoder layer, in order (dense layers have none).
   std::vector<SparseMoeBlock*> moe_blocks() const;
   // Router logits (N, E) of each layer from the last forward.
   std::vector<at::Tensor> router_logits() const;

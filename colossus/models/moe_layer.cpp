@@ -12,10 +12,10 @@
 
 namespace colossus::models::moe {
 
-Routing route(const at::Tensor& router_logits, int64_t top_k) {
+Routing route(const at::Tensor& router_logits, int64_t top_k, bool normalize) {
   at::Tensor probs = at::softmax(router_logits.to(at::kFloat), -1);
   auto [top_weights, top_experts] = at::topk(probs, top_k, -1);
-  top_weights = top_weights / top_weights.sum(-1, /*keepdim=*/true);
+  if (normalize) top_weights = top_weights / top_weights.sum(-1, /*keepdim=*/true);
   return Routing{.logits = router_logits, .weights = top_weights, .experts = top_experts};
 }
 
@@ -262,10 +262,6 @@ struct PackedWeights : torch::autograd::Function<PackedWeights> {
   }
 };
 
-const at::Tensor& weight_of(const MixtralExpert& expert, const std::string& name) {
-  return expert.layer_as<Linear>(name).weight;
-}
-
 bool is_view_at(const at::Tensor& part, const at::Tensor& buffer, int64_t element_offset,
                 at::IntArrayRef expected_sizes) {
   return part.defined() && part.device() == buffer.device() && part.scalar_type() == buffer.scalar_type() &&
@@ -276,15 +272,16 @@ bool is_view_at(const at::Tensor& part, const at::Tensor& buffer, int64_t elemen
 
 }  // namespace
 
-MixtralExpert::MixtralExpert(int64_t hidden_size, int64_t intermediate_size, const at::TensorOptions& options)
-    : LayerHost("MixtralBlockSparseTop2MLP") {
-  add_layer("w1", std::make_shared<Linear>(hidden_size, intermediate_size, false, options));
-  add_layer("w2", std::make_shared<Linear>(intermediate_size, hidden_size, false, options));
-  add_layer("w3", std::make_shared<Linear>(hidden_size, intermediate_size, false, options));
+MixtralExpert::MixtralExpert(int64_t hidden_size, int64_t intermediate_size, const at::TensorOptions& options,
+                             Names names)
+    : LayerHost("MixtralBlockSparseTop2MLP"), names_(std::move(names)) {
+  add_layer(names_.gate, std::make_shared<Linear>(hidden_size, intermediate_size, false, options));
+  add_layer(names_.down, std::make_shared<Linear>(intermediate_size, hidden_size, false, options));
+  add_layer(names_.up, std::make_shared<Linear>(hidden_size, intermediate_size, false, options));
 }
 
 at::Tensor MixtralExpert::forward(const at::Tensor& x) {
-  return layer("w2").forward(at::silu(layer("w1").forward(x)) * layer("w3").forward(x));
+  return down().forward(at::silu(gate().forward(x)) * up().forward(x));
 }
 
 SparseMoeBlock::SparseMoeBlock(const MixtralConfig& config, const at::TensorOptions& options, int64_t first_expert,
@@ -294,6 +291,7 @@ SparseMoeBlock::SparseMoeBlock(const MixtralConfig& config, const at::TensorOpti
       top_k_(config.num_experts_per_tok),
       first_expert_(first_expert),
       local_experts_(local_experts < 0 ? config.num_local_experts : local_experts),
+      norm_topk_prob_(config.norm_topk_prob),
       jitter_noise_(config.router_jitter_noise),
       capacity_factor_(config.capacity_factor) {
   config.validate();
@@ -301,9 +299,19 @@ SparseMoeBlock::SparseMoeBlock(const MixtralConfig& config, const at::TensorOpti
               ", ", first_expert_ + local_experts_, ") is outside the ", num_experts_, " experts");
   add_layer("gate", std::make_shared<Linear>(config.hidden_size, config.num_local_experts, false, options));
   experts_ = register_module("experts", std::make_shared<torch::nn::Module>("ExpertList"));
+  const MixtralExpert::Names names = config.is_qwen_moe()
+                                         ? MixtralExpert::Names{.gate = "gate_proj", .up = "up_proj", .down = "down_proj"}
+                                         : MixtralExpert::Names{};
   for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {
-    experts_->register_module(std::to_string(e),
-                              std::make_shared<MixtralExpert>(config.hidden_size, config.intermediate_size, options));
+    experts_->register_module(
+        std::to_string(e),
+        std::make_shared<MixtralExpert>(config.hidden_size, config.expert_intermediate_size(), options, names));
+  }
+  if (config.shared_expert_intermediate_size > 0) {
+    register_module("shared_expert", std::make_shared<MixtralExpert>(
+                                         config.hidden_size, config.shared_expert_intermediate_size, options,
+                                         MixtralExpert::Names{.gate = "gate_proj", .up = "up_proj", .down = "down_proj"}));
+    add_layer("shared_expert_gate", std::make_shared<Linear>(config.hidden_size, 1, false, options));
   }
   pack_experts();
 }
@@ -311,15 +319,15 @@ SparseMoeBlock::SparseMoeBlock(const MixtralConfig& config, const at::TensorOpti
 std::vector<at::Tensor> SparseMoeBlock::gate_up_parts() const {
   std::vector<at::Tensor> parts;
   for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) {
-    parts.push_back(weight_of(expert(e), "w1"));
-    parts.push_back(weight_of(expert(e), "w3"));
+    parts.push_back(expert(e).gate().weight);
+    parts.push_back(expert(e).up().weight);
   }
   return parts;
 }
 
 std::vector<at::Tensor> SparseMoeBlock::down_parts() const {
   std::vector<at::Tensor> parts;
-  for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) parts.push_back(weight_of(expert(e), "w2"));
+  for (int64_t e = first_expert_; e < first_expert_ + local_experts_; ++e) parts.push_back(expert(e).down().weight);
   return parts;
 }
 
@@ -429,7 +437,7 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
     x = x * at::empty_like(x).uniform_(1.0 - jitter_noise_, 1.0 + jitter_noise_);
   }
   at::Tensor logits = layer("gate").forward(x);  // (N, E)
-  moe::Routing routing = moe::route(logits, top_k_);
+  moe::Routing routing = moe::route(logits, top_k_, norm_topk_prob_);
   std::optional<int64_t> capacity;
   if (capacity_factor_) capacity = moe::expert_capacity(*capacity_factor_, x.size(0), top_k_, num_experts_);
   const bool kernels = dispatch_kernels_enabled_ && moe::dispatch_kernels_available(x);
@@ -437,7 +445,16 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& hidden) {
   at::Tensor y = run_experts(moe::permute(x, plan), plan.counts);  // (M, H)
   last_router_logits_ = logits;
   last_dropped_ = plan.dropped;
-  return moe::combine(y, plan, x.size(0)).view({batch, seq, width});
+  at::Tensor out = moe::combine(y, plan, x.size(0));  // (N, H)
+  if (has_shared_expert()) {
+    // Qwen2-MoE: every token also through the shared expert, scaled by its sigmoid gate (on the
+    // un-jittered input, as HF).
+    at::Tensor flat = hidden.reshape({batch * seq, width});
+    auto* shared = dynamic_cast<MixtralExpert*>(named_children()["shared_expert"].get());
+    TORCH_CHECK(shared != nullptr, "shared_expert has an unexpected type");
+    out = out + at::sigmoid(layer("shared_expert_gate").forward(flat)) * shared->forward(flat);
+  }
+  return out.view({batch, seq, width});
 }
 
 }  // namespace colossus::models

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace colossus::models::moe {
@@ -27,8 +28,9 @@ struct Routing {
   at::Tensor experts;  // (N, k) int64 expert ids, in descending probability
 };
 
-// HF's MixtralTopKRouter math. router_logits: (N, E).
-Routing route(const at::Tensor& router_logits, int64_t top_k);
+// HF's MixtralTopKRouter math. router_logits: (N, E). normalize = false keeps
+// the raw top-k softmax probabilities (Qwen-MoE's norm_topk_prob = false).
+Routing route(const at::Tensor& router_logits, int64_t top_k, bool normalize = true);
 
 // HF's load_balancing_loss_func over the layers' router logits (each (N, E)):
 // E * sum_e (share of top-k assignments to e per token) * (mean router
@@ -78,18 +80,33 @@ at::Tensor combine(const at::Tensor& expert_out, const DispatchPlan& plan, int64
 
 namespace colossus::models {
 
-// One SwiGLU expert, HF names: w1 (gate, (I, H)), w3 (up, (I, H)), w2 (down,
-// (H, I)).
-class MixtralExpert : public LayerHost {
- public:
-  MixtralExpert(int64_t hidden_size, int64_t intermediate_size, const at::TensorOptions& options);
-  // x: (n, H) -> (n, H): w2(silu(w1 x) * w3 x)
-  at::Tensor forward(const at::Tensor& x);
+// One SwiGLU expert. HF names: Mixtral's w1 (gate, (I, H)), w3 (up, (I, H)),
+// w2 (down, (H, I)); the Qwen MoE families' gate_proj, up_proj, down_proj.
+struct ExpertNames {
+  std::string gate = "w1", up = "w3", down = "w2";
 };
 
-// HF's block_sparse_moe: gate (E, H) and experts.M.{w1,w2,w3}. A subclass
-// may hold only some experts (expert parallelism): they keep their global
-// index M in their names, and it overrides run_experts.
+class MixtralExpert : public LayerHost {
+ public:
+  using Names = ExpertNames;
+  MixtralExpert(int64_t hidden_size, int64_t intermediate_size, const at::TensorOptions& options,
+                Names names = Names());
+  // x: (n, H) -> (n, H): down(silu(gate x) * up x)
+  at::Tensor forward(const at::Tensor& x);
+  Linear& gate() const { return layer_as<Linear>(names_.gate); }
+  Linear& up() const { return layer_as<Linear>(names_.up); }
+  Linear& down() const { return layer_as<Linear>(names_.down); }
+
+ private:
+  Names names_;
+};
+
+// HF's block_sparse_moe: gate (E, H) and experts.M.{w1,w2,w3}; for the Qwen
+// MoE families experts.M.{gate,up,down}_proj, and Qwen2-MoE's shared expert
+// shared_expert.{gate,up,down}_proj (every token, not routed) scaled by
+// sigmoid(shared_expert_gate x) (gate (1, H)). A subclass may hold only some
+// routed experts (expert parallelism): they keep their global index M in their
+// names, and it overrides run_experts; the shared expert stays whole.
 class SparseMoeBlock : public LayerHost {
  public:
   // Holds experts [first_expert, first_expert + local_experts); local_experts <
@@ -122,6 +139,7 @@ class SparseMoeBlock : public LayerHost {
   void set_dispatch_kernels(bool enabled) { dispatch_kernels_enabled_ = enabled; }
 
   MixtralExpert& expert(int64_t global_index) const;
+  bool has_shared_expert() const { return has_layer("shared_expert_gate"); }
   int64_t num_experts() const { return num_experts_; }
   int64_t top_k() const { return top_k_; }
   int64_t first_expert() const { return first_expert_; }
@@ -142,6 +160,7 @@ class SparseMoeBlock : public LayerHost {
   bool packed_layout_intact() const;
 
   int64_t num_experts_, top_k_, first_expert_, local_experts_;
+  bool norm_topk_prob_;
   double jitter_noise_;
   std::optional<double> capacity_factor_;
   std::shared_ptr<torch::nn::Module> experts_;

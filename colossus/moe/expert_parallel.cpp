@@ -90,6 +90,13 @@ void ExpertParallelMoeBlock::adopt_from(const models::SparseMoeBlock& full) {
   auto gate = std::dynamic_pointer_cast<models::Layer>(theirs["gate"]);
   TORCH_CHECK(gate != nullptr, "adopt_from: the full block has no gate layer");
   replace_layer("gate", gate);
+  if (has_shared_expert()) {
+    // Qwen2-MoE's shared expert runs every token on every rank: adopted whole, never sharded.
+    auto shared_gate = std::dynamic_pointer_cast<models::Layer>(theirs["shared_expert_gate"]);
+    TORCH_CHECK(shared_gate != nullptr && theirs.contains("shared_expert"), "adopt_from: the full block has no shared expert");
+    replace_layer("shared_expert_gate", shared_gate);
+    replace_module("shared_expert", theirs["shared_expert"]);
+  }
   auto their_experts = theirs["experts"]->named_children();
   auto my_experts = named_children()["experts"];
   for (int64_t e = first_expert(); e < first_expert() + local_experts(); ++e) {

@@ -33,7 +33,7 @@ class ExpertParallelMoeBlock : public models::SparseMoeBlock {
 
   // Copies the gate and this rank's experts from a full (unsharded) block.
   void load_from(const models::SparseMoeBlock& full);
-  // Takes the full block's gate and this rank's expert modules themselves
+  // Takes the full block's gate (and shared expert, if any) and this rank's expert modules themselves
   // (the same parameter tensors, so an optimizer built on the full model
   // still steps them).
   void adopt_from(const models::SparseMoeBlock& full);

@@ -13,6 +13,7 @@ void shard_experts(models::MixtralForCausalLM& model, cluster::ProcessGroupPtr e
   for (const auto& block : model.blocks()) {
     auto* layer = dynamic_cast<models::MixtralDecoderLayer*>(block.get());
     TORCH_CHECK(layer != nullptr, "shard_experts: a block is not a MixtralDecoderLayer");
+    if (!layer->is_sparse()) continue;  // a Qwen-MoE dense layer: replicated like attention
     const at::Tensor& gate = layer->moe().layer_as<models::Linear>("gate").weight;
     auto sharded = std::make_shared<ExpertParallelMoeBlock>(config, gate.options(), ep_group);
     sharded->adopt_from(layer->moe());

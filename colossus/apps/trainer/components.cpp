@@ -29,7 +29,9 @@ void check_config_keys(const std::map<std::string, std::string>& overrides, cons
   std::set<std::string> generic{"bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype",
                                 "dtype",        "use_cache",    "transformers_version"};
   // Mixtral's optional fields, written to config.json only when set.
-  if (model_type == "mixtral") generic.insert({"router_z_loss_coef", "capacity_factor"});
+  if (model_type == "mixtral" || model_type == "qwen2_moe" || model_type == "qwen3_moe") {
+    generic.insert({"router_z_loss_coef", "capacity_factor"});
+  }
   for (const auto& [key, value] : overrides) {
     if (base.contains(key) || generic.contains(key)) continue;
     std::set<std::string> valid = generic;

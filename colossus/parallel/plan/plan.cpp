@@ -70,7 +70,11 @@ ShardingPlan default_plan(const models::CausalLM& model) {
     if (llama->qk_norm) plan.head_local = {"model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm"};
     return plan;
   }
-  if (std::holds_alternative<models::MixtralConfig>(model.config())) return mixtral_plan();
+  if (const auto* moe = std::get_if<models::MixtralConfig>(&model.config())) {
+    ShardingPlan plan = mixtral_plan();
+    if (moe->qk_norm) plan.head_local = {"model.layers.*.self_attn.q_norm", "model.layers.*.self_attn.k_norm"};  // Qwen3-MoE
+    return plan;
+  }
   throw ConfigError(fmt::format("no tensor-parallel plan for model type '{}'; pass custom_policy",
                                 models::model_type(model.config())));
 }
