@@ -97,5 +97,8 @@ json llama_to_json(const LlamaConfig& c);
 // "mistral"), with that family's keys and defaults (config_families.cpp).
 LlamaConfig llama_family_from_json(const std::string& family, const json& j);
 json llama_family_to_json(const LlamaConfig& c);
+// DeepSeek-V2 / V3 ("deepseek_v2", "deepseek_v3"; config_deepseek.cpp).
+DeepseekConfig deepseek_from_json(const std::string& family, const json& j);
+json deepseek_to_json(const DeepseekConfig& c);
 
 }  // namespace colossus::models::config_json
