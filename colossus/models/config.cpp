@@ -91,6 +91,14 @@ RopeScaling config_json::rope_from_json(const json& r, const char* key) {
     *out = it->get<std::vector<double>>();
   }
   read(r, "partial_rotary_factor", s.partial_rotary_factor);
+  // yarn's; transformers reads a beta of 0 or null as its default.
+  read(r, "beta_fast", s.beta_fast);
+  read(r, "beta_slow", s.beta_slow);
+  if (s.beta_fast == 0.0) s.beta_fast = 32.0;
+  if (s.beta_slow == 0.0) s.beta_slow = 1.0;
+  read(r, "mscale", s.mscale);
+  read(r, "mscale_all_dim", s.mscale_all_dim);
+  read(r, "truncate", s.truncate);
   return s;
 }
 
@@ -110,6 +118,15 @@ json config_json::rope_to_json(const LlamaConfig& c, bool with_theta) {
     r["long_factor"] = s.long_factor;
     r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
     if (s.attention_factor) r["attention_factor"] = *s.attention_factor;
+  }
+  if (s.rope_type == "yarn") {
+    r["original_max_position_embeddings"] = s.original_max_position_embeddings.value_or(c.max_position_embeddings);
+    r["beta_fast"] = s.beta_fast;
+    r["beta_slow"] = s.beta_slow;
+    if (s.mscale) r["mscale"] = *s.mscale;
+    if (s.mscale_all_dim) r["mscale_all_dim"] = *s.mscale_all_dim;
+    if (s.attention_factor) r["attention_factor"] = *s.attention_factor;
+    if (!s.truncate) r["truncate"] = false;
   }
   return r;
 }
@@ -389,6 +406,7 @@ void LlamaConfig::validate() const {
 
 std::string model_type(const ModelConfig& config) {
   if (std::holds_alternative<GPT2Config>(config)) return "gpt2";
+  if (const auto* d = std::get_if<DeepseekConfig>(&config)) return d->family;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->moe_family;
   return std::get<LlamaConfig>(config).family;
 }
@@ -400,14 +418,36 @@ int64_t vocab_size(const ModelConfig& config) {
 int64_t hidden_size(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_embd;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->hidden_size;
+  if (const auto* d = std::get_if<DeepseekConfig>(&config)) return d->hidden_size;
   return std::get<LlamaConfig>(config).hidden_size;
 }
 
 int64_t num_layers(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_layer;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->num_hidden_layers;
+  if (const auto* d = std::get_if<DeepseekConfig>(&config)) return d->num_hidden_layers;
   return std::get<LlamaConfig>(config).num_hidden_layers;
 }
+
+namespace {
+
+// MLA projections, dense or MoE FFNs (routed + shared + router), norms.
+double deepseek_parameters(const DeepseekConfig& c) {
+  const double h = static_cast<double>(c.hidden_size), heads = static_cast<double>(c.num_attention_heads);
+  const double qk = static_cast<double>(c.qk_head_dim()), r = static_cast<double>(c.kv_lora_rank);
+  const double q = c.q_lora_rank ? static_cast<double>(*c.q_lora_rank) * (h + heads * qk + 1) : h * heads * qk;
+  const double attention = q + h * (r + static_cast<double>(c.qk_rope_head_dim)) + r +
+                           r * heads * static_cast<double>(c.qk_nope_head_dim + c.v_head_dim) +
+                           heads * static_cast<double>(c.v_head_dim) * h;
+  const double expert = 3 * h * static_cast<double>(c.moe_intermediate_size);
+  const double moe = expert * static_cast<double>(c.n_routed_experts + c.n_shared_experts) + h * static_cast<double>(c.n_routed_experts);
+  const double dense = 3 * h * static_cast<double>(c.intermediate_size);
+  double layers = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers += attention + (c.is_moe_layer(i) ? moe : dense) + 2 * h;
+  return static_cast<double>(c.vocab_size) * h * (c.tie_word_embeddings ? 1 : 2) + layers + h;
+}
+
+}  // namespace
 
 double estimated_parameters(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) {
@@ -418,6 +458,7 @@ double estimated_parameters(const ModelConfig& config) {
            (g->tie_word_embeddings ? 0 : static_cast<double>(g->n_positions) * e) +
            static_cast<double>(g->n_layer) * per_layer + 2 * e;
   }
+  if (const auto* d = std::get_if<DeepseekConfig>(&config)) return deepseek_parameters(*d);
   const auto& l = std::holds_alternative<MixtralConfig>(config) ? static_cast<const LlamaConfig&>(std::get<MixtralConfig>(config))
                                                                  : std::get<LlamaConfig>(config);
   const double h = static_cast<double>(l.hidden_size);
@@ -443,6 +484,7 @@ double estimated_parameters(const ModelConfig& config) {
 int64_t max_positions(const ModelConfig& config) {
   if (const auto* g = std::get_if<GPT2Config>(&config)) return g->n_positions;
   if (const auto* m = std::get_if<MixtralConfig>(&config)) return m->max_position_embeddings;
+  if (const auto* d = std::get_if<DeepseekConfig>(&config)) return d->max_position_embeddings;
   return std::get<LlamaConfig>(config).max_position_embeddings;
 }
 
@@ -467,6 +509,8 @@ ModelConfig config_from_json(const std::string& json_text) {
     config = mixtral_from_json(j);
   } else if (type == "qwen2_moe" || type == "qwen3_moe") {
     config = qwen_moe_from_json(type, j);
+  } else if (type == "deepseek_v2" || type == "deepseek_v3") {
+    config = deepseek_from_json(type, j);
   } else {
     config = llama_family_from_json(type, j);  // llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3; else refused naming them
   }
@@ -480,6 +524,7 @@ std::string config_to_json(const ModelConfig& config) {
         using C = std::decay_t<decltype(c)>;
         if constexpr (std::is_same_v<C, GPT2Config>) return gpt2_to_json(c);
         else if constexpr (std::is_same_v<C, MixtralConfig>) return c.is_qwen_moe() ? qwen_moe_to_json(c) : mixtral_to_json(c);
+        else if constexpr (std::is_same_v<C, DeepseekConfig>) return deepseek_to_json(c);
         else return llama_family_to_json(c);
       },
       config);

@@ -65,6 +65,19 @@ struct RopeScaling {
   // dimensions), the rest pass through. transformers reads it at the top
   // level of config.json or inside rope_parameters.
   double partial_rotary_factor = 1.0;
+  // "yarn" (DeepSeek-V2/V3): frequencies blended between factor-interpolated
+  // and original by a linear ramp over the dimensions whose rotation counts
+  // over original_max_position_embeddings lie between beta_slow and
+  // beta_fast (the ramp's ends floored/ceiled when truncate), cos/sin scaled
+  // by attention_factor (unset: mscale(factor, mscale) / mscale(factor,
+  // mscale_all_dim) when both are set, else mscale(factor)), where
+  // mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1. MLA also multiplies
+  // its softmax scale by mscale(factor, mscale_all_dim)^2.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> mscale{};
+  std::optional<double> mscale_all_dim{};
+  bool truncate = true;
 };
 
 struct LlamaConfig {
@@ -173,10 +186,61 @@ struct MixtralConfig : LlamaConfig {
   void validate() const;
 };
 
-using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig>;
+// DeepSeek-V2 / V2-Lite / V3 (HF DeepseekV2Config, DeepseekV3Config; family
+// "deepseek_v2" / "deepseek_v3"): multi-head latent attention (queries
+// through an optional q_lora_rank bottleneck, keys and values from one
+// kv_lora_rank latent plus a shared qk_rope_head_dim RoPE key) and a
+// DeepSeekMoE FFN (n_routed_experts of moe_intermediate_size, top
+// num_experts_per_tok, plus an always-on shared MLP of n_shared_experts x
+// moe_intermediate_size) on the layers from first_k_dense_replace on, a dense
+// MLP of intermediate_size before. The LLaMA fields keep their meaning;
+// head_dim is qk_rope_head_dim, as transformers sets it. Read, written and
+// validated in config_deepseek.cpp.
+struct DeepseekConfig : LlamaConfig {
+  std::optional<int64_t> q_lora_rank = 1536;  // unset: a plain q_proj (V2-Lite)
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+  int64_t moe_intermediate_size = 1407;
+  int64_t n_routed_experts = 64;
+  int64_t n_shared_experts = 2;
+  int64_t num_experts_per_tok = 6;
+  int64_t first_k_dense_replace = 0;
+  double routed_scaling_factor = 1.0;
+  // V2: "greedy" (top-k of the softmax) or "group_limited_greedy" (top-k
+  // within the topk_group groups of n_group with the highest max score). V3:
+  // "noaux_tc" only: sigmoid scores; experts chosen (within the topk_group
+  // groups with the highest sum of their two best) by score +
+  // e_score_correction_bias, weighted by the score alone.
+  std::string topk_method = "greedy";
+  std::optional<int64_t> n_group{};
+  std::optional<int64_t> topk_group{};
+  bool norm_topk_prob = false;  // V3: the top-k weights renormalised to sum 1 (before routed_scaling_factor)
+  // V3: RoPE on interleaved pairs (x0, x1), (x2, x3), ... (V2 always).
+  bool rope_interleave = true;
+  // DeepSeek's training aux losses: read and written back, not applied
+  // (transformers applies neither).
+  std::optional<double> aux_loss_alpha{};
+  std::optional<bool> seq_aux{};
+  // Colossus extension (config.json key of the same name): V3's
+  // aux-loss-free balancing step gamma; after each optimizer step
+  // (DeepseekForCausalLM::update_router_biases) e_score_correction_bias moves
+  // by +gamma for experts loaded below the mean and -gamma above it. 0: off.
+  double router_bias_update_speed = 0.001;
+
+  // transformers' DeepseekV2Config / DeepseekV3Config defaults.
+  static DeepseekConfig defaults(const std::string& family);
+  bool is_v3() const { return family == "deepseek_v3"; }
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool is_moe_layer(int64_t layer) const { return layer >= first_k_dense_replace; }
+  void validate() const;
+};
+
+using ModelConfig = std::variant<GPT2Config, LlamaConfig, MixtralConfig, DeepseekConfig>;
 
 // HF's "model_type": "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "mixtral",
-// "qwen2_moe" or "qwen3_moe".
+// "qwen2_moe", "qwen3_moe", "deepseek_v2" or "deepseek_v3".
 std::string model_type(const ModelConfig& config);
 int64_t vocab_size(const ModelConfig& config);
 int64_t hidden_size(const ModelConfig& config);

@@ -305,7 +305,7 @@ LlamaConfig config_json::llama_family_from_json(const std::string& family, const
   if (family == "gemma2" || family == "gemma3_text") return gemma_from_json(family, j);
   if (family == "phi3") return phi3_from_json(j);
   throw ConfigError(fmt::format("config.json: \"model_type\" is \"{}\"; supported: {}", family,
-                                "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3, mixtral, qwen2_moe, qwen3_moe"));
+                                "gpt2, llama, qwen2, qwen3, mistral, gemma2, gemma3_text, phi3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3"));
 }
 
 json config_json::llama_family_to_json(const LlamaConfig& c) {

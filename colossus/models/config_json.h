@@ -102,5 +102,8 @@ json llama_family_to_json(const LlamaConfig& c);
 MixtralConfig qwen_moe_from_json(const std::string& moe_family, const json& j);
 json qwen_moe_to_json(const MixtralConfig& c);
 void validate_moe_family(const MixtralConfig& c);
+// DeepSeek-V2 / V3 ("deepseek_v2", "deepseek_v3"; config_deepseek.cpp).
+DeepseekConfig deepseek_from_json(const std::string& family, const json& j);
+json deepseek_to_json(const DeepseekConfig& c);
 
 }  // namespace colossus::models::config_json

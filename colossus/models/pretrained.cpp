@@ -2,6 +2,7 @@
 
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
+#include "colossus/models/deepseek.h"
 #include "colossus/models/gemma.h"
 #include "colossus/models/gpt2.h"
 #include "colossus/models/llama.h"
@@ -52,6 +53,8 @@ std::shared_ptr<CausalLM> create_model(const ModelConfig& config, const CreateOp
     model = std::make_shared<GPT2LMHeadModel>(*gpt2, tensor_options);
   } else if (const auto* mixtral = std::get_if<MixtralConfig>(&config)) {
     model = std::make_shared<MixtralForCausalLM>(*mixtral, tensor_options);
+  } else if (const auto* deepseek = std::get_if<DeepseekConfig>(&config)) {
+    model = std::make_shared<DeepseekForCausalLM>(*deepseek, tensor_options);
   } else {
     const auto& llama = std::get<LlamaConfig>(config);
     if (llama.is_gemma()) {
@@ -85,6 +88,14 @@ bool ignorable(const CausalLM& model, const std::string& key) {
   return false;
 }
 
+// The tensors a checkpoint holds: the parameters, then the buffers (DeepSeek-V3's
+// router bias; no other model registers any).
+torch::OrderedDict<std::string, at::Tensor> checkpointed_tensors(const CausalLM& model) {
+  auto tensors = model.named_parameters(/*recurse=*/true);
+  for (const auto& item : model.named_buffers(/*recurse=*/true)) tensors.insert(item.key(), item.value());
+  return tensors;
+}
+
 std::string dtype_name(c10::ScalarType dtype) {
   if (auto name = hf_dtype_name(dtype)) return *name;
   throw CheckpointError(fmt::format(
@@ -115,7 +126,7 @@ std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
                                                      const std::string& source) {
   // Phi-3's fused qkv_proj / gate_up_proj become the model's q/k/v and gate/up (views).
   const std::map<std::string, at::Tensor> state = model_tensors(model.config(), file_state, source);
-  auto params = model.named_parameters(/*recurse=*/true);
+  auto params = checkpointed_tensors(model);
   const std::string base_prefix = model.blocks_path().substr(0, model.blocks_path().find('.')) + ".";
   std::vector<std::string> unexpected, mismatched, dtype_mismatched;
   std::map<std::string, const at::Tensor*> assigned;
@@ -168,7 +179,7 @@ std::map<std::string, at::Tensor> resolve_state_dict(const CausalLM& model,
 
 void load_state_dict(CausalLM& model, const std::map<std::string, at::Tensor>& state, const std::string& source) {
   auto resolved = resolve_state_dict(model, state, source);
-  auto params = model.named_parameters(/*recurse=*/true);
+  auto params = checkpointed_tensors(model);
   at::NoGradGuard no_grad;
   for (auto& [name, tensor] : resolved) params[name].copy_(tensor);
 }
@@ -184,7 +195,7 @@ std::shared_ptr<CausalLM> load_pretrained(const std::string& dir, const LoadOpti
 
 checkpoint::NamedTensors state_dict(const CausalLM& model) {
   checkpoint::NamedTensors tensors;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) tensors.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : checkpointed_tensors(model)) tensors.emplace_back(item.key(), item.value().detach());
   return checkpoint_tensors(model.config(), std::move(tensors));
 }
 

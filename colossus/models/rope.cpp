@@ -48,7 +48,37 @@ at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeSpec& spec) {
   return at::where(medium, smoothed, scaled);
 }
 
+// YaRN: per dimension pair, the original frequency (fast rotations, past
+// beta_fast turns over the original context) or the factor-interpolated one
+// (slow, under beta_slow turns), with a linear ramp between; fp32 like HF.
+at::Tensor yarn_inv_freq(const at::Tensor& base, const RopeSpec& spec) {
+  const RopeScaling& s = spec.scaling;
+  const int64_t dim = spec.head_dim;
+  const double theta = spec.theta;
+  const double original = static_cast<double>(s.original_max_position_embeddings.value_or(spec.max_position_embeddings));
+  // The dimension whose frequency turns `rotations` times over the original context.
+  const auto correction_dim = [&](double rotations) {
+    return static_cast<double>(dim) * std::log(original / (rotations * 2 * std::numbers::pi)) / (2 * std::log(theta));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;  // no zero-width ramp
+  at::Tensor ramp = ((at::arange(dim / 2, at::kFloat) - low) / (high - low)).clamp(0, 1);
+  at::Tensor extrapolation_factor = 1 - ramp;
+  at::Tensor pos_freqs = at::pow(base, at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim));
+  at::Tensor extrapolation = 1.0 / pos_freqs;
+  at::Tensor interpolation = 1.0 / (s.factor * pos_freqs);
+  return interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor;
+}
+
 }  // namespace
+
+double yarn_mscale(double factor, double mscale) { return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
 
 at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len) {
   const int64_t dim = spec.head_dim;
@@ -67,6 +97,7 @@ at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len) {
     at::Tensor exponents = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim);
     return (ext * at::pow(base, exponents)).reciprocal();
   }
+  if (s.rope_type == "yarn") return yarn_inv_freq(base, spec);
   at::Tensor inv_freq = default_inv_freq(base, dim);
   if (s.rope_type == "linear") return inv_freq / s.factor;
   if (s.rope_type == "llama3") return llama3_inv_freq(inv_freq, spec);
@@ -75,6 +106,14 @@ at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len) {
 
 double rope_attention_scaling(const RopeSpec& spec) {
   const RopeScaling& s = spec.scaling;
+  if (s.rope_type == "yarn") {
+    if (s.attention_factor) return *s.attention_factor;
+    // transformers treats an mscale of 0 as unset.
+    if (s.mscale.value_or(0.0) != 0.0 && s.mscale_all_dim.value_or(0.0) != 0.0) {
+      return yarn_mscale(s.factor, *s.mscale) / yarn_mscale(s.factor, *s.mscale_all_dim);
+    }
+    return yarn_mscale(s.factor, 1.0);
+  }
   if (s.rope_type != "longrope") return 1.0;
   if (s.attention_factor) return *s.attention_factor;
   if (s.factor <= 1.0) return 1.0;
@@ -89,7 +128,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const RopeSpec& spec, int64_t seq
   at::Tensor freqs = positions.unsqueeze(1) * inv_freq.unsqueeze(0);  // (T, D/2)
   at::Tensor angles = at::cat({freqs, freqs}, -1);                   // (T, D)
   at::Tensor cos = angles.cos(), sin = angles.sin();
-  if (spec.scaling.rope_type == "longrope") {
+  if (spec.scaling.rope_type == "longrope" || spec.scaling.rope_type == "yarn") {
     // Scaled in fp32 before the cast, as HF.
     const double scaling = rope_attention_scaling(spec);
     cos = cos * scaling;

@@ -1,5 +1,5 @@
 // Rotary position embeddings (RoPE) as Hugging Face computes them, including
-// the rope_scaling variants linear, dynamic (NTK) and llama3. Frequencies are
+// the rope_scaling variants linear, dynamic (NTK), llama3, longrope and yarn. Frequencies are
 // computed in fp32 with the same operations as transformers, so cos/sin agree
 // with HF to the last bit on CPU.
 #pragma once
@@ -31,8 +31,10 @@ RopeSpec rope_spec(const LlamaConfig& config);
 // when it crosses that length).
 at::Tensor rope_inv_freq(const RopeSpec& spec, int64_t seq_len);
 
-// The factor cos and sin are multiplied by: longrope's attention factor, else 1.
+// The factor cos and sin are multiplied by: longrope's or yarn's attention factor, else 1.
 double rope_attention_scaling(const RopeSpec& spec);
+// YaRN's mscale(factor, m) = 0.1 m ln(factor) + 1 for factor > 1, else 1.
+double yarn_mscale(double factor, double mscale);
 
 // cos, sin: (rows, head_dim) for positions 0..rows-1 with the frequencies of a
 // sequence of seq_len tokens (rows: seq_len when unset), cast to options' dtype/device.

@@ -22,6 +22,13 @@ KVCacheShape kv_cache_shape(const models::CausalLM& model, int64_t block_size) {
         if constexpr (std::is_same_v<C, models::GPT2Config>) {
           shape.kv_heads = c.n_head;
           shape.head_dim = c.head_dim();
+        } else if constexpr (std::is_same_v<C, models::DeepseekConfig>) {
+          // MLA under an attention hook is multi-query attention over one
+          // compressed row per token, [latent | rotated shared key], which
+          // is also its value (mla_attention.h).
+          shape.kv_heads = 1;
+          shape.head_dim = c.kv_lora_rank + c.qk_rope_head_dim;
+          shape.values_alias_keys = true;
         } else {
           shape.kv_heads = c.kv_heads();
           shape.head_dim = c.resolved_head_dim();
@@ -35,11 +42,12 @@ KVCache::KVCache(const KVCacheShape& shape, const at::TensorOptions& options, bo
     : shape_(shape), allocator_(shape.num_blocks, shape.block_size, enable_prefix_caching) {
   TORCH_CHECK(shape.num_blocks > 0 && shape.num_layers > 0, "KV cache needs at least one block and one layer");
   // One allocation for all layers; per-layer keys/values are views of it.
-  at::Tensor pool = at::empty({shape.num_layers, 2, shape.num_blocks, shape.kv_heads, shape.block_size, shape.head_dim},
+  const int64_t planes = shape.values_alias_keys ? 1 : 2;
+  at::Tensor pool = at::empty({shape.num_layers, planes, shape.num_blocks, shape.kv_heads, shape.block_size, shape.head_dim},
                               options);
   for (int64_t l = 0; l < shape.num_layers; ++l) {
     keys_.push_back(pool[l][0]);
-    values_.push_back(pool[l][1]);
+    values_.push_back(pool[l][planes - 1]);
   }
 }
 
@@ -128,7 +136,7 @@ void KVCache::apply_copies() {
   at::Tensor src = at::tensor(from, at::kLong).to(device), dst = at::tensor(to, at::kLong).to(device);
   for (size_t l = 0; l < keys_.size(); ++l) {
     keys_[l].index_copy_(0, dst, keys_[l].index_select(0, src));
-    values_[l].index_copy_(0, dst, values_[l].index_select(0, src));
+    if (!shape_.values_alias_keys) values_[l].index_copy_(0, dst, values_[l].index_select(0, src));
   }
 }
 

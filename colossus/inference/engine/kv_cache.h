@@ -23,7 +23,12 @@ struct KVCacheShape {
   int64_t head_dim = 0;
   int64_t block_size = 16;
   int64_t num_blocks = 0;
-  int64_t bytes_per_block(int64_t element_size) const { return 2 * num_layers * kv_heads * block_size * head_dim * element_size; }
+  // MLA's compressed cache (DeepSeek): one row per token that serves as key
+  // and value, so the values are a view of the keys and take no memory.
+  bool values_alias_keys = false;
+  int64_t bytes_per_block(int64_t element_size) const {
+    return (values_alias_keys ? 1 : 2) * num_layers * kv_heads * block_size * head_dim * element_size;
+  }
 };
 
 // The cache shape of a model's attention layers (kv heads, head dim, layers).

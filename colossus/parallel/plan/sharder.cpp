@@ -25,6 +25,10 @@ Shape shape_of(const models::ModelConfig& config) {
   // only its LLaMA attention is sharded, so it has no FFN width to divide.
   if (const auto* m = std::get_if<models::MixtralConfig>(&config))
     return {m->num_attention_heads, m->kv_heads(), m->resolved_head_dim(), 0};
+  if (std::holds_alternative<models::DeepseekConfig>(config)) {
+    throw ConfigError(fmt::format("tensor parallelism has no plan for {} (multi-head latent attention) yet; use tp_size 1",
+                                  models::model_type(config)));
+  }
   const auto& l = std::get<models::LlamaConfig>(config);
   return {l.num_attention_heads, l.kv_heads(), l.resolved_head_dim(), l.intermediate_size};
 }
