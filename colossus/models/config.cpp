@@ -657,13 +657,43 @@ ModelConfig preset(std::string_view name) {
     }
     return c;
   }
+  if (name == "deepseek_v2-tiny" || name == "deepseek_v3-tiny") {
+    // The family's defaults at mixtral-tiny's size: a dense first layer, then
+    // DeepSeekMoE layers (8 routed experts in 2 groups, one shared); V2-Lite's
+    // plain q_proj, V3 with a q LoRA bottleneck and its biased sigmoid router.
+    const std::string family(name.substr(0, name.find('-')));
+    DeepseekConfig c = DeepseekConfig::defaults(family);
+    c.vocab_size = 128;
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 4;
+    c.max_position_embeddings = 128;
+    c.q_lora_rank = family == "deepseek_v3" ? std::optional<int64_t>(32) : std::nullopt;
+    c.kv_lora_rank = 32;
+    c.qk_nope_head_dim = 16;
+    c.qk_rope_head_dim = 8;
+    c.head_dim = c.qk_rope_head_dim;
+    c.v_head_dim = 16;
+    c.moe_intermediate_size = 32;
+    c.n_routed_experts = 8;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 2;
+    c.first_k_dense_replace = 1;
+    c.n_group = 2;
+    c.topk_group = 1;
+    if (family == "deepseek_v2") c.topk_method = "group_limited_greedy";
+    c.validate();
+    return c;
+  }
   throw ConfigError(fmt::format("unknown model preset \"{}\"; known: {}", name, fmt::join(preset_names(), ", ")));
 }
 
 std::vector<std::string> preset_names() {
   return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
           "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny",
-          "qwen2_moe-tiny", "qwen3_moe-tiny"};
+          "qwen2_moe-tiny", "qwen3_moe-tiny", "deepseek_v2-tiny", "deepseek_v3-tiny"};
 }
 
 }  // namespace colossus::models

@@ -265,7 +265,7 @@ void write_config(const ModelConfig& config, const std::string& path);
 
 // gpt2-124m, gpt2-350m, llama-1b-like, and the test sizes gpt2-tiny, llama-tiny,
 // qwen2-tiny, qwen3-tiny, mistral-tiny, gemma2-tiny, gemma3-tiny, phi3-tiny, mixtral-tiny,
-// qwen2_moe-tiny, qwen3_moe-tiny.
+// qwen2_moe-tiny, qwen3_moe-tiny, deepseek_v2-tiny, deepseek_v3-tiny.
 // Presets use dropout 0 (training recipes set it; 0 keeps every parallel
 // layout bit-comparable). Throws ConfigError listing the names on a typo.
 ModelConfig preset(std::string_view name);

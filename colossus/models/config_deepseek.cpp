@@ -138,7 +138,8 @@ json deepseek_to_json(const DeepseekConfig& c) {
   if (c.is_v3()) j["rope_interleave"] = c.rope_interleave;
   if (c.aux_loss_alpha) j["aux_loss_alpha"] = *c.aux_loss_alpha;
   if (c.seq_aux) j["seq_aux"] = *c.seq_aux;
-  if (c.router_bias_update_speed != 0.001) j["router_bias_update_speed"] = c.router_bias_update_speed;
+  // Always for V3: the key shows in the effective config and a [model.config] override finds it.
+  if (c.is_v3() || c.router_bias_update_speed != 0.001) j["router_bias_update_speed"] = c.router_bias_update_speed;
   return j;
 }
 

@@ -12,6 +12,8 @@
 #include "colossus/apps/trainer/trainer.h"
 #include "colossus/core/errors.h"
 #include "colossus/metrics/jsonl_writer.h"
+#include "colossus/models/deepseek.h"
+#include "colossus/models/deepseek_moe.h"
 #include "colossus/models/pretrained.h"
 #include "tests/testing/command.h"
 #include "tests/testing/testing.h"
@@ -113,6 +115,54 @@ TEST(Trainer, ResumeContinuesTheExactLossCurve) {
     EXPECT_EQ(logged, expected);
     EXPECT_TRUE(fs::exists(split_dir / "loss.svg"));
     EXPECT_TRUE(fs::exists(split_dir / "config.toml"));
+  }
+  world->barrier().wait();
+}
+
+// DeepSeek-V3's aux-loss-free balancing runs in training: after every
+// optimizer step each router bias moves by +-gamma against its experts' load
+// summed over the data-parallel ranks, the biases reach the checkpoint, and a
+// run resumed from it continues the loss curve exactly.
+TEST(Trainer, DeepseekV3RouterBiasesMoveEveryStepAndResume) {
+  auto world = ct::world();
+  auto config = [](const fs::path& dir, std::vector<std::string> extra) {
+    std::vector<std::string> overrides{"train.output_dir=\"" + dir.string() + "\"",
+                                       "train.log_every=1",
+                                       "train.steps=6",
+                                       "train.save_every=3",
+                                       "train.tensorboard=false",
+                                       "train.eval_batches=1",
+                                       "data.builtin_bytes=100000",
+                                       "data.seq_len=32",
+                                       "data.batch_size=2",
+                                       "data.eval_fraction=0.05",
+                                       "optimizer.lr=3e-3",
+                                       "lr_scheduler.total_steps=6",  // the same schedule in the split run
+                                       "model.config.router_bias_update_speed=0.01"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    return apps::parse_train_config("[model]\npreset = \"deepseek_v3-tiny\"\n", overrides);
+  };
+  auto full_dir = job_dir("deepseek_full"), split_dir = job_dir("deepseek_split");
+  const auto full = apps::train(config(full_dir, {}));
+  ASSERT_EQ(full.steps.size(), 6u);
+  apps::train(config(split_dir, {"train.steps=3"}));
+  const auto second = apps::train(config(split_dir, {}), {.resume = "auto"});
+  ASSERT_EQ(second.first_step, 3);
+  for (size_t i = 0; i < second.steps.size(); ++i) {
+    EXPECT_EQ(second.steps[i].loss, full.steps[3 + i].loss) << "step " << 4 + i;
+  }
+  const auto model = models::load_pretrained((full_dir / "checkpoints" / "step-00000006" / "model").string());
+  auto* deepseek = dynamic_cast<models::DeepseekForCausalLM*>(model.get());
+  ASSERT_NE(deepseek, nullptr);
+  ASSERT_EQ(deepseek->moe_blocks().size(), 2u) << "deepseek_v3-tiny: one dense layer, then two MoE layers";
+  for (const models::DeepseekMoe* block : deepseek->moe_blocks()) {
+    const at::Tensor bias = block->gate().e_score_correction_bias;
+    ASSERT_TRUE(bias.defined());
+    // Six moves of +-0.01 (or 0 for an expert exactly at the mean): a multiple of 0.01, |bias| <= 0.06, not all 0.
+    EXPECT_GT(bias.abs().max().item<double>(), 0.0) << bias;
+    EXPECT_LE(bias.abs().max().item<double>(), 0.06 + 1e-6) << bias;
+    const at::Tensor steps = bias / 0.01;
+    EXPECT_LE((steps - steps.round()).abs().max().item<double>(), 1e-3) << bias;
   }
   world->barrier().wait();
 }

@@ -28,6 +28,8 @@
 #include "colossus/lora/peft_io.h"
 #include "colossus/metrics/memory.h"
 #include "colossus/models/config.h"
+#include "colossus/models/deepseek.h"
+#include "colossus/models/deepseek_moe.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
 
@@ -192,6 +194,10 @@ class Trainer {
                           int64_t examples);
   // dpo under pipeline parallelism: the step's pairs as one pipeline batch.
   at::Tensor dpo_pipeline_step(const std::vector<std::vector<data::SftExample>>& micro_batches);
+  // DeepSeek-V3's aux-loss-free balancing after an optimizer step: each
+  // router's bias moves against its experts' load summed over the
+  // data-parallel ranks, so every rank makes the same move.
+  void update_router_biases();
   // dpo: the frozen reference, the policy as it was loaded, in the working dtype.
   void build_reference_model(const models::ModelConfig& model_config);
 
@@ -721,6 +727,20 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
   return step_loss;
 }
 
+void Trainer::update_router_biases() {
+  auto* deepseek = dynamic_cast<models::DeepseekForCausalLM*>(&boosted_.model->unwrap());
+  if (deepseek == nullptr) return;
+  const models::DeepseekConfig& c = deepseek->deepseek_config();
+  if (!c.is_v3() || c.router_bias_update_speed == 0.0) return;
+  const std::vector<models::DeepseekMoe*> blocks = deepseek->moe_blocks();  // this pipeline stage's
+  if (blocks.empty()) return;
+  std::vector<at::Tensor> loads;
+  for (const models::DeepseekMoe* block : blocks) loads.push_back(block->expert_load());
+  at::Tensor load = at::stack(loads);  // (blocks, experts) fp32
+  if (dp_size_ > 1) dp_->all_reduce(load).wait();
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i]->update_bias(c.router_bias_update_speed, load[i]);
+}
+
 at::Tensor Trainer::dpo_pipeline_step(const std::vector<std::vector<data::SftExample>>& micro_batches) {
   // Rows pair by pair (chosen, rejected, chosen, ...), the micro-batches one
   // under another, padded to the step's longest; each pipeline microbatch
@@ -835,6 +855,7 @@ TrainResult Trainer::run() {
     if (!graphed) {
       optimizer.step();
       optimizer.zero_grad();
+      update_router_biases();
     }
     {
       // run = (run + 1) * bad: counts consecutive bad steps, on the device.
