@@ -2,6 +2,7 @@
 
 #include "colossus/core/errors.h"
 #include "colossus/lora/nf4_linear.h"
+#include "colossus/models/deepseek_moe.h"
 #include "colossus/models/moe_layer.h"
 #include "colossus/models/pretrained.h"
 
@@ -147,18 +148,22 @@ LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_
         "the model already has LoRA layers; apply one adapter per model (merge_lora first to stack another)");
   }
   const torch::nn::Module* head = model.lm_head();
-  // A MoE block's router and experts run from its own packed buffers, not
-  // through their layers' forward, so a wrapper there would never run.
-  // transformers' Mixtral holds no nn.Linear there either, so PEFT's
-  // "all-linear" skips them too.
+  // A MoE block's router and routed experts run from its own packed buffers
+  // (or, in DeepSeek's block, are 3D tensors in transformers), not as
+  // nn.Linear: transformers holds none there, so PEFT's "all-linear" skips
+  // them and so do we. The shared expert (Qwen2-MoE's shared_expert and its
+  // gate, DeepSeek's shared_experts) is nn.Linear in transformers and runs
+  // through its layers' forward here: adapted, as PEFT does.
   std::vector<std::string> moe_paths;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (dynamic_cast<const models::SparseMoeBlock*>(item.value().get()) != nullptr)
+    if (dynamic_cast<const models::SparseMoeBlock*>(item.value().get()) != nullptr ||
+        dynamic_cast<const models::DeepseekMoe*>(item.value().get()) != nullptr)
       moe_paths.push_back(item.key() + ".");
   }
   const auto in_moe = [&](const std::string& path) {
-    return std::any_of(moe_paths.begin(), moe_paths.end(),
-                       [&](const std::string& moe) { return path.starts_with(moe); });
+    return std::any_of(moe_paths.begin(), moe_paths.end(), [&](const std::string& moe) {
+      return path.starts_with(moe) && !std::string_view(path).substr(moe.size()).starts_with("shared_expert");
+    });
   };
   std::vector<std::string> linear_paths;
   std::vector<std::pair<std::string, std::shared_ptr<models::Layer>>> targets;

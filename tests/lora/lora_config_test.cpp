@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 
 namespace colossus::lora {
@@ -217,6 +218,30 @@ TEST(ApplyLora, MoeRoutersAndExpertsAreSkippedByAllLinearAndRefusedByName) {
   auto fresh = models::create_model(config, {.seed = 1});
   const std::string message = error_of([&] { apply_lora(*fresh, {.r = 2, .target_modules = {"w1"}}); });
   EXPECT_NE(message.find("router or expert of a MoE block"), std::string::npos) << message;
+}
+
+// PEFT's "all-linear" on transformers' Qwen2-MoE / DeepSeek-V3: routers and routed experts hold no
+// nn.Linear (skipped), the shared expert (and Qwen2-MoE's shared_expert_gate) is adapted.
+TEST(ApplyLora, AllLinearAdaptsSharedExpertsButNotRoutedOnes) {
+  for (const char* preset : {"qwen2_moe-tiny", "deepseek_v3-tiny"}) {
+    auto model = models::create_model(models::preset(preset), {.seed = 1});
+    apply_lora(*model, {.r = 2, .target_modules = {"all-linear"}});
+    std::set<std::string> paths;
+    for (const auto& [path, layer] : lora_layers(*model)) {
+      paths.insert(path);
+      EXPECT_EQ(path.find(".experts."), std::string::npos) << preset << ": " << path;
+      EXPECT_FALSE(path.ends_with("mlp.gate")) << preset << ": " << path;
+    }
+    const bool qwen = std::string(preset) == "qwen2_moe-tiny";
+    for (const std::string& want : qwen ? std::vector<std::string>{"model.layers.0.mlp.shared_expert.down_proj",
+                                                                   "model.layers.0.mlp.shared_expert_gate",
+                                                                   "model.layers.1.mlp.up_proj"}
+                                       : std::vector<std::string>{"model.layers.1.mlp.shared_experts.gate_proj",
+                                                                   "model.layers.0.mlp.up_proj",
+                                                                   "model.layers.2.self_attn.kv_b_proj"}) {
+      EXPECT_TRUE(paths.contains(want)) << preset << ": " << want << " not adapted";
+    }
+  }
 }
 
 TEST(ApplyLora, RefusedAfterFuseProjections) {
