@@ -27,6 +27,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from expert_grads import checkpoint_grads
+
 TOLERANCE = 1e-4
 BATCH, SEQ = 2, 16
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8,
@@ -67,26 +69,6 @@ CASES = {
 }
 
 
-def checkpoint_grads(model, config):
-    """Gradients under the names save_pretrained writes (per-expert gate/up/down_proj)."""
-    out = {}
-    inter = config.moe_intermediate_size
-    for name, p in model.named_parameters():
-        g = p.grad
-        if name.endswith("experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            for e in range(g.shape[0]):
-                out[f"grad.{base}{e}.gate_proj.weight"] = g[e, :inter].contiguous()
-                out[f"grad.{base}{e}.up_proj.weight"] = g[e, inter:].contiguous()
-        elif name.endswith("experts.down_proj"):
-            base = name[: -len("down_proj")]
-            for e in range(g.shape[0]):
-                out[f"grad.{base}{e}.down_proj.weight"] = g[e].contiguous()
-        else:
-            out["grad." + name] = g.contiguous()
-    return out
-
-
 def make(out_dir: pathlib.Path) -> None:
     for case, build_config in CASES.items():
         torch.manual_seed(20240607)
@@ -108,7 +90,7 @@ def make(out_dir: pathlib.Path) -> None:
         out.loss.backward()
         tensors = {"input_ids": input_ids, "labels": labels, "logits": out.logits.detach().contiguous(),
                    "loss": out.loss.detach().reshape(1)}
-        tensors.update(checkpoint_grads(model, config))
+        tensors.update(checkpoint_grads(model, config.moe_intermediate_size))
         save_file(tensors, str(case_dir / "reference.safetensors"))
 
 

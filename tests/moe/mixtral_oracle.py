@@ -21,6 +21,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+from expert_grads import MIXTRAL_NAMES, checkpoint_grads
+
 TOLERANCE = 1e-4
 BATCH, SEQ = 2, 16
 
@@ -42,27 +44,6 @@ CASES = {
 }
 
 
-def checkpoint_grads(model, config):
-    """Gradients under the names save_pretrained writes (per-expert w1/w2/w3)."""
-    out = {}
-    inter = config.intermediate_size
-    for name, p in model.named_parameters():
-        g = p.grad
-        name = name.replace(".mlp.", ".block_sparse_moe.")
-        if name.endswith("experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            for e in range(g.shape[0]):
-                out[f"grad.{base}{e}.w1.weight"] = g[e, :inter].contiguous()
-                out[f"grad.{base}{e}.w3.weight"] = g[e, inter:].contiguous()
-        elif name.endswith("experts.down_proj"):
-            base = name[: -len("down_proj")]
-            for e in range(g.shape[0]):
-                out[f"grad.{base}{e}.w2.weight"] = g[e].contiguous()
-        else:
-            out["grad." + name] = g.contiguous()
-    return out
-
-
 def make(out_dir: pathlib.Path) -> None:
     for case, build_config in CASES.items():
         torch.manual_seed(20240607)
@@ -81,7 +62,8 @@ def make(out_dir: pathlib.Path) -> None:
         out.loss.backward()
         tensors = {"input_ids": input_ids, "labels": labels, "logits": out.logits.detach().contiguous(),
                    "loss": out.loss.detach().reshape(1), "aux_loss": out.aux_loss.detach().reshape(1)}
-        tensors.update(checkpoint_grads(model, config))
+        tensors.update(checkpoint_grads(model, config.intermediate_size, MIXTRAL_NAMES,
+                                        rename=lambda name: name.replace(".mlp.", ".block_sparse_moe.")))
         save_file(tensors, str(case_dir / "reference.safetensors"))
 
 

@@ -30,6 +30,8 @@ import transformers
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from expert_grads import checkpoint_grads
+
 TOLERANCE = 1e-4
 BATCH, SEQ = 2, 16
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
@@ -65,26 +67,6 @@ CASES = {
 }
 
 
-def checkpoint_grads(model, config):
-    """Gradients under the names save_pretrained writes (per-expert gate/up/down_proj)."""
-    out = {}
-    inter = config.moe_intermediate_size
-    for name, p in model.named_parameters():
-        g = p.grad
-        if name.endswith("experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            for e in range(g.shape[0]):
-                out[f"grad.{base}{e}.gate_proj.weight"] = g[e, :inter].contiguous()
-                out[f"grad.{base}{e}.up_proj.weight"] = g[e, inter:].contiguous()
-        elif name.endswith("experts.down_proj"):
-            base = name[: -len("down_proj")]
-            for e in range(g.shape[0]):
-                out[f"grad.{base}{e}.down_proj.weight"] = g[e].contiguous()
-        else:
-            out["grad." + name] = g.contiguous()
-    return out
-
-
 def make(out_dir: pathlib.Path) -> None:
     for case, build_config in CASES.items():
         torch.manual_seed(20240611)
@@ -103,7 +85,7 @@ def make(out_dir: pathlib.Path) -> None:
         out.loss.backward()
         tensors = {"input_ids": input_ids, "labels": labels, "logits": out.logits.detach().contiguous(),
                    "loss": out.loss.detach().reshape(1), "aux_loss": out.aux_loss.detach().reshape(1)}
-        tensors.update(checkpoint_grads(model, config))
+        tensors.update(checkpoint_grads(model, config.moe_intermediate_size))
         save_file(tensors, str(case_dir / "reference.safetensors"))
 
 
