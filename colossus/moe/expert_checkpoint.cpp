@@ -8,8 +8,8 @@
 
 namespace colossus::moe {
 
-std::map<std::string, at::Tensor> gather_full_state(models::MixtralForCausalLM& model,
-                                                    cluster::ProcessGroup& ep_group) {
+std::map<std::string, at::Tensor> gather_full_state(models::MixtralForCausalLM& model, cluster::ProcessGroup& ep_group,
+                                                    const WholeParameter& whole) {
   const auto& config = model.mixtral_config();
   const int64_t local = config.num_local_experts / ep_group.size();
   // Names, order and shapes of the full model, without allocating it.
@@ -22,7 +22,7 @@ std::map<std::string, at::Tensor> gather_full_state(models::MixtralForCausalLM& 
     const at::Tensor* own = mine.find(name);
     if (!is_expert_parameter(name)) {
       TORCH_CHECK(own != nullptr, "gather_full_state: the model has no ", name);
-      state[name] = own->detach();
+      state[name] = whole ? whole(name, *own) : own->detach();
       continue;
     }
     // "...experts.M.wX.weight": M's owner broadcasts it.
@@ -30,8 +30,10 @@ std::map<std::string, at::Tensor> gather_full_state(models::MixtralForCausalLM& 
     const int64_t expert = std::stoll(name.substr(at, name.find('.', at) - at));
     const int owner = static_cast<int>(expert / local);
     const auto options = mine.begin()->value().options();
-    at::Tensor value = owner == ep_group.rank() ? own->detach().contiguous() : at::empty(item.value().sizes(), options);
     TORCH_CHECK(owner != ep_group.rank() || own != nullptr, "gather_full_state: this rank should hold ", name);
+    at::Tensor value = owner != ep_group.rank() ? at::empty(item.value().sizes(), options)
+                       : whole                  ? whole(name, *own).contiguous()
+                                                : own->detach().contiguous();
     ep_group.broadcast(value, owner).wait();
     state[name] = value;
   }
@@ -39,8 +41,8 @@ std::map<std::string, at::Tensor> gather_full_state(models::MixtralForCausalLM& 
 }
 
 void save_expert_parallel_pretrained(models::MixtralForCausalLM& model, cluster::ProcessGroup& ep_group,
-                                     const std::string& dir, bool write) {
-  auto state = gather_full_state(model, ep_group);
+                                     const std::string& dir, bool write, const WholeParameter& whole) {
+  auto state = gather_full_state(model, ep_group, whole);
   if (!write) return;
   const auto dtype = state.begin()->second.scalar_type();
   auto full = models::create_model(model.mixtral_config(), {.dtype = dtype, .init = false});

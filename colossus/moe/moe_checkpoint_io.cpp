@@ -1,15 +1,19 @@
 // Checkpoint IO of MoeHybridParallelPlugin. The model is one Hugging Face
-// directory: experts gathered over ep, world rank 0 writes
-// (expert_checkpoint.h), so it loads with any ep_size and into transformers;
-// each rank loads only the tensors it holds. The optimizer state is gathered
-// per shard group (dense over dp, experts over moe_dp) and written by moe_dp
-// rank 0 of each ep rank as `optimizer_ep<r>` (safetensors, the state JSON,
-// ep_size and the optimizer's parameter names in its metadata). The same
-// ep_size reads its own file (any moe_dp, zero_stage 0-2: the format is the
-// Booster's unsharded one); another ep_size reads every file and maps the
-// state by parameter name, because the indices name other experts there.
+// directory: experts gathered over ep, tp slices and pp stages made whole
+// (booster::HybridParallelState), world rank 0 writes (expert_checkpoint.h),
+// so it loads with any ep / tp / pp and into transformers; each rank loads
+// only the tensors (and tp slices) its stage holds. The optimizer state is
+// gathered per shard group (dense over dp, experts over moe_dp), merged over
+// pp and gathered over tp, and written by one rank per ep rank as
+// `optimizer_ep<r>` (safetensors, the state JSON, ep_size and the
+// optimizer's parameter names in its metadata). The same ep_size and
+// parameter list read their own file (any moe_dp, tp, pp, zero_stage 0-2: the
+// format is the Booster's unsharded one); otherwise every file is read and
+// the state mapped by parameter name, because the indices name other experts
+// there. Every call agrees over the world: an error anywhere throws on all.
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/booster/booster_impl.h"
+#include "colossus/booster/hybrid_parallel_state.h"
 #include "colossus/checkpoint/hf_index.h"
 #include "colossus/checkpoint/safetensors.h"
 #include "colossus/core/errors.h"
@@ -156,24 +160,17 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
  public:
   explicit MoeCheckpointIO(MoeHybridParallelPlugin& plugin) : plugin_(plugin) {}
 
-  // tp / pp shards are not gathered here yet.
-  void refuse_tp_pp(const std::string& what, const std::string& dir) const {
-    if (!plugin_.has_tp_pp()) return;
-    throw ConfigError(fmt::format("moe_hybrid_parallel: {}('{}') with tp_size = {} and pp_size = {} is not "
-                                  "supported yet (the tp slices and pipeline stages are not gathered); checkpoint "
-                                  "with tp_size = pp_size = 1 (any ep_size and zero_stage)",
-                                  what, dir, plugin_.options().tp_size, plugin_.options().pp_size));
-  }
-
   void save_model(booster::ModelWrapper& model, const std::string& dir, const booster::SaveOptions&) override {
-    refuse_tp_pp("save_model", dir);
     auto& moe = moe_model(model, "save_model");
     moe.wait_for_params();
-    auto world = plugin_.dp_group();
+    auto world = plugin_.world();
     std::exception_ptr error;
     try {
-      // Collective over ep (every rank gathers); one rank of the job writes.
-      save_expert_parallel_pretrained(moe.mixtral(), *moe.ep_group(), dir, world->rank() == 0);
+      auto layout = layout_of(moe);
+      WholeParameter whole;
+      if (layout) whole = [&](const std::string& name, const at::Tensor& local) { return layout->full_parameter(name, local); };
+      // Collective over ep (and pp, tp); one rank of the job writes.
+      save_expert_parallel_pretrained(moe.mixtral(), *moe.ep_group(), dir, world->rank() == 0, whole);
     } catch (...) {
       error = std::current_exception();
     }
@@ -181,50 +178,78 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
   }
 
   void load_model(booster::ModelWrapper& model, const std::string& dir) override {
-    refuse_tp_pp("load_model", dir);
     auto& moe = moe_model(model, "load_model");
-    booster::read_on_all(*plugin_.dp_group(), fmt::format("load_model('{}')", dir), [&] {
-      std::vector<std::string> names;  // the dense part and this rank's experts
-      for (const auto& item : moe.unwrap().named_parameters(/*recurse=*/true)) names.push_back(item.key());
+    booster::read_on_all(*plugin_.world(), fmt::format("load_model('{}')", dir), [&] {
+      const auto layout = layout_of(moe);
+      std::vector<std::string> names;  // the dense part and this rank's experts (of its stage)
+      for (const auto& item : moe.unwrap().named_parameters(/*recurse=*/true)) {
+        if (!layout || layout->holds(item.key())) names.push_back(item.key());
+      }
       moe.wait_for_params();
       auto state = checkpoint::load_tensors(dir, names);
-      models::load_state_dict(moe.unwrap(), state, dir);
+      if (!layout) {
+        models::load_state_dict(moe.unwrap(), state, dir);
+        return;
+      }
+      at::NoGradGuard no_grad;
+      auto params = moe.unwrap().named_parameters(/*recurse=*/true);
+      for (const auto& name : names) {
+        at::Tensor& param = *params.find(name);
+        const auto it = state.find(name);
+        if (it == state.end()) throw CheckpointError(fmt::format("load_model('{}'): {} is missing", dir, name));
+        if (!at::isFloatingType(it->second.scalar_type()) && it->second.scalar_type() != param.scalar_type()) {
+          throw CheckpointError(fmt::format("load_model('{}'): {} is {} in the checkpoint, the model needs {}", dir,
+                                            name, c10::toString(it->second.scalar_type()),
+                                            c10::toString(param.scalar_type())));
+        }
+        const at::Tensor local = layout->slice_parameter(name, it->second.to(param.scalar_type()));
+        if (local.sizes() != param.sizes()) {
+          throw CheckpointError(fmt::format("load_model('{}'): {} has shape {} in the checkpoint, the model needs {}",
+                                            dir, name, c10::str(it->second.sizes()), c10::str(param.sizes())));
+        }
+        param.copy_(local);
+      }
     });
   }
 
   void save_optimizer(optim::Optimizer& optimizer, const std::string& dir,
                       const booster::SaveOptions& options) override {
-    refuse_tp_pp("save_optimizer", dir);
     if (options.size_per_shard_mb <= 0) {
       throw ConfigError(
           fmt::format("save_optimizer('{}'): size_per_shard_mb={} must be "
                       "positive, e.g. 1024",
                       dir, options.size_per_shard_mb));
     }
-    // Collective under ZeRO (gathers over dp and moe_dp): every rank takes
-    // part.
-    optim::OptimizerState state = optimizer.state_dict();
+    auto& moe = plugin_.boosted().current("save_optimizer");
     auto ep = plugin_.ep_group();
     std::exception_ptr error;
-    if (plugin_.moe_dp_group()->rank() == 0) {
-      try {
+    try {
+      // Collective under ZeRO (gathers over dp and moe_dp), then over pp and
+      // tp: every rank takes part.
+      optim::OptimizerState state = optimizer.state_dict();
+      auto layout = layout_of(moe);
+      if (layout) state = layout->full_optimizer_state(layout->param_names(optimizer), std::move(state));
+      // One writer per ep rank: the rest of its moe_dp x pp x tp ranks hold the same state.
+      const bool writes = plugin_.moe_dp_group()->rank() == 0 && (!plugin_.tp_group() || plugin_.tp_group()->rank() == 0) &&
+                          (!plugin_.pp_group() || plugin_.pp_group()->rank() == 0);
+      if (writes) {
         checkpoint::ShardOptions shard_options{.max_shard_bytes = options.size_per_shard_mb << 20,
                                                .prefix = optimizer_prefix(ep->rank())};
         shard_options.metadata[booster::kOptimizerStateKey] = std::move(state.json);
         shard_options.metadata[kEpSizeKey] = std::to_string(ep->size());
         shard_options.metadata[kParamNamesKey] = nlohmann::json(plugin_.optimizer_param_names()).dump();
         checkpoint::save_sharded(dir, state.tensors, shard_options);
-      } catch (...) {
-        error = std::current_exception();
       }
+    } catch (...) {
+      error = std::current_exception();
     }
-    booster::agree_on_success(*plugin_.dp_group(), error, fmt::format("save_optimizer('{}')", dir));
+    booster::agree_on_success(*plugin_.world(), error, fmt::format("save_optimizer('{}')", dir));
   }
 
   void load_optimizer(optim::Optimizer& optimizer, const std::string& dir) override {
-    refuse_tp_pp("load_optimizer", dir);
     auto ep = plugin_.ep_group();
-    booster::read_on_all(*plugin_.dp_group(), fmt::format("load_optimizer('{}')", dir), [&] {
+    booster::read_on_all(*plugin_.world(), fmt::format("load_optimizer('{}')", dir), [&] {
+      auto& moe = plugin_.boosted().current("load_optimizer");
       const auto first = metadata_of(dir, optimizer_prefix(0));
       const auto saved_ep = first.find(kEpSizeKey);
       if (saved_ep == first.end()) {
@@ -233,39 +258,49 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
                         "MoeHybridParallelPlugin",
                         dir, optimizer_prefix(0), kEpSizeKey));
       }
-      if (saved_ep->second != std::to_string(ep->size())) {
+      const std::string prefix = optimizer_prefix(ep->rank());
+      optim::OptimizerState state;
+      if (saved_ep->second == std::to_string(ep->size()) && same_names(dir, prefix)) {
+        const auto metadata = ep->rank() == 0 ? first : metadata_of(dir, prefix);
+        const auto json = metadata.find(booster::kOptimizerStateKey);
+        if (json == metadata.end()) {
+          throw CheckpointError(
+              fmt::format("load_optimizer('{}'): {} has no '{}' metadata", dir, prefix, booster::kOptimizerStateKey));
+        }
+        state.json = json->second;
+        for (auto& [name, tensor] : checkpoint::load_state_dict(dir, prefix)) state.tensors.emplace_back(name, tensor);
+      } else {
         std::vector<size_t> group_sizes;
         for (const auto& group : optimizer.param_groups()) group_sizes.push_back(group.params.size());
-        const auto state =
-            remap_by_name(dir, std::stoll(saved_ep->second), plugin_.optimizer_param_names(), group_sizes);
-        try {
-          optimizer.load_state_dict(state);
-        } catch (const CheckpointError& e) {
-          throw CheckpointError(
-              fmt::format("load_optimizer('{}', saved with ep_size {}): {}", dir, saved_ep->second, e.what()));
-        }
-        return;
+        state = remap_by_name(dir, std::stoll(saved_ep->second), plugin_.optimizer_param_names(), group_sizes);
       }
-      const std::string prefix = optimizer_prefix(ep->rank());
-      const auto metadata = ep->rank() == 0 ? first : metadata_of(dir, prefix);
-      const auto json = metadata.find(booster::kOptimizerStateKey);
-      if (json == metadata.end()) {
-        throw CheckpointError(
-            fmt::format("load_optimizer('{}'): {} has no '{}' metadata", dir, prefix, booster::kOptimizerStateKey));
-      }
-      optim::OptimizerState state;
-      state.json = json->second;
-      for (auto& [name, tensor] : checkpoint::load_state_dict(dir, prefix)) state.tensors.emplace_back(name, tensor);
+      if (auto layout = layout_of(moe)) state = layout->local_optimizer_state(layout->param_names(optimizer), std::move(state));
       try {
         optimizer.load_state_dict(state);
       } catch (const CheckpointError& e) {
-        throw CheckpointError(fmt::format("load_optimizer('{}', {}): {}", dir, prefix, e.what()));
+        throw CheckpointError(
+            fmt::format("load_optimizer('{}', saved with ep_size {}): {}", dir, saved_ep->second, e.what()));
       }
     });
   }
 
  private:
   MoeHybridParallelPlugin& plugin_;
+
+  // tp / pp: the whole-model view of the sharded, staged model.
+  std::optional<booster::HybridParallelState> layout_of(MoeHybridParallelModel& moe) const {
+    if (moe.tp_pp() == nullptr) return std::nullopt;
+    return booster::HybridParallelState(*moe.tp_pp(), plugin_.tp_group_or_self(), plugin_.pp_group());
+  }
+
+  // Whether `prefix` was saved for this optimizer's parameter list (same
+  // names, same order): its indices then are this optimizer's.
+  bool same_names(const std::string& dir, const std::string& prefix) const {
+    const auto metadata = metadata_of(dir, prefix);
+    const auto names = metadata.find(kParamNamesKey);
+    return names != metadata.end() &&
+           parse_json(names->second, prefix).get<std::vector<std::string>>() == plugin_.optimizer_param_names();
+  }
 };
 
 }  // namespace

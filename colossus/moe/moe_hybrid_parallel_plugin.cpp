@@ -298,14 +298,20 @@ std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_model(std::
                     model ? models::model_type(model->config()) : std::string("null")));
   }
   validate_ep(mixtral->mixtral_config().num_local_experts, options_.ep_size);
-  if (has_tp_pp()) return wrap_tp_pp(std::move(mixtral));
-  // The dense reducer (or ZeRO's dense buckets) gets its own communicator too.
-  auto dense_group = world_->split(0, world_->rank(), "moe_hybrid_parallel_dense");
-  return std::make_shared<MoeHybridParallelModel>(std::move(mixtral), dense_group, ep_group(), moe_dp_group(),
-                                                  options_);
+  std::shared_ptr<MoeHybridParallelModel> wrapped;
+  if (has_tp_pp()) {
+    wrapped = wrap_tp_pp(std::move(mixtral));
+  } else {
+    // The dense reducer (or ZeRO's dense buckets) gets its own communicator too.
+    auto dense_group = world_->split(0, world_->rank(), "moe_hybrid_parallel_dense");
+    wrapped = std::make_shared<MoeHybridParallelModel>(std::move(mixtral), dense_group, ep_group(), moe_dp_group(),
+                                                       options_);
+  }
+  boosted_.set(wrapped);
+  return wrapped;
 }
 
-std::shared_ptr<booster::ModelWrapper> MoeHybridParallelPlugin::wrap_tp_pp(
+std::shared_ptr<MoeHybridParallelModel> MoeHybridParallelPlugin::wrap_tp_pp(
     std::shared_ptr<models::MixtralForCausalLM> mixtral) {
   // As HybridParallelPlugin::wrap_model: rank 0's full weights everywhere,
   // then this rank's experts, its tp slices, its pipeline stage, the cast.

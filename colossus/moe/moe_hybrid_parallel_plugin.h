@@ -14,17 +14,19 @@
 // and with pp the schedule hands it the gradients once per step.
 // The plugin owns precision (fp32, bf16, fp16 with fp32 masters) and clipping
 // (max_norm; each element counted once although dense parameters are
-// replicated over dp and tp, experts over moe_dp and tp). Checkpoints (tp =
-// pp = 1): the model as one HF directory (loads with any ep), the optimizer as
-// one file per ep rank (resumes on any layout; another ep_size maps it by
-// parameter name). Router losses with pp ride to the last stage
-// (router_loss_carry.h). Not yet: checkpoint IO with tp/pp, ZeRO-2 with pp
-// (ConfigErrors).
+// replicated over dp and tp, experts over moe_dp and tp). Checkpoints: the
+// model as one HF directory (tp slices and pp stages gathered whole; loads
+// with any layout and into transformers), the optimizer as one file per ep
+// rank in the layout-free form (resumes on any tp x pp x zero layout; another
+// ep_size maps it by parameter name). Router losses with pp ride to the last
+// stage (router_loss_carry.h). ZeRO-2 with pp is a ConfigError (the schedule
+// reduces once per step, so stage 2 would save nothing over stage 1).
 #pragma once
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/booster/grad_reducer.h"
 #include "colossus/booster/hybrid_parallel_plugin.h"
 #include "colossus/booster/plugin.h"
+#include "colossus/booster/wrapped_model.h"
 #include "colossus/cluster/mesh.h"
 #include "colossus/models/mixtral.h"
 
@@ -141,6 +143,11 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   cluster::ProcessGroupPtr tp_group() const { return options_.tp_size > 1 ? mesh_->group("tp") : nullptr; }
   cluster::ProcessGroupPtr pp_group() const { return options_.pp_size > 1 ? mesh_->group("pp") : nullptr; }
   bool has_tp_pp() const { return options_.tp_size > 1 || options_.pp_size > 1; }
+  // The ranks tp slices are gathered over: the tp group, or this rank alone
+  // (tp_size = 1 with pp). Null with tp = pp = 1.
+  cluster::ProcessGroupPtr tp_group_or_self() const { return tp_group() ? tp_group() : self_group_; }
+  // Every rank this plugin lays out (checkpoint calls agree over it).
+  cluster::ProcessGroupPtr world() const { return world_; }
   // The ranks holding other slices (tp) or stages (pp) of the same dp
   // replica: a norm over them sums different gradients. Null with tp = pp = 1.
   cluster::ProcessGroupPtr model_parallel_group() const {
@@ -160,6 +167,8 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   // The wrapped optimizer's parameters by name, in its flat order (the
   // indices of its state): checkpoints map state between ep layouts by name.
   const std::vector<std::string>& optimizer_param_names() const { return optimizer_param_names_; }
+  // The model this plugin wrapped (optimizer checkpoints need its layout).
+  const booster::WrappedModel<MoeHybridParallelModel>& boosted() const { return boosted_; }
 
  private:
   MoeHybridParallelPluginOptions options_;
@@ -169,10 +178,11 @@ class MoeHybridParallelPlugin : public booster::Plugin {
   std::unique_ptr<cluster::ProcessGroupMesh> mesh_;
   std::unique_ptr<booster::PluginCheckpointIO> io_;
   std::vector<std::string> optimizer_param_names_;
+  booster::WrappedModel<MoeHybridParallelModel> boosted_{"moe_hybrid_parallel"};
   cluster::ProcessGroupPtr self_group_;     // tp/pp: this rank alone (HybridParallelModel's idle reducer)
   std::vector<at::Tensor> fp32_originals_;  // tp/pp, bf16/fp16: between wrap_model and wrap_optimizer
 
-  std::shared_ptr<booster::ModelWrapper> wrap_tp_pp(std::shared_ptr<models::MixtralForCausalLM> mixtral);
+  std::shared_ptr<MoeHybridParallelModel> wrap_tp_pp(std::shared_ptr<models::MixtralForCausalLM> mixtral);
 };
 
 // The checkpoint IO above (moe_checkpoint_io.cpp).

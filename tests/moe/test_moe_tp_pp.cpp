@@ -4,14 +4,18 @@
 // tp and pp, dropless routing, follow one process's fp32 AdamW curve over 20
 // steps (<= 1e-5 relative per step), with the router aux and z losses under
 // pp too (carried to the last stage), and ZeRO-1/2 with tp and ZeRO-1 with
-// pp; what is not supported yet (ZeRO-2 with pp, checkpoints with tp/pp,
-// sizes not dividing the world) is a ConfigError naming the values.
+// pp; checkpoints move between tp x pp x ep x zero layouts (a resumed run
+// continues the uninterrupted curve) and load into transformers
+// (mixtral_oracle.py check); what is refused (ZeRO-2 with pp, sizes not
+// dividing the world) is a ConfigError naming the values.
 #include "colossus/amp/clip_grad.h"
 #include "colossus/booster/booster.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/moe/moe_hybrid_parallel_plugin.h"
 #include "colossus/optim/adam.h"
+#include "colossus/checkpoint/safetensors.h"
+#include "tests/testing/command.h"
 #include "tests/testing/testing.h"
 
 #include <ATen/ATen.h>
@@ -21,6 +25,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <iostream>
 
 namespace colossus::moe {
 namespace {
@@ -187,16 +193,116 @@ TEST(MoeTpPp, UnsupportedCombinationsAreClearConfigErrors) {
     const std::string message = error_of([&] { MoeHybridParallelPlugin plugin(options, world); });
     EXPECT_NE(message.find(expected), std::string::npos) << message;
   }
-  // Checkpoints with tp.
-  {
-    auto plugin =
-        std::make_shared<MoeHybridParallelPlugin>(MoeHybridParallelPluginOptions{.tp_size = 2, .ep_size = 2}, world);
-    booster::Booster booster(plugin);
-    auto model = models::create_model(tiny(), {.seed = 7});
-    auto boosted = booster.boost(model, adamw(*model));
-    const std::string message = error_of([&] { booster.save_model(*boosted.model, "/tmp/colossus_moe_tp_refused"); });
-    EXPECT_NE(message.find("save_model('/tmp/colossus_moe_tp_refused') with tp_size = 2"), std::string::npos) << message;
+}
+
+// A run on a fixed global batch of 4 rows (each dp rank its share), so
+// layouts with other dp sizes continue the same curve.
+struct LayoutRun {
+  LayoutRun(const MoeHybridParallelPluginOptions& options, const cluster::ProcessGroupPtr& world, uint64_t seed)
+      : options(options), booster(std::make_shared<MoeHybridParallelPlugin>(options, world)) {
+    auto model = models::create_model(tiny(), {.seed = seed});
+    boosted = booster.boost(model, adamw(*model));
   }
+  // Steps [first, last): the global mean losses.
+  std::vector<double> train(int first, int last) {
+    auto dp = booster.plugin().dp_group();
+    const int64_t rows = 4 / dp->size();
+    std::vector<double> losses;
+    for (int step = first; step < last; ++step) {
+      at::Tensor ids = global_batch(step, 2, tiny().vocab_size).narrow(0, dp->rank() * rows, rows).contiguous();
+      boosted.optimizer->zero_grad();
+      at::Tensor loss;
+      if (options.pp_size > 1) {
+        loss = booster
+                   .execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, *boosted.model, {},
+                                     *boosted.optimizer)
+                   .loss;
+      } else {
+        loss = boosted.model->loss(boosted.model->forward(ids), ids);
+        booster.backward(loss, *boosted.optimizer);
+      }
+      boosted.optimizer->step();
+      at::Tensor total = loss.detach().to(at::kDouble).reshape({1});
+      dp->all_reduce(total).wait();
+      losses.push_back(total.item<double>() / static_cast<double>(dp->size()));
+    }
+    return losses;
+  }
+  void save(const std::filesystem::path& dir) {
+    booster.save_model(*boosted.model, (dir / "model").string());
+    booster.save_optimizer(*boosted.optimizer, (dir / "optimizer").string());
+  }
+  void load(const std::filesystem::path& dir) {
+    booster.load_model(*boosted.model, (dir / "model").string());
+    booster.load_optimizer(*boosted.optimizer, (dir / "optimizer").string());
+  }
+  MoeHybridParallelPluginOptions options;
+  booster::Booster booster;
+  booster::Boosted boosted;
+};
+
+TEST(MoeTpPp, CheckpointsMoveBetweenLayoutsAndIntoTransformers) {
+  auto world = ct::world();
+  if (world->size() != 4) GTEST_SKIP() << "laid out for 4 ranks";
+  namespace fs = std::filesystem;
+  const fs::path dir = ct::job_scratch_dir("moe_tp_pp_ckpt");
+  constexpr int kFirstSave = 3, kSecondSave = 6, kEnd = 9;
+  // The uninterrupted run: tp2 x ep2 with ZeRO-1, saved at step 3.
+  LayoutRun a({.tp_size = 2, .ep_size = 2, .zero_stage = 1}, world, 7);
+  const auto head = a.train(0, kFirstSave);
+  a.save(dir / "tp2_ep2_zero1");
+  const auto want = a.train(kFirstSave, kEnd);
+  EXPECT_LT(want.back(), head.front() - 0.05) << "the curve should fall";
+
+  auto check = [&](const std::vector<double>& got, int offset, const std::string& label) {
+    double max_rel = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double expected = want[static_cast<size_t>(offset - kFirstSave) + i];
+      max_rel = std::max(max_rel, std::abs(got[i] - expected) / std::abs(expected));
+    }
+    EXPECT_LE(max_rel, 1e-5) << label;
+    if (world->rank() == 0) std::printf("[moe checkpoint] %s: max rel diff %.3g\n", label.c_str(), max_rel);
+  };
+  // pp2 x ep2 (other initial weights) resumes it, then saves at step 6 from
+  // its pipeline stages.
+  LayoutRun b({.pp_size = 2, .ep_size = 2, .num_microbatches = 2}, world, 8);
+  b.load(dir / "tp2_ep2_zero1");
+  check(b.train(kFirstSave, kSecondSave), kFirstSave, "tp2 x ep2 zero1 -> pp2 x ep2");
+  b.save(dir / "pp2_ep2");
+  // ...which ep4 without tp/pp (ZeRO-2: the state maps by name) and
+  // tp2 x pp2 x ep1 with ZeRO-1 each resume.
+  for (const auto& [options, label] : std::vector<std::pair<MoeHybridParallelPluginOptions, std::string>>{
+           {{.ep_size = 4, .zero_stage = 2}, "pp2 x ep2 -> ep4 zero2"},
+           {{.tp_size = 2, .pp_size = 2, .ep_size = 1, .num_microbatches = 2, .zero_stage = 1},
+            "pp2 x ep2 -> tp2 x pp2 zero1"}}) {
+    LayoutRun c(options, world, 9);
+    c.load(dir / "pp2_ep2");
+    check(c.train(kSecondSave, kEnd), kSecondSave, label);
+  }
+  world->barrier().wait();
+  // transformers loads the pipeline-saved model cleanly with the logits of
+  // our one-process load.
+  if (world->rank() == 0) {
+    const fs::path model_dir = dir / "pp2_ep2" / "model";
+    auto full = models::load_pretrained(model_dir.string());
+    full->eval();
+    at::Tensor ids = at::randint(tiny().vocab_size, {2, kSeq}, at::make_generator<at::CPUGeneratorImpl>(5), at::kLong);
+    at::Tensor logits, aux;
+    {
+      at::NoGradGuard no_grad;
+      logits = full->forward(ids);
+      aux = dynamic_cast<models::MixtralForCausalLM&>(*full).aux_loss().reshape({1});
+    }
+    checkpoint::save_safetensors((model_dir / "cpp_logits.safetensors").string(),
+                                 {{"input_ids", ids}, {"logits", logits}, {"aux_loss", aux}});
+    auto result = ct::run_command(
+        fmt::format("'{}' '{}' check '{}' 2>&1", COLOSSUS_PYTHON, COLOSSUS_MIXTRAL_ORACLE, model_dir.string()));
+    std::cout << result.output;
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find("-> ok"), std::string::npos) << result.output;
+    fs::remove_all(dir);
+  }
+  world->barrier().wait();
 }
 
 }  // namespace

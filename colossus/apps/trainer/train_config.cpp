@@ -174,14 +174,6 @@ void validate_moe_plugin(const TrainConfig& c) {
                                   "or plugin.name = \"ddp\" / \"low_level_zero\" for MoE fine-tuning",
                                   c.train.task));
   }
-  const auto& m = c.plugin.moe_hybrid_parallel;
-  if ((m.tp_size > 1 || m.pp_size > 1) && c.train.save) {
-    // Refused here rather than at the first save, after hours of training.
-    throw ConfigError(fmt::format("plugin moe_hybrid_parallel with tp_size = {} / pp_size = {} cannot write "
-                                  "checkpoints yet (tp slices and pipeline stages are not gathered); set "
-                                  "train.save = false, or use tp_size = pp_size = 1 (any ep_size, zero_stage)",
-                                  m.tp_size, m.pp_size));
-  }
   if (c.lora.enabled()) {
     throw ConfigError("[lora] with plugin moe_hybrid_parallel is not supported (experts are sharded over ep before "
                       "adapters could wrap them); set lora.r = 0, or use plugin.name = \"ddp\" for LoRA on an MoE "
