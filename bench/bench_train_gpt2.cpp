@@ -58,6 +58,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -282,13 +284,30 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
 
 // N for MFU: parameters without the position embedding; the tied head is not
 // a parameter of its own, so wte counts once.
+// The parameters a token's matmuls touch: without GPT-2's position
+// embedding, and of an MoE model's routed experts only the top-k share (the
+// active parameters).
 int64_t flop_params(const models::ModelConfig& model_config) {
   auto meta = models::create_model(model_config, {.device = c10::kMeta, .init = false});
-  int64_t n = 0;
+  const double routed_share = std::visit(
+      [](const auto& c) -> double {
+        using C = std::decay_t<decltype(c)>;
+        if constexpr (std::is_same_v<C, models::MixtralConfig>) {
+          return static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_local_experts);
+        } else if constexpr (std::is_same_v<C, models::DeepseekConfig>) {
+          return static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.n_routed_experts);
+        } else {
+          return 1.0;
+        }
+      },
+      model_config);
+  double n = 0;
   for (const auto& item : meta->named_parameters(/*recurse=*/true)) {
-    if (!item.key().ends_with("wpe.weight")) n += item.value().numel();
+    if (item.key().ends_with("wpe.weight")) continue;
+    const bool routed = item.key().find(".experts.") != std::string::npos;
+    n += static_cast<double>(item.value().numel()) * (routed ? routed_share : 1.0);
   }
-  return n;
+  return static_cast<int64_t>(n);
 }
 
 json result_json(const Result& r, double mfu) {

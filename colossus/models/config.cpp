@@ -687,13 +687,64 @@ ModelConfig preset(std::string_view name) {
     c.validate();
     return c;
   }
+  if (name == "qwen3_moe-a3b-layer" || name == "qwen3_moe-small") {
+    // Benchmark shapes (bench/RESULTS.md "moe_train"): one decoder layer of
+    // Qwen3-30B-A3B (128 experts of 768, top-8) over a small vocabulary, so
+    // the block dominates the step; and a small whole Qwen3-MoE (0.9B
+    // parameters, 0.2B active) to train end to end.
+    MixtralConfig c = std::get<MixtralConfig>(config_from_json(R"({"model_type": "qwen3_moe"})"));
+    const bool layer = name == "qwen3_moe-a3b-layer";
+    c.vocab_size = layer ? 2048 : 32000;
+    c.hidden_size = layer ? 2048 : 1024;
+    c.intermediate_size = layer ? 6144 : 3072;
+    c.num_hidden_layers = layer ? 1 : 8;
+    c.num_attention_heads = layer ? 32 : 16;
+    c.num_key_value_heads = 4;
+    c.head_dim = layer ? 128 : 64;
+    c.max_position_embeddings = 4096;
+    c.rope_theta = 1e6;
+    c.num_local_experts = layer ? 128 : 64;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = layer ? 768 : 512;
+    c.norm_topk_prob = true;
+    return c;
+  }
+  if (name == "deepseek_v2_lite-layer") {
+    // One DeepSeekMoE layer of DeepSeek-V2-Lite (MLA with kv_lora_rank 512,
+    // 64 routed experts of 1408 + 2 shared, top-6) over a small vocabulary,
+    // without V2-Lite's yarn context extension.
+    DeepseekConfig c = DeepseekConfig::defaults("deepseek_v2");
+    c.vocab_size = 2048;
+    c.hidden_size = 2048;
+    c.intermediate_size = 10944;
+    c.num_hidden_layers = 1;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 16;
+    c.max_position_embeddings = 4096;
+    c.q_lora_rank.reset();  // V2-Lite's plain q_proj
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.head_dim = c.qk_rope_head_dim;
+    c.v_head_dim = 128;
+    c.moe_intermediate_size = 1408;
+    c.n_routed_experts = 64;
+    c.n_shared_experts = 2;
+    c.num_experts_per_tok = 6;
+    c.first_k_dense_replace = 0;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.validate();
+    return c;
+  }
   throw ConfigError(fmt::format("unknown model preset \"{}\"; known: {}", name, fmt::join(preset_names(), ", ")));
 }
 
 std::vector<std::string> preset_names() {
   return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
           "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny",
-          "qwen2_moe-tiny", "qwen3_moe-tiny", "deepseek_v2-tiny", "deepseek_v3-tiny"};
+          "qwen2_moe-tiny", "qwen3_moe-tiny", "deepseek_v2-tiny", "deepseek_v3-tiny", "qwen3_moe-a3b-layer",
+          "qwen3_moe-small", "deepseek_v2_lite-layer"};
 }
 
 }  // namespace colossus::models
