@@ -15,6 +15,11 @@
       Beam search on each prompt alone (no padding); prints {"outputs":
       [generated ids per prompt]}: the best beam's new tokens, ending at eos
       when it ended there. Without --eos the model has no eos.
+
+  hf_generate.py logprobs MODEL_DIR --ids 1,2,3 --top 3
+      One forward over the ids in fp32; prints {"logprobs": [...], "top":
+      [[[id, logprob], ...], ...]}: for each position i >= 1, log_softmax of
+      the logits at i - 1 at ids[i], and the --top most likely tokens there.
 """
 import argparse
 import json
@@ -71,6 +76,20 @@ def beam(args) -> int:
     return 0
 
 
+def logprobs(args) -> int:
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([[int(i) for i in args.ids.split(",")]])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    chosen = logp[:-1].gather(1, ids[0, 1:].unsqueeze(1)).squeeze(1)
+    values, top_ids = logp[:-1].topk(args.top, dim=-1)
+    top = [[[int(t), float(v)] for t, v in zip(row_ids, row_values)] for row_ids, row_values in
+           zip(top_ids.tolist(), values.tolist())]
+    print(json.dumps({"logprobs": chosen.tolist(), "top": top}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,10 +111,14 @@ def main() -> int:
     b.add_argument("--eos", type=int, default=None)
     b.add_argument("--length_penalty", type=float, default=1.0)
     b.add_argument("--early_stopping", action="store_true")
+    lp = sub.add_parser("logprobs")
+    lp.add_argument("model_dir")
+    lp.add_argument("--ids", required=True)
+    lp.add_argument("--top", type=int, default=1)
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    return beam(args) if args.command == "beam" else generate(args)
+    return {"beam": beam, "logprobs": logprobs}.get(args.command, generate)(args)
 
 
 if __name__ == "__main__":

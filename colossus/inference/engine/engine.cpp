@@ -126,11 +126,11 @@ std::vector<RequestOutput> InferenceEngine::step() {
   std::vector<ScheduledSequence> batch = scheduler_->schedule();
   if (batch.empty()) return outputs;
   if (drafter_) add_drafts(batch);
-  at::Tensor logits = runner_->run(batch);
   // A model trained with its vocabulary padded past the tokenizer's (the
   // trainer pads to a multiple of 64) has logits for ids no text decodes to:
   // never draw them, greedy, sampled, beams or verified drafts alike.
-  if (tokenizer_ && tokenizer_->vocab_size() < logits.size(-1)) logits = logits.narrow(-1, 0, tokenizer_->vocab_size());
+  at::Tensor logits = drawable(runner_->run(batch));
+  collect_prompt_logprobs(batch);
   ++steps_;
   finish_step(batch, logits, outputs);
   return outputs;
@@ -167,12 +167,29 @@ void InferenceEngine::finish_step(const std::vector<ScheduledSequence>& batch, c
   const bool all_rows = sampled_rows.size() == static_cast<size_t>(row);
   const std::vector<int64_t> tokens =
       draw_tokens(sampled, all_rows ? logits : logits.index_select(0, at::tensor(sampled_rows, at::kLong).to(logits.device())));
+  // Logprobs of the drawn tokens, for the requests that asked (raw logits).
+  std::vector<int64_t> logprob_rows, logprob_tokens, logprob_top;
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    if (sampled[i]->logprobs < 0) continue;
+    logprob_rows.push_back(sampled_rows[i]);
+    logprob_tokens.push_back(tokens[i]);
+    logprob_top.push_back(sampled[i]->logprobs);
+  }
+  std::vector<TokenLogprob> drawn_logprobs;
+  if (!logprob_rows.empty()) {
+    drawn_logprobs = token_logprobs(logits.index_select(0, at::tensor(logprob_rows, at::kLong).to(logits.device())),
+                                    logprob_tokens, logprob_top);
+  }
+  size_t next_logprob = 0;
   std::vector<int64_t> failed;
   for (size_t i = 0; i < sampled.size(); ++i) {
     Sequence& seq = *sampled[i];
     seq.tokens.push_back(tokens[i]);
     ++generated_tokens_;
     RequestOutput out{.request_id = seq.id, .new_tokens = {tokens[i]}};
+    if (seq.logprobs >= 0) out.logprobs.push_back(std::move(drawn_logprobs[next_logprob++]));
+    out.prompt_logprobs = std::move(seq.pending_prompt_logprobs);
+    seq.pending_prompt_logprobs.clear();
     try {
       check_stop(seq, out);
       fill_progress(seq, out);

@@ -37,6 +37,11 @@ struct RequestOutput {
   int64_t cached_prompt_tokens = 0;  // reused from the prefix cache
   // Set when this request alone failed (finished, finish_reason Abort): why.
   std::optional<std::string> error{};
+  // With RequestOptions::logprobs: one per new token.
+  std::vector<TokenLogprob> logprobs{};
+  // With RequestOptions::prompt_logprobs: prompt positions 1.. (in the first
+  // output that has a new token).
+  std::vector<TokenLogprob> prompt_logprobs{};
 };
 
 struct EngineStats {
@@ -109,6 +114,11 @@ class InferenceEngine {
   void step_beams(int64_t request_id, const at::Tensor& logits, const std::vector<int64_t>& rows,
                   std::vector<RequestOutput>& outputs);
   std::vector<int64_t> draw_tokens(const std::vector<Sequence*>& seqs, const at::Tensor& logits);
+  // Prompt logprobs of the batch's prefill chunks that asked for them, from
+  // the runner's last hidden states (engine_logprobs.cpp).
+  void collect_prompt_logprobs(const std::vector<ScheduledSequence>& batch);
+  // Vocabulary columns past the tokenizer's, dropped (see step()).
+  at::Tensor drawable(const at::Tensor& logits) const;
   void check_stop(Sequence& seq, RequestOutput& out);
   // A request's progress into its step output: counts, and whether and why it finished.
   static void fill_progress(const Sequence& seq, RequestOutput& out);
@@ -133,6 +143,11 @@ class InferenceEngine {
   int64_t prompt_tokens_ = 0;
   int64_t generated_tokens_ = 0;
 };
+
+// Each row's `tokens[i]` log-probability and its top[i] most likely tokens,
+// from logits (R, V) (log-softmax in float32).
+std::vector<TokenLogprob> token_logprobs(const at::Tensor& logits, const std::vector<int64_t>& tokens,
+                                         const std::vector<int64_t>& top);
 
 // Sets the logits (V) of tokens that would repeat an n-gram of `tokens` to
 // -inf, as transformers' NoRepeatNGramLogitsProcessor. logits: (V) float.

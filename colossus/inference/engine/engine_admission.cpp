@@ -85,6 +85,18 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
   } else if (width < 1) {
     throw ConfigError(fmt::format("beam_width is {}; use 1 (off) or more beams", width));
   }
+  for (const auto& [value, name] : {std::pair{options.logprobs, "logprobs"}, {options.prompt_logprobs, "prompt_logprobs"}}) {
+    if (value && (*value < 0 || *value > kMaxTopLogprobs)) {
+      throw ConfigError(fmt::format("{} = {}: the number of alternatives per token must be in [0, {}]", name, *value,
+                                    kMaxTopLogprobs));
+    }
+  }
+  if ((options.logprobs || options.prompt_logprobs) && (width > 1 || drafter_)) {
+    throw ConfigError("logprobs are not reported under beam search or speculative decoding; leave logprobs out, or "
+                      "use beam_width = 1 without a drafter");
+  }
+  seq->logprobs = options.logprobs.value_or(-1);
+  seq->prompt_logprobs = options.prompt_logprobs.value_or(-1);
   seq->stop = options.stop;
   if (!seq->stop.empty() && !tokenizer_) throw ConfigError("stop strings need a tokenizer; this engine has none");
   for (const auto& s : seq->stop) {

@@ -135,7 +135,8 @@ std::vector<ScheduledSequence> Scheduler::schedule() {
     const int64_t room = std::min(budget, prefill_budget);
     if (room <= 0) break;
     const bool fresh = seq.blocks.empty() && seq.num_computed == 0;
-    if (fresh) cache_.match_prefix(seq);
+    // Prompt logprobs need every prompt position's logits: no reuse.
+    if (fresh && seq.prompt_logprobs < 0) cache_.match_prefix(seq);
     const int64_t count = std::min(remaining(seq), room);
     if (!cache_.reserve(seq, count)) {
       if (fresh) cache_.free(seq);  // do not hold prefix blocks while waiting

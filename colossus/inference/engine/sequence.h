@@ -15,6 +15,18 @@
 
 namespace colossus::inference {
 
+// One token's log-probability under the model's raw distribution (the
+// log-softmax of its logits before any processor, as vLLM reports them),
+// with the most likely tokens at that position.
+struct TokenLogprob {
+  int64_t token = 0;
+  double logprob = 0.0;
+  std::vector<std::pair<int64_t, double>> top;  // most likely first
+};
+
+// At most this many alternatives per position (vLLM's and OpenAI's limit).
+inline constexpr int64_t kMaxTopLogprobs = 20;
+
 // What a request may set for itself; unset fields take the engine's config.
 struct RequestOptions {
   std::optional<int64_t> max_new_tokens{};
@@ -25,6 +37,12 @@ struct RequestOptions {
   std::optional<int64_t> beam_width{};
   // Generation ends once the generated text contains one of these (needs a tokenizer).
   std::vector<std::string> stop{};
+  // Set (0..kMaxTopLogprobs): each generated token's logprob, with this many
+  // alternatives (OpenAI's logprobs / top_logprobs).
+  std::optional<int64_t> logprobs{};
+  // Set: the prompt's tokens' logprobs too (every one but the first), with
+  // this many alternatives; such a prompt is computed whole (no prefix-cache reuse).
+  std::optional<int64_t> prompt_logprobs{};
 };
 
 enum class FinishReason { None, Stop, Length, Abort };
@@ -55,6 +73,10 @@ struct Sequence {
   std::optional<int64_t> eos_id{};
   std::vector<std::string> stop{};
   at::Generator generator;
+  int64_t logprobs = -1;         // alternatives per generated token; -1: no logprobs
+  int64_t prompt_logprobs = -1;  // alternatives per prompt token; -1: none
+  int64_t prompt_logprobs_next = 1;  // the next prompt position to report (a recompute after preemption skips the rest)
+  std::vector<TokenLogprob> pending_prompt_logprobs;  // computed, not yet handed out
 
   FinishReason finish_reason = FinishReason::None;
   int64_t arrival = 0;      // admission order (preemption evicts the latest)
