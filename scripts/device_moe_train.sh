@@ -33,6 +33,10 @@ machine="1x $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader |
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 
 stamp "configure + build (kept in build-gpu between calls)"
+# utf8proc and Oniguruma from .devdeps where the image has none (as device_build.sh).
+for lib in libutf8proc oniguruma; do
+  pkg-config --exists "$lib" 2>/dev/null || export PKG_CONFIG_PATH="$PWD/.devdeps/$lib/lib/pkgconfig:${PKG_CONFIG_PATH:-}"
+done
 torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
 cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=OFF > "$out/configure.log" 2>&1 \
