@@ -233,7 +233,10 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
 
 std::optional<at::Tensor> fused_swiglu(const at::Tensor& gate, const at::Tensor& up) {
   const auto& slots = kernels::cuda_slots();
-  if (slots.swiglu_forward == nullptr || slots.swiglu_backward == nullptr || !gate.is_cuda()) return std::nullopt;
+  // An empty input (an expert no token was routed to) takes the ATen path.
+  if (slots.swiglu_forward == nullptr || slots.swiglu_backward == nullptr || !gate.is_cuda() || gate.numel() == 0) {
+    return std::nullopt;
+  }
   if (!kernels::element_dtype_of(gate.scalar_type()) || up.scalar_type() != gate.scalar_type() ||
       !up.sizes().equals(gate.sizes()) || up.device() != gate.device() || !gate.is_contiguous() ||
       !up.is_contiguous()) {

@@ -169,6 +169,9 @@ TEST(FusedLayers, CudaSwigluMatchesTheReference) {
     expect_close("dgate", in.cuda[0].grad(), in.cpu[0].grad(), dtype);
     expect_close("dup", in.cuda[1].grad(), in.cpu[1].grad(), dtype);
   }
+  // An expert no token was routed to: zero rows (null data) pass through.
+  const at::Tensor empty = at::empty({0, 161}, at::TensorOptions(at::kBFloat16).device(at::kCUDA));
+  EXPECT_FALSE(fused_swiglu(empty, empty).has_value()) << "an empty input takes the ATen path";
 }
 
 // A whole training step through the wiring (llama.cpp, gpt2.cpp, layers.cpp):

@@ -116,9 +116,10 @@ void launch(const SwigluArgs& a, bool vectorized, cudaStream_t stream) {
 
 template <bool kBackward>
 bool run(const SwigluArgs& a, void* stream) {
+  // Empty tensors (an expert no token was routed to) may have null data.
+  if (a.n == 0) return true;
   if (a.n < 0 || a.gate == nullptr || a.up == nullptr) return false;
   if (kBackward ? (a.dout == nullptr || a.dgate == nullptr || a.dup == nullptr) : a.out == nullptr) return false;
-  if (a.n == 0) return true;
   bool vectorized = true;
   for (const void* p : {a.gate, a.up, static_cast<const void*>(a.out), a.dout, static_cast<const void*>(a.dgate),
                         static_cast<const void*>(a.dup)}) {
