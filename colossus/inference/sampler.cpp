@@ -33,6 +33,11 @@ void SamplingParams::validate() const {
     throw ConfigError(fmt::format("repetition_penalty = {} is invalid; expected a finite value > 0 (1 = off, e.g. 1.2)",
                                   repetition_penalty));
   }
+  for (const auto& [value, name] : {std::pair{presence_penalty, "presence_penalty"}, {frequency_penalty, "frequency_penalty"}}) {
+    if (!(value >= -2.0 && value <= 2.0)) {
+      throw ConfigError(fmt::format("{} = {} is outside [-2, 2] (0 = off, > 0 discourages repeats, e.g. 0.5)", name, value));
+    }
+  }
 }
 
 namespace {

@@ -18,10 +18,17 @@ struct SamplingParams {
   double top_p = 1.0;               // keep the smallest set with probability >= top_p; 1 = off
   double repetition_penalty = 1.0;  // > 1 discourages tokens already in the context; 1 = off
   uint64_t seed = 0;                // for the generator that generate() makes
+  // OpenAI's penalties on the tokens generated so far (the engine applies
+  // them before the processors above; the prompt is not counted): the logit
+  // of a token seen c times drops by frequency_penalty * c + presence_penalty
+  // * (c > 0). In [-2, 2]; 0 = off.
+  double presence_penalty = 0.0;
+  double frequency_penalty = 0.0;
 
   // Throws ConfigError naming the bad value and its valid range.
   void validate() const;
   bool greedy() const { return !do_sample || temperature == 0.0; }
+  bool output_penalties() const { return presence_penalty != 0.0 || frequency_penalty != 0.0; }
 };
 
 // The processors of `params` applied to logits (B, V) in float32, as HF's

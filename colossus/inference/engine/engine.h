@@ -149,6 +149,10 @@ class InferenceEngine {
 std::vector<TokenLogprob> token_logprobs(const at::Tensor& logits, const std::vector<int64_t>& tokens,
                                          const std::vector<int64_t>& top);
 
+// OpenAI's presence and frequency penalties of seq's sampling params on its
+// generated tokens, subtracted from logits (V) float32 (contiguous).
+void apply_output_penalties(at::Tensor& logits, const Sequence& seq);
+
 // Sets the logits (V) of tokens that would repeat an n-gram of `tokens` to
 // -inf, as transformers' NoRepeatNGramLogitsProcessor. logits: (V) float.
 void ban_repeated_ngrams(at::Tensor& logits, const std::vector<int64_t>& tokens, int64_t n);

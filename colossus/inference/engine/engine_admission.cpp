@@ -73,10 +73,11 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
       throw ConfigError(fmt::format("beam_width {} needs width <= max_batch_size ({}) and 2 x width <= the vocabulary ({})",
                                     width, config_.max_batch_size, vocab));
     }
-    if (!seq->sampling.greedy() || seq->sampling.repetition_penalty != 1.0 || seq->no_repeat_ngram_size > 0 ||
+    if (!seq->sampling.greedy() || seq->sampling.repetition_penalty != 1.0 || seq->sampling.output_penalties() ||
+        seq->no_repeat_ngram_size > 0 ||
         !options.stop.empty() || config_.enable_streamingllm || config_.forced_eos_token_id) {
       throw ConfigError(fmt::format("beam search (beam_width {}) is deterministic and scores whole sequences: it does not "
-                                    "combine with sampling, repetition_penalty, no_repeat_ngram_size, stop strings, "
+                                    "combine with sampling, repetition/presence/frequency penalties, no_repeat_ngram_size, stop strings, "
                                     "forced_eos_token_id or StreamingLLM",
                                     width));
     }
@@ -90,6 +91,10 @@ int64_t InferenceEngine::add_request(std::vector<int64_t> prompt, const RequestO
       throw ConfigError(fmt::format("{} = {}: the number of alternatives per token must be in [0, {}]", name, *value,
                                     kMaxTopLogprobs));
     }
+  }
+  if (seq->sampling.output_penalties() && drafter_) {
+    throw ConfigError("presence_penalty / frequency_penalty are not applied to speculative decoding's drafts; set them "
+                      "to 0, or serve without a drafter");
   }
   if ((options.logprobs || options.prompt_logprobs) && (width > 1 || drafter_)) {
     throw ConfigError("logprobs are not reported under beam search or speculative decoding; leave logprobs out, or "

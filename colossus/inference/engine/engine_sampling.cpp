@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <set>
 
 namespace colossus::inference {
@@ -21,9 +22,21 @@ void ban_repeated_ngrams(at::Tensor& logits, const std::vector<int64_t>& tokens,
   for (int64_t t : banned) logits[t] = -std::numeric_limits<float>::infinity();
 }
 
+void apply_output_penalties(at::Tensor& logits, const Sequence& seq) {
+  if (!seq.sampling.output_penalties()) return;
+  std::map<int64_t, int64_t> counts;
+  for (int64_t i = seq.prompt_len; i < seq.num_tokens(); ++i) ++counts[seq.tokens[static_cast<size_t>(i)]];
+  auto* row = logits.data_ptr<float>();
+  for (const auto& [token, count] : counts) {
+    row[token] -= static_cast<float>(seq.sampling.frequency_penalty * static_cast<double>(count) +
+                                     seq.sampling.presence_penalty);
+  }
+}
+
 std::vector<int64_t> InferenceEngine::draw_tokens(const std::vector<Sequence*>& seqs, const at::Tensor& logits) {
   const bool plain_greedy = std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
-    return s->sampling.greedy() && s->sampling.repetition_penalty == 1.0 && s->no_repeat_ngram_size == 0;
+    return s->sampling.greedy() && s->sampling.repetition_penalty == 1.0 && s->no_repeat_ngram_size == 0 &&
+           !s->sampling.output_penalties();
   });
   std::vector<int64_t> tokens;
   if (plain_greedy) {
@@ -35,6 +48,7 @@ std::vector<int64_t> InferenceEngine::draw_tokens(const std::vector<Sequence*>& 
       Sequence& seq = *seqs[i];
       at::Tensor row = rows[static_cast<int64_t>(i)].clone();
       ban_repeated_ngrams(row, seq.tokens, seq.no_repeat_ngram_size);
+      apply_output_penalties(row, seq);
       tokens.push_back(sample_next(row, seq.tokens, seq.sampling, seq.generator));
     }
   }

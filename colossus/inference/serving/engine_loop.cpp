@@ -68,6 +68,14 @@ EngineLoop::EngineLoop(std::unique_ptr<InferenceEngine> engine)
 EngineLoop::~EngineLoop() { stop(); }
 
 std::shared_ptr<Channel> EngineLoop::submit(std::vector<std::vector<int64_t>> prompts, RequestOptions options) {
+  std::vector<RequestOptions> each(prompts.size(), options);
+  return submit(std::move(prompts), std::move(each));
+}
+
+std::shared_ptr<Channel> EngineLoop::submit(std::vector<std::vector<int64_t>> prompts,
+                                            std::vector<RequestOptions> options) {
+  TORCH_CHECK(options.size() == prompts.size(), "EngineLoop::submit: ", options.size(), " options for ",
+              prompts.size(), " prompts");
   auto channel = std::make_shared<Channel>();
   {
     std::lock_guard lock(mutex_);
@@ -107,7 +115,9 @@ LoopStats EngineLoop::stats() const {
 void EngineLoop::admit(Submission& submission) {
   std::vector<int64_t> ids;
   try {
-    for (auto& prompt : submission.prompts) ids.push_back(engine_->add_request(std::move(prompt), submission.options));
+    for (size_t i = 0; i < submission.prompts.size(); ++i) {
+      ids.push_back(engine_->add_request(std::move(submission.prompts[i]), submission.options[i]));
+    }
   } catch (const std::exception& e) {
     // All or nothing: a submission the engine refuses leaves nothing behind.
     for (int64_t id : ids) engine_->abort_request(id);

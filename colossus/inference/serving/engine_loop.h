@@ -74,6 +74,8 @@ class EngineLoop {
   // Queues prompts (token ids) with shared options; the returned channel gets
   // their outputs, tagged with the prompt's index. Never blocks on the engine.
   std::shared_ptr<Channel> submit(std::vector<std::vector<int64_t>> prompts, RequestOptions options);
+  // Each prompt with its own options (options.size() == prompts.size()).
+  std::shared_ptr<Channel> submit(std::vector<std::vector<int64_t>> prompts, std::vector<RequestOptions> options);
   // The client of `channel` went away: its unfinished prompts are aborted (blocks freed).
   void abort(const std::shared_ptr<Channel>& channel);
   // Aborts what is still running, closes every channel and joins the thread. Idempotent.
@@ -88,7 +90,7 @@ class EngineLoop {
   struct Submission {
     std::shared_ptr<Channel> channel;
     std::vector<std::vector<int64_t>> prompts;
-    RequestOptions options;
+    std::vector<RequestOptions> options;  // one per prompt
   };
   struct Live {
     std::shared_ptr<Channel> channel;

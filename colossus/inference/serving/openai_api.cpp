@@ -77,18 +77,11 @@ json parse_body(const std::string& body) {
 
 // OpenAI options this server does not implement: accepted only at their no-op values.
 void refuse_unsupported(const json& body) {
-  if (auto n = integer_field(body, "n"); n && *n != 1) {
-    throw ApiError(400, fmt::format("n = {} is not supported: this server returns one choice per prompt (n = 1)", *n), "n");
-  }
   if (auto best_of = integer_field(body, "best_of"); best_of && *best_of != 1) {
-    throw ApiError(400, fmt::format("best_of = {} is not supported; use 1", *best_of), "best_of");
+    throw ApiError(400, fmt::format("best_of = {} is not supported; use 1 (n > 1 returns several samples)", *best_of),
+                   "best_of");
   }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (auto value = number_field(body, name); value && *value != 0) {
-      throw ApiError(400, fmt::format("{} is not supported; use repetition_penalty (> 1 discourages repeats)", name), name);
-    }
-  }
-  for (const char* name : {"logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "response_format"}) {
+  for (const char* name : {"suffix", "tools", "functions", "response_format"}) {
     const json* value = field(body, name);
     if (value && !(value->is_boolean() && !value->get<bool>())) {
       throw ApiError(400, fmt::format("'{}' is not supported by this server; leave it out", name), name);
@@ -97,6 +90,18 @@ void refuse_unsupported(const json& body) {
   if (const json* bias = field(body, "logit_bias"); bias && !(bias->is_object() && bias->empty())) {
     throw ApiError(400, "'logit_bias' is not supported by this server; leave it out", "logit_bias");
   }
+}
+
+// At most this many choices per prompt.
+constexpr int64_t kMaxChoices = 64;
+
+// logprobs / top_logprobs: a count of alternatives in [0, kMaxTopLogprobs].
+std::optional<int64_t> logprob_count(const json& body, const char* name) {
+  const auto count = integer_field(body, name);
+  if (count && (*count < 0 || *count > kMaxTopLogprobs)) {
+    throw ApiError(400, fmt::format("{} = {} is outside [0, {}]", name, *count, kMaxTopLogprobs), name);
+  }
+  return count;
 }
 
 GenerationRequest parse_generation(const json& body, const char* max_tokens_alias) {
@@ -111,6 +116,12 @@ GenerationRequest parse_generation(const json& body, const char* max_tokens_alia
   if (request.max_tokens && *request.max_tokens < 1) {
     throw ApiError(400, fmt::format("max_tokens = {} must be at least 1", *request.max_tokens), "max_tokens");
   }
+  request.n = integer_field(body, "n").value_or(1);
+  if (request.n < 1 || request.n > kMaxChoices) {
+    throw ApiError(400, fmt::format("n = {} is outside [1, {}] (choices per prompt)", request.n, kMaxChoices), "n");
+  }
+  request.presence_penalty = number_field(body, "presence_penalty");
+  request.frequency_penalty = number_field(body, "frequency_penalty");
   request.temperature = number_field(body, "temperature");
   request.top_p = number_field(body, "top_p");
   request.top_k = integer_field(body, "top_k");
@@ -174,6 +185,16 @@ json error_body(const ApiError& error) {
 CompletionRequest parse_completion_request(const std::string& body) {
   const json parsed = parse_body(body);
   CompletionRequest request{.generation = parse_generation(parsed, nullptr)};
+  if (const json* logprobs = field(parsed, "logprobs"); logprobs && logprobs->is_boolean()) {
+    // Chat's form sent to completions: true means the drawn token alone.
+    if (logprobs->get<bool>()) request.generation.logprobs = 0;
+  } else {
+    request.generation.logprobs = logprob_count(parsed, "logprobs");
+  }
+  request.generation.echo = bool_field(parsed, "echo").value_or(false);
+  if (request.generation.echo && request.generation.stream) {
+    throw ApiError(400, "echo with stream is not supported; stream without echo, or echo without stream", "echo");
+  }
   const json* prompt = field(parsed, "prompt");
   if (!prompt) throw ApiError(400, "'prompt' is required: a string, a list of token ids, or a list of either", "prompt");
   if (prompt->is_string()) {
@@ -197,6 +218,13 @@ CompletionRequest parse_completion_request(const std::string& body) {
 ChatRequest parse_chat_request(const std::string& body) {
   const json parsed = parse_body(body);
   ChatRequest request{.generation = parse_generation(parsed, "max_completion_tokens")};
+  const auto top = logprob_count(parsed, "top_logprobs");
+  if (bool_field(parsed, "logprobs").value_or(false)) {
+    request.generation.logprobs = top.value_or(0);
+  } else if (top) {
+    throw ApiError(400, "top_logprobs needs logprobs = true", "top_logprobs");
+  }
+  if (field(parsed, "echo")) throw ApiError(400, "'echo' is a completions option; chat has none", "echo");
   const json* messages = field(parsed, "messages");
   if (!messages) throw ApiError(400, "'messages' is required: a list of {\"role\", \"content\"} objects", "messages");
   if (!messages->is_array()) throw wrong_type("messages", *messages, "a list of messages");
@@ -278,6 +306,8 @@ RequestOptions request_options(const GenerationRequest& request, const SamplingP
   if (request.top_p) sampling.top_p = *request.top_p;
   if (request.top_k) sampling.top_k = *request.top_k;
   if (request.repetition_penalty) sampling.repetition_penalty = *request.repetition_penalty;
+  if (request.presence_penalty) sampling.presence_penalty = *request.presence_penalty;
+  if (request.frequency_penalty) sampling.frequency_penalty = *request.frequency_penalty;
   sampling.seed = request.seed.value_or(sampling.greedy() ? sampling.seed : random_seed);
   try {
     sampling.validate();
@@ -288,7 +318,55 @@ RequestOptions request_options(const GenerationRequest& request, const SamplingP
   options.no_repeat_ngram_size = request.no_repeat_ngram_size;
   options.ignore_eos = request.ignore_eos;
   options.stop = request.stop;
+  options.logprobs = request.logprobs;
+  if (request.echo && request.logprobs) options.prompt_logprobs = request.logprobs;
   return options;
+}
+
+namespace {
+
+json bytes_of(const std::string& text) {
+  json bytes = json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+}  // namespace
+
+json completion_logprobs(const ChoiceResult& choice, const TokenText& token_text, int64_t initial_offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  int64_t offset = initial_offset;
+  auto add = [&](int64_t token, const json& logprob, const json& top) {
+    const std::string text = token_text(token);
+    tokens.push_back(text);
+    token_logprobs.push_back(logprob);
+    top_logprobs.push_back(top);
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(text.size());
+  };
+  auto top_of = [&](const TokenLogprob& t) {
+    json top = json::object();
+    for (const auto& [id, logprob] : t.top) top[token_text(id)] = logprob;
+    return top;
+  };
+  if (choice.first_prompt_token) add(*choice.first_prompt_token, nullptr, nullptr);
+  for (const auto& t : choice.prompt_logprobs) add(t.token, t.logprob, top_of(t));
+  for (const auto& t : choice.logprobs) add(t.token, t.logprob, top_of(t));
+  return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top_logprobs}, {"text_offset", offsets}};
+}
+
+json chat_logprobs(const std::vector<TokenLogprob>& logprobs, const TokenText& token_text) {
+  json content = json::array();
+  for (const auto& t : logprobs) {
+    const std::string text = token_text(t.token);
+    json top = json::array();
+    for (const auto& [id, logprob] : t.top) {
+      const std::string alt = token_text(id);
+      top.push_back({{"token", alt}, {"logprob", logprob}, {"bytes", bytes_of(alt)}});
+    }
+    content.push_back({{"token", text}, {"logprob", t.logprob}, {"bytes", bytes_of(text)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
 }
 
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
@@ -298,16 +376,16 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
 }
 
 json completion_response(const std::string& id, int64_t created, const std::string& model,
-                         const std::vector<ChoiceResult>& choices) {
+                         const std::vector<ChoiceResult>& choices, const TokenText& token_text) {
   json out = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}};
   json list = json::array();
   int64_t prompt = 0, completion = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     list.push_back({{"index", i},
                     {"text", choices[i].text},
-                    {"logprobs", nullptr},
+                    {"logprobs", choices[i].with_logprobs ? completion_logprobs(choices[i], token_text) : json(nullptr)},
                     {"finish_reason", choices[i].finish_reason}});
-    prompt += choices[i].prompt_tokens;
+    if (choices[i].counts_prompt) prompt += choices[i].prompt_tokens;
     completion += choices[i].completion_tokens;
   }
   out["choices"] = std::move(list);
@@ -315,21 +393,29 @@ json completion_response(const std::string& id, int64_t created, const std::stri
   return out;
 }
 
-json chat_response(const std::string& id, int64_t created, const std::string& model, const ChoiceResult& choice) {
+json chat_response(const std::string& id, int64_t created, const std::string& model,
+                   const std::vector<ChoiceResult>& choices, const TokenText& token_text) {
+  json list = json::array();
+  int64_t completion = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    list.push_back({{"index", i},
+                    {"message", {{"role", "assistant"}, {"content", choices[i].text}}},
+                    {"logprobs", choices[i].with_logprobs ? chat_logprobs(choices[i].logprobs, token_text) : json(nullptr)},
+                    {"finish_reason", choices[i].finish_reason}});
+    completion += choices[i].completion_tokens;
+  }
+  // The choices share one prompt: counted once, as OpenAI does.
+  const int64_t prompt = choices.empty() ? 0 : choices.front().prompt_tokens;
   return {{"id", id},
           {"object", "chat.completion"},
           {"created", created},
           {"model", model},
-          {"choices",
-           json::array({{{"index", 0},
-                         {"message", {{"role", "assistant"}, {"content", choice.text}}},
-                         {"logprobs", nullptr},
-                         {"finish_reason", choice.finish_reason}}})},
-          {"usage", usage_json(choice.prompt_tokens, choice.completion_tokens)}};
+          {"choices", std::move(list)},
+          {"usage", usage_json(prompt, completion)}};
 }
 
 json completion_chunk(const std::string& id, int64_t created, const std::string& model, int64_t index,
-                      const std::string& text, const std::optional<std::string>& finish_reason) {
+                      const std::string& text, const std::optional<std::string>& finish_reason, const json& logprobs) {
   return {{"id", id},
           {"object", "text_completion"},
           {"created", created},
@@ -337,20 +423,20 @@ json completion_chunk(const std::string& id, int64_t created, const std::string&
           {"choices",
            json::array({{{"index", index},
                          {"text", text},
-                         {"logprobs", nullptr},
+                         {"logprobs", logprobs},
                          {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}}})}};
 }
 
-json chat_chunk(const std::string& id, int64_t created, const std::string& model, const json& delta,
-                const std::optional<std::string>& finish_reason) {
+json chat_chunk(const std::string& id, int64_t created, const std::string& model, int64_t index, const json& delta,
+                const std::optional<std::string>& finish_reason, const json& logprobs) {
   return {{"id", id},
           {"object", "chat.completion.chunk"},
           {"created", created},
           {"model", model},
           {"choices",
-           json::array({{{"index", 0},
+           json::array({{{"index", index},
                          {"delta", delta},
-                         {"logprobs", nullptr},
+                         {"logprobs", logprobs},
                          {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)}}})}};
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -45,6 +46,13 @@ struct GenerationRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  int64_t n = 1;               // choices per prompt (each sampled with its own seed)
+  std::optional<double> presence_penalty{};
+  std::optional<double> frequency_penalty{};
+  // Set: each generated token's logprob with this many alternatives
+  // (completions' logprobs; chat's top_logprobs when logprobs is true).
+  std::optional<int64_t> logprobs{};
+  bool echo = false;  // completions: the prompt is returned before the completion (with its logprobs)
 };
 
 // A prompt as the client sent it: text, or token ids.
@@ -65,8 +73,9 @@ struct ChatRequest {
   bool add_generation_prompt = true;
 };
 
-// Throw ApiError(400) for malformed JSON, missing or mistyped fields, n > 1
-// and the OpenAI options this server does not implement (logprobs, echo, ...).
+// Throw ApiError(400) for malformed JSON, missing or mistyped fields, values
+// out of range and the OpenAI options this server does not implement
+// (suffix, tools, logit_bias, ...).
 CompletionRequest parse_completion_request(const std::string& body);
 ChatRequest parse_chat_request(const std::string& body);
 
@@ -84,22 +93,40 @@ RequestOptions request_options(const GenerationRequest& request, const SamplingP
 
 // Response objects. `created` in Unix seconds.
 struct ChoiceResult {
-  std::string text;
+  std::string text;  // with echo, the prompt's text first
   std::string finish_reason;  // "stop", "length", "abort"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
+  bool counts_prompt = true;   // false for a prompt's 2nd..nth choice: usage counts a prompt once
+  bool with_logprobs = false;  // the request asked for logprobs
+  // echo with logprobs: the prompt's first token (no logprob) and the rest's.
+  std::optional<int64_t> first_prompt_token{};
+  std::vector<TokenLogprob> prompt_logprobs;
+  std::vector<TokenLogprob> logprobs;  // the generated tokens'
 };
+// A token id as text (its decoded bytes, invalid UTF-8 replaced on output).
+using TokenText = std::function<std::string(int64_t)>;
+// The completions API's logprobs object: {"tokens", "token_logprobs",
+// "top_logprobs", "text_offset"}, the prompt's entries first with echo (its
+// first token's logprob null); offsets count from `initial_offset`.
+nlohmann::json completion_logprobs(const ChoiceResult& choice, const TokenText& token_text, int64_t initial_offset = 0);
+// The chat API's logprobs object: {"content": [{"token", "logprob", "bytes",
+// "top_logprobs": [...]}]}.
+nlohmann::json chat_logprobs(const std::vector<TokenLogprob>& logprobs, const TokenText& token_text);
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
 nlohmann::json completion_response(const std::string& id, int64_t created, const std::string& model,
-                                   const std::vector<ChoiceResult>& choices);
+                                   const std::vector<ChoiceResult>& choices, const TokenText& token_text);
 nlohmann::json chat_response(const std::string& id, int64_t created, const std::string& model,
-                             const ChoiceResult& choice);
-// One SSE chunk's object: text (completions) or delta content (chat), with
-// finish_reason null until the last chunk of a choice.
+                             const std::vector<ChoiceResult>& choices, const TokenText& token_text);
+// One SSE chunk's object: text (completions) or delta content (chat) of
+// choice `index`, with finish_reason null until the last chunk of a choice
+// and logprobs null unless given.
 nlohmann::json completion_chunk(const std::string& id, int64_t created, const std::string& model, int64_t index,
-                                const std::string& text, const std::optional<std::string>& finish_reason);
-nlohmann::json chat_chunk(const std::string& id, int64_t created, const std::string& model,
-                          const nlohmann::json& delta, const std::optional<std::string>& finish_reason);
+                                const std::string& text, const std::optional<std::string>& finish_reason,
+                                const nlohmann::json& logprobs = nullptr);
+nlohmann::json chat_chunk(const std::string& id, int64_t created, const std::string& model, int64_t index,
+                          const nlohmann::json& delta, const std::optional<std::string>& finish_reason,
+                          const nlohmann::json& logprobs = nullptr);
 // "data: <json>\n\n" (invalid UTF-8 replaced, so a stream never fails mid-way).
 std::string sse_event(const nlohmann::json& object);
 std::string dump_json(const nlohmann::json& object);

@@ -49,6 +49,20 @@ void send_error(httplib::Response& res, const ApiError& error) {
 
 enum class Kind { Completion, Chat };
 
+bool valid_utf8(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (length == 0 || i + length > text.size()) return false;
+    for (size_t k = 1; k < length; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) >> 6) != 0x2) return false;
+    }
+    i += length;
+  }
+  return true;
+}
+
 // What a stream's content provider carries between calls.
 struct StreamState {
   std::shared_ptr<Channel> channel;
@@ -57,6 +71,9 @@ struct StreamState {
   int64_t created = 0;
   std::string model;
   bool include_usage = false;
+  bool with_logprobs = false;
+  TokenText token_text;
+  int64_t choices = 1;
   bool started = false;
   bool complete = false;
   int64_t prompt_tokens = 0;
@@ -174,13 +191,40 @@ struct Server::Impl {
     CompletionRequest request = parse_completion_request(req.body);
     check_model(request.generation.model);
     std::vector<std::vector<int64_t>> prompts;
+    std::vector<std::string> echoes;  // each prompt's text, for echo
     int64_t longest = 0;
     for (Prompt& p : request.prompts) {
       prompts.push_back(p.text ? encode(*p.text, true) : std::move(p.ids));
+      if (request.generation.echo) echoes.push_back(p.text ? *p.text : decode(prompts.back()));
       longest = std::max(longest, static_cast<int64_t>(prompts.back().size()));
     }
     const RequestOptions opts = request_options(request.generation, defaults, limits, longest, random_seed());
-    generate(Kind::Completion, request.generation, std::move(prompts), opts, req, res);
+    generate(Kind::Completion, request.generation, std::move(prompts), opts, req, res, echoes);
+  }
+
+  std::string decode(const std::vector<int64_t>& ids) const {
+    const data::Tokenizer* tokenizer = loop->tokenizer();
+    if (!tokenizer) return {};
+    return tokenizer->decode(std::vector<int32_t>(ids.begin(), ids.end()));
+  }
+
+  // A token as the logprobs objects name it: its text; "bytes:\\xNN..." (as
+  // OpenAI writes them) when its bytes are not whole UTF-8 characters, so
+  // tokens that are parts of one character stay distinct; "token_id:N"
+  // without a tokenizer.
+  TokenText token_text() const {
+    const data::Tokenizer* tokenizer = loop->tokenizer();
+    return [tokenizer](int64_t id) {
+      if (!tokenizer) return fmt::format("token_id:{}", id);
+      std::string text = tokenizer->decode({static_cast<int32_t>(id)});
+      // A decoder writes U+FFFD for a part of a character: name its bytes.
+      if (text.find("\xEF\xBF\xBD") == std::string::npos) return text;
+      const auto raw = tokenizer->token_text(static_cast<int32_t>(id));
+      if (!raw || valid_utf8(*raw)) return text;
+      std::string escaped = "bytes:";
+      for (unsigned char c : *raw) escaped += fmt::format("\\x{:02x}", c);
+      return escaped;
+    };
   }
 
   void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -198,30 +242,59 @@ struct Server::Impl {
     generate(Kind::Chat, request.generation, std::move(prompts), opts, req, res);
   }
 
+  // Each prompt runs request.n times (choice p * n + j), a sampled choice j
+  // with its own seed (the request's seed + j, or a random one).
   void generate(Kind kind, const GenerationRequest& request, std::vector<std::vector<int64_t>> prompts,
-                const RequestOptions& opts, const httplib::Request& req, httplib::Response& res) {
+                const RequestOptions& opts, const httplib::Request& req, httplib::Response& res,
+                const std::vector<std::string>& echoes = {}) {
     const auto start = Clock::now();
-    const size_t num_choices = prompts.size();
-    std::shared_ptr<Channel> channel = loop->submit(std::move(prompts), opts);
+    const auto n = static_cast<size_t>(request.n);
+    std::vector<std::vector<int64_t>> runs;
+    std::vector<RequestOptions> run_options;
+    for (auto& prompt : prompts) {
+      for (size_t j = 0; j < n; ++j) {
+        runs.push_back(prompt);
+        RequestOptions o = opts;
+        if (j > 0 && o.sampling && !o.sampling->greedy()) {
+          o.sampling->seed = request.seed ? *request.seed + j : random_seed();
+        }
+        run_options.push_back(std::move(o));
+      }
+    }
+    const size_t num_choices = runs.size();
+    std::shared_ptr<Channel> channel = loop->submit(runs, std::move(run_options));
     if (!channel->wait_admitted()) throw ApiError(400, channel->error().value_or("the request was refused"));
     const std::string id = new_id(kind == Kind::Chat ? "chatcmpl" : "cmpl");
     if (request.stream) {
-      stream(kind, request, channel, id, start, res);
+      stream(kind, request, channel, id, start, res, static_cast<int64_t>(num_choices));
       return;
     }
     std::vector<ChoiceResult> choices(num_choices);
+    for (size_t i = 0; i < num_choices; ++i) {
+      ChoiceResult& choice = choices[i];
+      choice.counts_prompt = i % n == 0;
+      choice.with_logprobs = request.logprobs.has_value();
+      if (!echoes.empty()) {
+        choice.text = echoes[i / n];
+        if (choice.with_logprobs) choice.first_prompt_token = runs[i].front();
+      }
+    }
     while (!channel->closed()) {
       for (ChoiceOutput& out : channel->wait(std::chrono::milliseconds(500))) {
         ChoiceResult& choice = choices[static_cast<size_t>(out.index)];
         choice.text += out.output.new_text;
         choice.prompt_tokens = out.output.prompt_tokens;
         choice.completion_tokens = out.output.generated_tokens;
+        choice.logprobs.insert(choice.logprobs.end(), out.output.logprobs.begin(), out.output.logprobs.end());
+        choice.prompt_logprobs.insert(choice.prompt_logprobs.end(), out.output.prompt_logprobs.begin(),
+                                      out.output.prompt_logprobs.end());
         if (out.output.finished) choice.finish_reason = finish_reason_name(out.output.finish_reason);
       }
     }
     if (auto error = channel->error()) throw ApiError(503, *error, {}, "server_error");
-    const json body = kind == Kind::Chat ? chat_response(id, created_now(), options.served_model_name, choices.front())
-                                         : completion_response(id, created_now(), options.served_model_name, choices);
+    const json body = kind == Kind::Chat
+                          ? chat_response(id, created_now(), options.served_model_name, choices, token_text())
+                          : completion_response(id, created_now(), options.served_model_name, choices, token_text());
     res.set_content(dump_json(body), "application/json");
     log_finished(req.path, choices, start);
   }
@@ -242,10 +315,13 @@ struct Server::Impl {
   }
 
   void stream(Kind kind, const GenerationRequest& request, std::shared_ptr<Channel> channel, const std::string& id,
-              Clock::time_point start, httplib::Response& res) {
+              Clock::time_point start, httplib::Response& res, int64_t choices) {
     auto state = std::make_shared<StreamState>();
     state->channel = std::move(channel);
     state->kind = kind;
+    state->choices = choices;
+    state->with_logprobs = request.logprobs.has_value();
+    state->token_text = token_text();
     state->id = id;
     state->created = created_now();
     state->model = options.served_model_name;
@@ -280,26 +356,39 @@ struct Server::Impl {
     };
     if (!state.started) {
       state.started = true;
-      if (state.kind == Kind::Chat &&
-          !write(chat_chunk(state.id, state.created, state.model, {{"role", "assistant"}, {"content", ""}}, std::nullopt))) {
-        return false;
+      for (int64_t i = 0; state.kind == Kind::Chat && i < state.choices; ++i) {
+        if (!write(chat_chunk(state.id, state.created, state.model, i, {{"role", "assistant"}, {"content", ""}},
+                              std::nullopt))) {
+          return false;
+        }
       }
     }
     for (ChoiceOutput& out : state.channel->wait(std::chrono::milliseconds(200))) {
       const RequestOutput& o = out.output;
+      // Usage: a prompt counted once, every choice's tokens.
       state.prompt_tokens = o.prompt_tokens;
-      state.completion_tokens = o.generated_tokens;
-      if (!o.new_text.empty()) {
-        const json chunk = state.kind == Kind::Chat
-                               ? chat_chunk(state.id, state.created, state.model, {{"content", o.new_text}}, std::nullopt)
-                               : completion_chunk(state.id, state.created, state.model, out.index, o.new_text, std::nullopt);
+      state.completion_tokens += static_cast<int64_t>(o.new_tokens.size());
+      // A chunk carries the logprobs of the tokens drawn with it (text held
+      // back for a stop string comes later, its logprobs now).
+      const bool logprobs = state.with_logprobs && !o.logprobs.empty();
+      if (!o.new_text.empty() || logprobs) {
+        json lp = nullptr;
+        if (logprobs) {
+          lp = state.kind == Kind::Chat ? chat_logprobs(o.logprobs, state.token_text)
+                                        : completion_logprobs({.logprobs = o.logprobs}, state.token_text);
+        }
+        const json chunk =
+            state.kind == Kind::Chat
+                ? chat_chunk(state.id, state.created, state.model, out.index, {{"content", o.new_text}}, std::nullopt, lp)
+                : completion_chunk(state.id, state.created, state.model, out.index, o.new_text, std::nullopt, lp);
         if (!write(chunk)) return false;
       }
       if (o.finished) {
         state.finish_reason = finish_reason_name(o.finish_reason);
-        const json last = state.kind == Kind::Chat
-                              ? chat_chunk(state.id, state.created, state.model, json::object(), state.finish_reason)
-                              : completion_chunk(state.id, state.created, state.model, out.index, "", state.finish_reason);
+        const json last =
+            state.kind == Kind::Chat
+                ? chat_chunk(state.id, state.created, state.model, out.index, json::object(), state.finish_reason)
+                : completion_chunk(state.id, state.created, state.model, out.index, "", state.finish_reason);
         if (!write(last)) return false;
       }
     }

@@ -11,7 +11,9 @@
 #include "tests/inference/serving/server_process.h"
 #include "tests/inference/support.h"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <arpa/inet.h>
@@ -26,6 +28,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -100,6 +103,12 @@ class Serve : public ::testing::Test {
     delete dir_;
   }
 
+  // The name logprobs give a token of the byte tokenizer: its character, or
+  // "bytes:\xNN" for a byte that is not a whole UTF-8 character.
+  static std::string token_name(int64_t id) {
+    if (id >= 0x80 && id < 0x100) return fmt::format("bytes:\\x{:02x}", id);  // the byte tokenizer: id = byte
+    return tokenizer_->decode({static_cast<int32_t>(id)});
+  }
   static std::vector<int64_t> encode(const std::string& text, bool add_special_tokens = true) {
     const auto ids = tokenizer_->encode(text, add_special_tokens);
     return {ids.begin(), ids.end()};
@@ -308,7 +317,10 @@ TEST_F(Serve, BadRequestsGetOpenAiJsonErrorsNamingTheProblem) {
       {"/v1/completions", R"({"model": "tiny", "prompt": "x", "temperature": "hot"})", 400, "temperature", "a number"},
       {"/v1/completions", R"({"model": "tiny", "prompt": 42})", 400, "prompt", "a string"},
       {"/v1/completions", R"({"model": "tiny", "prompt": [1, 99999]})", 400, "", "outside the vocabulary"},
-      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "n": 2})", 400, "n", "n = 2"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "n": 0})", 400, "n", "n = 0 is outside [1, 64]"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "logprobs": 21})", 400, "logprobs", "logprobs = 21 is outside [0, 20]"},
+      {"/v1/chat/completions", R"({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "top_logprobs", "needs logprobs = true"},
+      {"/v1/completions", R"({"model": "tiny", "prompt": "x", "presence_penalty": 3})", 400, "", "presence_penalty = 3 is outside [-2, 2]"},
       {"/v1/completions", R"({"model": "tiny", "prompt": "x", "stop": 5})", 400, "stop", "a string or a list"},
       {"/v1/completions", R"({"model": "tiny", "prompt": "x", "top_p": 0})", 400, "", "top_p"},
       {"/v1/completions", R"({"model": "tiny", "prompt": "x", "stream": true, "max_tokens": -1})", 400, "max_tokens", "at least 1"},
@@ -331,9 +343,125 @@ TEST_F(Serve, BadRequestsGetOpenAiJsonErrorsNamingTheProblem) {
     if (c.param.empty()) EXPECT_TRUE(error["param"].is_null()) << res.body;
     else EXPECT_EQ(error["param"], c.param) << res.body;
   }
-  const HttpResult too_long = curl(server_->url() + "/v1/completions", cases[16].body);
+  const HttpResult too_long = curl(server_->url() + "/v1/completions", cases[19].body);
   EXPECT_EQ(too_long.parsed()["error"]["code"], "context_length_exceeded");
   EXPECT_EQ(curl(server_->url() + "/v1/completions", cases[4].body).parsed()["error"]["code"], "model_not_found");
+}
+
+// log_softmax over the vocabulary after ids, from transformers on the saved weights.
+struct HfLogprobs {
+  std::vector<double> logprobs;
+  std::vector<std::vector<std::pair<int64_t, double>>> top;
+};
+HfLogprobs hf_logprobs(const fs::path& dir, const std::vector<int64_t>& ids, int64_t top) {
+  const auto result = testing::run_oracle(fmt::format("logprobs '{}' --ids {} --top {}", dir.string(), fmt::join(ids, ","), top));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  const auto start = result.output.rfind("{\"logprobs\"");
+  if (start == std::string::npos) return {};
+  const json j = json::parse(result.output.substr(start));
+  return {j["logprobs"].get<std::vector<double>>(), j["top"].get<std::vector<std::vector<std::pair<int64_t, double>>>>()};
+}
+
+TEST_F(Serve, EchoAndLogprobsEqualTransformersLogSoftmax) {
+  // lm-evaluation-harness's loglikelihood request: the prompt echoed with
+  // its tokens' logprobs, then the completion's.
+  const std::string prompt = "The cat sat";
+  const auto ids = encode(prompt);
+  const HttpResult res = post("/v1/completions", {{"model", "tiny"}, {"prompt", prompt}, {"max_tokens", 5},
+                                                  {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 2},
+                                                  {"echo", true}});
+  ASSERT_EQ(res.status, 200) << res.body;
+  const json choice = res.parsed()["choices"][0];
+  const auto all = generate(**model_, ids, {.max_new_tokens = 5, .sampling = {.do_sample = false}});
+  ASSERT_EQ(all.size(), ids.size() + 5);
+  EXPECT_EQ(choice["text"], prompt + tokenizer_->decode(std::vector<int32_t>(all.begin() + static_cast<int64_t>(ids.size()), all.end())));
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), all.size()) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  const HfLogprobs hf = hf_logprobs(*dir_, all, 2);
+  ASSERT_EQ(hf.logprobs.size(), all.size() - 1);
+  for (size_t i = 1; i < all.size(); ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), hf.logprobs[i - 1], 1e-4) << "position " << i;
+    EXPECT_EQ(lp["tokens"][i], token_name(all[i])) << "position " << i;
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 2u) << top.dump();
+    for (const auto& [id, logprob] : hf.top[i - 1]) {
+      const std::string key = token_name(id);
+      ASSERT_TRUE(top.contains(key)) << "position " << i << ": " << top.dump();
+      EXPECT_NEAR(top[key].get<double>(), logprob, 1e-4) << "position " << i;
+    }
+  }
+  // Chat: logprobs = true with top_logprobs; greedy draws each position's most likely token.
+  const HttpResult chat = post("/v1/chat/completions",
+                               {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", true},
+                                {"top_logprobs", 3}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json content = chat.parsed()["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u) << chat.body;
+  for (const json& token : content) {
+    ASSERT_EQ(token["top_logprobs"].size(), 3u);
+    EXPECT_EQ(token["token"], token["top_logprobs"][0]["token"]);
+    EXPECT_NEAR(token["logprob"].get<double>(), token["top_logprobs"][0]["logprob"].get<double>(), 1e-9);
+    EXPECT_LE(token["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(token["bytes"].size(), token["token"].get<std::string>().size());
+  }
+}
+
+TEST_F(Serve, NChoicesAndPresenceFrequencyPenalties) {
+  // n = 3 sampled choices: seeded (the same request gives the same choices),
+  // not all alike, the prompt counted once in usage.
+  const json request = {{"model", "tiny"}, {"prompt", "Once upon"}, {"max_tokens", 8}, {"temperature", 2.0},
+                        {"seed", 11}, {"n", 3}, {"ignore_eos", true}};
+  const HttpResult first = post("/v1/completions", request), again = post("/v1/completions", request);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json choices = first.parsed()["choices"];
+  ASSERT_EQ(choices.size(), 3u);
+  std::set<std::string> texts;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(choices[i]["index"], i);
+    texts.insert(choices[i]["text"].get<std::string>());
+  }
+  EXPECT_GT(texts.size(), 1u) << "three samples at temperature 2 should not all agree: " << choices.dump();
+  EXPECT_EQ(again.parsed()["choices"], choices);
+  const json usage = first.parsed()["usage"];
+  EXPECT_EQ(usage["prompt_tokens"], encode("Once upon").size());
+  EXPECT_EQ(usage["completion_tokens"], 24);
+  // Chat with n = 2: two choices of one prompt.
+  const HttpResult chat = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                        {"max_tokens", 3}, {"n", 2}, {"seed", 1}, {"ignore_eos", true}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(chat.parsed()["choices"].size(), 2u);
+  EXPECT_EQ(chat.parsed()["choices"][1]["index"], 1);
+
+  // Penalties against step-by-step greedy with the same penalties applied to
+  // the generated tokens' counts.
+  const double presence = 0.5, frequency = 1.5;
+  const auto ids = encode("aaaa");
+  std::vector<int64_t> all = ids;
+  std::map<int64_t, int64_t> counts;
+  {
+    at::NoGradGuard no_grad;
+    for (int step = 0; step < 10; ++step) {
+      at::Tensor logits = (*model_)->forward(at::tensor(all, at::kLong).unsqueeze(0))[0][-1].to(at::kFloat).clone();
+      for (const auto& [token, count] : counts) logits[token] -= frequency * static_cast<double>(count) + presence;
+      const int64_t next = logits.argmax().item<int64_t>();
+      all.push_back(next);
+      ++counts[next];
+    }
+  }
+  const std::vector<int32_t> expected(all.begin() + static_cast<int64_t>(ids.size()), all.end());
+  const HttpResult penalized = post("/v1/completions", {{"model", "tiny"}, {"prompt", "aaaa"}, {"max_tokens", 10},
+                                                        {"temperature", 0}, {"ignore_eos", true},
+                                                        {"presence_penalty", presence}, {"frequency_penalty", frequency}});
+  ASSERT_EQ(penalized.status, 200) << penalized.body;
+  EXPECT_EQ(penalized.parsed()["choices"][0]["text"], tokenizer_->decode(expected));
+  const HttpResult plain = post("/v1/completions", {{"model", "tiny"}, {"prompt", "aaaa"}, {"max_tokens", 10},
+                                                    {"temperature", 0}, {"ignore_eos", true}});
+  EXPECT_NE(plain.parsed()["choices"][0]["text"], penalized.parsed()["choices"][0]["text"])
+      << "the penalties should change this greedy text";
 }
 
 TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
