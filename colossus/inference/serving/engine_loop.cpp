@@ -130,17 +130,41 @@ void EngineLoop::admit(Submission& submission) {
   }
   auto remaining = std::make_shared<int64_t>(static_cast<int64_t>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) {
-    live_[ids[i]] = {.channel = submission.channel, .index = static_cast<int64_t>(i), .remaining = remaining};
+    live_[ids[i]] = {.channel = submission.channel,
+                     .index = static_cast<int64_t>(i),
+                     .remaining = remaining,
+                     .submitted = submission.submitted};
   }
   submission.channel->admit();
 }
 
+void LatencyHistogram::observe(double seconds) {
+  const auto bucket = std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin();
+  ++counts[static_cast<size_t>(bucket)];
+  sum += seconds;
+  ++count;
+}
+
 void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
   int64_t stop = 0, length = 0, aborted = 0;
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<double> first_token, per_token, e2e;  // seconds, observed under the lock below
   for (RequestOutput& out : outputs) {
     auto it = live_.find(out.request_id);
     if (it == live_.end()) continue;  // a prompt of a refused submission
     Live& live = it->second;
+    if (!out.new_tokens.empty()) {
+      if (!live.last_token) {
+        first_token.push_back(std::chrono::duration<double>(now - live.submitted).count());
+      } else {
+        // Each token of this output shares the interval since the last ones.
+        const double interval = std::chrono::duration<double>(now - *live.last_token).count() /
+                                static_cast<double>(out.new_tokens.size());
+        per_token.insert(per_token.end(), out.new_tokens.size(), interval);
+      }
+      live.last_token = now;
+    }
+    if (out.finished) e2e.push_back(std::chrono::duration<double>(now - live.submitted).count());
     if (out.error) {
       // This request failed alone: its client gets the error, the batch goes on.
       ++aborted;
@@ -162,6 +186,9 @@ void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
     if (finished) live_.erase(it);
   }
   std::lock_guard lock(mutex_);
+  for (double v : first_token) stats_.time_to_first_token.observe(v);
+  for (double v : per_token) stats_.time_per_output_token.observe(v);
+  for (double v : e2e) stats_.e2e_request_latency.observe(v);
   stats_.finished_stop += stop;
   stats_.finished_length += length;
   stats_.finished_abort += aborted;

@@ -56,8 +56,27 @@ class Channel {
 };
 
 // Counters the loop keeps beside the engine's own, for /metrics.
+// A Prometheus histogram: counts per upper bound (cumulative when rendered).
+struct LatencyHistogram {
+  std::vector<double> bounds;   // seconds, ascending (+Inf implied)
+  std::vector<int64_t> counts;  // per bucket, bounds.size() + 1
+  double sum = 0;
+  int64_t count = 0;
+  explicit LatencyHistogram(std::vector<double> upper_bounds = {})
+      : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
+  void observe(double seconds);
+};
+
 struct LoopStats {
   EngineStats engine;
+  // Per request (prompt): submission to its first token, between its
+  // tokens, submission to its end. vLLM's bucket bounds.
+  LatencyHistogram time_to_first_token{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                                        5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}};
+  LatencyHistogram time_per_output_token{{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                                          5.0, 7.5, 10.0, 20.0, 40.0, 80.0}};
+  LatencyHistogram e2e_request_latency{{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}};
   int64_t finished_stop = 0;    // requests (prompts) ended by eos or a stop string
   int64_t finished_length = 0;  // ... by max_tokens
   int64_t finished_abort = 0;   // ... by a client that went away (or shutdown)
@@ -91,11 +110,14 @@ class EngineLoop {
     std::shared_ptr<Channel> channel;
     std::vector<std::vector<int64_t>> prompts;
     std::vector<RequestOptions> options;  // one per prompt
+    std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now();
   };
   struct Live {
     std::shared_ptr<Channel> channel;
     int64_t index = 0;
     std::shared_ptr<int64_t> remaining;  // unfinished prompts of its submission
+    std::chrono::steady_clock::time_point submitted;
+    std::optional<std::chrono::steady_clock::time_point> last_token;  // when its latest tokens came
   };
   void run();
   void admit(Submission& submission);

@@ -301,6 +301,67 @@ struct Server::Impl {
 
   static int64_t created_now() { return unix_seconds(); }
 
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    const json body = parse_tokenize_body(req.body);
+    std::vector<int64_t> ids;
+    if (body.contains("messages")) {
+      // As a chat request would render them (with the generation prompt by default).
+      ChatRequest chat_request = parse_chat_request(json{{"model", options.served_model_name},
+                                                         {"messages", body["messages"]},
+                                                         {"add_generation_prompt", body.value("add_generation_prompt", true)}}
+                                                        .dump());
+      std::string text;
+      try {
+        text = chat.render(chat_request.messages, chat_request.add_generation_prompt, chat_request.template_kwargs);
+      } catch (const ConfigError& e) {
+        throw ApiError(400, fmt::format("the chat template refused the messages: {}", e.what()), "messages");
+      }
+      ids = encode(text, chat.add_special_tokens());
+    } else {
+      if (!body.contains("prompt") || !body["prompt"].is_string()) {
+        throw ApiError(400, "'prompt' (a string) or 'messages' is required", "prompt");
+      }
+      const json& special = body.contains("add_special_tokens") ? body["add_special_tokens"] : json(true);
+      if (!special.is_boolean()) throw ApiError(400, "'add_special_tokens' must be a boolean", "add_special_tokens");
+      ids = encode(body["prompt"].get<std::string>(), special.get<bool>());
+    }
+    res.set_content(dump_json({{"count", ids.size()}, {"max_model_len", options.max_context}, {"tokens", ids}}),
+                    "application/json");
+  }
+
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    const json body = parse_tokenize_body(req.body);
+    if (!body.contains("tokens") || !body["tokens"].is_array()) {
+      throw ApiError(400, "'tokens' (a list of token ids) is required", "tokens");
+    }
+    if (!loop->tokenizer()) throw ApiError(400, "this model has no tokenizer to decode with", "tokens");
+    std::vector<int64_t> ids;
+    const int64_t vocab = loop->tokenizer()->vocab_size();
+    for (const json& id : body["tokens"]) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab) {
+        throw ApiError(400, fmt::format("'tokens' holds {}, not a token id in [0, {})", id.dump(), vocab), "tokens");
+      }
+      ids.push_back(id.get<int64_t>());
+    }
+    res.set_content(dump_json({{"prompt", decode(ids)}}), "application/json");
+  }
+
+  // A JSON object whose "model", when given, is the served one.
+  json parse_tokenize_body(const std::string& text) const {
+    json body;
+    try {
+      body = json::parse(text);
+    } catch (const json::parse_error& e) {
+      throw ApiError(400, fmt::format("the request body is not valid JSON ({})", e.what()));
+    }
+    if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    if (body.contains("model") && !body["model"].is_null()) {
+      if (!body["model"].is_string()) throw ApiError(400, "'model' must be a string", "model");
+      check_model(body["model"].get<std::string>());
+    }
+    return body;
+  }
+
   void log_finished(const std::string& path, const std::vector<ChoiceResult>& choices, Clock::time_point start) const {
     if (!options.log_requests) return;
     int64_t prompt = 0, completion = 0;
@@ -497,6 +558,9 @@ Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerO
                                       {"max_model_len", s.options.max_context}}})}};
     res.set_content(dump_json(body), "application/json");
   });
+  // vLLM's /tokenize and /detokenize: {"prompt"} or {"messages"} -> token ids; ids -> text.
+  s.route("POST", "/tokenize", [&s](const auto& req, auto& res) { s.tokenize(req, res); });
+  s.route("POST", "/detokenize", [&s](const auto& req, auto& res) { s.detokenize(req, res); });
   s.route("GET", "/health", [](const auto&, auto& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
   s.route("GET", "/metrics", [&s](const auto&, auto& res) { res.set_content(s.metrics(), "text/plain; version=0.0.4"); });
   // Unrouted paths and methods get an OpenAI-style body too (ours already carry one).

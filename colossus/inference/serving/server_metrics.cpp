@@ -27,6 +27,26 @@ void metric(std::string& out, const char* name, const char* type, const char* he
                      value);
 }
 
+// vLLM's names and label (model_name), so dashboards built for vLLM read ours.
+void vllm_metric(std::string& out, const char* name, const char* type, const char* help, const std::string& model,
+                 double value) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{model_name=\"{}\"}} {}\n", name, help, name, type, name,
+                     label(model), value);
+}
+
+void vllm_histogram(std::string& out, const char* name, const char* help, const std::string& model,
+                    const LatencyHistogram& h) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i <= h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    const std::string le = i < h.bounds.size() ? fmt::format("{}", h.bounds[i]) : "+Inf";
+    out += fmt::format("{}_bucket{{model_name=\"{}\",le=\"{}\"}} {}\n", name, label(model), le, cumulative);
+  }
+  out += fmt::format("{}_sum{{model_name=\"{}\"}} {}\n", name, label(model), h.sum);
+  out += fmt::format("{}_count{{model_name=\"{}\"}} {}\n", name, label(model), h.count);
+}
+
 }  // namespace
 
 std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const std::string& model_name) {
@@ -56,6 +76,23 @@ std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const
          d(e.prefix_cache_hits));
   metric(out, "colossus_requests_rejected_total", "counter", "Submissions the engine refused.", model_name,
          d(stats.rejected));
+
+  vllm_metric(out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", model_name,
+              d(e.running));
+  vllm_metric(out, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", model_name,
+              d(e.waiting));
+  vllm_metric(out, "vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", model_name,
+              e.blocks_total > 0 ? d(e.blocks_used) / d(e.blocks_total) : 0.0);
+  vllm_metric(out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", model_name,
+              d(e.prompt_tokens));
+  vllm_metric(out, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", model_name,
+              d(e.generated_tokens));
+  vllm_histogram(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", model_name,
+                 stats.time_to_first_token);
+  vllm_histogram(out, "vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                 model_name, stats.time_per_output_token);
+  vllm_histogram(out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                 model_name, stats.e2e_request_latency);
 
   out += "# HELP colossus_requests_finished_total Prompts finished, by OpenAI finish_reason.\n";
   out += "# TYPE colossus_requests_finished_total counter\n";

@@ -464,6 +464,21 @@ TEST_F(Serve, NChoicesAndPresenceFrequencyPenalties) {
       << "the penalties should change this greedy text";
 }
 
+TEST_F(Serve, TokenizeAndDetokenizeAsVllm) {
+  const HttpResult tokens = post("/tokenize", {{"model", "tiny"}, {"prompt", "héllo"}});
+  ASSERT_EQ(tokens.status, 200) << tokens.body;
+  EXPECT_EQ(tokens.parsed()["tokens"], encode("héllo"));
+  EXPECT_EQ(tokens.parsed()["count"], encode("héllo").size());
+  const HttpResult chat = post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(chat.parsed()["tokens"], chat_ids({{{"role", "user"}, {"content", "hi"}}}));
+  const HttpResult text = post("/detokenize", {{"model", "tiny"}, {"tokens", encode("héllo", false)}});
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_EQ(text.parsed()["prompt"], "héllo");
+  EXPECT_EQ(post("/detokenize", {{"tokens", {1, 99999}}}).status, 400);
+  EXPECT_EQ(post("/tokenize", {{"model", "gpt-9"}, {"prompt", "x"}}).status, 404);
+}
+
 TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
   const HttpResult health = curl(server_->url() + "/health");
   EXPECT_EQ(health.status, 200);
@@ -494,6 +509,27 @@ TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
                 metric(before, "colossus_requests_finished_total", length),
             1);
   EXPECT_GE(metric(after, "colossus_http_requests_total", "{endpoint=\"/v1/completions\",status=\"200\"}"), 1);
+
+  // vLLM's names and label, so its Grafana dashboards read ours.
+  const std::string vllm = "{model_name=\"tiny\"}";
+  EXPECT_EQ(metric(after, "vllm:generation_tokens_total", vllm) - metric(before, "vllm:generation_tokens_total", vllm), 5);
+  EXPECT_EQ(metric(after, "vllm:prompt_tokens_total", vllm), metric(after, "colossus_prompt_tokens_total"));
+  for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"}) {
+    EXPECT_GE(metric(after, name, vllm), 0) << name;
+  }
+  // Histograms: one first token and one end-to-end latency for the request,
+  // four inter-token intervals (5 tokens), buckets cumulative up to +Inf.
+  const std::map<std::string, double> counts = {{"vllm:time_to_first_token_seconds", 1},
+                                                {"vllm:time_per_output_token_seconds", 4},
+                                                {"vllm:e2e_request_latency_seconds", 1}};
+  for (const auto& [name, added] : counts) {
+    EXPECT_EQ(metric(after, name + "_count", vllm) - metric(before, name + "_count", vllm), added) << name;
+    EXPECT_EQ(metric(after, name + "_bucket", "{model_name=\"tiny\",le=\"+Inf\"}"),
+              metric(after, name + "_count", vllm)) << name;
+    EXPECT_GT(metric(after, name + "_sum", vllm), metric(before, name + "_sum", vllm)) << name;
+  }
+  EXPECT_LE(metric(after, "vllm:time_to_first_token_seconds_bucket", "{model_name=\"tiny\",le=\"0.001\"}"),
+            metric(after, "vllm:time_to_first_token_seconds_bucket", "{model_name=\"tiny\",le=\"2560\"}"));
 }
 
 // What a load-test request asks and what must come back.
