@@ -48,13 +48,17 @@ constexpr const char* kFooter = R"(PATH is a Hugging Face model directory, a che
 run/checkpoints directory (as for `colossus generate`).
 
 Endpoints (OpenAI's wire format):
-  POST /v1/completions        prompt (text, token ids, or a list of them), max_tokens,
+  POST /v1/completions        prompt (text, token ids, or a list of them), max_tokens, n,
                               temperature, top_p, top_k, seed, stop, repetition_penalty,
-                              no_repeat_ngram_size, ignore_eos, stream
-  POST /v1/chat/completions   messages, through the model directory's chat template
+                              presence_penalty, frequency_penalty, no_repeat_ngram_size,
+                              ignore_eos, logprobs (0-20), echo, stream
+  POST /v1/chat/completions   messages, through the model directory's chat template;
+                              logprobs + top_logprobs
   GET  /v1/models             the served model
+  POST /tokenize, /detokenize vLLM's: prompt or messages -> token ids; token ids -> text
   GET  /health                200 once the model is loaded
-  GET  /metrics               Prometheus text: queue, KV blocks, tokens, tokens/s, requests
+  GET  /metrics               Prometheus text: vLLM's vllm:* names (requests, KV cache usage,
+                              tokens, TTFT / TPOT / e2e histograms) and colossus_* ones
 
 A request's unset sampling fields take this server's defaults (--do_sample,
 --temperature, ...; greedy unless --do_sample); temperature 0 is greedy.

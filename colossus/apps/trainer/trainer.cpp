@@ -273,6 +273,13 @@ void Trainer::build() {
   }
   auto model_config = build_model_config(config_, *tokenizer_);
   precision_ = run_precision(config_);
+  if (config_.plugin.name == "moe_hybrid_parallel" && std::holds_alternative<models::DeepseekConfig>(model_config)) {
+    throw ConfigError(fmt::format(
+        "plugin.name = \"moe_hybrid_parallel\" does not take DeepSeek models yet (model type '{}': its routed "
+        "experts are not sharded over ep); train it with plugin.name = \"ddp\", \"low_level_zero\" or \"gemini\", "
+        "or use a Mixtral / Qwen2-MoE / Qwen3-MoE model with moe_hybrid_parallel",
+        models::model_type(model_config)));
+  }
   if (config_.plugin.name == "moe_hybrid_parallel" && !std::holds_alternative<models::MixtralConfig>(model_config)) {
     // Refused here, before the plugin lays out ranks or anything is allocated.
     throw ConfigError(fmt::format(
