@@ -170,6 +170,11 @@ TEST(MoeTrain, BadLayoutsAndDenseModelsAreRefusedUpFront) {
   message = config_error_of([&] { train_here(dir, {"model.preset=\"deepseek_v2-tiny\"", "model.config={}"}); });
   EXPECT_NE(message.find("does not take DeepSeek models yet (model type 'deepseek_v2'"), std::string::npos) << message;
   EXPECT_NE(message.find("plugin.name = \"ddp\""), std::string::npos) << message;
+  message = config_error_of(
+      [&] { colossus::apps::parse_train_config(kConfig, {"model.gradient_checkpointing_ratio=1.0"}); });
+  EXPECT_NE(message.find("gradient_checkpointing_ratio = 1 with plugin moe_hybrid_parallel is not supported yet"),
+            std::string::npos)
+      << message;
   message = config_error_of([&] { colossus::apps::parse_train_config(kConfig, {"plugin.zero_stage=3"}); });
   EXPECT_NE(message.find("zero_stage is 3"), std::string::npos) << message;
   message = config_error_of([&] { colossus::apps::parse_train_config(kConfig, {"plugin.ep_size=0"}); });

@@ -375,6 +375,33 @@ TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(lazy[i], full[i]) << "lazy + nvme, step " << i + 1;
 }
 
+TEST(Trainer, ActivationCheckpointingKeepsEveryPluginsCurve) {
+  // Dropout on (tiny_config): the rerun forward replays its RNG, so the
+  // curve is the plain one for ddp, ZeRO-2 and Gemini alike.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> plugins = {
+      {"ddp", {}},
+      {"low_level_zero", {"plugin.name=\"low_level_zero\"", "plugin.stage=2"}},
+      {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.enable_gradient_accumulation=true",
+                  "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}}};
+  for (const auto& [name, options] : plugins) {
+    auto plain_options = options, checkpointed = options;
+    plain_options.push_back("train.steps=6");
+    checkpointed.insert(checkpointed.end(), {"train.steps=6", "model.gradient_checkpointing_ratio=1.0"});
+    const auto plain = losses_of(apps::train(tiny_config(job_dir("ckpt_plain_" + name), plain_options)));
+    const auto rerun = losses_of(apps::train(tiny_config(job_dir("ckpt_rerun_" + name), checkpointed)));
+    ASSERT_EQ(rerun.size(), plain.size()) << name;
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_NEAR(rerun[i], plain[i], 1e-6 * std::abs(plain[i])) << name << " step " << i + 1;
+    }
+  }
+  try {
+    tiny_config(job_dir("ckpt_refused"), {"plugin.name=\"hybrid_parallel\"", "model.gradient_checkpointing_ratio=0.5"});
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("set plugin.gradient_checkpointing_ratio instead"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Trainer, TransformersLoadsTheCheckpoint) {
   auto world = ct::world();
   auto dir = job_dir("hf");

@@ -212,7 +212,8 @@ const std::vector<Section>& sections() {
     s.push_back({"model", "", {
         COLOSSUS_KEY("preset", "built-in architecture: gpt2-124m, gpt2-350m, gpt2-tiny, llama-1b-like, llama-tiny, mixtral-tiny", model.preset),
         COLOSSUS_KEY("pretrained", "a Hugging Face model directory to fine-tune; replaces the preset", model.pretrained),
-        COLOSSUS_KEY("init_seed", "seed of the Hugging Face-style initialisation (ignored with pretrained)", model.init_seed)}});
+        COLOSSUS_KEY("init_seed", "seed of the Hugging Face-style initialisation (ignored with pretrained)", model.init_seed),
+        COLOSSUS_KEY("gradient_checkpointing_ratio", "activation checkpointing under any plugin: share of blocks that rerun their forward in backward (hybrid_parallel: plugin.gradient_checkpointing_ratio)", model.gradient_checkpointing_ratio)}});
     s.push_back({"data", "", {
         COLOSSUS_KEY("source", "\"builtin\" (generated corpus), a UTF-8 text file, a directory of *.txt, or a directory of token shards", data.source),
         COLOSSUS_KEY("tokenizer", "\"byte\", a Hugging Face tokenizer directory or file; empty: model.pretrained's own (byte without one)", data.tokenizer),

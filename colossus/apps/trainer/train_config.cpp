@@ -220,6 +220,26 @@ lora::LoraConfig lora_config(const LoraSection& section) {
 
 void TrainConfig::validate() const {
   if (model.pretrained.empty()) models::preset(model.preset);  // throws listing the presets
+  if (!(model.gradient_checkpointing_ratio >= 0.0 && model.gradient_checkpointing_ratio <= 1.0)) {
+    throw ConfigError(fmt::format("model.gradient_checkpointing_ratio = {} must be in [0, 1]; 1.0 reruns every "
+                                  "block's forward in backward, 0 is off",
+                                  model.gradient_checkpointing_ratio));
+  }
+  if (model.gradient_checkpointing_ratio > 0.0 && plugin.name == "hybrid_parallel") {
+    // That plugin checkpoints the blocks after sharding them over tp / pp.
+    throw ConfigError(fmt::format("model.gradient_checkpointing_ratio = {} with plugin hybrid_parallel: set "
+                                  "plugin.gradient_checkpointing_ratio instead (it wraps the blocks after tp / pp "
+                                  "sharding)",
+                                  model.gradient_checkpointing_ratio));
+  }
+  if (model.gradient_checkpointing_ratio > 0.0 && plugin.name == "moe_hybrid_parallel") {
+    // The plugin swaps each sparse block's experts for this rank's while
+    // boosting, under the wrappers' adopted children.
+    throw ConfigError(fmt::format("model.gradient_checkpointing_ratio = {} with plugin moe_hybrid_parallel is not "
+                                  "supported yet; train the MoE model with checkpointing under ddp, low_level_zero "
+                                  "or gemini, or without it under moe_hybrid_parallel",
+                                  model.gradient_checkpointing_ratio));
+  }
   require_positive("data.seq_len", data.seq_len, "128");
   require_positive("data.batch_size", data.batch_size, "8");
   require_positive("data.prefetch", data.prefetch, "4");

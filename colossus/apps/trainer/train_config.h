@@ -28,6 +28,11 @@ struct ModelSection {
   // value as JSON text, applied over the preset or the pretrained config.
   std::map<std::string, std::string> config;
   uint64_t init_seed = 0;  // seeded HF initialisation (ignored with pretrained)
+  // Activation checkpointing under every plugin: the first round(ratio x
+  // blocks) blocks rerun their forward in backward (Colossal-AI's
+  // gradient_checkpointing_ratio; dropout replays its RNG). 0: off.
+  // hybrid_parallel takes its own plugin.gradient_checkpointing_ratio.
+  double gradient_checkpointing_ratio = 0.0;
 };
 
 struct DataSection {

@@ -30,6 +30,7 @@
 #include "colossus/models/config.h"
 #include "colossus/models/deepseek.h"
 #include "colossus/models/deepseek_moe.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
 
@@ -325,6 +326,10 @@ void Trainer::build() {
     log.info(fmt::format("lora: r {} on {} layers; {} of {} parameters train ({:.2f}%)", lora_config_.r,
                          lora::lora_layers(*model).size(), trained, total,
                          100.0 * static_cast<double>(trained) / static_cast<double>(total)));
+  }
+  if (config_.model.gradient_checkpointing_ratio > 0.0) {
+    const int64_t wrapped = models::enable_activation_checkpointing(*model, config_.model.gradient_checkpointing_ratio);
+    log.info(fmt::format("activation checkpointing: {} block(s) rerun their forward in backward", wrapped));
   }
   models::ParamSource param_source;
   if (lazy) {
