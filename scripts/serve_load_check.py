@@ -279,18 +279,18 @@ def main():
         deadline = time.time() + 10
         while True:
             m = metrics(port)
-            idle = m.get("colossus_kv_blocks_used", -1) == 0 and m.get("colossus_requests_running", -1) == 0 \
-                and m.get("colossus_requests_waiting", -1) == 0
+            idle = m.get("colossus:kv_blocks_used", -1) == 0 and m.get("colossus:requests_running", -1) == 0 \
+                and m.get("colossus:requests_waiting", -1) == 0
             if idle or time.time() > deadline:
                 break
             time.sleep(0.1)
-        report.update(kv_blocks_used_after_load=m.get("colossus_kv_blocks_used"),
-                      kv_blocks_total=m.get("colossus_kv_blocks_total"),
-                      requests_running_after_load=m.get("colossus_requests_running"))
+        report.update(kv_blocks_used_after_load=m.get("colossus:kv_blocks_used"),
+                      kv_blocks_total=m.get("colossus:kv_blocks_total"),
+                      requests_running_after_load=m.get("colossus:requests_running"))
         if not idle:
             failures.append("after the load /metrics shows " + ", ".join(
-                f"{k} {m.get(k)}" for k in ("colossus_kv_blocks_used", "colossus_requests_running",
-                                            "colossus_requests_waiting")))
+                f"{k} {m.get(k)}" for k in ("colossus:kv_blocks_used", "colossus:requests_running",
+                                            "colossus:requests_waiting")))
 
         # SIGTERM with requests in flight.
         # Long requests (no max_tokens: the server's max_output_len; eos ignored) so they are still running.
@@ -309,9 +309,9 @@ def main():
         for t in threads:
             t.start()
         deadline = time.time() + 30
-        while time.time() < deadline and metrics(port).get("colossus_requests_running", 0) < 1:
+        while time.time() < deadline and metrics(port).get("colossus:requests_running", 0) < 1:
             time.sleep(0.05)
-        running_at_stop = metrics(port).get("colossus_requests_running", 0)
+        running_at_stop = metrics(port).get("colossus:requests_running", 0)
         t_stop = time.time()
         server.proc.send_signal(signal.SIGTERM)
         try:

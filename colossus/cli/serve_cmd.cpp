@@ -58,7 +58,7 @@ Endpoints (OpenAI's wire format):
   POST /tokenize, /detokenize vLLM's: prompt or messages -> token ids; token ids -> text
   GET  /health                200 once the model is loaded
   GET  /metrics               Prometheus text: vLLM's vllm:* names (requests, KV cache usage,
-                              tokens, TTFT / TPOT / e2e histograms) and colossus_* ones
+                              tokens, TTFT / TPOT / e2e histograms) and colossus:* ones
 
 A request's unset sampling fields take this server's defaults (--do_sample,
 --temperature, ...; greedy unless --do_sample); temperature 0 is greedy.

@@ -53,28 +53,28 @@ std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const
   const EngineStats& e = stats.engine;
   std::string out;
   auto d = [](int64_t v) { return static_cast<double>(v); };
-  metric(out, "colossus_requests_waiting", "gauge", "Requests queued for admission.", model_name, d(e.waiting));
-  metric(out, "colossus_requests_running", "gauge", "Requests being decoded.", model_name, d(e.running));
-  metric(out, "colossus_kv_blocks_used", "gauge", "KV cache blocks held by requests.", model_name, d(e.blocks_used));
-  metric(out, "colossus_kv_blocks_total", "gauge", "KV cache blocks in the pool.", model_name, d(e.blocks_total));
-  metric(out, "colossus_kv_block_size_tokens", "gauge", "Tokens per KV cache block.", model_name, d(e.block_size));
-  metric(out, "colossus_kv_cache_usage_ratio", "gauge", "Share of the KV pool in use.", model_name,
+  metric(out, "colossus:requests_waiting", "gauge", "Requests queued for admission.", model_name, d(e.waiting));
+  metric(out, "colossus:requests_running", "gauge", "Requests being decoded.", model_name, d(e.running));
+  metric(out, "colossus:kv_blocks_used", "gauge", "KV cache blocks held by requests.", model_name, d(e.blocks_used));
+  metric(out, "colossus:kv_blocks_total", "gauge", "KV cache blocks in the pool.", model_name, d(e.blocks_total));
+  metric(out, "colossus:kv_block_size_tokens", "gauge", "Tokens per KV cache block.", model_name, d(e.block_size));
+  metric(out, "colossus:kv_cache_usage_ratio", "gauge", "Share of the KV pool in use.", model_name,
          e.blocks_total > 0 ? d(e.blocks_used) / d(e.blocks_total) : 0.0);
-  metric(out, "colossus_engine_steps_total", "counter", "Engine steps (batches) run.", model_name, d(e.steps));
-  metric(out, "colossus_prompt_tokens_total", "counter", "Prompt tokens computed in prefill (prefix-cache hits excluded).",
+  metric(out, "colossus:engine_steps_total", "counter", "Engine steps (batches) run.", model_name, d(e.steps));
+  metric(out, "colossus:prompt_tokens_total", "counter", "Prompt tokens computed in prefill (prefix-cache hits excluded).",
          model_name, d(e.prompt_tokens));
-  metric(out, "colossus_generation_tokens_total", "counter", "Tokens generated.", model_name, d(e.generated_tokens));
-  metric(out, "colossus_prompt_tokens_per_second", "gauge", "Prefill throughput over the last 5 s.", model_name,
+  metric(out, "colossus:generation_tokens_total", "counter", "Tokens generated.", model_name, d(e.generated_tokens));
+  metric(out, "colossus:prompt_tokens_per_second", "gauge", "Prefill throughput over the last 5 s.", model_name,
          stats.prompt_tokens_per_second);
-  metric(out, "colossus_generation_tokens_per_second", "gauge", "Generation throughput over the last 5 s.", model_name,
+  metric(out, "colossus:generation_tokens_per_second", "gauge", "Generation throughput over the last 5 s.", model_name,
          stats.generation_tokens_per_second);
-  metric(out, "colossus_preemptions_total", "counter", "Requests preempted (recomputed later) for lack of KV blocks.",
+  metric(out, "colossus:preemptions_total", "counter", "Requests preempted (recomputed later) for lack of KV blocks.",
          model_name, d(e.preemptions));
-  metric(out, "colossus_prefix_cache_queries_total", "counter", "Prompt blocks looked up in the prefix cache.",
+  metric(out, "colossus:prefix_cache_queries_total", "counter", "Prompt blocks looked up in the prefix cache.",
          model_name, d(e.prefix_cache_queries));
-  metric(out, "colossus_prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix cache.", model_name,
+  metric(out, "colossus:prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix cache.", model_name,
          d(e.prefix_cache_hits));
-  metric(out, "colossus_requests_rejected_total", "counter", "Submissions the engine refused.", model_name,
+  metric(out, "colossus:requests_rejected_total", "counter", "Submissions the engine refused.", model_name,
          d(stats.rejected));
 
   vllm_metric(out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", model_name,
@@ -94,18 +94,18 @@ std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const
   vllm_histogram(out, "vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
                  model_name, stats.e2e_request_latency);
 
-  out += "# HELP colossus_requests_finished_total Prompts finished, by OpenAI finish_reason.\n";
-  out += "# TYPE colossus_requests_finished_total counter\n";
+  out += "# HELP colossus:requests_finished_total Prompts finished, by OpenAI finish_reason.\n";
+  out += "# TYPE colossus:requests_finished_total counter\n";
   for (const auto& [reason, count] : {std::pair<const char*, int64_t>{"stop", stats.finished_stop},
                                       {"length", stats.finished_length},
                                       {"abort", stats.finished_abort}}) {
-    out += fmt::format("colossus_requests_finished_total{{model=\"{}\",finish_reason=\"{}\"}} {}\n", label(model_name),
+    out += fmt::format("colossus:requests_finished_total{{model=\"{}\",finish_reason=\"{}\"}} {}\n", label(model_name),
                        reason, count);
   }
-  out += "# HELP colossus_http_requests_total HTTP responses, by endpoint and status code.\n";
-  out += "# TYPE colossus_http_requests_total counter\n";
+  out += "# HELP colossus:http_requests_total HTTP responses, by endpoint and status code.\n";
+  out += "# TYPE colossus:http_requests_total counter\n";
   for (const auto& [key, count] : http) {
-    out += fmt::format("colossus_http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", label(key.first),
+    out += fmt::format("colossus:http_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", label(key.first),
                        key.second, count);
   }
   return out;

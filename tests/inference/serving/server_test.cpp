@@ -153,8 +153,8 @@ class Serve : public ::testing::Test {
     const auto start = std::chrono::steady_clock::now();
     while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < timeout_s) {
       const auto m = metrics();
-      if (metric(m, "colossus_requests_running") == 0 && metric(m, "colossus_requests_waiting") == 0 &&
-          metric(m, "colossus_kv_blocks_used") == 0) {
+      if (metric(m, "colossus:requests_running") == 0 && metric(m, "colossus:requests_waiting") == 0 &&
+          metric(m, "colossus:kv_blocks_used") == 0) {
         return true;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -512,26 +512,26 @@ TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
                 .status,
             200);
   const auto after = metrics();
-  EXPECT_GT(metric(after, "colossus_kv_blocks_total"), 0);
-  EXPECT_EQ(metric(after, "colossus_kv_block_size_tokens"), 8);
-  EXPECT_EQ(metric(after, "colossus_generation_tokens_total") - metric(before, "colossus_generation_tokens_total"), 5);
-  EXPECT_GT(metric(after, "colossus_prompt_tokens_total"), 0);
-  EXPECT_GE(metric(after, "colossus_generation_tokens_per_second"), 0);
-  for (const char* name : {"colossus_preemptions_total", "colossus_prefix_cache_hits_total",
-                           "colossus_prefix_cache_queries_total", "colossus_requests_waiting", "colossus_requests_running",
-                           "colossus_kv_blocks_used", "colossus_engine_steps_total"}) {
+  EXPECT_GT(metric(after, "colossus:kv_blocks_total"), 0);
+  EXPECT_EQ(metric(after, "colossus:kv_block_size_tokens"), 8);
+  EXPECT_EQ(metric(after, "colossus:generation_tokens_total") - metric(before, "colossus:generation_tokens_total"), 5);
+  EXPECT_GT(metric(after, "colossus:prompt_tokens_total"), 0);
+  EXPECT_GE(metric(after, "colossus:generation_tokens_per_second"), 0);
+  for (const char* name : {"colossus:preemptions_total", "colossus:prefix_cache_hits_total",
+                           "colossus:prefix_cache_queries_total", "colossus:requests_waiting", "colossus:requests_running",
+                           "colossus:kv_blocks_used", "colossus:engine_steps_total"}) {
     EXPECT_GE(metric(after, name), 0) << name;
   }
   const std::string length = "{model=\"tiny\",finish_reason=\"length\"}";
-  EXPECT_EQ(metric(after, "colossus_requests_finished_total", length) -
-                metric(before, "colossus_requests_finished_total", length),
+  EXPECT_EQ(metric(after, "colossus:requests_finished_total", length) -
+                metric(before, "colossus:requests_finished_total", length),
             1);
-  EXPECT_GE(metric(after, "colossus_http_requests_total", "{endpoint=\"/v1/completions\",status=\"200\"}"), 1);
+  EXPECT_GE(metric(after, "colossus:http_requests_total", "{endpoint=\"/v1/completions\",status=\"200\"}"), 1);
 
   // vLLM's names and label, so its Grafana dashboards read ours.
   const std::string vllm = "{model_name=\"tiny\"}";
   EXPECT_EQ(metric(after, "vllm:generation_tokens_total", vllm) - metric(before, "vllm:generation_tokens_total", vllm), 5);
-  EXPECT_EQ(metric(after, "vllm:prompt_tokens_total", vllm), metric(after, "colossus_prompt_tokens_total"));
+  EXPECT_EQ(metric(after, "vllm:prompt_tokens_total", vllm), metric(after, "colossus:prompt_tokens_total"));
   for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"}) {
     EXPECT_GE(metric(after, name, vllm), 0) << name;
   }
@@ -602,7 +602,7 @@ TEST_F(Serve, ConcurrentLoadEveryResponseMatchesGreedy) {
                         : greedy(encode(c.prompt), c.max_tokens);
     cases.push_back(std::move(c));
   }
-  const double generated_before = metric(metrics(), "colossus_generation_tokens_total");
+  const double generated_before = metric(metrics(), "colossus:generation_tokens_total");
   std::vector<std::string> got(cases.size()), errors(cases.size());
   std::atomic<size_t> next{0};
   std::vector<std::thread> threads;
@@ -621,13 +621,13 @@ TEST_F(Serve, ConcurrentLoadEveryResponseMatchesGreedy) {
                                          << ", prompt '" << cases[i].prompt << "')";
   }
   EXPECT_TRUE(wait_idle());
-  EXPECT_GT(metric(metrics(), "colossus_generation_tokens_total"), generated_before);
+  EXPECT_GT(metric(metrics(), "colossus:generation_tokens_total"), generated_before);
 }
 
 TEST_F(Serve, ClientThatHangsUpMidStreamIsAbortedAndItsBlocksFreed) {
   ASSERT_TRUE(wait_idle());
   const std::string abort_labels = "{model=\"tiny\",finish_reason=\"abort\"}";
-  const double aborts_before = metric(metrics(), "colossus_requests_finished_total", abort_labels);
+  const double aborts_before = metric(metrics(), "colossus:requests_finished_total", abort_labels);
 
   httplib::Client client("127.0.0.1", server_->port());
   httplib::Request req;
@@ -645,8 +645,8 @@ TEST_F(Serve, ClientThatHangsUpMidStreamIsAbortedAndItsBlocksFreed) {
 
   EXPECT_TRUE(wait_idle()) << "the aborted request still holds blocks";
   const auto after = metrics();
-  EXPECT_EQ(metric(after, "colossus_requests_finished_total", abort_labels) - aborts_before, 1);
-  EXPECT_EQ(metric(after, "colossus_kv_blocks_used"), 0);
+  EXPECT_EQ(metric(after, "colossus:requests_finished_total", abort_labels) - aborts_before, 1);
+  EXPECT_EQ(metric(after, "colossus:kv_blocks_used"), 0);
   // The server still serves.
   EXPECT_EQ(post("/v1/completions", {{"model", "tiny"}, {"prompt", "still here"}, {"max_tokens", 3}}).status, 200);
 }
