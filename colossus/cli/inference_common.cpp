@@ -8,10 +8,12 @@
 #include "colossus/models/config.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <type_traits>
 #include <variant>
@@ -39,6 +41,24 @@ c10::Device parse_device(const std::string& name) {
                                   accelerator->error.empty() ? "" : " (" + accelerator->error + ")"));
   }
   return name == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(name);
+}
+
+c10::Device resolve_device(const std::string& name) {
+  if (name != "auto") return parse_device(name);
+  const auto accelerator = probe_accelerator();
+  return accelerator && !accelerator->devices.empty() ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+}
+
+std::string resolve_dtype(const std::string& name, const std::string& model_dir, const c10::Device& device) {
+  if (name != "auto") return name;
+  if (!device.is_cuda()) return "fp32";  // CPU half-precision matmuls are slow
+  std::ifstream in(std::filesystem::path(model_dir) / "config.json");
+  const auto config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string saved;
+  for (const char* key : {"torch_dtype", "dtype"}) {
+    if (config.is_object() && config.contains(key) && config[key].is_string()) saved = config[key].get<std::string>();
+  }
+  return saved == "float16" ? "fp16" : "bf16";  // bfloat16, float32 and unknown: bf16
 }
 
 std::shared_ptr<models::CausalLM> load_inference_model(const std::string& model_dir, const std::string& lora_dir,

@@ -16,6 +16,13 @@ namespace colossus::cli {
 c10::ScalarType parse_dtype(const std::string& name);  // fp32, bf16, fp16 (CLI11 has checked it)
 // cpu, cuda or cuda:N; throws ConfigError when this build or machine has no GPU.
 c10::Device parse_device(const std::string& name);
+// "auto": the first GPU when this build has CUDA and one is visible, else the
+// CPU; anything else as parse_device.
+c10::Device resolve_device(const std::string& name);
+// "auto": on a GPU the model's own dtype (config.json torch_dtype / dtype;
+// fp32 checkpoints in bf16, as vLLM halves them), on the CPU fp32; else
+// `name` itself (fp32, bf16, fp16).
+std::string resolve_dtype(const std::string& name, const std::string& model_dir, const c10::Device& device);
 // --tokenizer's value ("byte", a directory or file) or, when empty, the model
 // directory's tokenizer files; throws ConfigError naming what was looked for.
 std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const std::string& model_dir);

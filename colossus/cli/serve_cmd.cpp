@@ -33,7 +33,9 @@ struct ServeArgs {
   std::string served_model_name;
   std::string tokenizer;
   std::string lora;  // --lora: a PEFT adapter to merge in
-  std::string device = "cpu";
+  std::string device = "auto";
+  std::string dtype = "auto";
+  std::string use_cuda_graph = "auto";
   int threads = 0;
   int max_connections = 0;
   double request_timeout = 10;
@@ -83,9 +85,16 @@ int run_serve(const ServeArgs& args) {
   signal(SIGPIPE, SIG_IGN);
 
   inference::InferenceConfig config = args.config;
-  config.validate();  // before the (slow) load
-  const c10::Device device = parse_device(args.device);
+  // vLLM's defaults: the GPU when there is one, the model's own dtype there,
+  // decode steps replayed from CUDA graphs on it.
+  const c10::Device device = resolve_device(args.device);
   const std::string model_dir = inference::resolve_model_dir(args.path);
+  config.dtype = resolve_dtype(args.dtype, model_dir, device);
+  config.use_cuda_graph = args.use_cuda_graph == "auto" ? device.is_cuda() : args.use_cuda_graph == "true";
+  if (config.use_cuda_graph && !device.is_cuda()) {
+    throw ConfigError(fmt::format("--use_cuda_graph true needs a GPU; the device is {} (leave it auto)", device.str()));
+  }
+  config.validate();  // before the (slow) load
   std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
   auto chat = inference::serving::ChatPrompt::from_model_dir(model_dir);
 
@@ -104,14 +113,23 @@ int run_serve(const ServeArgs& args) {
                                   "positions; use at most {}",
                                   config.max_input_len, context, context - 1));
   }
-  auto engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config);
+  std::unique_ptr<inference::InferenceEngine> engine;
+  try {
+    engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config);
+  } catch (const ConfigError& e) {
+    // auto: a model the graph kernels do not cover (head size, dtype) is served eagerly.
+    if (args.use_cuda_graph != "auto" || !config.use_cuda_graph) throw;
+    std::fprintf(stderr, "CUDA graphs off: %s\n", e.what());
+    config.use_cuda_graph = false;
+    engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config);
+  }
   const auto stats = engine->stats();
   std::string name = args.served_model_name;
   if (name.empty()) name = std::filesystem::path(args.path).lexically_normal().filename().string();
   if (name.empty() || name == ".") name = std::filesystem::path(model_dir).filename().string();
-  std::fprintf(stderr, "loaded %s (%s, %s, %s) in %.1f s; KV cache %lld blocks of %lld tokens; chat: %s\n",
+  std::fprintf(stderr, "loaded %s (%s, %s, %s%s) in %.1f s; KV cache %lld blocks of %lld tokens; chat: %s\n",
                model_dir.c_str(), models::model_type(model->config()).c_str(), config.dtype.c_str(),
-               device.str().c_str(),
+               device.str().c_str(), config.use_cuda_graph ? ", CUDA graphs" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
                static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size),
                chat.has_template() ? "the model's template" : "no template (plain role: content lines)");
@@ -181,7 +199,8 @@ Command add_serve_command(CLI::App& app) {
                   "is found by itself)");
   sub->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer directory or file (default: the model directory); 'byte' = the built-in byte tokenizer");
-  sub->add_option("--device", args->device, "cpu, cuda or cuda:N")->capture_default_str();
+  sub->add_option("--device", args->device, "auto (a GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+      ->capture_default_str();
   sub->add_option("--threads", args->threads,
                   "HTTP worker threads, one per open connection (at most 4096); 0 = max(16, 2 x max_batch_size)")
       ->check(CLI::Range(0, 4096))
@@ -220,8 +239,10 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--prefill_ratio,--prefill-ratio", c.prefill_ratio,
                   "Share of the step's token budget prefill may take while others decode")
       ->capture_default_str();
-  sub->add_option("--dtype", c.dtype, "Weights and compute dtype")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+  sub->add_option("--dtype", args->dtype,
+                  "Weights and compute dtype; auto = the model's own on a GPU (fp32 checkpoints in bf16), fp32 on "
+                  "the CPU")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
   sub->add_option("--kv_cache_dtype,--kv-cache-dtype", c.kv_cache_dtype, "KV cache dtype; auto = the model's")
       ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}))
@@ -238,8 +259,9 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--enable_prefix_caching,--enable-prefix-caching", c.enable_prefix_caching,
                   "Reuse KV blocks of shared prompt prefixes (true/false)")
       ->capture_default_str();
-  sub->add_option("--use_cuda_graph,--use-cuda-graph", c.use_cuda_graph,
-                  "Replay decode steps from CUDA graphs (cuda only; true/false)")
+  sub->add_option("--use_cuda_graph,--use-cuda-graph", args->use_cuda_graph,
+                  "Replay decode steps from CUDA graphs: auto (on a GPU), true or false")
+      ->check(CLI::IsMember({"auto", "true", "false"}))
       ->capture_default_str();
   sub->add_option("--max_context_len_to_capture,--max-context-len-to-capture", c.max_context_len_to_capture,
                   "With use_cuda_graph: longest context a replayed decode step may have")

@@ -497,6 +497,22 @@ TEST_F(Serve, TheServingBenchmarkClientRunsItsMixAndChecksEveryResponse) {
   EXPECT_LE(s["ttft_ms"]["median"].get<double>(), s["e2e_ms"]["p99"].get<double>());
 }
 
+TEST_F(Serve, VllmStyleDefaultsOnACpuMachine) {
+  // The fixture passes no --device, --dtype or --use_cuda_graph: auto picks
+  // the CPU (no GPU here), fp32 on it, no CUDA graphs; the context is the model's.
+  const std::string log = server_->log();
+  EXPECT_NE(log.find("(gpt2, fp32, cpu) in"), std::string::npos) << log;
+  const HttpResult models = curl(server_->url() + "/v1/models");
+  EXPECT_EQ(models.parsed()["data"][0]["max_model_len"], 512) << models.body;
+  // Asking for CUDA graphs on the CPU is refused by name before loading.
+  try {
+    ServerProcess refused(dir_->string(), {"--use_cuda_graph", "true"}, testing::scratch_dir() / "serve_graph.log", 30);
+    ADD_FAILURE() << "a server with --use_cuda_graph true started on the CPU";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("--use_cuda_graph true needs a GPU"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
   const HttpResult health = curl(server_->url() + "/health");
   EXPECT_EQ(health.status, 200);
