@@ -73,7 +73,9 @@ else
   # Trained long enough on the built-in corpus that greedy choices are confident.
   serve_model_flags=(--model.preset=llama-1b-like --data.seq_len=256 --data.batch_size=16 --train.steps=60
                      --data.builtin_bytes=4000000)
-  serve_args=(--device cuda --dtype bf16 --use_cuda_graph true --max_batch_size 64 --max_input_len 256
+  # No --device / --dtype / --use_cuda_graph: the vLLM-style defaults must pick
+  # the GPU, the checkpoint's dtype in bf16 and CUDA graphs (the log line says so).
+  serve_args=(--max_batch_size 64 --max_input_len 256
               --max_output_len 256 --threads 96)
   load=(--requests 256 --clients 64 --max-tokens 64 --inflight 32 --min-agree-chars 16)
 fi
@@ -297,6 +299,11 @@ elif timeout $(( serve_left / 3 )) "$bin" train "$work/serve_model.toml" "${serv
        --report "$out/serve_report.json" -- "${serve_args[@]}" > "$out/serve_check.txt" 2>&1; then
     serve="PASS"
   else
+    serve="FAIL"
+  fi
+  # On the GPU the defaults must have chosen cuda, bf16 and CUDA graphs.
+  if [[ $device == cuda ]] && ! grep -q "bf16, cuda:0, CUDA graphs" "$out/serve.log"; then
+    echo "serve defaults: the log does not show bf16 on cuda:0 with CUDA graphs:"; grep "loaded" "$out/serve.log"
     serve="FAIL"
   fi
 else
