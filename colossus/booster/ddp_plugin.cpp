@@ -76,7 +76,8 @@ DDPModel::DDPModel(std::shared_ptr<models::CausalLM> model, cluster::ProcessGrou
       std::move(named), group_,
       GradReducerOptions{.bucket_cap_mb = options.bucket_cap_mb,
                          .gradient_as_bucket_view = options.gradient_as_bucket_view,
-                         .find_unused_parameters = options.find_unused_parameters});
+                         .find_unused_parameters = options.find_unused_parameters,
+                         .fp8_communication = options.fp8_communication});
 }
 
 at::Tensor DDPModel::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {

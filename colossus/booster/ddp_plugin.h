@@ -14,6 +14,8 @@ struct DDPPluginOptions {
   bool check_reduction = false;  // accepted for compatibility; reduction is always checked
   bool gradient_as_bucket_view = false;
   bool static_graph = false;  // accepted; buckets are already built once and reused
+  // Gradients all-reduced in FP8 with per-bucket scales (GradReducerOptions).
+  bool fp8_communication = false;
   void validate() const;
 };
 

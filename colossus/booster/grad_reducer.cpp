@@ -1,5 +1,7 @@
 #include "colossus/booster/grad_reducer.h"
 
+#include "colossus/cluster/fp8_collectives.h"
+
 #include "colossus/core/errors.h"
 
 #include <ATen/ATen.h>
@@ -126,8 +128,12 @@ void GradReducer::on_grad_ready(size_t param_index) {
 void GradReducer::launch_in_order() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     auto& bucket = buckets_[next_to_launch_];
-    bucket.work =
-        group_->all_reduce(bucket.buffer, options_.sum_scale > 0 ? cluster::ReduceOp::Sum : cluster::ReduceOp::Avg);
+    const auto op = options_.sum_scale > 0 ? cluster::ReduceOp::Sum : cluster::ReduceOp::Avg;
+    if (options_.fp8_communication) {
+      cluster::all_reduce_fp8(*group_, bucket.buffer, op);
+    } else {
+      bucket.work = group_->all_reduce(bucket.buffer, op);
+    }
     bucket.launched = true;
     ++next_to_launch_;
   }

@@ -1,0 +1,27 @@
+// Collectives with FP8 on the wire (Colossal-AI's fp8_communication): a
+// tensor is scaled by its absolute maximum into float8 e4m3 (448 at most,
+// 3 mantissa bits) and sent as bytes; each rank dequantizes what it receives
+// and reduces in fp32. An all-reduce is an all-to-all of the quantized
+// chunks (every rank reduces its chunk, each sender's scale applied), then an
+// all-gather of the reduced chunks, requantized with their own scales: about
+// 2 bytes per element on the wire against 4 for a bf16 ring all-reduce.
+// Every rank ends with the same values. Blocking.
+#pragma once
+#include "colossus/cluster/process_group.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace colossus::cluster {
+
+// tensor (floating, any shape, contiguous) reduced in place: Sum, or Avg.
+void all_reduce_fp8(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+
+// Bytes one rank sends for all_reduce_fp8 of `numel` elements over `ranks`
+// ranks (the fp8 chunks and the scales), and for a ring all-reduce of the
+// same tensor in `element_bytes` per element: 2 (n/r)(r-1) x element_bytes.
+int64_t fp8_all_reduce_wire_bytes(int64_t numel, int64_t ranks);
+int64_t ring_all_reduce_wire_bytes(int64_t numel, int64_t ranks, int64_t element_bytes);
+
+}  // namespace colossus::cluster
