@@ -24,6 +24,7 @@ struct LowLevelZeroPluginOptions {
   double norm_type = 2.0;                 // 2 or infinity
   double reduce_bucket_size_in_m = 12.0;  // million elements per reduce-scatter bucket
   std::string communication_dtype;        // "" (the parameters' dtype), "fp32", "bf16" or "fp16"
+  bool fp8_communication = false;         // gradients reduce-scattered in FP8 e4m3 (per-bucket scales)
   bool overlap_communication = true;      // reduce-scatter while backward runs
   bool overlap_allgather = false;         // all-gather updated params while the next forward is prepared
   bool cpu_offload = false;               // fp32 masters, optimizer state and its update on CPU

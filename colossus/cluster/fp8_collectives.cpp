@@ -27,44 +27,76 @@ at::Tensor dequantize(const at::Tensor& bytes, const at::Tensor& scale) {
 
 }  // namespace
 
-void all_reduce_fp8(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
+namespace {
+
+void check_floating(const at::Tensor& tensor, const char* what) {
   if (!at::isFloatingType(tensor.scalar_type()) || !tensor.is_contiguous()) {
-    throw ConfigError(fmt::format("all_reduce_fp8: the tensor must be floating and contiguous, not {}",
+    throw ConfigError(fmt::format("{}: the tensor must be floating and contiguous, not {}", what,
                                   c10::toString(tensor.scalar_type())));
   }
+}
+
+}  // namespace
+
+void reduce_scatter_fp8(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  check_floating(input, "reduce_scatter_fp8");
+  check_floating(output, "reduce_scatter_fp8");
   if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
-    throw ConfigError("all_reduce_fp8 sums or averages; other reductions have no fp8 form");
+    throw ConfigError("reduce_scatter_fp8 sums or averages; other reductions have no fp8 form");
   }
-  const int64_t ranks = group.size(), n = tensor.numel();
-  if (n == 0) return;
-  at::Tensor flat = tensor.view({-1});
-  if (ranks == 1) {
-    // The same rounding a peer's contribution gets, so one rank's numerics match many.
-    auto [q, scale] = quantize(flat.to(at::kFloat));
-    flat.copy_(dequantize(q, scale));
-    return;
+  const int64_t ranks = group.size(), chunk = output.numel();
+  if (input.numel() != ranks * chunk) {
+    throw ConfigError(fmt::format("reduce_scatter_fp8: input has {} elements, expected {} ranks x {}", input.numel(),
+                                  ranks, chunk));
   }
-  const int64_t chunk = (n + ranks - 1) / ranks;
-  at::Tensor padded = at::zeros({chunk * ranks}, flat.options().dtype(at::kFloat));
-  padded.narrow(0, 0, n).copy_(flat);
-  auto [q, scale] = quantize(padded);
+  if (chunk == 0) return;
+  auto [q, scale] = quantize(input.reshape({-1}).to(at::kFloat));
   // Chunk r of every rank's bytes to rank r; every rank's scale to all.
   at::Tensor received = at::empty_like(q);
   group.all_to_all(received, q).wait();
   at::Tensor scales = at::empty({ranks}, scale.options());
   group.all_gather_into(scales, scale).wait();
   // Row j: rank j's contribution to this rank's chunk, with rank j's scale.
-  at::Tensor parts = dequantize(received.view({ranks, chunk}), scales.view({ranks, 1}));
-  at::Tensor reduced = parts.sum(0);
+  at::Tensor reduced = dequantize(received.view({ranks, chunk}), scales.view({ranks, 1})).sum(0);
   if (op == ReduceOp::Avg) reduced.div_(static_cast<double>(ranks));
-  // The reduced chunks back to everyone, requantized with their own scales.
-  auto [q2, scale2] = quantize(reduced);
-  at::Tensor gathered = at::empty({chunk * ranks}, q2.options());
-  group.all_gather_into(gathered, q2).wait();
-  at::Tensor scales2 = at::empty({ranks}, scale2.options());
-  group.all_gather_into(scales2, scale2).wait();
-  at::Tensor result = dequantize(gathered.view({ranks, chunk}), scales2.view({ranks, 1}));
-  flat.copy_(result.view({-1}).narrow(0, 0, n));
+  output.view({-1}).copy_(reduced);
+}
+
+void all_gather_fp8(ProcessGroup& group, const at::Tensor& output_flat, const at::Tensor& input) {
+  check_floating(input, "all_gather_fp8");
+  check_floating(output_flat, "all_gather_fp8");
+  const int64_t ranks = group.size(), chunk = input.numel();
+  if (output_flat.numel() != ranks * chunk) {
+    throw ConfigError(fmt::format("all_gather_fp8: output has {} elements, expected {} ranks x {}",
+                                  output_flat.numel(), ranks, chunk));
+  }
+  if (chunk == 0) return;
+  auto [q, scale] = quantize(input.reshape({-1}).to(at::kFloat));
+  at::Tensor gathered = at::empty({ranks * chunk}, q.options());
+  group.all_gather_into(gathered, q).wait();
+  at::Tensor scales = at::empty({ranks}, scale.options());
+  group.all_gather_into(scales, scale).wait();
+  output_flat.view({-1}).copy_(dequantize(gathered.view({ranks, chunk}), scales.view({ranks, 1})).view({-1}));
+}
+
+void all_reduce_fp8(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
+  check_floating(tensor, "all_reduce_fp8");
+  if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
+    throw ConfigError("all_reduce_fp8 sums or averages; other reductions have no fp8 form");
+  }
+  const int64_t ranks = group.size(), n = tensor.numel();
+  if (n == 0) return;
+  at::Tensor flat = tensor.view({-1});
+  // Padded to whole chunks; then each rank reduces its chunk and the reduced
+  // chunks go back to everyone (requantized with their own scales). One rank
+  // rounds twice too, so its numerics match many ranks'.
+  const int64_t chunk = (n + ranks - 1) / ranks;
+  at::Tensor padded = at::zeros({chunk * ranks}, flat.options().dtype(at::kFloat));
+  padded.narrow(0, 0, n).copy_(flat);
+  at::Tensor reduced = at::empty({chunk}, padded.options());
+  reduce_scatter_fp8(group, reduced, padded, op);
+  all_gather_fp8(group, padded, reduced);
+  flat.copy_(padded.narrow(0, 0, n));
 }
 
 int64_t fp8_all_reduce_wire_bytes(int64_t numel, int64_t ranks) {

@@ -18,6 +18,16 @@ namespace colossus::cluster {
 // tensor (floating, any shape, contiguous) reduced in place: Sum, or Avg.
 void all_reduce_fp8(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 
+// As ProcessGroup::reduce_scatter with the input in FP8 on the wire: input
+// (size() * N elements), output (N) = this rank's chunk reduced (Sum or Avg)
+// in fp32, written in output's dtype.
+void reduce_scatter_fp8(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input,
+                        ReduceOp op = ReduceOp::Sum);
+
+// As ProcessGroup::all_gather_into with each rank's input in FP8 on the wire
+// (its own scale): every rank, this one included, gets the dequantized chunks.
+void all_gather_fp8(ProcessGroup& group, const at::Tensor& output_flat, const at::Tensor& input);
+
 // Bytes one rank sends for all_reduce_fp8 of `numel` elements over `ranks`
 // ranks (the fp8 chunks and the scales), and for a ring all-reduce of the
 // same tensor in `element_bytes` per element: 2 (n/r)(r-1) x element_bytes.

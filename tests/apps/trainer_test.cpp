@@ -423,6 +423,25 @@ TEST(Trainer, DdpFp8CommunicationTracksTheFullPrecisionCurve) {
   EXPECT_LT(fp8.back(), fp8.front() - 0.3);
   std::printf("[ddp fp8 communication] 50 steps: max rel diff to fp32 communication %.3g, final loss %.4f vs %.4f\n",
               max_rel, fp8.back(), plain.back());
+
+  // ZeRO-2 in bf16: gradients reduce-scattered in FP8 against bf16
+  // communication (parameters gathered in bf16 both times).
+  const std::vector<std::string> zero{"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"bf16\""};
+  auto zero_plain = base, zero_fp8 = base;
+  zero_plain.insert(zero_plain.end(), zero.begin(), zero.end());
+  zero_fp8.insert(zero_fp8.end(), zero.begin(), zero.end());
+  zero_fp8.push_back("plugin.fp8_communication=true");
+  const auto z_plain = losses_of(apps::train(tiny_config(job_dir("fp8_zero_plain"), zero_plain)));
+  const auto z_fp8 = losses_of(apps::train(tiny_config(job_dir("fp8_zero_comm"), zero_fp8)));
+  ASSERT_EQ(z_fp8.size(), z_plain.size());
+  double z_max = 0;
+  for (size_t i = 0; i < z_plain.size(); ++i) z_max = std::max(z_max, std::abs(z_fp8[i] - z_plain[i]) / std::abs(z_plain[i]));
+  EXPECT_LE(z_max, 2e-2);
+  EXPECT_GT(z_max, 0.0);
+  EXPECT_LT(z_fp8.back(), z_fp8.front() - 0.3);
+  std::printf("[zero-2 fp8 communication] 50 steps, bf16: max rel diff to bf16 communication %.3g, final loss "
+              "%.4f vs %.4f\n",
+              z_max, z_fp8.back(), z_plain.back());
 }
 
 TEST(Trainer, TransformersLoadsTheCheckpoint) {

@@ -263,6 +263,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("norm_type", "2 or infinity", plugin.low_level_zero.norm_type),
         COLOSSUS_KEY("reduce_bucket_size_in_m", "million elements per reduce-scatter bucket", plugin.low_level_zero.reduce_bucket_size_in_m),
         COLOSSUS_KEY("communication_dtype", "\"\" (the parameters' dtype) | fp32 | bf16 | fp16", plugin.low_level_zero.communication_dtype),
+        COLOSSUS_KEY("fp8_communication", "gradients reduce-scattered in FP8 e4m3 with per-bucket scales (parameters gathered in their dtype)", plugin.low_level_zero.fp8_communication),
         COLOSSUS_KEY("overlap_communication", "reduce-scatter while backward runs", plugin.low_level_zero.overlap_communication),
         COLOSSUS_KEY("overlap_allgather", "all-gather updated parameters while the next forward is prepared", plugin.low_level_zero.overlap_allgather),
         COLOSSUS_KEY("cpu_offload", "fp32 masters, optimizer state and its update on the CPU", plugin.low_level_zero.cpu_offload),

@@ -4,6 +4,8 @@
 // state_dict lives in low_level_zero_state.cpp.
 #include "colossus/zero/low_level/low_level_zero_optimizer.h"
 
+#include "colossus/cluster/fp8_collectives.h"
+
 #include "colossus/amp/clip_grad.h"
 #include "colossus/amp/unscale.h"
 #include "colossus/cluster/launch.h"
@@ -377,7 +379,11 @@ void LowLevelZeroOptimizer::launch(Bucket& bucket) {
                       bucket.master_grad.device() == bucket.staging.device();
   bucket.reduced = direct ? bucket.master_grad : at::empty({bucket.layout.shard_numel}, bucket.staging.options());
   auto& group = *shard_groups_[bucket.group].dp_group;
-  bucket.reduce_work = group.reduce_scatter(bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
+  if (options_.fp8_communication) {
+    cluster::reduce_scatter_fp8(group, bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
+  } else {
+    bucket.reduce_work = group.reduce_scatter(bucket.reduced, bucket.staging, cluster::ReduceOp::Avg);
+  }
   bucket.launched = true;
 }
 

@@ -34,6 +34,11 @@ struct LowLevelZeroOptions {
   int64_t bucket_numel = 12 << 20;  // elements per reduce-scatter / all-gather bucket
   // dtype gradients travel in (undefined: the parameters' dtype).
   std::optional<c10::ScalarType> communication_dtype = std::nullopt;
+  // Gradients reduce-scattered in FP8 e4m3 with per-bucket scales
+  // (cluster/fp8_collectives.h; blocking). The updated parameters are
+  // all-gathered in their own dtype, so the model's weights are never rounded
+  // to e4m3 (the plugin refuses it with fp16's loss-scaled gradients).
+  bool fp8_communication = false;
   bool overlap_communication = true;  // reduce-scatter while backward runs, not after it
   bool overlap_allgather = false;     // all-gather after the step; wait at the next forward
   bool cpu_offload = false;           // masters and optimizer state on CPU
