@@ -260,8 +260,10 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
       }
       const std::string prefix = optimizer_prefix(ep->rank());
       optim::OptimizerState state;
-      if (saved_ep->second == std::to_string(ep->size()) && same_names(dir, prefix)) {
-        const auto metadata = ep->rank() == 0 ? first : metadata_of(dir, prefix);
+      // This ep rank's own file, when the ep_size is the same (read once).
+      std::map<std::string, std::string> metadata;
+      if (saved_ep->second == std::to_string(ep->size())) metadata = ep->rank() == 0 ? first : metadata_of(dir, prefix);
+      if (!metadata.empty() && same_names(metadata, prefix)) {
         const auto json = metadata.find(booster::kOptimizerStateKey);
         if (json == metadata.end()) {
           throw CheckpointError(
@@ -293,10 +295,9 @@ class MoeCheckpointIO : public booster::PluginCheckpointIO {
     return booster::HybridParallelState(*moe.tp_pp(), plugin_.tp_group_or_self(), plugin_.pp_group());
   }
 
-  // Whether `prefix` was saved for this optimizer's parameter list (same
-  // names, same order): its indices then are this optimizer's.
-  bool same_names(const std::string& dir, const std::string& prefix) const {
-    const auto metadata = metadata_of(dir, prefix);
+  // Whether `prefix` (its metadata) was saved for this optimizer's parameter
+  // list (same names, same order): its indices then are this optimizer's.
+  bool same_names(const std::map<std::string, std::string>& metadata, const std::string& prefix) const {
     const auto names = metadata.find(kParamNamesKey);
     return names != metadata.end() &&
            parse_json(names->second, prefix).get<std::vector<std::string>>() == plugin_.optimizer_param_names();

@@ -91,6 +91,27 @@ std::vector<double> reference_curve(int64_t dp, double max_norm = 0.0, int64_t r
   return losses;
 }
 
+// One optimizer step on this dp rank's rows `ids` (a pipeline schedule with
+// pp > 1); returns the loss averaged over dp.
+double train_step(booster::Booster& booster, booster::Boosted& boosted, int64_t pp_size, const at::Tensor& ids,
+                  cluster::ProcessGroup& dp) {
+  boosted.optimizer->zero_grad();
+  at::Tensor loss;
+  if (pp_size > 1) {
+    loss = booster
+               .execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, *boosted.model, {},
+                                 *boosted.optimizer)
+               .loss;
+  } else {
+    loss = boosted.model->loss(boosted.model->forward(ids), ids);
+    booster.backward(loss, *boosted.optimizer);
+  }
+  boosted.optimizer->step();
+  at::Tensor total = loss.detach().to(at::kDouble).reshape({1});
+  dp.all_reduce(total).wait();
+  return total.item<double>() / static_cast<double>(dp.size());
+}
+
 // Each dp rank trains on its rows of the global batch; returns the mean over
 // dp of the step losses.
 std::vector<double> train(const MoeHybridParallelPluginOptions& options, const cluster::ProcessGroupPtr& world,
@@ -105,21 +126,7 @@ std::vector<double> train(const MoeHybridParallelPluginOptions& options, const c
     at::Tensor ids = global_batch(step, dp->size(), tiny().vocab_size)
                          .narrow(0, dp->rank() * kRowsPerDpRank, kRowsPerDpRank)
                          .contiguous();
-    boosted.optimizer->zero_grad();
-    at::Tensor loss;
-    if (options.pp_size > 1) {
-      loss = booster
-                 .execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, *boosted.model, {},
-                                   *boosted.optimizer)
-                 .loss;
-    } else {
-      loss = boosted.model->loss(boosted.model->forward(ids), ids);
-      booster.backward(loss, *boosted.optimizer);
-    }
-    boosted.optimizer->step();
-    at::Tensor total = loss.detach().to(at::kDouble).reshape({1});
-    dp->all_reduce(total).wait();
-    losses.push_back(total.item<double>() / static_cast<double>(dp->size()));
+    losses.push_back(train_step(booster, boosted, options.pp_size, ids, *dp));
   }
   return losses;
 }
@@ -210,21 +217,7 @@ struct LayoutRun {
     std::vector<double> losses;
     for (int step = first; step < last; ++step) {
       at::Tensor ids = global_batch(step, 2, tiny().vocab_size).narrow(0, dp->rank() * rows, rows).contiguous();
-      boosted.optimizer->zero_grad();
-      at::Tensor loss;
-      if (options.pp_size > 1) {
-        loss = booster
-                   .execute_pipeline([&] { return booster::PipelineBatch{.input_ids = ids}; }, *boosted.model, {},
-                                     *boosted.optimizer)
-                   .loss;
-      } else {
-        loss = boosted.model->loss(boosted.model->forward(ids), ids);
-        booster.backward(loss, *boosted.optimizer);
-      }
-      boosted.optimizer->step();
-      at::Tensor total = loss.detach().to(at::kDouble).reshape({1});
-      dp->all_reduce(total).wait();
-      losses.push_back(total.item<double>() / static_cast<double>(dp->size()));
+      losses.push_back(train_step(booster, boosted, options.pp_size, ids, *dp));
     }
     return losses;
   }

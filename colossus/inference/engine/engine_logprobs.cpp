@@ -23,12 +23,15 @@ std::vector<TokenLogprob> token_logprobs(const at::Tensor& logits, const std::ve
     top_values = values.to(at::kDouble).cpu();
     top_ids = ids.cpu();
   }
+  const auto chosen_at = chosen.accessor<double, 1>();
   for (size_t i = 0; i < tokens.size(); ++i) {
     out[i].token = tokens[i];
-    out[i].logprob = chosen[static_cast<int64_t>(i)].item<double>();
+    out[i].logprob = chosen_at[static_cast<int64_t>(i)];
+    if (k == 0) continue;
+    const auto ids_at = top_ids.accessor<int64_t, 2>();
+    const auto values_at = top_values.accessor<double, 2>();
     for (int64_t j = 0; j < std::min(top[i], k); ++j) {
-      out[i].top.emplace_back(top_ids[static_cast<int64_t>(i)][j].item<int64_t>(),
-                              top_values[static_cast<int64_t>(i)][j].item<double>());
+      out[i].top.emplace_back(ids_at[static_cast<int64_t>(i)][j], values_at[static_cast<int64_t>(i)][j]);
     }
   }
   return out;
