@@ -6,11 +6,13 @@
 #include "colossus/kernels/adam.h"
 #include "colossus/kernels/cross_entropy.h"
 #include "colossus/kernels/device_graph.h"
+#include "colossus/kernels/gemv.h"
 #include "colossus/kernels/moe_permute.h"
 #include "colossus/kernels/nf4.h"
 #include "colossus/kernels/norm.h"
 #include "colossus/kernels/paged_attention.h"
 #include "colossus/kernels/rope.h"
+#include "colossus/kernels/rope_cache.h"
 #include "colossus/kernels/swiglu.h"
 
 #include <cstdint>
@@ -53,6 +55,9 @@ using CudaReshapeAndCacheFn = bool (*)(const ReshapeAndCacheArgs& args, int devi
 // Whether the paged-attention kernels handle this head size at all (callers
 // that must be sure the kernels run, such as CUDA graph capture, ask first).
 using CudaPagedAttentionHeadDimFn = bool (*)(int32_t head_dim);
+// RoPE on a packed q/k/v projection with the cache write (rope_cache.h), same
+// conventions.
+using CudaRopeQkvCacheFn = bool (*)(const RopeQkvCacheArgs& args, int device_index);
 
 // Cross-entropy rows with the gradient in place (cross_entropy.h) on CUDA
 // device `device_index`, on its current stream (asynchronous). Returns false,
@@ -68,6 +73,7 @@ using CudaNormForwardFn = bool (*)(const NormForwardArgs& args, int device_index
 using CudaNormBackwardFn = bool (*)(const NormBackwardArgs& args, int device_index);
 using CudaRopeFn = bool (*)(const RopeArgs& args, int device_index);
 using CudaSwigluFn = bool (*)(const SwigluArgs& args, int device_index);
+using CudaSwigluPackedFn = bool (*)(const SwigluPackedArgs& args, int device_index);
 
 // MoE token dispatch (moe_permute.h) on CUDA device `device_index`, on its
 // current stream (asynchronous). Each returns false, launching nothing, when
@@ -83,6 +89,11 @@ using CudaMoeRowDotFn = bool (*)(const MoeRowDotArgs& args, int device_index);
 using CudaNf4DequantizeFn = bool (*)(const Nf4DequantizeArgs& args, int device_index);
 using CudaNf4GemvFn = bool (*)(const Nf4GemvArgs& args, int device_index);
 
+// The decode GEMV (gemv.h) on CUDA device `device_index`, on its current
+// stream (asynchronous). False, launching nothing, when the kernel does not
+// take the arguments.
+using CudaGemvFn = bool (*)(const GemvArgs& args, int device_index);
+
 struct CudaSlots {
   CudaAdamFn adam = nullptr;
   CudaAdamMixedFn adam_mixed = nullptr;
@@ -95,6 +106,7 @@ struct CudaSlots {
   CudaPagedAttentionFn paged_attention = nullptr;
   CudaReshapeAndCacheFn reshape_and_cache = nullptr;
   CudaPagedAttentionHeadDimFn paged_attention_head_dim = nullptr;
+  CudaRopeQkvCacheFn rope_qkv_cache = nullptr;
   MakeDeviceGraphFn make_device_graph = nullptr;
   CudaMoeSortFn moe_sort = nullptr;
   CudaMoePermuteFn moe_permute = nullptr;
@@ -105,8 +117,10 @@ struct CudaSlots {
   CudaRopeFn rope = nullptr;
   CudaSwigluFn swiglu_forward = nullptr;
   CudaSwigluFn swiglu_backward = nullptr;
+  CudaSwigluPackedFn swiglu_packed_forward = nullptr;
   CudaNf4DequantizeFn nf4_dequantize = nullptr;
   CudaNf4GemvFn nf4_gemv = nullptr;
+  CudaGemvFn gemv = nullptr;
 };
 
 CudaSlots& cuda_slots();

@@ -23,12 +23,24 @@ struct SwigluArgs {
   void* dup = nullptr;         // backward
 };
 
+// The forward over a merged gate/up projection's output (inference: one
+// matmul for both): gate_up (rows, 2 * width) holds each row's gate then its
+// up, contiguous -> out (rows, width) contiguous; the forward's math and
+// rounding.
+struct SwigluPackedArgs {
+  ElementDtype dtype = ElementDtype::kBFloat16;
+  int64_t rows = 0, width = 0;
+  const void* gate_up = nullptr;
+  void* out = nullptr;
+};
+
 #ifdef COLOSSUS_WITH_CUDA
 // 16-byte vectors when every pointer is 16-byte aligned, element by element
 // otherwise. Return false, launching nothing, when an operand is missing.
 // Run on `stream` (a cudaStream_t), asynchronously.
 bool swiglu_forward_cuda(const SwigluArgs& args, void* stream);
 bool swiglu_backward_cuda(const SwigluArgs& args, void* stream);
+bool swiglu_packed_forward_cuda(const SwigluPackedArgs& args, void* stream);
 #endif
 
 }  // namespace colossus::kernels

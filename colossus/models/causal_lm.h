@@ -29,6 +29,16 @@ class AttentionHook {
   // its scale, window and soft cap.
   virtual at::Tensor attend(int64_t layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const AttentionSpec& spec) = 0;
+  // The same from one packed projection before RoPE: qkv (B, T, (heads + 2 *
+  // kv_heads) * D), q heads then k then v; cos, signed_sin: the block
+  // context's rope_cos and rope_sin_signed. A hook that rotates, caches and
+  // attends in fewer kernel launches returns (B, heads, T, D); nullopt (the
+  // default) makes the caller split qkv, apply RoPE and call attend().
+  virtual std::optional<at::Tensor> attend_packed(int64_t /*layer*/, const at::Tensor& /*qkv*/, int64_t /*heads*/,
+                                                  const at::Tensor& /*cos*/, const at::Tensor& /*signed_sin*/,
+                                                  const AttentionSpec& /*spec*/) {
+    return std::nullopt;
+  }
 };
 
 // What a block needs besides its hidden state, computed once per forward by

@@ -4,7 +4,11 @@
 #include "colossus/kernels/cuda_slots.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <atomic>
+#include <vector>
 
 namespace colossus::models {
 
@@ -243,6 +247,103 @@ std::optional<at::Tensor> fused_swiglu(const at::Tensor& gate, const at::Tensor&
     return std::nullopt;
   }
   return FusedSwigluFunction::apply(gate, up);
+}
+
+namespace {
+
+std::atomic<bool> decode_gemv_on{true};
+
+// The GEMV's arguments for x (..., K) against weight (N, K), or nullopt.
+std::optional<kernels::GemvArgs> gemv_args(const at::Tensor& x, const at::Tensor& weight,
+                                           kernels::GemvEpilogue epilogue) {
+  if (!decode_gemv_on.load(std::memory_order_relaxed) || kernels::cuda_slots().gemv == nullptr || !x.is_cuda() ||
+      at::GradMode::is_enabled() || x.dim() < 1 || weight.dim() != 2 || x.size(-1) != weight.size(1) ||
+      weight.scalar_type() != x.scalar_type() || weight.device() != x.device() || !x.is_contiguous() ||
+      !weight.is_contiguous()) {
+    return std::nullopt;
+  }
+  const auto dtype = kernels::element_dtype_of(x.scalar_type());
+  if (!dtype || x.size(-1) == 0) return std::nullopt;
+  kernels::GemvArgs args{.dtype = *dtype,
+                         .epilogue = epilogue,
+                         .rows = x.numel() / x.size(-1),
+                         .in_features = weight.size(1),
+                         .out_features = weight.size(0),
+                         .x = x.data_ptr(),
+                         .weight = weight.data_ptr()};
+  args.y = x.data_ptr();  // a placeholder for the check; the caller sets the output
+  if (!kernels::gemv_supported(args)) return std::nullopt;
+  return args;
+}
+
+std::vector<int64_t> sizes_with_last(const at::Tensor& x, int64_t last) {
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes.back() = last;
+  return sizes;
+}
+
+}  // namespace
+
+void set_decode_gemv(bool enabled) { decode_gemv_on.store(enabled); }
+bool decode_gemv_enabled() { return decode_gemv_on.load(); }
+
+std::optional<at::Tensor> decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  auto args = gemv_args(x, weight, kernels::GemvEpilogue::kNone);
+  if (!args) return std::nullopt;
+  if (bias.defined()) {
+    if (bias.scalar_type() != x.scalar_type() || bias.device() != x.device() || !bias.is_contiguous() ||
+        bias.numel() != weight.size(0)) {
+      return std::nullopt;
+    }
+    args->bias = bias.data_ptr();
+  }
+  at::Tensor y = at::empty(sizes_with_last(x, weight.size(0)), x.options());
+  args->y = y.data_ptr();
+  if (!kernels::cuda_slots().gemv(*args, x.device().index())) return std::nullopt;
+  return y;
+}
+
+std::optional<at::Tensor> decode_linear_add(const at::Tensor& x, const at::Tensor& weight, at::Tensor& residual) {
+  auto args = gemv_args(x, weight, kernels::GemvEpilogue::kResidual);
+  if (!args || residual.scalar_type() != x.scalar_type() || residual.device() != x.device() ||
+      !residual.is_contiguous() || residual.numel() != args->rows * weight.size(0) ||
+      !kernels::aligned16(residual.data_ptr())) {
+    return std::nullopt;
+  }
+  args->residual = residual.data_ptr();
+  args->y = residual.data_ptr();
+  if (!kernels::cuda_slots().gemv(*args, x.device().index())) return std::nullopt;
+  return residual;
+}
+
+std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& gate_up_weight) {
+  auto args = gemv_args(x, gate_up_weight, kernels::GemvEpilogue::kGated);
+  if (!args) return std::nullopt;
+  at::Tensor y = at::empty(sizes_with_last(x, gate_up_weight.size(0) / 2), x.options());
+  args->y = y.data_ptr();
+  if (!kernels::cuda_slots().gemv(*args, x.device().index())) return std::nullopt;
+  return y;
+}
+
+std::optional<at::Tensor> fused_swiglu_packed(const at::Tensor& gate_up) {
+  const auto launch = kernels::cuda_slots().swiglu_packed_forward;
+  if (launch == nullptr || !gate_up.is_cuda() || gate_up.requires_grad() || gate_up.dim() < 1 ||
+      gate_up.size(-1) % 2 != 0 || !gate_up.is_contiguous()) {
+    return std::nullopt;
+  }
+  const auto dtype = kernels::element_dtype_of(gate_up.scalar_type());
+  if (!dtype) return std::nullopt;
+  std::vector<int64_t> sizes = gate_up.sizes().vec();
+  const int64_t width = sizes.back() / 2;
+  sizes.back() = width;
+  at::Tensor out = at::empty(sizes, gate_up.options());
+  const kernels::SwigluPackedArgs args{.dtype = *dtype,
+                                       .rows = width == 0 ? 0 : out.numel() / width,
+                                       .width = width,
+                                       .gate_up = gate_up.data_ptr(),
+                                       .out = out.data_ptr()};
+  if (!launch(args, gate_up.device().index())) return std::nullopt;
+  return out;
 }
 
 }  // namespace colossus::models

@@ -31,4 +31,23 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
 // gate, up: same shape and dtype, contiguous -> silu(gate) * up.
 std::optional<at::Tensor> fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 
+// Inference decode (autograd off, a CUDA 16-bit x of at most
+// kernels::kGemvMaxRows rows): x W^T by the GEMV kernel (kernels/gemv.h),
+// which streams W once where a GEMM's tiles would sit mostly idle. nullopt
+// when it does not apply (or is switched off); the caller runs at::linear.
+//   decode_linear:     x (..., K) -> x W^T + bias (bias may be undefined)
+//   decode_linear_add: residual + x W^T, written into residual (contiguous)
+//   decode_gated:      gate_up_weight (2F, K), gate rows then up rows ->
+//                      silu(x Wg^T) * (x Wu^T) (..., F)
+std::optional<at::Tensor> decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+std::optional<at::Tensor> decode_linear_add(const at::Tensor& x, const at::Tensor& weight, at::Tensor& residual);
+std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& gate_up_weight);
+// On by default; benchmarks switch it off to measure the GEMM library's path.
+void set_decode_gemv(bool enabled);
+bool decode_gemv_enabled();
+
+// Inference (no autograd): gate_up (..., 2F), each row's gate then its up as
+// one merged projection writes them, contiguous -> silu(gate) * up (..., F).
+std::optional<at::Tensor> fused_swiglu_packed(const at::Tensor& gate_up);
+
 }  // namespace colossus::models

@@ -28,7 +28,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const 
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
 }
 
-at::Tensor Linear::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+at::Tensor Linear::forward(const at::Tensor& x) {
+  // Decode on CUDA (a few rows, autograd off): the GEMV kernel.
+  if (auto y = decode_linear(x, weight, bias)) return *y;
+  return at::linear(x, weight, bias);
+}
 
 Conv1D::Conv1D(int64_t in_features, int64_t out_features, const at::TensorOptions& options) : Layer("Conv1D") {
   weight = register_parameter("weight", at::empty({in_features, out_features}, options));

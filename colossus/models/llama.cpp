@@ -71,11 +71,21 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
   at::Tensor q, k, v;
   if (fused_qkv_.defined() && !is_training()) {
     // One projection for q, k and v (fuse_projections()); the heads are views.
-    at::Tensor qkv = at::linear(x, fused_qkv_, fused_qkv_bias_);
+    const auto decode_qkv = decode_linear(x, fused_qkv_, fused_qkv_bias_);
+    at::Tensor qkv = decode_qkv ? *decode_qkv : at::linear(x, fused_qkv_, fused_qkv_bias_);
+    const int64_t q_width = layer_as<Linear>("q_proj").weight.size(0), kv_width = layer_as<Linear>("k_proj").weight.size(0);
+    // The engine's paged cache can take the projection whole: RoPE, the
+    // cache write and attention in two launches (AttentionHook::attend_packed).
+    if (context.attention != nullptr && !has_layer("q_norm") && context.rope_sin_signed.defined() &&
+        context.rope_cos.size(-1) == head_dim_) {
+      if (auto y = context.attention->attend_packed(context.layer, qkv, q_width / head_dim_, context.rope_cos,
+                                                    context.rope_sin_signed, spec_)) {
+        return layer("o_proj").forward(y->transpose(1, 2).reshape({batch, qkv.size(1), -1}));
+      }
+    }
     const auto split = [&](int64_t start, int64_t width) {
       return qkv.narrow(-1, start, width).view({batch, qkv.size(1), -1, head_dim_}).transpose(1, 2);
     };
-    const int64_t q_width = layer_as<Linear>("q_proj").weight.size(0), kv_width = layer_as<Linear>("k_proj").weight.size(0);
     q = rope(norm_heads("q_norm", split(0, q_width)));
     k = rope(norm_heads("k_norm", split(q_width, kv_width)));
     v = split(q_width + kv_width, kv_width);
@@ -124,12 +134,33 @@ LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options)
   add_layer("down_proj", std::make_shared<Linear>(f, c, config.mlp_bias, options));
 }
 
-at::Tensor LlamaMLP::forward(const at::Tensor& x) {
-  if (fused_gate_up_.defined() && !is_training()) {
-    at::Tensor gate_up = at::linear(x, fused_gate_up_, fused_gate_up_bias_);
-    const int64_t f = gate_up.size(-1) / 2;
-    return layer("down_proj").forward(apply_activation(activation_, gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f));
+at::Tensor LlamaMLP::gated(const at::Tensor& x) {
+  if (activation_ == Activation::Silu && !fused_gate_up_bias_.defined()) {
+    if (auto fused = decode_gated(x, fused_gate_up_)) return *fused;
   }
+  const at::Tensor gate_up = at::linear(x, fused_gate_up_, fused_gate_up_bias_);
+  if (activation_ == Activation::Silu) {
+    if (auto fused = fused_swiglu_packed(gate_up)) return *fused;
+  }
+  const int64_t f = gate_up.size(-1) / 2;
+  return apply_activation(activation_, gate_up.narrow(-1, 0, f)) * gate_up.narrow(-1, f, f);
+}
+
+at::Tensor LlamaMLP::forward_add(const at::Tensor& x, at::Tensor residual) {
+  auto* down = dynamic_cast<Linear*>(&layer("down_proj"));
+  if (fused_gate_up_.defined() && !is_training() && !at::GradMode::is_enabled() && residual.is_cuda() &&
+      down != nullptr && !down->bias.defined() && residual.is_contiguous() && residual.dim() >= 2) {
+    const at::Tensor act = gated(x);
+    if (auto fused = decode_linear_add(act, down->weight, residual)) return *fused;
+    const int64_t c = residual.size(-1);
+    residual.view({-1, c}).addmm_(act.reshape({-1, act.size(-1)}), down->weight.t());
+    return residual;
+  }
+  return residual + forward(x);
+}
+
+at::Tensor LlamaMLP::forward(const at::Tensor& x) {
+  if (fused_gate_up_.defined() && !is_training()) return layer("down_proj").forward(gated(x));
   const at::Tensor gate = layer("gate_proj").forward(x), up = layer("up_proj").forward(x);  // (B, T, F_local)
   if (activation_ == Activation::Silu) {
     if (auto fused = fused_swiglu(gate, up)) return layer("down_proj").forward(*fused);
@@ -210,7 +241,7 @@ at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockConte
   // (RMSNorm::forward_add); a replaced norm layer gets the plain sum.
   if (auto* norm = dynamic_cast<RMSNorm*>(&layer("post_attention_layernorm"))) {
     auto [normed, h] = norm->forward_add(attn, hidden);
-    return h + mlp_->forward(normed);
+    return mlp_->forward_add(normed, h);
   }
   at::Tensor h = hidden + attn;
   return h + mlp_->forward(layer("post_attention_layernorm").forward(h));

@@ -48,10 +48,17 @@ class LlamaMLP : public LayerHost {
   // x: (B, T, C) -> (B, T, C): down(act(gate(x)) * up(x)), act = hidden_act
   // (silu: SwiGLU; gelu_pytorch_tanh: Gemma's GeGLU).
   at::Tensor forward(const at::Tensor& x);
+  // residual + forward(x). Inference on CUDA with the fused projections adds
+  // the residual in the down projection's matmul (one kernel, no rounded
+  // intermediate) and writes it into `residual`, which must not be needed
+  // elsewhere.
+  at::Tensor forward_add(const at::Tensor& x, at::Tensor residual);
   // Inference: gate and up projected by one matmul.
   void fuse_projections();
 
  private:
+  // act(gate) * up from the merged projection (fuse_projections()).
+  at::Tensor gated(const at::Tensor& x);
   Activation activation_;
   at::Tensor fused_gate_up_, fused_gate_up_bias_;
 };

@@ -237,4 +237,44 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   return paged_attention_reference(q, key_cache, value_cache, meta, spec);
 }
 
+std::optional<at::Tensor> paged_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& cos,
+                                                 const at::Tensor& signed_sin, at::Tensor& key_cache,
+                                                 at::Tensor& value_cache, const AttentionMetadata& meta,
+                                                 const models::AttentionSpec& spec) {
+  const auto launch = kernels::cuda_slots().rope_qkv_cache;
+  const auto dtype = kernel_dtype(qkv.scalar_type());
+  if (launch == nullptr || !dtype || !kernel_caches(key_cache, value_cache)) return std::nullopt;
+  const at::Device device = key_cache.device();
+  const int64_t n = qkv.size(0), kv_heads = key_cache.size(1), head_dim = key_cache.size(3);
+  const auto rope_rows_ok = [&](const at::Tensor& t) {
+    return t.defined() && t.device() == device && t.scalar_type() == qkv.scalar_type() && t.dim() == 2 &&
+           t.size(0) == n && t.size(1) == head_dim && t.is_contiguous();
+  };
+  const at::Tensor& slots = meta.slot_mapping;
+  if (qkv.dim() != 2 || qkv.device() != device || qkv.scalar_type() != key_cache.scalar_type() || qkv.stride(1) != 1 ||
+      qkv.size(1) != (heads + 2 * kv_heads) * head_dim || !fits_int32(heads) || !rope_rows_ok(cos) ||
+      !rope_rows_ok(signed_sin) || !slots.defined() || slots.device() != device || slots.scalar_type() != at::kLong ||
+      !slots.is_contiguous() || slots.numel() != n || n != meta.num_tokens()) {
+    return std::nullopt;
+  }
+  at::Tensor q = at::empty({n, heads, head_dim}, qkv.options());
+  kernels::RopeQkvCacheArgs args;
+  args.qkv = qkv.data_ptr();
+  args.qkv_token_stride = qkv.stride(0);
+  args.cos = cos.data_ptr();
+  args.signed_sin = signed_sin.data_ptr();
+  args.q_out = q.data_ptr();
+  args.key_cache = key_cache.data_ptr();
+  args.value_cache = value_cache.data_ptr();
+  args.slot_mapping = slots.data_ptr<int64_t>();
+  args.num_tokens = n;
+  args.q_heads = static_cast<int32_t>(heads);
+  args.kv_heads = static_cast<int32_t>(kv_heads);
+  args.head_dim = static_cast<int32_t>(head_dim);
+  args.block_size = static_cast<int32_t>(key_cache.size(2));
+  args.dtype = *dtype;
+  if (!launch(args, device.index())) return std::nullopt;
+  return paged_attention(q, key_cache, value_cache, meta, spec);
+}
+
 }  // namespace colossus::inference

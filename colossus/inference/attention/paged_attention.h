@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace colossus::inference {
@@ -52,6 +53,20 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_ca
 // build has them and there is no soft cap, else the reference.
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const AttentionMetadata& meta, const models::AttentionSpec& spec);
+
+// The same with the prologue fused (kernels/rope_cache.h): qkv (N, (heads +
+// 2 kv_heads) * head_dim), q, k and v heads packed in one projection's rows
+// before RoPE; cos, signed_sin (N, head_dim): the tokens' RoPE rows (sin with
+// its first half negated). Rotates q and k, writes k and v into the caches at
+// meta.slot_mapping and attends -> (N, heads, head_dim), the values
+// apply_rope_signed + write_kv_cache + paged_attention give, in two kernel
+// launches. nullopt, nothing written, when the CUDA kernel does not take the
+// arguments (a CPU cache, a dtype mismatch, partial RoPE): the caller splits
+// qkv and runs those three.
+std::optional<at::Tensor> paged_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& cos,
+                                                 const at::Tensor& signed_sin, at::Tensor& key_cache,
+                                                 at::Tensor& value_cache, const AttentionMetadata& meta,
+                                                 const models::AttentionSpec& spec);
 
 // The reference: per sequence, gather its blocks into contiguous K/V and run
 // scaled_dot_product_attention with the causal mask offset by the cached

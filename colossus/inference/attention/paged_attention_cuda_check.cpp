@@ -284,7 +284,97 @@ std::string check_reshape_and_cache_cuda() {
   return {};
 }
 
+// RoPE + cache write + attention from one packed q/k/v projection
+// (paged_attention_packed) against the unfused path in float64 on the CPU:
+// RoPE with the same cos/sin rows, write_kv_cache, paged_attention_reference.
+// One sequence of 37 tokens over shuffled blocks (GQA 8/2, head_dim 64); then
+// slots of -1 must leave the caches as they were.
+std::string check_rope_qkv_cache_cuda() {
+  if (!at::hasCUDA()) return "no CUDA device";
+  if (kernels::cuda_slots().rope_qkv_cache == nullptr) return "no RoPE + cache-write kernel in this build";
+  const int64_t heads = 8, kv_heads = 2, head_dim = 64, block_size = 16, tokens = 37, num_blocks = 6;
+  for (at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    const auto on_gpu = at::TensorOptions().dtype(dtype).device(at::kCUDA);
+    at::manual_seed(7);
+    // A wider row than the projection (row stride > width), as a strided view.
+    const at::Tensor qkv = at::randn({tokens, (heads + 2 * kv_heads) * head_dim + 8}, on_gpu)
+                               .narrow(1, 0, (heads + 2 * kv_heads) * head_dim);
+    const at::Tensor angle = at::rand({tokens, head_dim / 2}, at::kDouble) * 6.0;
+    const at::Tensor cos64 = at::cat({angle.cos(), angle.cos()}, 1), sin64 = at::cat({angle.sin(), angle.sin()}, 1);
+    const at::Tensor signed64 = at::cat({-sin64.narrow(1, 0, head_dim / 2), sin64.narrow(1, head_dim / 2, head_dim / 2)}, 1);
+    const at::Tensor cos = cos64.to(on_gpu), signed_sin = signed64.to(on_gpu);
+    std::vector<int32_t> table = {4, 1, 5};
+    std::vector<int64_t> slots;
+    for (int64_t p = 0; p < tokens; ++p) slots.push_back(table[p / block_size] * block_size + p % block_size);
+    AttentionMetadata meta;
+    meta.host_block_tables = {table};
+    meta.host_query_start = {0, static_cast<int32_t>(tokens)};
+    meta.host_context_lens = {static_cast<int32_t>(tokens)};
+    upload_metadata(meta, slots, at::Device(at::kCUDA, 0));
+    at::Tensor key_cache = at::full({num_blocks, kv_heads, block_size, head_dim}, NAN, on_gpu);
+    at::Tensor value_cache = at::full_like(key_cache, NAN);
+    const models::AttentionSpec spec{.scale = 1.0 / std::sqrt(static_cast<double>(head_dim))};
+    const auto out = paged_attention_packed(qkv, heads, cos, signed_sin, key_cache, value_cache, meta, spec);
+    if (!out) return fmt::format("{}: the kernel refused its arguments", dtype_name(dtype));
+
+    // The reference from the same rounded inputs (cos and sin rounded as the kernel reads them).
+    const at::Tensor x = qkv.cpu().to(at::kDouble), c = cos.cpu().to(at::kDouble), ss = signed_sin.cpu().to(at::kDouble);
+    const auto rotate = [&](const at::Tensor& h) {  // (T, H, D)
+      return h * c.unsqueeze(1) + at::roll(h, {head_dim / 2}, {-1}) * ss.unsqueeze(1);
+    };
+    const at::Tensor q = rotate(x.narrow(1, 0, heads * head_dim).view({tokens, heads, head_dim}));
+    const at::Tensor k = rotate(x.narrow(1, heads * head_dim, kv_heads * head_dim).view({tokens, kv_heads, head_dim}));
+    const at::Tensor v = x.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim).reshape({tokens, kv_heads, head_dim});
+    at::Tensor key64 = at::zeros({num_blocks, kv_heads, block_size, head_dim}, at::kDouble), value64 = at::zeros_like(key64);
+    write_kv_cache(k, v, key64, value64, at::tensor(slots, at::kLong));
+    const at::Tensor expected = paged_attention_reference(q, key64, value64, meta, spec);
+    const Tolerance tol = tolerance_for(dtype);
+    const auto off = [&](const at::Tensor& got, const at::Tensor& ref) {
+      const at::Tensor g = got.cpu().to(at::kDouble);
+      return (g - ref).abs().gt(ref.abs() * tol.rtol + tol.atol).logical_or(g.isnan()).sum().item<int64_t>();
+    };
+    const at::Tensor blocks = at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong);
+    if (const int64_t bad = off(key_cache.cpu().index_select(0, blocks), key64.index_select(0, blocks)); bad > 0) {
+      return fmt::format("{}: {} rotated K values in the cache off", dtype_name(dtype), bad);
+    }
+    if (const int64_t bad = off(value_cache.cpu().index_select(0, blocks), value64.index_select(0, blocks)); bad > 0) {
+      return fmt::format("{}: {} V values in the cache off", dtype_name(dtype), bad);
+    }
+    if (const int64_t bad = off(*out, expected); bad > 0) {
+      return fmt::format("{}: {} of {} attention outputs off (tolerance {} + {}*|ref|)", dtype_name(dtype), bad,
+                         expected.numel(), tol.atol, tol.rtol);
+    }
+
+    // Slots of -1: q is still rotated, the caches stay as they were.
+    const at::Tensor before_k = key_cache.clone(), before_v = value_cache.clone();
+    const at::Tensor skip = at::full({tokens}, -1, at::TensorOptions().dtype(at::kLong).device(at::kCUDA));
+    at::Tensor q_out = at::full({tokens, heads, head_dim}, NAN, on_gpu);
+    kernels::RopeQkvCacheArgs args;
+    args.qkv = qkv.data_ptr();
+    args.qkv_token_stride = qkv.stride(0);
+    args.cos = cos.data_ptr();
+    args.signed_sin = signed_sin.data_ptr();
+    args.q_out = q_out.data_ptr();
+    args.key_cache = key_cache.data_ptr();
+    args.value_cache = value_cache.data_ptr();
+    args.slot_mapping = skip.data_ptr<int64_t>();
+    args.num_tokens = tokens;
+    args.q_heads = heads;
+    args.kv_heads = kv_heads;
+    args.head_dim = head_dim;
+    args.block_size = block_size;
+    args.dtype = dtype == at::kFloat ? kernels::AttentionDtype::kFloat32 : kernels::AttentionDtype::kBFloat16;
+    if (!kernels::cuda_slots().rope_qkv_cache(args, 0)) return "the kernel refused slots of -1";
+    if (!same_bits(key_cache, before_k) || !same_bits(value_cache, before_v)) {
+      return fmt::format("{}: slots of -1 wrote into the caches", dtype_name(dtype));
+    }
+    if (const int64_t bad = off(q_out, q); bad > 0) return fmt::format("{}: {} rotated q values off", dtype_name(dtype), bad);
+  }
+  return {};
+}
+
 [[maybe_unused]] const bool registered = [] {
+  kernels::register_kernel({"rope_qkv_cache", "cuda", check_rope_qkv_cache_cuda});
   kernels::register_kernel({"reshape_and_cache", "cuda", check_reshape_and_cache_cuda});
   kernels::register_kernel({"paged_attention", "cuda", check_paged_attention_cuda});
   return true;

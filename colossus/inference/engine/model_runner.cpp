@@ -34,6 +34,16 @@ class PagedAttentionHook final : public models::AttentionHook {
     return out.transpose(0, 1).unsqueeze(0);
   }
 
+  std::optional<at::Tensor> attend_packed(int64_t layer, const at::Tensor& qkv, int64_t heads, const at::Tensor& cos,
+                                          const at::Tensor& signed_sin, const models::AttentionSpec& spec) override {
+    // (1, N, W) -> (N, W); (N, heads, D) -> (1, heads, N, D)
+    if (qkv.dim() != 3 || qkv.size(0) != 1) return std::nullopt;
+    auto out = paged_attention_packed(qkv.squeeze(0), heads, cos, signed_sin, cache_.keys(layer), cache_.values(layer),
+                                      meta_, spec);
+    if (!out) return std::nullopt;
+    return out->transpose(0, 1).unsqueeze(0);
+  }
+
  private:
   KVCache& cache_;
   const AttentionMetadata& meta_;
@@ -45,11 +55,14 @@ class PagedAttentionHook final : public models::AttentionHook {
 struct ModelRunner::DecodeGraph {
   int64_t batch = 0;
   std::unique_ptr<kernels::DeviceGraph> graph;
-  at::Tensor ids, positions, slots;    // device: (1, B), (B), (B) int64
-  at::Tensor block_tables, context_lens;  // device: (B, W), (B) int32
-  at::Tensor host_longs, host_ints;    // pinned staging: ids|positions|slots, tables|context_lens
+  // Device views into two buffers, each filled by one copy a step from its
+  // pinned staging twin: ids|positions|slots and block tables|context lens.
+  at::Tensor ids, positions, slots;    // (1, B), (B), (B) int64
+  at::Tensor block_tables, context_lens;  // (B, W), (B) int32
+  at::Tensor device_longs, device_ints, host_longs, host_ints;
   AttentionMetadata meta;
   at::Tensor hidden;                   // (B, C): the captured forward's output
+  at::Tensor logits;                   // (B, V): its final norm and head, captured too
 };
 
 ModelRunner::ModelRunner(models::CausalLM& model, KVCache& cache, const parallel::plan::ShardedModel* sharded)
@@ -156,11 +169,15 @@ ModelRunner::DecodeGraph& ModelRunner::graph_for(int64_t batch_size) {
   const int64_t width = (graph_max_context_ + cache_.block_size() - 1) / cache_.block_size();
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
   const auto ints = at::TensorOptions().dtype(at::kInt).device(device);
-  g->ids = at::zeros({1, bucket}, longs);
-  g->positions = at::zeros({bucket}, longs);
-  g->slots = at::full({bucket}, -1, longs);  // padding rows write nothing
-  g->block_tables = at::zeros({bucket, width}, ints);
-  g->context_lens = at::ones({bucket}, ints);
+  g->device_longs = at::zeros({3 * bucket}, longs);
+  g->device_ints = at::ones({bucket * width + bucket}, ints);
+  g->ids = g->device_longs.narrow(0, 0, bucket).view({1, bucket});
+  g->positions = g->device_longs.narrow(0, bucket, bucket);
+  g->slots = g->device_longs.narrow(0, 2 * bucket, bucket);
+  g->slots.fill_(-1);  // padding rows write nothing
+  g->block_tables = g->device_ints.narrow(0, 0, bucket * width).view({bucket, width});
+  g->block_tables.zero_();
+  g->context_lens = g->device_ints.narrow(0, bucket * width, bucket);
   g->host_longs = at::empty({3 * bucket}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   g->host_ints = at::empty({bucket * width + bucket}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
   AttentionMetadata& meta = g->meta;
@@ -183,6 +200,9 @@ ModelRunner::DecodeGraph& ModelRunner::graph_for(int64_t batch_size) {
   DecodeGraph* raw = g.get();
   const auto body = [this, raw, position_limit] {
     raw->hidden = forward(raw->ids, raw->positions, raw->meta, position_limit);
+    // Every decode row draws a token, so the head runs on all of them inside
+    // the graph: no eager launches between the replay and the draw.
+    raw->logits = model_.head(model_.final_norm(raw->hidden.unsqueeze(0))).squeeze(0);
   };
   body();  // warm-up: lazy initialisation (cuBLAS handles, workspaces) must not happen inside the capture
   g->graph = kernels::cuda_slots().make_device_graph(device.index());
@@ -211,16 +231,14 @@ at::Tensor ModelRunner::run_graph(const std::vector<ScheduledSequence>& batch) {
     ints[b * width + i] = static_cast<int32_t>(cache_.cache_position(seq, p + 1));
   }
   // The previous step's copies are done: its logits reached the host.
-  g.ids.view({-1}).copy_(g.host_longs.narrow(0, 0, b), /*non_blocking=*/true);
-  g.positions.copy_(g.host_longs.narrow(0, b, b), true);
-  g.slots.copy_(g.host_longs.narrow(0, 2 * b, b), true);
-  g.block_tables.view({-1}).copy_(g.host_ints.narrow(0, 0, b * width), true);
-  g.context_lens.copy_(g.host_ints.narrow(0, b * width, b), true);
+  g.device_longs.copy_(g.host_longs, /*non_blocking=*/true);
+  g.device_ints.copy_(g.host_ints, /*non_blocking=*/true);
   cache_.apply_copies();
   g.graph->replay();
   ++graph_replays_;
   last_hidden_ = g.hidden.narrow(0, 0, n);
-  return logits_at_index(at::arange(n, at::TensorOptions().dtype(at::kLong).device(g.hidden.device())));
+  // The graph's own buffer: read before the next step replays it.
+  return g.logits.narrow(0, 0, n);
 }
 
 at::Tensor ModelRunner::logits_at(const std::vector<int64_t>& rows) {

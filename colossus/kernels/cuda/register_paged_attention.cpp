@@ -5,6 +5,7 @@
 // (inference/attention/paged_attention_cuda_check.cpp).
 #include "colossus/kernels/cuda_slots.h"
 #include "colossus/kernels/paged_attention.h"
+#include "colossus/kernels/rope_cache.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -39,10 +40,19 @@ bool cuda_reshape_and_cache(const ReshapeAndCacheArgs& args, int device_index) {
   return true;
 }
 
+bool cuda_rope_qkv_cache(const RopeQkvCacheArgs& args, int device_index) {
+  if (!rope_qkv_cache_cuda_supports(args)) return false;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  rope_qkv_cache_cuda(args, at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_index)).stream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
 [[maybe_unused]] const bool registered = [] {
   cuda_slots().paged_attention = cuda_paged_attention;
   cuda_slots().reshape_and_cache = cuda_reshape_and_cache;
   cuda_slots().paged_attention_head_dim = paged_attention_cuda_handles_head_dim;
+  cuda_slots().rope_qkv_cache = cuda_rope_qkv_cache;
   return true;
 }();
 

@@ -23,6 +23,11 @@ bool cuda_swiglu_forward(const SwigluArgs& args, int device_index) {
   return swiglu_forward_cuda(args, stream_of(device_index));
 }
 
+bool cuda_swiglu_packed_forward(const SwigluPackedArgs& args, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  return swiglu_packed_forward_cuda(args, stream_of(device_index));
+}
+
 bool cuda_swiglu_backward(const SwigluArgs& args, int device_index) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   return swiglu_backward_cuda(args, stream_of(device_index));
@@ -62,12 +67,31 @@ std::string check_swiglu_cuda() {
       }
     }
   }
+  // The packed forward: widths with and without 16-byte packs.
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const auto cuda = at::TensorOptions().dtype(dtype).device(at::kCUDA, 0);
+    for (int64_t width : {int64_t{4096}, int64_t{1003}}) {
+      const int64_t rows = 3;
+      const at::Tensor gate_up = (at::randn({rows, 2 * width}) * 3).to(cuda);
+      at::Tensor out = poisoned({rows, width}, cuda);
+      const SwigluPackedArgs args{
+          .dtype = element_dtype(dtype), .rows = rows, .width = width, .gate_up = gate_up.data_ptr(), .out = out.data_ptr()};
+      if (!cuda_swiglu_packed_forward(args, 0)) return "the packed kernel refused its arguments";
+      const at::Tensor g64 = gate_up.cpu().to(at::kDouble);
+      const at::Tensor ref = at::silu(g64.narrow(1, 0, width)) * g64.narrow(1, width, width);
+      const double err = rel_err(out, ref), bound = bound_for(dtype);
+      if (!(err <= bound)) {
+        return fmt::format("packed {} width {}: rel err {:.2e} (bound {:.0e})", c10::toString(dtype), width, err, bound);
+      }
+    }
+  }
   return {};
 }
 
 const bool registered = [] {
   cuda_slots().swiglu_forward = cuda_swiglu_forward;
   cuda_slots().swiglu_backward = cuda_swiglu_backward;
+  cuda_slots().swiglu_packed_forward = cuda_swiglu_packed_forward;
   register_kernel({"swiglu", "cuda", check_swiglu_cuda});
   return true;
 }();

@@ -88,6 +88,24 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(SwigluArgs a,
   }
 }
 
+// Packs of one merged gate/up output: pack p covers elements [p * kPack,
+// (p + 1) * kPack) of the (rows, width) result; width % kPack == 0.
+template <typename T, int kPack>
+__global__ void __launch_bounds__(kThreads) swiglu_packed_forward_kernel(SwigluPackedArgs a, int64_t packs) {
+  const T* gate_up = static_cast<const T*>(a.gate_up);
+  T* out = static_cast<T*>(a.out);
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < packs;
+       p += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t e = p * kPack, row = e / a.width, col = e % a.width;
+    float g[kPack], u[kPack];
+    load<T, kPack>(gate_up + row * 2 * a.width + col, g);
+    load<T, kPack>(gate_up + row * 2 * a.width + a.width + col, u);
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) g[i] = g[i] * sigmoid(g[i]) * u[i];
+    store<T, kPack>(out + e, g);
+  }
+}
+
 unsigned blocks_for(int64_t packs) {
   return static_cast<unsigned>(std::min<int64_t>(kMaxBlocks, (packs + kThreads - 1) / kThreads));
 }
@@ -134,7 +152,31 @@ bool run(const SwigluArgs& a, void* stream) {
   return true;
 }
 
+template <typename T>
+void launch_packed(const SwigluPackedArgs& a, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t n = a.rows * a.width;
+  if (a.width % kVec == 0 && aligned16(a.gate_up) && aligned16(a.out)) {
+    swiglu_packed_forward_kernel<T, kVec><<<blocks_for(n / kVec), kThreads, 0, stream>>>(a, n / kVec);
+  } else {
+    swiglu_packed_forward_kernel<T, 1><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+  }
+}
+
 }  // namespace
+
+bool swiglu_packed_forward_cuda(const SwigluPackedArgs& a, void* stream) {
+  if (a.rows < 0 || a.width < 0) return false;
+  if (a.rows == 0 || a.width == 0) return true;
+  if (a.gate_up == nullptr || a.out == nullptr) return false;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.dtype) {
+    case ElementDtype::kFloat32: launch_packed<float>(a, s); break;
+    case ElementDtype::kFloat16: launch_packed<__half>(a, s); break;
+    case ElementDtype::kBFloat16: launch_packed<__nv_bfloat16>(a, s); break;
+  }
+  return true;
+}
 
 bool swiglu_forward_cuda(const SwigluArgs& a, void* stream) { return run<false>(a, stream); }
 bool swiglu_backward_cuda(const SwigluArgs& a, void* stream) { return run<true>(a, stream); }

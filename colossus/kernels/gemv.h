@@ -1,0 +1,56 @@
+// Dense matrix-vector products for decode: y (rows, out) = x (rows, in) @ W^T
+// for a handful of rows (one per sequence of a small decode batch), where a
+// GEMM library's tiles sit mostly idle and the step is bound by streaming W
+// once. Each warp owns output features and reads their weight rows with
+// 16-byte loads; fp32 sums, one rounding per output. Two epilogues save a
+// kernel each in a decoder layer:
+//   residual: y = x @ W^T + residual (the down / output projection and the
+//             residual add; y may be the residual itself);
+//   gated:    W holds 2F rows (a merged gate/up projection) and
+//             y (rows, F) = silu(x @ W[:F]^T) * (x @ W[F:]^T), SwiGLU with
+//             one rounding.
+// Raw pointers only; the reference is at::linear (+ the epilogue in fp32).
+#pragma once
+#include "colossus/kernels/element_dtype.h"
+
+#include <cstdint>
+
+namespace colossus::kernels {
+
+inline constexpr int64_t kGemvMaxRows = 8;
+
+enum class GemvEpilogue : int32_t { kNone, kResidual, kGated };
+
+// x (rows, in), W (out, in), y and residual (rows, out or F), bias (out) or
+// null; all contiguous, one dtype, 16-byte aligned; in % 8 == 0 (16 bytes of
+// bf16/fp16). fp32 is not taken (the decode weights are 16-bit).
+struct GemvArgs {
+  ElementDtype dtype = ElementDtype::kBFloat16;
+  GemvEpilogue epilogue = GemvEpilogue::kNone;
+  int64_t rows = 0, in_features = 0, out_features = 0;  // out_features: W's rows
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;      // kNone only
+  const void* residual = nullptr;  // kResidual
+  void* y = nullptr;
+};
+
+// Whether the kernel takes these arguments (sizes, dtype, alignment).
+inline bool gemv_supported(const GemvArgs& a) {
+  if (a.dtype == ElementDtype::kFloat32 || a.rows < 1 || a.rows > kGemvMaxRows || a.in_features < 8 ||
+      a.in_features % 8 != 0 || a.out_features < 1 || a.x == nullptr || a.weight == nullptr || a.y == nullptr) {
+    return false;
+  }
+  if (a.epilogue == GemvEpilogue::kGated && a.out_features % 2 != 0) return false;
+  if (a.epilogue == GemvEpilogue::kResidual && a.residual == nullptr) return false;
+  if (a.epilogue != GemvEpilogue::kNone && a.bias != nullptr) return false;
+  return aligned16(a.x) && aligned16(a.weight);
+}
+
+#ifdef COLOSSUS_WITH_CUDA
+// On `stream` (a cudaStream_t), asynchronously. False, launching nothing,
+// when gemv_supported is false.
+bool gemv_cuda(const GemvArgs& args, void* stream);
+#endif
+
+}  // namespace colossus::kernels
