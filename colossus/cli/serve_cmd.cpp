@@ -43,7 +43,10 @@ struct ServeArgs {
   std::string api_key;
   std::vector<std::string> allowed_origins;
   inference::InferenceConfig config{};
+  double gpu_memory_utilization = 0.9;  // vLLM's default
   const CLI::Option* max_input_len_option = nullptr;  // whether --max_input_len was given
+  const CLI::Option* gpu_memory_utilization_option = nullptr;
+  const CLI::Option* kv_cache_memory_fraction_option = nullptr;
 };
 
 constexpr const char* kFooter = R"(PATH is a Hugging Face model directory, a checkpoint step directory, or a
@@ -94,6 +97,14 @@ int run_serve(const ServeArgs& args) {
   if (config.use_cuda_graph && !device.is_cuda()) {
     throw ConfigError(fmt::format("--use_cuda_graph true needs a GPU; the device is {} (leave it auto)", device.str()));
   }
+  // The KV pool's memory: vLLM's gpu_memory_utilization, unless the older
+  // kv_cache_memory_fraction (a share of the free memory) was asked for.
+  if (args.kv_cache_memory_fraction_option->count() > 0 && args.gpu_memory_utilization_option->count() > 0) {
+    throw ConfigError(fmt::format("--gpu_memory_utilization {} and --kv_cache_memory_fraction {} both size the KV cache; "
+                                  "give one (gpu_memory_utilization: a share of the GPU's total memory for everything)",
+                                  args.gpu_memory_utilization, config.kv_cache_memory_fraction));
+  }
+  if (args.kv_cache_memory_fraction_option->count() == 0) config.gpu_memory_utilization = args.gpu_memory_utilization;
   config.validate();  // before the (slow) load
   std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
   auto chat = inference::serving::ChatPrompt::from_model_dir(model_dir);
@@ -127,11 +138,17 @@ int run_serve(const ServeArgs& args) {
   std::string name = args.served_model_name;
   if (name.empty()) name = std::filesystem::path(args.path).lexically_normal().filename().string();
   if (name.empty() || name == ".") name = std::filesystem::path(model_dir).filename().string();
-  std::fprintf(stderr, "loaded %s (%s, %s, %s%s) in %.1f s; KV cache %lld blocks of %lld tokens; chat: %s\n",
+  std::string pool_sizing;  // what sized the KV pool, when memory did
+  if (config.num_blocks == 0 && device.is_cuda()) {
+    pool_sizing = config.gpu_memory_utilization
+                      ? fmt::format(" (gpu_memory_utilization {})", *config.gpu_memory_utilization)
+                      : fmt::format(" (kv_cache_memory_fraction {} of free memory)", config.kv_cache_memory_fraction);
+  }
+  std::fprintf(stderr, "loaded %s (%s, %s, %s%s) in %.1f s; KV cache %lld blocks of %lld tokens%s; chat: %s\n",
                model_dir.c_str(), models::model_type(model->config()).c_str(), config.dtype.c_str(),
                device.str().c_str(), config.use_cuda_graph ? ", CUDA graphs" : "",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
-               static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size),
+               static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size), pool_sizing.c_str(),
                chat.has_template() ? "the model's template" : "no template (plain role: content lines)");
 
   // Asked to stop while loading: nothing was served, nothing to drain.
@@ -251,11 +268,20 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--num_blocks,--num-blocks", c.num_blocks,
-                  "KV cache blocks; 0 = from free GPU memory, or max_batch_size full sequences on the CPU")
+                  "KV cache blocks; 0 = from GPU memory (--gpu_memory_utilization), or max_batch_size full "
+                  "sequences on the CPU")
       ->capture_default_str();
-  sub->add_option("--kv_cache_memory_fraction,--kv-cache-memory-fraction", c.kv_cache_memory_fraction,
-                  "With num_blocks 0 on a GPU: share of free memory for the KV cache")
-      ->capture_default_str();
+  args->gpu_memory_utilization_option =
+      sub->add_option("--gpu_memory_utilization,--gpu-memory-utilization", args->gpu_memory_utilization,
+                      "Share (0, 1] of the GPU's total memory this server may use for weights, activations and the "
+                      "KV cache (vLLM's meaning); the KV cache gets what is left after the model and one step's "
+                      "activation headroom. With num_blocks 0; ignored on the CPU")
+          ->capture_default_str();
+  args->kv_cache_memory_fraction_option =
+      sub->add_option("--kv_cache_memory_fraction,--kv-cache-memory-fraction", c.kv_cache_memory_fraction,
+                      "Instead of --gpu_memory_utilization: the KV cache takes this share of the GPU memory free "
+                      "after the model (with num_blocks 0; ignored on the CPU)")
+          ->capture_default_str();
   sub->add_option("--enable_prefix_caching,--enable-prefix-caching", c.enable_prefix_caching,
                   "Reuse KV blocks of shared prompt prefixes (true/false)")
       ->capture_default_str();

@@ -30,25 +30,20 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Blocks for the pool: from free device memory on CUDA, else enough for
-// max_batch_size full-length sequences plus a quarter for the prefix cache.
+// Blocks for the pool: on CUDA from the memory budget (gpu_memory_utilization
+// of the total, or kv_cache_memory_fraction of what is free: kv_pool_bytes),
+// else enough for max_batch_size full-length sequences plus a quarter for the
+// prefix cache.
 int64_t pool_blocks(const InferenceConfig& config, const KVCacheShape& shape, const at::TensorOptions& options,
                     const models::CausalLM& model) {
   if (config.num_blocks > 0) return config.num_blocks;
   const int64_t block_bytes = shape.bytes_per_block(static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType())));
   if (options.device().is_cuda()) {
     if (auto memory = metrics::device_memory(); memory && memory->total_bytes > 0) {
-      const int64_t reusable = memory->free_bytes + memory->reserved_bytes - memory->allocated_bytes;
       // Headroom for one step's activations and logits.
       const int64_t tokens = config.token_budget();
       const int64_t activations = tokens * (models::vocab_size(model.config()) + 16 * models::hidden_size(model.config())) * 4;
-      const auto budget = static_cast<int64_t>(config.kv_cache_memory_fraction * static_cast<double>(reusable)) - activations;
-      if (budget < block_bytes) {
-        throw ConfigError(fmt::format("no device memory is left for the KV cache ({} MiB free after the model); "
-                                      "lower max_num_batched_tokens or set num_blocks",
-                                      reusable >> 20));
-      }
-      return budget / block_bytes;
+      return kv_pool_bytes(config, *memory, activations, block_bytes) / block_bytes;
     }
   }
   const int64_t per_sequence = ceil_div(config.max_input_len + config.max_output_len, shape.block_size) + 1;

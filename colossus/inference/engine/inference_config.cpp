@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace colossus::inference {
 
@@ -20,6 +21,8 @@ c10::ScalarType parse_dtype(const std::string& field, const std::string& name) {
 void require_positive(const char* field, int64_t value) {
   if (value < 1) throw ConfigError(fmt::format("inference {} is {}; it must be at least 1", field, value));
 }
+
+double gib(int64_t bytes) { return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30); }
 
 }  // namespace
 
@@ -42,6 +45,11 @@ void InferenceConfig::validate() const {
   }
   if (!(kv_cache_memory_fraction > 0.0 && kv_cache_memory_fraction < 1.0)) {
     throw ConfigError(fmt::format("inference kv_cache_memory_fraction is {}; it must be in (0, 1)", kv_cache_memory_fraction));
+  }
+  if (gpu_memory_utilization && !(*gpu_memory_utilization > 0.0 && *gpu_memory_utilization <= 1.0)) {
+    throw ConfigError(fmt::format("inference gpu_memory_utilization is {}; it must be in (0, 1], the share of the GPU's "
+                                  "total memory for weights, activations and the KV cache (e.g. 0.9)",
+                                  *gpu_memory_utilization));
   }
   if (no_repeat_ngram_size < 0) {
     throw ConfigError(fmt::format("inference no_repeat_ngram_size is {}; use 0 (off) or a positive n", no_repeat_ngram_size));
@@ -80,6 +88,45 @@ SamplingParams InferenceConfig::default_sampling() const {
                         .top_p = top_p,
                         .repetition_penalty = repetition_penalty,
                         .seed = seed};
+}
+
+int64_t kv_pool_bytes(const InferenceConfig& config, const metrics::DeviceMemory& memory, int64_t activation_bytes,
+                      int64_t block_bytes) {
+  // What the caching allocator holds but no tensor uses is ours to reuse.
+  const int64_t reusable = memory.free_bytes + memory.reserved_bytes - memory.allocated_bytes;
+  if (!config.gpu_memory_utilization) {
+    const auto budget = static_cast<int64_t>(config.kv_cache_memory_fraction * static_cast<double>(reusable)) - activation_bytes;
+    if (budget < block_bytes) {
+      throw ConfigError(fmt::format("no device memory is left for the KV cache ({} MiB free after the model); "
+                                    "lower max_num_batched_tokens or set num_blocks",
+                                    reusable >> 20));
+    }
+    return budget;
+  }
+  const double utilization = *config.gpu_memory_utilization;
+  const double total = static_cast<double>(memory.total_bytes);
+  const int64_t budget = static_cast<int64_t>(utilization * total) - memory.allocated_bytes - activation_bytes;
+  if (budget < block_bytes) {
+    const double least = static_cast<double>(memory.allocated_bytes + activation_bytes + block_bytes) / total;
+    throw ConfigError(fmt::format(
+        "gpu_memory_utilization {} of the GPU's {:.2f} GiB leaves no room for the KV cache after {:.2f} GiB of weights "
+        "(and other tensors) and {:.2f} GiB of activation headroom for max_num_batched_tokens {}; {}",
+        utilization, gib(memory.total_bytes), gib(memory.allocated_bytes), gib(activation_bytes), config.token_budget(),
+        least <= 1.0 ? fmt::format("raise gpu_memory_utilization to at least {:.2f}, or lower max_num_batched_tokens",
+                                   std::ceil(least * 100) / 100)
+                     : std::string("lower max_num_batched_tokens, or use a GPU with more memory")));
+  }
+  if (budget > reusable - activation_bytes) {
+    // vLLM refuses this too: the share asked for is not free (other processes hold it).
+    const double most = std::floor(static_cast<double>(reusable + memory.allocated_bytes) / total * 100) / 100;
+    throw ConfigError(fmt::format(
+        "gpu_memory_utilization {} asks for {:.2f} GiB of the GPU's {:.2f} GiB, but only {:.2f} GiB is free besides "
+        "the {:.2f} GiB this process already holds ({:.2f} GiB is used by CUDA contexts and other processes); lower "
+        "gpu_memory_utilization to at most {:.2f}, or free the GPU",
+        utilization, gib(static_cast<int64_t>(utilization * total)), gib(memory.total_bytes), gib(reusable),
+        gib(memory.allocated_bytes), gib(std::max<int64_t>(0, memory.total_bytes - memory.free_bytes - memory.reserved_bytes)), most));
+  }
+  return budget;
 }
 
 }  // namespace colossus::inference

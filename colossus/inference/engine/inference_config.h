@@ -2,6 +2,7 @@
 // applies, plus the KV pool and scheduling knobs it leaves implicit.
 #pragma once
 #include "colossus/inference/sampler.h"
+#include "colossus/metrics/memory.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -28,10 +29,17 @@ struct InferenceConfig {
   std::string kv_cache_dtype = "auto";
 
   // KV cache: tokens per block; the pool has num_blocks blocks, or, when 0,
-  // as many as fit in kv_cache_memory_fraction of the device's free memory
-  // (CUDA) or enough for max_batch_size full-length sequences (CPU).
+  // on CUDA as many as fit in the memory budget (kv_pool_bytes below), on
+  // the CPU enough for max_batch_size full-length sequences.
   int64_t block_size = 16;
   int64_t num_blocks = 0;
+  // The CUDA budget, one of two kinds. Set, gpu_memory_utilization is
+  // vLLM's: the share (0, 1] of the device's total memory this process may
+  // use for weights, activations and the KV cache (`colossus serve` sets
+  // it, 0.9 by default). Unset, the pool takes kv_cache_memory_fraction of
+  // the memory free after the model. Either way one step's activations are
+  // kept back.
+  std::optional<double> gpu_memory_utilization{};
   double kv_cache_memory_fraction = 0.9;
   bool enable_prefix_caching = true;
 
@@ -78,5 +86,17 @@ struct InferenceConfig {
   // The sampling a request gets when it does not bring its own.
   SamplingParams default_sampling() const;
 };
+
+// Bytes the KV pool may take on a device with `memory` (read after the model
+// is loaded), keeping `activation_bytes` back for one step's activations and
+// logits: with gpu_memory_utilization, utilization x total minus what live
+// tensors hold (the weights) minus the activations; else
+// kv_cache_memory_fraction of the reusable memory (free + cached by the
+// allocator) minus the activations. Throws ConfigError, naming the figures
+// and what to change, when that is less than one block of `block_bytes`, or
+// when the utilization asks for more than the device has free (other
+// processes hold the rest).
+int64_t kv_pool_bytes(const InferenceConfig& config, const metrics::DeviceMemory& memory, int64_t activation_bytes,
+                      int64_t block_bytes);
 
 }  // namespace colossus::inference

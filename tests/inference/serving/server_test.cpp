@@ -513,6 +513,38 @@ TEST_F(Serve, VllmStyleDefaultsOnACpuMachine) {
   }
 }
 
+TEST_F(Serve, GpuMemoryUtilizationIsCheckedBeforeLoadingAndIgnoredOnTheCpu) {
+  // vLLM's --gpu_memory_utilization: a share of the GPU's memory in (0, 1],
+  // refused by value before the model loads; with --kv_cache_memory_fraction
+  // as well it is ambiguous, so that is refused too.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused_cases = {
+      {{"--gpu_memory_utilization", "1.5"}, "gpu_memory_utilization is 1.5; it must be in (0, 1]"},
+      {{"--gpu-memory-utilization", "0"}, "gpu_memory_utilization is 0; it must be in (0, 1]"},
+      {{"--gpu_memory_utilization", "0.8", "--kv_cache_memory_fraction", "0.5"}, "both size the KV cache"}};
+  for (const auto& [args, expected] : refused_cases) {
+    try {
+      ServerProcess refused(dir_->string(), args, testing::scratch_dir() / "serve_utilization.log", 30);
+      ADD_FAILURE() << "a server started with " << fmt::format("{}", fmt::join(args, " "));
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  // On the CPU it sizes nothing: a tiny share gives the fixture's pool
+  // (same lengths and block size), whose default is 0.9.
+  const std::regex pool("KV cache ([0-9]+) blocks of 8 tokens;");
+  std::smatch ours, fixture;
+  const std::string fixture_log = server_->log();
+  ASSERT_TRUE(std::regex_search(fixture_log, fixture, pool)) << fixture_log;
+  ServerProcess small(dir_->string(),
+                      {"--max_batch_size", "4", "--max_input_len", std::to_string(kMaxInputLen), "--max_output_len",
+                       std::to_string(kMaxOutputLen), "--block_size", "8", "--gpu_memory_utilization", "0.01"},
+                      testing::scratch_dir() / "serve_small_share.log");
+  const std::string small_log = small.log();
+  ASSERT_TRUE(std::regex_search(small_log, ours, pool)) << small_log;
+  EXPECT_EQ(ours[1], fixture[1]);
+  EXPECT_EQ(small.stop(SIGTERM), 0) << small.log();
+}
+
 TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
   const HttpResult health = curl(server_->url() + "/health");
   EXPECT_EQ(health.status, 200);
