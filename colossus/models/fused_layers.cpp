@@ -271,7 +271,9 @@ std::optional<kernels::GemvArgs> gemv_args(const at::Tensor& x, const at::Tensor
                          .out_features = weight.size(0),
                          .x = x.data_ptr(),
                          .weight = weight.data_ptr()};
-  args.y = x.data_ptr();  // a placeholder for the check; the caller sets the output
+  // Placeholders for the check; the caller sets the output and the residual.
+  args.y = x.data_ptr();
+  if (epilogue == kernels::GemvEpilogue::kResidual) args.residual = x.data_ptr();
   if (!kernels::gemv_supported(args)) return std::nullopt;
   return args;
 }

@@ -325,13 +325,16 @@ std::string check_rope_qkv_cache_cuda() {
     const at::Tensor q = rotate(x.narrow(1, 0, heads * head_dim).view({tokens, heads, head_dim}));
     const at::Tensor k = rotate(x.narrow(1, heads * head_dim, kv_heads * head_dim).view({tokens, kv_heads, head_dim}));
     const at::Tensor v = x.narrow(1, (heads + kv_heads) * head_dim, kv_heads * head_dim).reshape({tokens, kv_heads, head_dim});
-    at::Tensor key64 = at::zeros({num_blocks, kv_heads, block_size, head_dim}, at::kDouble), value64 = at::zeros_like(key64);
+    // NaN where nothing is written, as in the poisoned device caches.
+    at::Tensor key64 = at::full({num_blocks, kv_heads, block_size, head_dim}, NAN, at::kDouble);
+    at::Tensor value64 = at::full_like(key64, NAN);
     write_kv_cache(k, v, key64, value64, at::tensor(slots, at::kLong));
     const at::Tensor expected = paged_attention_reference(q, key64, value64, meta, spec);
     const Tolerance tol = tolerance_for(dtype);
     const auto off = [&](const at::Tensor& got, const at::Tensor& ref) {
       const at::Tensor g = got.cpu().to(at::kDouble);
-      return (g - ref).abs().gt(ref.abs() * tol.rtol + tol.atol).logical_or(g.isnan()).sum().item<int64_t>();
+      // Off: beyond the tolerance, or NaN on one side only (unwritten slots are NaN on both).
+      return (g - ref).abs().gt(ref.abs() * tol.rtol + tol.atol).logical_or(g.isnan().ne(ref.isnan())).sum().item<int64_t>();
     };
     const at::Tensor blocks = at::tensor(std::vector<int64_t>(table.begin(), table.end()), at::kLong);
     if (const int64_t bad = off(key_cache.cpu().index_select(0, blocks), key64.index_select(0, blocks)); bad > 0) {
