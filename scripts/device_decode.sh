@@ -20,6 +20,7 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( 585 - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$out/nvidia-smi.csv"
+python3 -c "import openai, numpy; print('client packages: openai', openai.__version__)" 2>&1 | tail -1
 commit_flag=()
 [[ -n "${COLOSSUS_COMMIT:-}" ]] && commit_flag=(--commit "$COLOSSUS_COMMIT")
 for lib in libutf8proc oniguruma; do
