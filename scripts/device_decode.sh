@@ -42,7 +42,7 @@ stamp "build done"
 stamp "colossus check"
 timeout 150 build-gpu/bin/colossus check > "$out/check.txt" 2>&1
 check_rc=$?
-grep -E "FAIL|rope_qkv_cache|gemv|swiglu|paged_attention|reshape_and_cache" "$out/check.txt" | head -30
+grep -E "FAIL|rope_qkv_cache|gemv|swiglu|paged_attention|reshape_and_cache|activation_checkpoint" "$out/check.txt" | head -30
 tail -2 "$out/check.txt"
 
 stamp "bench_gemv"
