@@ -9,7 +9,9 @@ with median 160 tokens (sigma 0.8) and output lengths lognormal with median
 [--min-input, --max-input] and [--min-output, --max-output]. Prompts are
 random token ids in [--token-low, --token-high) (so no tokenizer is needed),
 each request streams with ignore_eos and stream_options.include_usage, so it
-generates exactly its output length. Arrivals are a Poisson process at
+generates exactly its output length (through the `openai` package, or,
+where it is missing, a standard-library client making the same requests).
+Arrivals are a Poisson process at
 --request-rate requests/s (inf: all at once).
 
 Every response is checked: HTTP 200, a finish_reason of "length", and the
@@ -32,9 +34,15 @@ import math
 import os
 import sys
 import time
+import types
+import urllib.parse
 
 import numpy as np
-import openai
+
+try:
+    import openai
+except ImportError:  # the standard-library client below does the same requests
+    openai = None
 
 
 def request_mix(args):
@@ -49,19 +57,80 @@ def request_mix(args):
     return [(float(t), p, int(o)) for t, p, o in zip(arrivals, prompts, outputs)]
 
 
+class StdlibClient:
+    """The one call this benchmark makes, streamed completions, over asyncio
+    sockets (HTTP/1.1, chunked or plain body, server-sent events), for
+    machines without the openai package. Chunks come back as objects with the
+    attributes the openai client's have (usage.completion_tokens,
+    choices[i].text, choices[i].finish_reason)."""
+
+    def __init__(self, base_url, api_key, timeout):
+        parsed = urllib.parse.urlsplit(base_url)
+        self.host, self.port = parsed.hostname, parsed.port or 80
+        self.path = parsed.path.rstrip("/") + "/completions"
+        self.api_key, self.timeout = api_key, timeout
+
+    async def stream(self, body):
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), self.timeout)
+        try:
+            data = json.dumps(body).encode()
+            writer.write((f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                          f"Authorization: Bearer {self.api_key}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data)
+            await writer.drain()
+            status = (await reader.readline()).decode().split()
+            headers = {}
+            while (line := (await reader.readline()).decode().strip()):
+                key, _, value = line.partition(":")
+                headers[key.strip().lower()] = value.strip()
+            if len(status) < 2 or status[1] != "200":
+                raise RuntimeError(f"HTTP {' '.join(status[1:])}: {(await reader.read()).decode()[:300]}")
+            chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+            buffer = b""
+            while True:
+                if chunked:
+                    size = int((await reader.readline()).strip() or b"0", 16)
+                    if size == 0:
+                        break
+                    piece = await reader.readexactly(size)
+                    await reader.readline()
+                else:
+                    piece = await reader.read(65536)
+                    if not piece:
+                        break
+                buffer += piece
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    for line in event.decode().splitlines():
+                        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                            yield json.loads(line[5:], object_hook=lambda d: types.SimpleNamespace(**d))
+        finally:
+            writer.close()
+
+
+async def stream_completion(client, args, prompt, max_tokens):
+    body = dict(model=args.model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                stream_options={"include_usage": True})
+    if isinstance(client, StdlibClient):
+        body["ignore_eos"] = True
+        async for chunk in client.stream(body):
+            yield chunk
+        return
+    extra = {"ignore_eos": True}
+    async for chunk in await client.completions.create(**body, extra_body=extra):
+        yield chunk
+
+
 async def one_request(client, args, prompt, max_tokens, semaphore):
     async with semaphore:
         start = time.perf_counter()
         token_times, usage, finish, error = [], None, None, None
         try:
-            stream = await client.completions.create(
-                model=args.model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
-            async for chunk in stream:
+            async for chunk in stream_completion(client, args, prompt, max_tokens):
                 now = time.perf_counter()
-                if chunk.usage is not None:
+                if getattr(chunk, "usage", None) is not None:
                     usage = chunk.usage
-                for choice in chunk.choices or []:
+                for choice in getattr(chunk, "choices", None) or []:
                     if choice.text:
                         token_times.append(now)
                     if choice.finish_reason:
@@ -78,8 +147,13 @@ async def one_request(client, args, prompt, max_tokens, semaphore):
 
 async def run(args):
     mix = request_mix(args)
-    client = openai.AsyncOpenAI(base_url=args.base_url, api_key=os.environ.get("OPENAI_API_KEY", "unused"),
-                                max_retries=0, timeout=args.timeout)
+    api_key = os.environ.get("OPENAI_API_KEY", "unused")
+    if args.client == "openai" and openai is None:
+        raise SystemExit("--client openai: the openai package is not installed (pip install openai, or --client stdlib)")
+    if openai is not None and args.client != "stdlib":
+        client = openai.AsyncOpenAI(base_url=args.base_url, api_key=api_key, max_retries=0, timeout=args.timeout)
+    else:
+        client = StdlibClient(args.base_url, api_key, args.timeout)
     semaphore = asyncio.Semaphore(args.max_concurrency if args.max_concurrency > 0 else len(mix))
     begin = time.perf_counter()
     tasks = []
@@ -90,7 +164,8 @@ async def run(args):
         tasks.append(asyncio.create_task(one_request(client, args, prompt, max_tokens, semaphore)))
     results = await asyncio.gather(*tasks)
     duration = time.perf_counter() - begin
-    await client.close()
+    if not isinstance(client, StdlibClient):
+        await client.close()
     return results, duration
 
 
@@ -173,6 +248,8 @@ def main():
     ap.add_argument("--token-low", type=int, default=100)
     ap.add_argument("--token-high", type=int, default=1000)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--client", choices=["auto", "openai", "stdlib"], default="auto",
+                    help="auto: the openai package where installed, else the standard-library client")
     ap.add_argument("--json", help="write the summary here")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--label", default="colossus serve")

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <typeinfo>
 #include <vector>
 
 namespace colossus::models {
@@ -124,6 +125,12 @@ Fp8Linear::Fp8Linear(const Linear& base, Fp8Recipe recipe) : Linear(base.weight,
 
 at::Tensor Fp8Linear::forward(const at::Tensor& x) { return fp8_linear(x, weight, bias, recipe_); }
 
+Fp8Conv1D::Fp8Conv1D(const Conv1D& base, Fp8Recipe recipe) : Conv1D(base.weight, base.bias), recipe_(std::move(recipe)) {
+  recipe_.validate();
+}
+
+at::Tensor Fp8Conv1D::forward(const at::Tensor& x) { return fp8_linear(x, weight.t(), bias, recipe_); }
+
 int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_last) {
   recipe.validate();
   const auto& blocks = model.blocks();
@@ -137,9 +144,15 @@ int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_las
       auto* host = dynamic_cast<LayerHost*>(module.get());
       if (host == nullptr) continue;
       for (const auto& child : module->named_children()) {
-        auto* linear = dynamic_cast<Linear*>(child.value().get());
-        if (linear == nullptr || typeid(*linear) != typeid(Linear)) continue;  // only plain Linear leaves
-        host->replace_layer(child.key(), std::make_shared<Fp8Linear>(*linear, recipe));
+        torch::nn::Module* leaf = child.value().get();
+        // Only plain leaves: not the FP8 forms, a LoRA wrapper or a parallel layer.
+        if (typeid(*leaf) == typeid(Linear)) {
+          host->replace_layer(child.key(), std::make_shared<Fp8Linear>(*static_cast<Linear*>(leaf), recipe));
+        } else if (typeid(*leaf) == typeid(Conv1D)) {
+          host->replace_layer(child.key(), std::make_shared<Fp8Conv1D>(*static_cast<Conv1D*>(leaf), recipe));
+        } else {
+          continue;
+        }
         ++replaced;
       }
     }

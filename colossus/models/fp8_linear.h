@@ -46,14 +46,25 @@ class Fp8Linear : public Linear {
   Fp8Recipe recipe_;
 };
 
+// GPT-2's Conv1D (weight stored (in, out)) with its matmuls in FP8.
+class Fp8Conv1D : public Conv1D {
+ public:
+  Fp8Conv1D(const Conv1D& base, Fp8Recipe recipe);
+  at::Tensor forward(const at::Tensor& x) override;
+
+ private:
+  Fp8Recipe recipe_;
+};
+
 class CausalLM;
 
-// Replaces the plain Linear layers of the decoder blocks with Fp8Linear,
+// Replaces the plain Linear (and GPT-2 Conv1D) layers of the decoder blocks
+// with their FP8 forms,
 // leaving the embeddings and the head in their dtype and, with
 // keep_first_last (the default, as the recipes that train in FP8 do), the
 // first and the last block too. Returns how many layers were replaced.
-// MoE experts and routers (run from packed buffers), LoRA, tensor-parallel and
-// GPT-2 Conv1D layers are not Linear leaves and stay as they are.
+// MoE experts and routers (run from packed buffers), LoRA and tensor-parallel
+// layers are not plain leaves and stay as they are.
 int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_last = true);
 
 }  // namespace colossus::models

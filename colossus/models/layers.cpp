@@ -44,6 +44,11 @@ Conv1D::Conv1D(int64_t in_features, int64_t out_features, const at::TensorOption
   bias = register_parameter("bias", at::empty({out_features}, options));
 }
 
+Conv1D::Conv1D(at::Tensor weight_, at::Tensor bias_) : Layer("Conv1D") {
+  weight = register_parameter("weight", std::move(weight_), weight_.requires_grad());
+  bias = register_parameter("bias", std::move(bias_), bias_.requires_grad());
+}
+
 // The transposed view costs nothing; at::linear picks the same GEMM as x @ W.
 at::Tensor Conv1D::forward(const at::Tensor& x) { return at::linear(x, weight.t(), bias); }
 

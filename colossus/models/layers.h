@@ -41,6 +41,8 @@ class Linear : public Layer {
 class Conv1D : public Layer {
  public:
   Conv1D(int64_t in_features, int64_t out_features, const at::TensorOptions& options);
+  // Over existing tensors (the same parameters, no copy).
+  Conv1D(at::Tensor weight, at::Tensor bias);
   // x: (..., in) -> (..., out)
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor weight;  // (in, out)

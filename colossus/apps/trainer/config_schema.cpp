@@ -213,7 +213,11 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("preset", "built-in architecture: gpt2-124m, gpt2-350m, gpt2-tiny, llama-1b-like, llama-tiny, mixtral-tiny", model.preset),
         COLOSSUS_KEY("pretrained", "a Hugging Face model directory to fine-tune; replaces the preset", model.pretrained),
         COLOSSUS_KEY("init_seed", "seed of the Hugging Face-style initialisation (ignored with pretrained)", model.init_seed),
-        COLOSSUS_KEY("gradient_checkpointing_ratio", "activation checkpointing under any plugin: share of blocks that rerun their forward in backward (hybrid_parallel: plugin.gradient_checkpointing_ratio)", model.gradient_checkpointing_ratio)}});
+        COLOSSUS_KEY("gradient_checkpointing_ratio", "activation checkpointing under any plugin: share of blocks that rerun their forward in backward (hybrid_parallel: plugin.gradient_checkpointing_ratio)", model.gradient_checkpointing_ratio),
+        COLOSSUS_KEY("use_fp8", "FP8 matmuls (e4m3 forward, at::_scaled_mm) in the decoder blocks' linear layers; ddp, low_level_zero and gemini", model.use_fp8),
+        COLOSSUS_KEY("fp8_scaling", "\"tensorwise\" or \"rowwise\": one FP8 scale per tensor, or per row of x and W, in the forward", model.fp8_scaling),
+        COLOSSUS_KEY("fp8_grad_format", "\"e5m2\" (range) or \"e4m3\" (precision): the output gradient's FP8 format", model.fp8_grad_format),
+        COLOSSUS_KEY("fp8_keep_first_last", "keep the first and last blocks in the model's dtype (with use_fp8)", model.fp8_keep_first_last)}});
     s.push_back({"data", "", {
         COLOSSUS_KEY("source", "\"builtin\" (generated corpus), a UTF-8 text file, a directory of *.txt, or a directory of token shards", data.source),
         COLOSSUS_KEY("tokenizer", "\"byte\", a Hugging Face tokenizer directory or file; empty: model.pretrained's own (byte without one)", data.tokenizer),

@@ -8,6 +8,7 @@
 #include "colossus/data/tokenizer.h"
 #include "colossus/lora/lora_config.h"
 #include "colossus/models/config.h"
+#include "colossus/models/fp8_linear.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -239,6 +240,18 @@ void TrainConfig::validate() const {
                                   "supported yet; train the MoE model with checkpointing under ddp, low_level_zero "
                                   "or gemini, or without it under moe_hybrid_parallel",
                                   model.gradient_checkpointing_ratio));
+  }
+  if (model.use_fp8) {
+    if (model.fp8_scaling != "tensorwise" && model.fp8_scaling != "rowwise") {
+      throw ConfigError(fmt::format("model.fp8_scaling is \"{}\"; valid: \"tensorwise\", \"rowwise\"", model.fp8_scaling));
+    }
+    models::Fp8Recipe{.grad_format = model.fp8_grad_format}.validate();
+    if (plugin.name == "hybrid_parallel" || plugin.name == "moe_hybrid_parallel") {
+      // Their tensor-parallel layers are not plain Linear leaves.
+      throw ConfigError(fmt::format("model.use_fp8 with plugin {} is not supported yet; train in FP8 under ddp, "
+                                    "low_level_zero or gemini",
+                                    plugin.name));
+    }
   }
   require_positive("data.seq_len", data.seq_len, "128");
   require_positive("data.batch_size", data.batch_size, "8");

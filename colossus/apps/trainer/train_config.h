@@ -33,6 +33,15 @@ struct ModelSection {
   // gradient_checkpointing_ratio; dropout replays its RNG). 0: off.
   // hybrid_parallel takes its own plugin.gradient_checkpointing_ratio.
   double gradient_checkpointing_ratio = 0.0;
+  // FP8 matmuls in the decoder blocks' linear layers (Colossal-AI's use_fp8;
+  // models/fp8_linear.h): x and W in e4m3, gradients in fp8_grad_format;
+  // fp8_scaling "tensorwise" or "rowwise" (the forward's scales); the first
+  // and last blocks, embeddings and head stay in the model's dtype unless
+  // fp8_keep_first_last is false.
+  bool use_fp8 = false;
+  std::string fp8_scaling = "tensorwise";
+  std::string fp8_grad_format = "e5m2";
+  bool fp8_keep_first_last = true;
 };
 
 struct DataSection {

@@ -31,6 +31,7 @@
 #include "colossus/models/deepseek.h"
 #include "colossus/models/deepseek_moe.h"
 #include "colossus/models/activation_checkpoint.h"
+#include "colossus/models/fp8_linear.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
 
@@ -326,6 +327,13 @@ void Trainer::build() {
     log.info(fmt::format("lora: r {} on {} layers; {} of {} parameters train ({:.2f}%)", lora_config_.r,
                          lora::lora_layers(*model).size(), trained, total,
                          100.0 * static_cast<double>(trained) / static_cast<double>(total)));
+  }
+  if (config_.model.use_fp8) {
+    const int64_t fp8 = models::enable_fp8(
+        *model, {.rowwise = config_.model.fp8_scaling == "rowwise", .grad_format = config_.model.fp8_grad_format},
+        config_.model.fp8_keep_first_last);
+    log.info(fmt::format("fp8: {} linear layers run their matmuls in FP8 ({}, gradients in {})", fp8,
+                         config_.model.fp8_scaling, config_.model.fp8_grad_format));
   }
   if (config_.model.gradient_checkpointing_ratio > 0.0) {
     const int64_t wrapped = models::enable_activation_checkpointing(*model, config_.model.gradient_checkpointing_ratio);
