@@ -1,5 +1,4 @@
-// The decode GEMV (kernels/gemv.h, through models::decode_linear and its
-// epilogues) against the GEMM library's path (at::linear = cuBLAS, plus the
+// The decode GEMV (kernels/gemv.h, each epilogue) against the GEMM library's path (at::linear = cuBLAS, plus the
 // separate SwiGLU / residual kernel the unfused layer runs) on the shapes of a
 // llama-1b-like decode step (hidden 2048, SwiGLU 8192, GQA 32/8 of 64, vocab
 // 32000), at 1, 2, 4 and 8 rows (sequences), bf16. Each variant is captured
@@ -12,7 +11,6 @@
 // Usage: bench_gemv [--iters 20] [--no-record] [--commit SHA] [--out-dir DIR]
 #include "bench/bench_common.h"
 #include "colossus/kernels/cuda_slots.h"
-#include "colossus/models/fused_layers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -32,7 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace bench = colossus::bench;
-namespace models = colossus::models;
+namespace kernels = colossus::kernels;
 using Clock = std::chrono::steady_clock;
 
 void sync() { at::accelerator::synchronizeDevice(0); }
@@ -109,13 +107,20 @@ int main(int argc, char** argv) try {
       const at::Tensor x = at::randn({rows, s.in}, bf16);
       at::Tensor residual = at::randn({rows, width}, bf16), scratch = residual.clone();
       // Each call takes the next copy of W (in a graph: the capture's order).
+      // The kernel itself (the models layer calls it for 1-2 rows only).
+      at::Tensor out = at::empty({rows, width}, bf16);
       const auto ours = [&](const at::Tensor& w) -> at::Tensor {
-        std::optional<at::Tensor> y;
-        if (epi == "gated") y = models::decode_gated(x, w);
-        else if (epi == "residual") y = models::decode_linear_add(x, w, scratch);
-        else y = models::decode_linear(x, w, at::Tensor());
-        if (!y) throw std::runtime_error(fmt::format("{} rows {}: the GEMV did not take the arguments", s.name, rows));
-        return *y;
+        kernels::GemvArgs args{.epilogue = epi == "gated"      ? kernels::GemvEpilogue::kGated
+                                           : epi == "residual" ? kernels::GemvEpilogue::kResidual
+                                                               : kernels::GemvEpilogue::kNone,
+                               .rows = rows, .in_features = s.in, .out_features = s.out, .x = x.data_ptr(),
+                               .weight = w.data_ptr()};
+        args.residual = epi == "residual" ? scratch.data_ptr() : nullptr;
+        args.y = epi == "residual" ? scratch.data_ptr() : out.data_ptr();
+        if (!kernels::cuda_slots().gemv(args, 0)) {
+          throw std::runtime_error(fmt::format("{} rows {}: the GEMV did not take the arguments", s.name, rows));
+        }
+        return epi == "residual" ? scratch : out;
       };
       const auto theirs = [&](const at::Tensor& w) -> at::Tensor {
         at::Tensor y = at::linear(x, w);

@@ -20,6 +20,7 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 left() { echo $(( 585 - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$out/nvidia-smi.csv"
+python3 -c "import openai, numpy; print('client packages: openai', openai.__version__)" 2>&1 | tail -1
 commit_flag=()
 [[ -n "${COLOSSUS_COMMIT:-}" ]] && commit_flag=(--commit "$COLOSSUS_COMMIT")
 for lib in libutf8proc oniguruma; do
@@ -41,7 +42,7 @@ stamp "build done"
 stamp "colossus check"
 timeout 150 build-gpu/bin/colossus check > "$out/check.txt" 2>&1
 check_rc=$?
-grep -E "FAIL|rope_qkv_cache|gemv|swiglu|paged_attention|reshape_and_cache" "$out/check.txt" | head -30
+grep -E "FAIL|rope_qkv_cache|gemv|swiglu|paged_attention|reshape_and_cache|activation_checkpoint" "$out/check.txt" | head -30
 tail -2 "$out/check.txt"
 
 stamp "bench_gemv"

@@ -3,12 +3,14 @@
 #include "colossus/core/errors.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/grad_mode.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <optional>
 #include <utility>
 
 namespace colossus::models {
@@ -38,6 +40,11 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     ctx->saved_data["max_seqlen"] = context->varlen.max_seqlen;
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    // Dropout on a GPU draws from that device's generator (philox seed and
+    // offset): its state is saved too, so the rerun draws the same masks.
+    if (hidden.device().type() != at::kCPU) {
+      ctx->saved_data["device_rng"] = at::globalContext().defaultGenerator(hidden.device()).get_state();
+    }
     ctx->save_for_backward({hidden});
     at::NoGradGuard no_grad;
     return block->forward(hidden, *context);
@@ -58,16 +65,24 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     context.varlen.max_seqlen = ctx->saved_data["max_seqlen"].toInt();
     at::Tensor input = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    // Replay the forward's random draws (dropout), then restore the stream.
+    // Replay the forward's random draws (dropout), then restore the streams.
     auto generator = at::detail::getDefaultCPUGenerator();
     const at::Tensor now = generator.get_state();
     generator.set_state(ctx->saved_data["rng"].toTensor());
+    std::optional<at::Generator> device_generator;
+    at::Tensor device_now;
+    if (ctx->saved_data.count("device_rng") > 0) {
+      device_generator = at::globalContext().defaultGenerator(input.device());
+      device_now = device_generator->get_state();
+      device_generator->set_state(ctx->saved_data["device_rng"].toTensor());
+    }
     at::Tensor output;
     {
       at::AutoGradMode grad(true);
       output = block->forward(input, context);
     }
     generator.set_state(now);
+    if (device_generator) device_generator->set_state(device_now);
     torch::autograd::backward({output}, {grad_outputs[0]});
     return {input.grad(), at::Tensor(), at::Tensor()};
   }

@@ -253,6 +253,10 @@ namespace {
 
 std::atomic<bool> decode_gemv_on{true};
 
+// Above 2 rows cuBLAS is as fast or faster (bench_gemv, H100: the GEMV at
+// 0.5-0.76x of it at 8 rows before the block-wide split of K).
+constexpr int64_t kDecodeGemvRows = 2;
+
 // The GEMV's arguments for x (..., K) against weight (N, K), or nullopt.
 std::optional<kernels::GemvArgs> gemv_args(const at::Tensor& x, const at::Tensor& weight,
                                            kernels::GemvEpilogue epilogue) {
@@ -263,7 +267,7 @@ std::optional<kernels::GemvArgs> gemv_args(const at::Tensor& x, const at::Tensor
     return std::nullopt;
   }
   const auto dtype = kernels::element_dtype_of(x.scalar_type());
-  if (!dtype || x.size(-1) == 0) return std::nullopt;
+  if (!dtype || x.size(-1) == 0 || x.numel() / x.size(-1) > kDecodeGemvRows) return std::nullopt;
   kernels::GemvArgs args{.dtype = *dtype,
                          .epilogue = epilogue,
                          .rows = x.numel() / x.size(-1),

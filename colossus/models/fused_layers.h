@@ -31,8 +31,8 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
 // gate, up: same shape and dtype, contiguous -> silu(gate) * up.
 std::optional<at::Tensor> fused_swiglu(const at::Tensor& gate, const at::Tensor& up);
 
-// Inference decode (autograd off, a CUDA 16-bit x of at most
-// kernels::kGemvMaxRows rows): x W^T by the GEMV kernel (kernels/gemv.h),
+// Inference decode (autograd off, a CUDA 16-bit x of 1 or 2 rows, where the
+// GEMV beats cuBLAS): x W^T by the GEMV kernel (kernels/gemv.h),
 // which streams W once where a GEMM's tiles would sit mostly idle. nullopt
 // when it does not apply (or is switched off); the caller runs at::linear.
 //   decode_linear:     x (..., K) -> x W^T + bias (bias may be undefined)

@@ -28,6 +28,11 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const 
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options));
 }
 
+Linear::Linear(at::Tensor weight_, at::Tensor bias_) : Layer("Linear") {
+  weight = register_parameter("weight", std::move(weight_), weight_.requires_grad());
+  if (bias_.defined()) bias = register_parameter("bias", std::move(bias_), bias_.requires_grad());
+}
+
 at::Tensor Linear::forward(const at::Tensor& x) {
   // Decode on CUDA (a few rows, autograd off): the GEMV kernel.
   if (auto y = decode_linear(x, weight, bias)) return *y;

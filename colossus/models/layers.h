@@ -28,6 +28,8 @@ class Layer : public torch::nn::Module {
 class Linear : public Layer {
  public:
   Linear(int64_t in_features, int64_t out_features, bool with_bias, const at::TensorOptions& options);
+  // Over existing tensors (the same parameters, no copy); bias may be undefined.
+  Linear(at::Tensor weight, at::Tensor bias);
   // x: (..., in) -> (..., out)
   at::Tensor forward(const at::Tensor& x) override;
   at::Tensor weight;  // (out, in)

@@ -1,0 +1,150 @@
+#include "colossus/models/fp8_linear.h"
+
+#include "colossus/core/errors.h"
+#include "colossus/models/causal_lm.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <limits>
+#include <vector>
+
+namespace colossus::models {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// An operand in FP8 and the fp32 scale that turns it back: value ~ q * scale.
+struct Quantized {
+  at::Tensor q;      // float8_e4m3fn or float8_e5m2, same shape
+  at::Tensor scale;  // fp32: () per tensor, (rows, 1) per row
+};
+
+double format_max(at::ScalarType format) { return format == at::kFloat8_e5m2 ? 57344.0 : 448.0; }
+
+// Scaled so that the largest magnitude (of the tensor, or of each row) lands
+// on the format's largest value; an all-zero tensor or row gets scale 1.
+Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor amax = rowwise ? x32.abs().amax({-1}, /*keepdim=*/true) : x32.abs().max();
+  const double top = format_max(format);
+  const at::Tensor scale = at::where(amax > 0, amax / top, at::ones_like(amax));
+  return {(x32 / scale).clamp(-top, top).to(format), scale};
+}
+
+bool fits_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {
+  if (a.is_cuda()) {
+    // Hopper's FP8 GEMM: every dimension a multiple of 16; not e5m2 x e5m2.
+    if (a.size(0) % 16 != 0 || a.size(1) % 16 != 0 || b.size(1) % 16 != 0) return false;
+    return !(a.scalar_type() == at::kFloat8_e5m2 && b.scalar_type() == at::kFloat8_e5m2);
+  }
+  return a.is_cpu() && sa.numel() == 1 && sb.numel() == 1;  // the CPU kernel scales per tensor only
+}
+
+// (M, K) x (K, N) from FP8 operands with their scales -> (M, N) in out_dtype,
+// fp32 sums. b must be a transposed view of a row-major (N, K) tensor where
+// _scaled_mm runs; elsewhere the operands are dequantised and multiplied.
+at::Tensor scaled_matmul(const Quantized& a, const Quantized& b_t, at::ScalarType out_dtype) {
+  const at::Tensor b = b_t.q;
+  const at::Tensor sb = b_t.scale.dim() == 2 ? b_t.scale.t() : b_t.scale;  // per row of (N, K) -> per column of (K, N)
+  if (fits_scaled_mm(a.q, b, a.scale, sb)) {
+    const at::Tensor bm = b.stride(0) == 1 ? b : b.t().contiguous().t();  // column-major (K, N)
+    const at::Tensor am = a.q.is_contiguous() ? a.q : a.q.contiguous();
+    const bool rowwise = a.scale.numel() > 1 || sb.numel() > 1;
+    // Hopper's rowwise kernel writes bf16 only.
+    const at::ScalarType dtype = rowwise ? at::kBFloat16 : out_dtype;
+    return at::_scaled_mm(am, bm, a.scale, sb, std::nullopt, std::nullopt, dtype).to(out_dtype);
+  }
+  return at::matmul(a.q.to(at::kFloat) * a.scale, b.to(at::kFloat) * sb).to(out_dtype);
+}
+
+struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, bool rowwise, int64_t grad_format_code) {
+    const int64_t in = weight.size(1), out = weight.size(0);
+    const at::Tensor x2 = x.reshape({-1, in});
+    const Quantized xq = quantize(x2, at::kFloat8_e4m3fn, rowwise), wq = quantize(weight, at::kFloat8_e4m3fn, rowwise);
+    at::Tensor y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
+    if (bias && bias->defined()) y = y + bias->to(y.scalar_type());
+    // The backward quantises x and W per tensor again (its contractions run
+    // over the dims a forward row scale spans); the tensors themselves are
+    // what a plain linear saves.
+    ctx->save_for_backward({x2, weight});
+    ctx->saved_data["grad_format"] = grad_format_code;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = out;
+    return y.view(sizes);
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x2 = saved[0];
+    const at::Tensor& weight = saved[1];
+    const int64_t in = weight.size(1), out = weight.size(0);
+    const at::Tensor dy = grad_outputs[0].reshape({-1, out});
+    const auto format = ctx->saved_data["grad_format"].toInt() == 1 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
+    const Quantized dyq = quantize(dy, format, false);
+    const Quantized wq = quantize(weight, at::kFloat8_e4m3fn, false), xq = quantize(x2, at::kFloat8_e4m3fn, false);
+    // dx (M, K) = dy (M, N) W (N, K): W as the transposed view of W^T.
+    const at::Tensor dx = scaled_matmul(dyq, {wq.q.t().contiguous().t(), wq.scale}, x2.scalar_type());
+    // dW (N, K) = dy^T (N, M) x (M, K).
+    const at::Tensor dw = scaled_matmul({dyq.q.t().contiguous(), dyq.scale}, {xq.q.t().contiguous().t(), xq.scale},
+                                        weight.scalar_type());
+    at::Tensor db;
+    if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0).to(weight.scalar_type());
+    std::vector<int64_t> sizes = grad_outputs[0].sizes().vec();
+    sizes.back() = in;
+    return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void Fp8Recipe::validate() const {
+  if (grad_format != "e5m2" && grad_format != "e4m3") {
+    throw ConfigError(fmt::format("fp8 grad_format is \"{}\"; use \"e5m2\" (the default: range for gradients) or \"e4m3\"",
+                                  grad_format));
+  }
+}
+
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Recipe& recipe) {
+  TORCH_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "fp8_linear: x ", x.sizes(), " does not fit weight ",
+              weight.sizes());
+  return Fp8LinearFunction::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
+                                  recipe.rowwise, recipe.grad_format == "e4m3" ? 1 : 0);
+}
+
+Fp8Linear::Fp8Linear(const Linear& base, Fp8Recipe recipe) : Linear(base.weight, base.bias), recipe_(std::move(recipe)) {
+  recipe_.validate();
+}
+
+at::Tensor Fp8Linear::forward(const at::Tensor& x) { return fp8_linear(x, weight, bias, recipe_); }
+
+int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_last) {
+  recipe.validate();
+  const auto& blocks = model.blocks();
+  const auto n = static_cast<int64_t>(blocks.size());
+  int64_t replaced = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (keep_first_last && n > 2 && (i == 0 || i == n - 1)) continue;
+    std::vector<std::shared_ptr<torch::nn::Module>> hosts = {blocks[static_cast<size_t>(i)]};
+    for (const auto& child : blocks[static_cast<size_t>(i)]->modules(/*include_self=*/false)) hosts.push_back(child);
+    for (const auto& module : hosts) {
+      auto* host = dynamic_cast<LayerHost*>(module.get());
+      if (host == nullptr) continue;
+      for (const auto& child : module->named_children()) {
+        auto* linear = dynamic_cast<Linear*>(child.value().get());
+        if (linear == nullptr || typeid(*linear) != typeid(Linear)) continue;  // only plain Linear leaves
+        host->replace_layer(child.key(), std::make_shared<Fp8Linear>(*linear, recipe));
+        ++replaced;
+      }
+    }
+  }
+  return replaced;
+}
+
+}  // namespace colossus::models

@@ -1,0 +1,59 @@
+// FP8 linear layers for training (Colossal-AI's use_fp8; Transformer Engine's
+// and torchao's float8 training): the matmuls of a Linear run on FP8 operands
+// through at::_scaled_mm (Hopper's FP8 tensor cores; a oneDNN kernel on the
+// CPU), each operand scaled dynamically from its current absolute maximum so
+// that it fills the format's range:
+//   forward   y = x W^T: x and W in e4m3, one scale per tensor or one per row
+//             of x and per row of W (`rowwise`);
+//   backward  dx = dy W and dW = dy^T x: dy in e5m2 (range for gradients) or
+//             e4m3, every operand scaled per tensor.
+// Sums are fp32; y and the gradients come out in x's dtype. The parameters
+// stay what they were (fp32 masters or bf16): FP8 is the matmuls' input
+// format only, so checkpoints, optimizers, ZeRO and Gemini see no change.
+// Where _scaled_mm does not take the operands (rowwise scales on the CPU, a
+// CUDA size not a multiple of 16), the same FP8 values are multiplied after
+// dequantising them to fp32: slower, same numbers up to summation order.
+#pragma once
+#include "colossus/models/layers.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace colossus::models {
+
+struct Fp8Recipe {
+  bool rowwise = false;              // forward scales per row of x and of W, else per tensor
+  std::string grad_format = "e5m2";  // dy's format in the backward: "e5m2" or "e4m3"
+  void validate() const;             // ConfigError naming a bad value
+};
+
+// y = x W^T + bias with FP8 matmuls (above); x (..., in), weight (out, in),
+// bias (out) or undefined; differentiable in x, weight and bias.
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Recipe& recipe);
+
+// A Linear whose matmuls run in FP8; the same parameters under the same
+// names (weight, bias), so it replaces a Linear in place.
+class Fp8Linear : public Linear {
+ public:
+  Fp8Linear(const Linear& base, Fp8Recipe recipe);
+  at::Tensor forward(const at::Tensor& x) override;
+  const Fp8Recipe& recipe() const { return recipe_; }
+
+ private:
+  Fp8Recipe recipe_;
+};
+
+class CausalLM;
+
+// Replaces the plain Linear layers of the decoder blocks with Fp8Linear,
+// leaving the embeddings and the head in their dtype and, with
+// keep_first_last (the default, as the recipes that train in FP8 do), the
+// first and the last block too. Returns how many layers were replaced.
+// MoE experts and routers (run from packed buffers), LoRA, tensor-parallel and
+// GPT-2 Conv1D layers are not Linear leaves and stay as they are.
+int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_last = true);
+
+}  // namespace colossus::models
