@@ -19,6 +19,17 @@ c10::Device parse_device(const std::string& name);
 // "auto": the first GPU when this build has CUDA and one is visible, else the
 // CPU; anything else as parse_device.
 c10::Device resolve_device(const std::string& name);
+// GPUs this process could use, counted without creating a CUDA context (a
+// launcher that starts one rank per GPU must not hold memory on them); 0 in a
+// CPU build.
+int visible_gpus();
+// --tensor_parallel_size `tp` against the model (its heads and FFN width, as
+// the engine's sharding plan needs) and, on a GPU (device: the ranks' kind),
+// one GPU per rank of the `gpus` visible; `device_option` is --device as
+// given (cuda:N names a single GPU). Throws ConfigError naming the value and
+// the sizes that would fit.
+void check_tensor_parallel_size(int64_t tp, const models::ModelConfig& config, const std::string& device_option,
+                                const c10::Device& device, int gpus);
 // "auto": on a GPU the model's own dtype (config.json torch_dtype / dtype;
 // fp32 checkpoints in bf16, as vLLM halves them), on the CPU fp32; else
 // `name` itself (fp32, bf16, fp16).
@@ -29,9 +40,9 @@ std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& option, const
 // The model of model_dir (load_pretrained) with a LoRA adapter merged in:
 // lora_dir (a PEFT adapter directory), or, when empty and model_dir is a
 // LoRA training checkpoint's model/, its adapter/. Reports on stderr what it
-// loaded and how long it took.
+// loaded and how long it took (unless `report` is false: a rank that is not 0).
 std::shared_ptr<models::CausalLM> load_inference_model(const std::string& model_dir, const std::string& lora_dir,
-                                                       const models::LoadOptions& options);
+                                                       const models::LoadOptions& options, bool report = true);
 // Positions the model has: GPT-2's n_positions, LLaMA's max_position_embeddings.
 int64_t context_length(const models::CausalLM& model);
 

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
@@ -18,8 +19,16 @@ int main(int argc, char** argv) {
       colossus::cli::add_generate_command(app), colossus::cli::add_train_command(app),
       colossus::cli::add_serve_command(app), colossus::cli::add_plan_command(app),
       colossus::cli::add_lora_command(app), colossus::cli::add_data_command(app)};
+  // CLI11 reads a single-dash option as one letter: vLLM's `serve -tp N` is spelt out for it.
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 2; args.size() > 1 && args[1] == "serve" && i < args.size(); ++i) {
+    if (args[i] == "-tp") args[i] = "--tensor_parallel_size";
+    if (args[i].rfind("-tp=", 0) == 0) args[i] = "--tensor_parallel_size=" + args[i].substr(4);
+  }
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
   try {
-    app.parse(argc, argv);
+    app.parse(argc, arg_pointers.data());
   } catch (const CLI::ParseError& e) {
     // --help / --version exit 0; any usage error exits 2, like the subcommands' own checks.
     int code = app.exit(e);

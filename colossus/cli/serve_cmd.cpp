@@ -1,5 +1,7 @@
 // `colossus serve PATH`: an OpenAI-compatible HTTP server over one
-// InferenceEngine (see colossus/inference/serving/server.h). One process;
+// InferenceEngine (see colossus/inference/serving/server.h). One process, or
+// with --tensor_parallel_size N the engine split over N ranks that this
+// command starts itself (rank 0 serves HTTP, the others follow its steps);
 // SIGINT/SIGTERM stop it gracefully.
 #include "colossus/cli/commands.h"
 #include "colossus/cli/inference_common.h"
@@ -7,10 +9,18 @@
 #include "colossus/inference/engine/inference_config.h"
 
 #ifdef COLOSSUS_WITH_SERVER
+#include "colossus/cluster/launch.h"
+#include "colossus/core/env.h"
 #include "colossus/inference/model_dir.h"
 #include "colossus/inference/serving/server.h"
+#include "colossus/inference/serving/tensor_parallel_steps.h"
+#include "colossus/launcher/child_process.h"
+#include "colossus/launcher/net.h"
+#include "colossus/launcher/run_job.h"
+#include "colossus/models/config.h"
 #include "colossus/models/pretrained.h"
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,7 +28,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #endif
 
@@ -44,6 +56,7 @@ struct ServeArgs {
   std::vector<std::string> allowed_origins;
   inference::InferenceConfig config{};
   double gpu_memory_utilization = 0.9;  // vLLM's default
+  int tensor_parallel_size = 1;         // ranks the engine is split over (one GPU each)
   const CLI::Option* max_input_len_option = nullptr;  // whether --max_input_len was given
   const CLI::Option* gpu_memory_utilization_option = nullptr;
   const CLI::Option* kv_cache_memory_fraction_option = nullptr;
@@ -69,33 +82,49 @@ A request's unset sampling fields take this server's defaults (--do_sample,
 --temperature, ...; greedy unless --do_sample); temperature 0 is greedy.
 max_tokens defaults to what fits (max_output_len and the model's context).
 
+Tensor parallelism (--tensor_parallel_size N, -tp N): this command starts N
+ranks of itself as `colossus run -n N` would (NCCL, one GPU each; on the CPU
+under mpirun), each loading the model and keeping its 1/N share; rank 0 serves
+HTTP and broadcasts each step's new requests, aborts and stop to the others,
+whose engines step in lockstep. Lines are prefixed [rN]; SIGINT/SIGTERM stop
+every rank (rank 0 drains first), and the command reports the signal as
+`colossus run` does. Under `colossus run -n N` or mpirun it serves as one rank.
+
 Examples:
   colossus serve ./gpt2 --port 8000
+  colossus serve ./llama-8b --tensor_parallel_size 2
   curl localhost:8000/v1/completions -H 'Content-Type: application/json' \
        -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 16, "temperature": 0}')";
 
 #ifdef COLOSSUS_WITH_SERVER
-int run_serve(const ServeArgs& args) {
-  // SIGINT/SIGTERM go to one waiting thread, blocked from the first line so
-  // that every thread started later (loading starts torch's and CUDA's, the
-  // server its pool) inherits the mask and a signal during a long load is
-  // not fatal; a client gone away must not kill us by SIGPIPE.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+// This command line, to start it again as each rank: /proc/self/cmdline with
+// the executable's own path first.
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> argv;
+  for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+  if (argv.empty()) throw LaunchError("cannot read this process's command line from /proc/self/cmdline");
+  argv[0] = launcher::self_executable();
+  return argv;
+}
 
+// The engine's config from the flags, checked before anything loads.
+inference::InferenceConfig serve_config(const ServeArgs& args, const c10::Device& device, const std::string& model_dir) {
   inference::InferenceConfig config = args.config;
   // vLLM's defaults: the GPU when there is one, the model's own dtype there,
-  // decode steps replayed from CUDA graphs on it.
-  const c10::Device device = resolve_device(args.device);
-  const std::string model_dir = inference::resolve_model_dir(args.path);
+  // decode steps replayed from CUDA graphs on it (not under tensor
+  // parallelism, which the graphs do not cover).
   config.dtype = resolve_dtype(args.dtype, model_dir, device);
-  config.use_cuda_graph = args.use_cuda_graph == "auto" ? device.is_cuda() : args.use_cuda_graph == "true";
+  config.tp_size = args.tensor_parallel_size;
+  config.use_cuda_graph = args.use_cuda_graph == "auto" ? device.is_cuda() && config.tp_size == 1
+                                                        : args.use_cuda_graph == "true";
   if (config.use_cuda_graph && !device.is_cuda()) {
     throw ConfigError(fmt::format("--use_cuda_graph true needs a GPU; the device is {} (leave it auto)", device.str()));
+  }
+  if (config.use_cuda_graph && config.tp_size > 1) {
+    throw ConfigError(fmt::format("--use_cuda_graph true does not combine with --tensor_parallel_size {}: the engine "
+                                  "replays no graphs under tensor parallelism (leave it auto)",
+                                  config.tp_size));
   }
   // The KV pool's memory: vLLM's gpu_memory_utilization, unless the older
   // kv_cache_memory_fraction (a share of the free memory) was asked for.
@@ -105,13 +134,116 @@ int run_serve(const ServeArgs& args) {
                                   args.gpu_memory_utilization, config.kv_cache_memory_fraction));
   }
   if (args.kv_cache_memory_fraction_option->count() == 0) config.gpu_memory_utilization = args.gpu_memory_utilization;
-  config.validate();  // before the (slow) load
+  config.validate();
+  return config;
+}
+
+// `colossus serve --tensor_parallel_size N` started alone: checks what can be
+// checked here, then runs this same command line as N ranks the way `colossus
+// run -n N` does (one per GPU with NCCL, else CPU ranks under mpirun), and
+// supervises them: output prefixed [rN], a failing rank stops the others,
+// SIGINT/SIGTERM reach every rank (rank 0 drains, then stops the others).
+int launch_ranks(const ServeArgs& args) {
+  const int tp = args.tensor_parallel_size;
+  const std::string model_dir = inference::resolve_model_dir(args.path);
+  // The ranks' kind of device, found without touching the GPUs (no CUDA
+  // context in this process, which holds none of the model).
+  const int gpus = visible_gpus();
+  c10::Device device = c10::kCPU;
+  if (args.device == "auto") {
+    if (gpus > 0) device = c10::Device(c10::kCUDA, 0);
+  } else if (args.device.rfind("cuda", 0) == 0) {
+    device = c10::Device(c10::kCUDA, 0);  // whether there are enough GPUs: check_tensor_parallel_size
+  } else if (args.device != "cpu") {
+    parse_device(args.device);  // names what is wrong with it
+  }
+  check_tensor_parallel_size(tp, models::read_config((std::filesystem::path(model_dir) / "config.json").string()),
+                             args.device, device, gpus);
+  serve_config(args, device, model_dir);
+  if (args.port != 0 && launcher::port_in_use(args.port)) {
+    // Rank 0 would find out only after every rank loaded the model.
+    throw ConfigError(fmt::format("cannot listen on port {}: it is in use on this machine; pick another --port "
+                                  "(0 = any free port)",
+                                  args.port));
+  }
+  const std::string backend = device.is_cuda() ? "nccl" : "mpi";
+  std::fprintf(stderr, "colossus serve: tensor_parallel_size %d: starting %d ranks (%s, %s); rank 0 serves HTTP\n", tp,
+               tp, backend.c_str(), device.is_cuda() ? "one GPU each" : "cpu");
+  // --exit_timeout 30: the other ranks follow rank 0's stop within a step.
+  return launcher::run_job(
+      {.nproc_per_node = tp, .backend = backend, .exit_timeout_s = 30, .command = own_command_line()});
+}
+
+int serve(const ServeArgs& args, const sigset_t& stop_signals, const c10::Device& device,
+          const cluster::ProcessGroupPtr& tp_group);
+
+int run_serve(const ServeArgs& args) {
+  const int tp = args.tensor_parallel_size;
+  if (tp < 1) check_tensor_parallel_size(tp, models::ModelConfig{}, args.device, c10::kCPU, 0);
+  // Where this process sits: alone, or one rank of a job that a launcher
+  // (`colossus run`, mpirun, the launch_ranks above) started.
+  const cluster::LaunchInfo job = cluster::read_launch_info(process_env());
+  if (job.world_size == 1 && tp > 1) return launch_ranks(args);
+  if (job.world_size != tp) {
+    throw ConfigError(fmt::format(
+        "this process is rank {} of a {}-rank job, but --tensor_parallel_size is {}; serve one model over the job's "
+        "ranks with --tensor_parallel_size {}, or {}",
+        job.rank, job.world_size, tp, job.world_size,
+        tp == 1 ? std::string("run `colossus serve` outside a job")
+                : fmt::format("start `colossus serve --tensor_parallel_size {}` outside a job (it starts its {} ranks "
+                              "itself)",
+                              tp, tp)));
+  }
+
+  // SIGINT/SIGTERM go to one waiting thread, blocked from here on so that
+  // every thread started later (loading starts torch's and CUDA's, the
+  // process group its own, the server its pool) inherits the mask and a
+  // signal during a long load is not fatal; a client gone away must not kill
+  // us by SIGPIPE. Under tensor parallelism only rank 0 ever takes them: it
+  // drains its requests, then tells the other ranks to stop.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  if (tp == 1) return serve(args, stop_signals, resolve_device(args.device), nullptr);
+
+  // One rank of a tensor-parallel job. An error ends this process at once,
+  // without the exit-time teardown of the process group: that teardown
+  // (MPI_Finalize, NCCL's) waits for ranks that may be blocked in a
+  // collective with this one, and the job would hang instead of the launcher
+  // seeing this rank fail and stopping the others.
+  try {
+    const std::string model_dir = inference::resolve_model_dir(args.path);
+    check_tensor_parallel_size(tp, models::read_config((std::filesystem::path(model_dir) / "config.json").string()),
+                               args.device, c10::kCPU, 0);
+    // NCCL ranks take cuda:LOCAL_RANK, MPI ranks the CPU.
+    const std::string backend = args.device == "cpu" ? "mpi" : args.device == "cuda" ? "nccl" : "auto";
+    const cluster::Cluster& cluster = cluster::launch_from_env({.backend = backend});
+    return serve(args, stop_signals, cluster.device, cluster.world);
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::fprintf(stderr, "colossus: error: %s\n", c10_error ? c10_error->what_without_backtrace() : e.what());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+}
+
+// Loads the model and serves it (alone, tp_group null), or is one rank of
+// its tensor-parallel group: rank 0 serves, the others follow its steps.
+int serve(const ServeArgs& args, const sigset_t& stop_signals, const c10::Device& device,
+          const cluster::ProcessGroupPtr& tp_group) {
+  const int tp = args.tensor_parallel_size;
+  const int rank = tp_group ? tp_group->rank() : 0;
+  const std::string model_dir = inference::resolve_model_dir(args.path);
+  inference::InferenceConfig config = serve_config(args, device, model_dir);
   std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
   auto chat = inference::serving::ChatPrompt::from_model_dir(model_dir);
 
   const auto load_start = std::chrono::steady_clock::now();
   std::shared_ptr<models::CausalLM> model =
-      load_inference_model(model_dir, args.lora, {.dtype = config.model_dtype(), .device = device});
+      load_inference_model(model_dir, args.lora, {.dtype = config.model_dtype(), .device = device}, rank == 0);
   const int64_t context = context_length(*model);
   if (config.max_input_len >= context && args.max_input_len_option != nullptr &&
       args.max_input_len_option->count() == 0) {
@@ -126,13 +258,21 @@ int run_serve(const ServeArgs& args) {
   }
   std::unique_ptr<inference::InferenceEngine> engine;
   try {
-    engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config);
+    engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config, tp_group);
   } catch (const ConfigError& e) {
     // auto: a model the graph kernels do not cover (head size, dtype) is served eagerly.
     if (args.use_cuda_graph != "auto" || !config.use_cuda_graph) throw;
     std::fprintf(stderr, "CUDA graphs off: %s\n", e.what());
     config.use_cuda_graph = false;
-    engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config);
+    engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config, tp_group);
+  }
+  if (rank != 0) {
+    // This rank's engine does what rank 0's does, step by step, until rank 0 stops.
+    std::fprintf(stderr, "rank %d of %d: loaded; following rank 0's steps\n", rank, tp);
+    inference::serving::StepBroadcast steps(tp_group);
+    inference::serving::follow_steps(*engine, steps);
+    std::fprintf(stderr, "rank %d of %d: stopped\n", rank, tp);
+    return 0;
   }
   const auto stats = engine->stats();
   std::string name = args.served_model_name;
@@ -144,17 +284,20 @@ int run_serve(const ServeArgs& args) {
                       ? fmt::format(" (gpu_memory_utilization {})", *config.gpu_memory_utilization)
                       : fmt::format(" (kv_cache_memory_fraction {} of free memory)", config.kv_cache_memory_fraction);
   }
-  std::fprintf(stderr, "loaded %s (%s, %s, %s%s) in %.1f s; KV cache %lld blocks of %lld tokens%s; chat: %s\n",
+  const std::string tp_text = tp > 1 ? fmt::format(", tensor_parallel_size {} over {}", tp, tp_group->backend_name()) : "";
+  std::fprintf(stderr, "loaded %s (%s, %s, %s%s%s) in %.1f s; KV cache %lld blocks of %lld tokens%s%s; chat: %s\n",
                model_dir.c_str(), models::model_type(model->config()).c_str(), config.dtype.c_str(),
-               device.str().c_str(), config.use_cuda_graph ? ", CUDA graphs" : "",
+               device.str().c_str(), config.use_cuda_graph ? ", CUDA graphs" : "", tp_text.c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count(),
-               static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size), pool_sizing.c_str(),
+               static_cast<long long>(stats.blocks_total), static_cast<long long>(stats.block_size),
+               tp > 1 ? " on each rank" : "", pool_sizing.c_str(),
                chat.has_template() ? "the model's template" : "no template (plain role: content lines)");
 
   // Asked to stop while loading: nothing was served, nothing to drain.
   const timespec no_wait{0, 0};
   if (const int sig = sigtimedwait(&stop_signals, nullptr, &no_wait); sig == SIGINT || sig == SIGTERM) {
     std::fprintf(stderr, "%s during loading: stopped\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (tp_group) inference::serving::StepBroadcast(tp_group).send({.stop = true});
     return 0;
   }
 
@@ -168,11 +311,15 @@ int run_serve(const ServeArgs& args) {
                                      .request_timeout_s = args.request_timeout,
                                      .log_requests = !args.quiet,
                                      .api_key = args.api_key,
-                                     .allowed_origins = args.allowed_origins});
+                                     .allowed_origins = args.allowed_origins},
+                                    tp_group);
   const int port = server.bind();
-  std::fprintf(stderr, "serving '%s' on http://%s:%d (max_batch_size %lld, max_input_len %lld, max_output_len %lld)\n",
-               name.c_str(), args.host.c_str(), port, static_cast<long long>(config.max_batch_size),
-               static_cast<long long>(config.max_input_len), static_cast<long long>(config.max_output_len));
+  std::fprintf(stderr,
+               "serving '%s' on http://%s:%d (%smax_batch_size %lld, max_input_len %lld, max_output_len %lld)\n",
+               name.c_str(), args.host.c_str(), port,
+               tp > 1 ? fmt::format("tensor_parallel_size {}, ", tp).c_str() : "",
+               static_cast<long long>(config.max_batch_size), static_cast<long long>(config.max_input_len),
+               static_cast<long long>(config.max_output_len));
 
   std::atomic<bool> listening_done{false};
   std::thread signals([&] {
@@ -192,6 +339,9 @@ int run_serve(const ServeArgs& args) {
   server.listen();
   listening_done = true;
   signals.join();
+  if (auto failure = server.failure()) {
+    throw DistError(fmt::format("stopped serving: {} (the tensor-parallel ranks no longer agree)", *failure));
+  }
   std::fprintf(stderr, "stopped\n");
   return 0;
 }
@@ -217,6 +367,10 @@ Command add_serve_command(CLI::App& app) {
   sub->add_option("--tokenizer", args->tokenizer,
                   "Tokenizer directory or file (default: the model directory); 'byte' = the built-in byte tokenizer");
   sub->add_option("--device", args->device, "auto (a GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+      ->capture_default_str();
+  sub->add_option("--tensor_parallel_size,--tensor-parallel-size", args->tensor_parallel_size,
+                  "Split the model over this many ranks (also -tp N), one GPU each (CPU ranks under MPI with --device "
+                  "cpu or no GPU); this command starts them, rank 0 serves HTTP. Must divide the attention heads")
       ->capture_default_str();
   sub->add_option("--threads", args->threads,
                   "HTTP worker threads, one per open connection (at most 4096); 0 = max(16, 2 x max_batch_size)")

@@ -59,8 +59,14 @@ void Channel::fail(std::string message) {
   ready_.notify_all();
 }
 
-EngineLoop::EngineLoop(std::unique_ptr<InferenceEngine> engine)
-    : engine_(std::move(engine)), tokenizer_(engine_->tokenizer()), config_(engine_->config()) {
+EngineLoop::EngineLoop(std::unique_ptr<InferenceEngine> engine, std::unique_ptr<StepBroadcast> tp_steps,
+                       std::function<void()> on_failure)
+    : engine_(std::move(engine)),
+      tokenizer_(engine_->tokenizer()),
+      config_(engine_->config()),
+      tp_steps_(std::move(tp_steps)),
+      on_failure_(std::move(on_failure)) {
+  TORCH_CHECK(!tp_steps_ || tp_steps_->group()->rank() == 0, "EngineLoop: only tp rank 0 runs the loop");
   stats_.engine = engine_->stats();
   thread_ = std::thread([this] { run(); });
 }
@@ -79,8 +85,8 @@ std::shared_ptr<Channel> EngineLoop::submit(std::vector<std::vector<int64_t>> pr
   auto channel = std::make_shared<Channel>();
   {
     std::lock_guard lock(mutex_);
-    if (stop_) {
-      channel->fail(kShuttingDown);
+    if (stop_ || failure_) {
+      channel->fail(failure_.value_or(kShuttingDown));
       return channel;
     }
     incoming_.push_back({channel, std::move(prompts), std::move(options)});
@@ -112,22 +118,22 @@ LoopStats EngineLoop::stats() const {
   return stats_;
 }
 
-void EngineLoop::admit(Submission& submission) {
-  std::vector<int64_t> ids;
-  try {
-    for (size_t i = 0; i < submission.prompts.size(); ++i) {
-      ids.push_back(engine_->add_request(std::move(submission.prompts[i]), submission.options[i]));
-    }
-  } catch (const std::exception& e) {
-    // All or nothing: a submission the engine refuses leaves nothing behind.
-    for (int64_t id : ids) engine_->abort_request(id);
-    std::string message = e.what();
-    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) message = c10_error->what_without_backtrace();
-    submission.channel->fail(std::move(message));
+std::optional<std::string> EngineLoop::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+void EngineLoop::admit(Submission& submission, StepCommands& commands) {
+  if (tp_steps_) commands.submissions.push_back({.prompts = submission.prompts, .options = submission.options});
+  Admission admission = admit_submission(*engine_, std::move(submission.prompts), submission.options);
+  if (tp_steps_) commands.submissions.back().ids = admission.ids;
+  if (!admission.refusal.empty()) {
+    submission.channel->fail(std::move(admission.refusal));
     std::lock_guard lock(mutex_);
     ++stats_.rejected;
     return;
   }
+  const std::vector<int64_t>& ids = admission.ids;
   auto remaining = std::make_shared<int64_t>(static_cast<int64_t>(ids.size()));
   for (size_t i = 0; i < ids.size(); ++i) {
     live_[ids[i]] = {.channel = submission.channel,
@@ -136,6 +142,19 @@ void EngineLoop::admit(Submission& submission) {
                      .submitted = submission.submitted};
   }
   submission.channel->admit();
+}
+
+void EngineLoop::abort_live(const std::shared_ptr<Channel>* channel, StepCommands& commands) {
+  for (const auto& [id, live] : live_) {
+    if (channel != nullptr && live.channel != *channel) continue;
+    engine_->abort_request(id);
+    commands.aborts.push_back(id);
+  }
+}
+
+void EngineLoop::fail_all(const std::string& message) {
+  for (const auto& [id, live] : live_) live.channel->fail(message);
+  live_.clear();
 }
 
 void LatencyHistogram::observe(double seconds) {
@@ -214,6 +233,44 @@ void EngineLoop::refresh_stats() {
   stats_.generation_tokens_per_second = generation_rate;
 }
 
+bool EngineLoop::step() {
+  try {
+    dispatch(engine_->step());
+    return true;
+  } catch (const std::exception& e) {
+    std::string message = std::string("the engine failed: ") + e.what();
+    if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+      message = std::string("the engine failed: ") + c10_error->what_without_backtrace();
+    }
+    if (tp_steps_) {
+      // The other ranks stepped, or wait inside this step's collectives:
+      // their engines no longer agree with this one, so none may step again.
+      end_on_failure(message);
+      return false;
+    }
+    // A failed step (out of memory, a kernel error) ends everything in flight, not the server.
+    for (const auto& [id, live] : live_) engine_->abort_request(id);
+    fail_all(message);
+    try {
+      engine_->step();  // collects the aborts
+    } catch (const std::exception&) {
+    }
+    return true;
+  }
+}
+
+void EngineLoop::end_on_failure(const std::string& message) {
+  fail_all(message);
+  std::deque<Submission> queued;
+  {
+    std::lock_guard lock(mutex_);
+    failure_ = message;
+    queued.swap(incoming_);
+  }
+  for (Submission& submission : queued) submission.channel->fail(message);
+  if (on_failure_) on_failure_();
+}
+
 void EngineLoop::run() {
   for (;;) {
     std::deque<Submission> incoming;
@@ -221,46 +278,35 @@ void EngineLoop::run() {
     bool stopping = false;
     {
       std::unique_lock lock(mutex_);
-      // Idle: sleep until there is work; the 1 s tick lets the token rates decay to 0.
+      // Idle: sleep until there is work; the 1 s tick lets the token rates
+      // decay to 0 (and, under tensor parallelism, is the other ranks' heartbeat).
       wake_.wait_for(lock, std::chrono::seconds(1),
                      [&] { return stop_ || !incoming_.empty() || !aborts_.empty() || engine_->has_unfinished(); });
       incoming.swap(incoming_);
       aborts.swap(aborts_);
       stopping = stop_;
     }
+    StepCommands commands;
     for (Submission& submission : incoming) {
       if (stopping) submission.channel->fail(kShuttingDown);
-      else admit(submission);
+      else admit(submission, commands);
     }
-    for (const auto& channel : aborts) {
-      for (const auto& [id, live] : live_) {
-        if (live.channel == channel) engine_->abort_request(id);
-      }
-    }
-    if (stopping) {
-      for (const auto& [id, live] : live_) engine_->abort_request(id);
-    }
-    if (engine_->has_unfinished() || !aborts.empty() || stopping) {
+    for (const auto& channel : aborts) abort_live(&channel, commands);
+    if (stopping) abort_live(nullptr, commands);
+    commands.step = engine_->has_unfinished() || !aborts.empty() || stopping;
+    commands.stop = stopping;
+    if (tp_steps_) {
       try {
-        dispatch(engine_->step());
+        tp_steps_->send(commands);
       } catch (const std::exception& e) {
-        // A failed step (out of memory, a kernel error) ends everything in flight, not the server.
-        std::string message = std::string("the engine failed: ") + e.what();
-        for (const auto& [id, live] : live_) {
-          engine_->abort_request(id);
-          live.channel->fail(message);
-        }
-        live_.clear();
-        try {
-          engine_->step();  // collects the aborts
-        } catch (const std::exception&) {
-        }
+        end_on_failure(std::string("the tensor-parallel ranks could not be told the step: ") + e.what());
+        return;
       }
     }
+    if (commands.step && !step()) return;
     refresh_stats();
     if (stopping) {
-      for (const auto& [id, live] : live_) live.channel->fail(kShuttingDown);
-      live_.clear();
+      fail_all(kShuttingDown);
       return;
     }
   }

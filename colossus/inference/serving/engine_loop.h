@@ -2,13 +2,17 @@
 // thread-safe). HTTP handler threads submit requests and aborts through a
 // queue; the loop adds them, steps the engine while work is left, and hands
 // each output to the submitting request's Channel, on which its handler waits.
+// Under tensor parallelism it is rank 0's loop and tells the other ranks each
+// step's changes before it steps (tensor_parallel_steps.h).
 #pragma once
 #include "colossus/inference/engine/engine.h"
+#include "colossus/inference/serving/tensor_parallel_steps.h"
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,7 +91,13 @@ struct LoopStats {
 
 class EngineLoop {
  public:
-  explicit EngineLoop(std::unique_ptr<InferenceEngine> engine);
+  // With `tp_steps` (rank 0 of the engine's tp group) every iteration first
+  // broadcasts its StepCommands (idle: once a second). A failed step then
+  // ends the loop for good, since the ranks' engines no longer agree:
+  // failure() says why, every request gets that error, and on_failure runs
+  // once on the loop thread (the server stops listening from it).
+  explicit EngineLoop(std::unique_ptr<InferenceEngine> engine, std::unique_ptr<StepBroadcast> tp_steps = nullptr,
+                      std::function<void()> on_failure = {});
   ~EngineLoop();  // stop()s
 
   // Queues prompts (token ids) with shared options; the returned channel gets
@@ -101,6 +111,8 @@ class EngineLoop {
   void stop();
 
   LoopStats stats() const;  // a snapshot taken after the last step
+  // Set when the loop ended on a failed tensor-parallel step.
+  std::optional<std::string> failure() const;
   // The engine's immutable parts, safe to read from any thread.
   const data::Tokenizer* tokenizer() const { return tokenizer_; }
   const InferenceConfig& config() const { return config_; }
@@ -120,19 +132,29 @@ class EngineLoop {
     std::optional<std::chrono::steady_clock::time_point> last_token;  // when its latest tokens came
   };
   void run();
-  void admit(Submission& submission);
+  // One iteration's admissions and aborts, applied to the engine and written
+  // into `commands` (for the other tp ranks).
+  void admit(Submission& submission, StepCommands& commands);
+  void abort_live(const std::shared_ptr<Channel>* channel, StepCommands& commands);  // null: every live request
+  // Steps the engine; false when a tensor-parallel step failed (the loop must end).
+  bool step();
+  void fail_all(const std::string& message);        // every live request's channel
+  void end_on_failure(const std::string& message);  // tensor parallel: failure_ set, everything failed
   void dispatch(std::vector<RequestOutput> outputs);
   void refresh_stats();
 
   std::unique_ptr<InferenceEngine> engine_;
   const data::Tokenizer* tokenizer_;
   InferenceConfig config_;
+  std::unique_ptr<StepBroadcast> tp_steps_;
+  std::function<void()> on_failure_;
 
-  mutable std::mutex mutex_;  // guards the queues, stop_ and stats_
+  mutable std::mutex mutex_;  // guards the queues, stop_, failure_ and stats_
   std::condition_variable wake_;
   std::deque<Submission> incoming_;
   std::vector<std::shared_ptr<Channel>> aborts_;
   bool stop_ = false;
+  std::optional<std::string> failure_;
   LoopStats stats_;
 
   // Loop-thread only.

@@ -97,6 +97,7 @@ struct Server::Impl {
   std::mt19937_64 rng{std::random_device{}()};
   HttpCounts http_counts;
   std::atomic<bool> stop_sent{false};  // Server::stop() took effect
+  int64_t tensor_parallel_size = 1;  // the engine's tp ranks (this is rank 0)
 
   uint64_t random_seed() {
     std::lock_guard lock(mutex);
@@ -486,7 +487,7 @@ struct Server::Impl {
       std::lock_guard lock(mutex);
       counts = http_counts;
     }
-    return render_metrics(stats, counts, options.served_model_name);
+    return render_metrics(stats, counts, options.served_model_name, tensor_parallel_size);
   }
 };
 
@@ -523,7 +524,8 @@ std::chrono::milliseconds request_timeout(double seconds) {
 
 }  // namespace
 
-Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options)
+Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options,
+               cluster::ProcessGroupPtr tp_group)
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.options = std::move(options);
@@ -533,7 +535,19 @@ Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerO
   s.defaults = config.default_sampling();
   const int threads = s.options.threads > 0 ? s.options.threads
                                             : static_cast<int>(std::max<int64_t>(16, 2 * config.max_batch_size));
-  s.loop = std::make_unique<EngineLoop>(std::move(engine));
+  s.tensor_parallel_size = config.tp_size;
+  std::unique_ptr<StepBroadcast> tp_steps;
+  if (config.tp_size > 1) {
+    if (!tp_group || tp_group->size() != config.tp_size || tp_group->rank() != 0) {
+      throw ConfigError(fmt::format("a server over a tensor-parallel engine (tp_size {}) runs on rank 0 of its group; "
+                                    "it was given {}",
+                                    config.tp_size,
+                                    tp_group ? fmt::format("rank {} of a group of {}", tp_group->rank(), tp_group->size())
+                                             : std::string("no process group")));
+    }
+    tp_steps = std::make_unique<StepBroadcast>(std::move(tp_group));
+  }
+  s.loop = std::make_unique<EngineLoop>(std::move(engine), std::move(tp_steps), [this] { stop(); });
 
   const ConnectionLimits limits{.threads = threads,
                                 .max_connections = connection_limit(s.options.max_connections, threads),
@@ -561,7 +575,9 @@ Server::Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerO
   // vLLM's /tokenize and /detokenize: {"prompt"} or {"messages"} -> token ids; ids -> text.
   s.route("POST", "/tokenize", [&s](const auto& req, auto& res) { s.tokenize(req, res); });
   s.route("POST", "/detokenize", [&s](const auto& req, auto& res) { s.detokenize(req, res); });
-  s.route("GET", "/health", [](const auto&, auto& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
+  s.route("GET", "/health", [&s](const auto&, auto& res) {
+    res.set_content(dump_json({{"status", "ok"}, {"tensor_parallel_size", s.tensor_parallel_size}}), "application/json");
+  });
   s.route("GET", "/metrics", [&s](const auto&, auto& res) { res.set_content(s.metrics(), "text/plain; version=0.0.4"); });
   // Unrouted paths and methods get an OpenAI-style body too (ours already carry one).
   s.http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
@@ -620,6 +636,8 @@ void Server::listen() {
   impl_->http.listen_after_bind();
   impl_->loop->stop();
 }
+
+std::optional<std::string> Server::failure() const { return impl_->loop->failure(); }
 
 void Server::stop() {
   // httplib's stop() may run once per listen: is_running() stays true while

@@ -2,12 +2,15 @@
 // /v1/chat/completions (JSON or server-sent events), /v1/models, /health and
 // /metrics (Prometheus text) over one InferenceEngine driven by an EngineLoop.
 // Handler threads parse and tokenize; the loop thread alone touches the engine.
+// Under tensor parallelism this is rank 0; the other ranks run follow_steps().
 #pragma once
+#include "colossus/cluster/process_group.h"
 #include "colossus/inference/engine/engine.h"
 #include "colossus/inference/serving/chat_prompt.h"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,7 +38,12 @@ struct ServerOptions {
 
 class Server {
  public:
-  Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options);
+  // With engine->config().tp_size > 1, tp_group is the engine's group and
+  // this process its rank 0: the engine loop broadcasts each step's changes
+  // to the other ranks (tensor_parallel_steps.h), which must be in
+  // follow_steps() for as long as this server lives.
+  Server(std::unique_ptr<InferenceEngine> engine, ChatPrompt chat, ServerOptions options,
+         cluster::ProcessGroupPtr tp_group = nullptr);
   ~Server();
 
   // Binds the socket; throws ConfigError when it cannot. Returns the port.
@@ -46,6 +54,9 @@ class Server {
   // Any thread (not a signal handler): stops accepting and unblocks listen().
   void stop();
   int port() const { return port_; }
+  // Set when a tensor-parallel step failed, which stops the server (listen()
+  // returns): the ranks' engines no longer agree, so the job must end.
+  std::optional<std::string> failure() const;
 
  private:
   struct Impl;

@@ -49,7 +49,8 @@ void vllm_histogram(std::string& out, const char* name, const char* help, const 
 
 }  // namespace
 
-std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const std::string& model_name) {
+std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const std::string& model_name,
+                           int64_t tensor_parallel_size) {
   const EngineStats& e = stats.engine;
   std::string out;
   auto d = [](int64_t v) { return static_cast<double>(v); };
@@ -76,6 +77,8 @@ std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const
          d(e.prefix_cache_hits));
   metric(out, "colossus:requests_rejected_total", "counter", "Submissions the engine refused.", model_name,
          d(stats.rejected));
+  metric(out, "colossus:tensor_parallel_size", "gauge", "Ranks (processes, GPUs) the model is split over.",
+         model_name, d(tensor_parallel_size));
 
   vllm_metric(out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", model_name,
               d(e.running));

@@ -12,6 +12,8 @@ namespace colossus::inference::serving {
 
 using HttpCounts = std::map<std::pair<std::string, int>, int64_t>;  // (endpoint, status) -> responses
 
-std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const std::string& model_name);
+// tensor_parallel_size: the ranks the engine is split over (1: one process).
+std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const std::string& model_name,
+                           int64_t tensor_parallel_size = 1);
 
 }  // namespace colossus::inference::serving
