@@ -29,8 +29,13 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool with_bias, const 
 }
 
 Linear::Linear(at::Tensor weight_, at::Tensor bias_) : Layer("Linear") {
-  weight = register_parameter("weight", std::move(weight_), weight_.requires_grad());
-  if (bias_.defined()) bias = register_parameter("bias", std::move(bias_), bias_.requires_grad());
+  // requires_grad read before the move: argument order is unspecified.
+  const bool weight_grad = weight_.requires_grad();
+  weight = register_parameter("weight", std::move(weight_), weight_grad);
+  if (bias_.defined()) {
+    const bool bias_grad = bias_.requires_grad();
+    bias = register_parameter("bias", std::move(bias_), bias_grad);
+  }
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) {
@@ -45,8 +50,9 @@ Conv1D::Conv1D(int64_t in_features, int64_t out_features, const at::TensorOption
 }
 
 Conv1D::Conv1D(at::Tensor weight_, at::Tensor bias_) : Layer("Conv1D") {
-  weight = register_parameter("weight", std::move(weight_), weight_.requires_grad());
-  bias = register_parameter("bias", std::move(bias_), bias_.requires_grad());
+  const bool weight_grad = weight_.requires_grad(), bias_grad = bias_.requires_grad();
+  weight = register_parameter("weight", std::move(weight_), weight_grad);
+  bias = register_parameter("bias", std::move(bias_), bias_grad);
 }
 
 // The transposed view costs nothing; at::linear picks the same GEMM as x @ W.
