@@ -66,6 +66,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -404,7 +405,8 @@ int main(int argc, char** argv) try {
     return colossus::bench::prefill_flops(block_params, head_params, cfg.layers, cfg.hidden, tokens) / (cfg.peak_tflops * 1e12);
   };
   for (const int64_t t : prefill_lens) {
-    prefills.push_back(colossus::bench::run_prefill(model, base, t, cfg.vocab, cfg.seed + 20 + static_cast<uint64_t>(t)));
+    prefills.push_back(colossus::bench::run_prefill(model, base, t, cfg.vocab, cfg.seed + 20 + static_cast<uint64_t>(t),
+                                                    /*runs=*/3, /*profile=*/device.is_cuda() && cfg.profile_steps > 0));
     const auto& r = prefills.back();
     fmt::print("colossus prefill, {} tokens: time to first token {:.2f} ms = {:.0f} tokens/s (FLOP floor {:.2f} ms at {} "
                "TFLOP/s: {:.2f} of it)\n",
@@ -682,6 +684,30 @@ int main(int argc, char** argv) try {
                                 floor_s * 1e3, floor_s * 1e3 / p.ttft_ms));
   }
 
+  // Where a prefill's device time goes: by kernel category, the matmuls'
+  // rate against the peak, then the largest prompt's top kernels.
+  if (!prefills.empty() && !prefills.back().kernels.empty()) {
+    lines.insert(lines.end(), {"", "Kernels of one prefill (Kineto; categories from kernel names):", "",
+                               "| prompt tokens | kernels ms | matmul ms (TFLOP/s) | attention ms | other ms | wall ms |",
+                               "|---|---|---|---|---|---|"});
+    for (const auto& p : prefills) {
+      const auto cat = ::bench::by_category(p.kernels);
+      const auto get = [&](const char* c) { return cat.count(c) ? cat.at(c) : 0.0; };
+      const double matmul = get("matmul"), attention = get("attention");
+      const double matmul_tflops = matmul > 0 ? 2.0 * block_params * static_cast<double>(p.tokens) / (matmul * 1e-3) / 1e12 : 0;
+      lines.push_back(fmt::format("| {} | {:.2f} | {:.2f} ({:.0f}) | {:.2f} | {:.2f} | {:.2f} |", p.tokens, p.kernel_ms, matmul,
+                                  matmul_tflops, attention, p.kernel_ms - matmul - attention, p.ttft_ms));
+    }
+    const auto& big = prefills.back();
+    lines.insert(lines.end(), {"", fmt::format("The {}-token prefill's largest kernels:", big.tokens), "",
+                               "| kernel | calls | device ms | share |", "|---|---|---|---|"});
+    for (size_t i = 0; i < std::min<size_t>(12, big.kernels.size()); ++i) {
+      const auto& k = big.kernels[i];
+      lines.push_back(fmt::format("| {} | {:.0f} | {:.3f} | {:.1f}% |", kernel_cell(k.name), k.calls, k.device_ms,
+                                  100.0 * k.device_ms / big.kernel_ms));
+    }
+  }
+
   // The mix: vLLM benchmark's figures, no peer.
   const std::string mix_workload = fmt::format(
       "ShareGPT-shaped mix: {} requests added at t=0; prompt = one of {} shared {}-token system prompts (seeded) + "
@@ -792,6 +818,36 @@ int main(int argc, char** argv) try {
       cfg.max_num_batched_tokens, cfg.peak_tflops,
       peer_result.is_object() ? peer_result.value("transformers", std::string("-")) : "-",
       peer_result.is_object() ? peer_result.value("torch", std::string("-")) : "-");
+
+  // Every row beside its latest earlier value in bench/results.jsonl (same
+  // workload, implementation and metric), on this GPU model when one exists.
+  {
+    const std::string gpu = machine.substr(0, machine.find(" ("));
+    std::map<std::string, json> same_gpu, any_gpu;
+    std::ifstream history(repo / "bench/results.jsonl");
+    for (std::string line; std::getline(history, line);) {
+      const json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!r.is_object() || r.value("bench", "") != "inference" || !r.contains("workload")) continue;
+      const std::string key = r.value("workload", "") + "|" + r.value("impl", "") + "|" + r.value("metric", "");
+      any_gpu[key] = r;
+      if (r.value("machine", "").rfind(gpu, 0) == 0) same_gpu[key] = r;
+    }
+    lines.insert(lines.end(), {"", "Against the latest earlier run (bench/results.jsonl; the same GPU model where there is one):",
+                               "", "| workload | colossus | metric | now | previous | ratio | previous run |", "|---|---|---|---|---|---|---|"});
+    for (const Row& r : rows) {
+      const std::string key = r.workload + "|" + r.impl + "|" + r.metric;
+      const json* prev = same_gpu.count(key) ? &same_gpu.at(key) : any_gpu.count(key) ? &any_gpu.at(key) : nullptr;
+      if (prev == nullptr) {
+        lines.push_back(fmt::format("| {} | {} | {} | {:.2f} | - | - | none |", r.workload, r.impl, r.metric, r.value));
+        continue;
+      }
+      const double before = prev->value("value", 0.0);
+      lines.push_back(fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {}, {}, {} |", r.workload, r.impl, r.metric,
+                                  r.value, before, before != 0 ? r.value / before : 0.0, prev->value("date", ""),
+                                  prev->value("machine", "").substr(0, prev->value("machine", "").find(" (")),
+                                  prev->value("commit", "")));
+    }
+  }
 
   fmt::print("\n{}\n\n", config);
   for (const auto& l : lines) fmt::print("{}\n", l);

@@ -127,6 +127,10 @@ struct Prefill {
   int runs = 0;
   double ttft_ms = 0;  // median over the runs: add_request to the step that drew the token
   double tokens_per_s = 0;
+  // CUDA with profiling asked: the kernels of one prefill (Kineto, `runs`
+  // more runs), largest first, and their summed device time.
+  std::vector<::bench::KernelStat> kernels;
+  double kernel_ms = 0;
 };
 
 // One request of `tokens` random prompt tokens and max_new_tokens 1, the
@@ -134,7 +138,7 @@ struct Prefill {
 // caching off, so every run computes all of it. A warm-up run, then the
 // median of `runs`.
 inline Prefill run_prefill(const std::shared_ptr<models::CausalLM>& model, const EngineBase& base, int64_t tokens,
-                           int64_t vocab, uint64_t seed, int runs = 3) {
+                           int64_t vocab, uint64_t seed, int runs = 3, bool profile = false) {
   inference::InferenceConfig ic{.max_batch_size = 1, .max_input_len = tokens, .max_output_len = 1,
                                 .max_num_batched_tokens = tokens, .dtype = "bf16", .block_size = base.block_size,
                                 .num_blocks = blocks_for(tokens + 1, base.block_size) + 4, .enable_prefix_caching = false};
@@ -158,7 +162,12 @@ inline Prefill run_prefill(const std::shared_ptr<models::CausalLM>& model, const
   for (int i = 0; i < runs; ++i) times.push_back(once());
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
-  return {.tokens = tokens, .runs = runs, .ttft_ms = median * 1e3, .tokens_per_s = static_cast<double>(tokens) / median};
+  Prefill r{.tokens = tokens, .runs = runs, .ttft_ms = median * 1e3, .tokens_per_s = static_cast<double>(tokens) / median};
+  if (profile) {
+    r.kernels = ::bench::profile_kernels([&] { once(); }, runs);
+    for (const auto& k : r.kernels) r.kernel_ms += k.device_ms;
+  }
+  return r;
 }
 
 // FLOPs a prefill of `tokens` tokens must do: 2 per block weight per token,

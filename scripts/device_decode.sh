@@ -17,7 +17,8 @@ out=${OUT:-/tmp/colossus-out}
 mkdir -p "$out"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-left() { echo $(( 585 - ($(date +%s) - t0) )); }
+# Seconds left of the call's 600; DECODE_BUDGET_S when other work shares the call.
+left() { echo $(( ${DECODE_BUDGET_S:-585} - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv 2>&1 | tee "$out/nvidia-smi.csv"
 python3 -c "import openai, numpy; print('client packages: openai', openai.__version__)" 2>&1 | tail -1
