@@ -823,6 +823,12 @@ int main(int argc, char** argv) try {
   // workload, implementation and metric), on this GPU model when one exists.
   {
     const std::string gpu = machine.substr(0, machine.find(" ("));
+    // The tables above name each workload in full; here the head of it.
+    const auto short_workload = [](const std::string& w) { return w.substr(0, std::min(w.find(" ("), w.find(": "))); };
+    const auto short_impl = [](const std::string& impl) {
+      const std::string prefix = "colossus InferenceEngine, ";
+      return impl.rfind(prefix, 0) == 0 ? impl.substr(prefix.size()) : impl;
+    };
     std::map<std::string, json> same_gpu, any_gpu;
     std::ifstream history(repo / "bench/results.jsonl");
     for (std::string line; std::getline(history, line);) {
@@ -838,11 +844,13 @@ int main(int argc, char** argv) try {
       const std::string key = r.workload + "|" + r.impl + "|" + r.metric;
       const json* prev = same_gpu.count(key) ? &same_gpu.at(key) : any_gpu.count(key) ? &any_gpu.at(key) : nullptr;
       if (prev == nullptr) {
-        lines.push_back(fmt::format("| {} | {} | {} | {:.2f} | - | - | none |", r.workload, r.impl, r.metric, r.value));
+        lines.push_back(fmt::format("| {} | {} | {} | {:.2f} | - | - | none |", short_workload(r.workload),
+                                    short_impl(r.impl), r.metric, r.value));
         continue;
       }
       const double before = prev->value("value", 0.0);
-      lines.push_back(fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {}, {}, {} |", r.workload, r.impl, r.metric,
+      lines.push_back(fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {}, {}, {} |", short_workload(r.workload),
+                                  short_impl(r.impl), r.metric,
                                   r.value, before, before != 0 ? r.value / before : 0.0, prev->value("date", ""),
                                   prev->value("machine", "").substr(0, prev->value("machine", "").find(" (")),
                                   prev->value("commit", "")));
