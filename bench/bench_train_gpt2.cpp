@@ -29,7 +29,11 @@
 //          [--batches 8] [--seed 0] [--device cuda|cpu]
 //          [--peers eager-amp,eager-bf16,compile-amp | --no-python]
 //          [--python PATH] [--peer-timeout 300] [--workdir DIR] [--json PATH]
-//          [--profile-steps 3] [--cuda-graph both|on|off]
+//          [--profile-steps 3] [--cuda-graph both|on|off] [--fp8 tensorwise|rowwise]
+// --fp8 (issue 28): one more Colossus run with FP8 linear layers in the middle
+// blocks (models::enable_fp8, e5m2 gradients; first/last block in bf16), the
+// same init and batches: its tok/s beside our bf16 step and its first losses
+// against bf16's.
 // --profile-steps N (CUDA): N more steps under the Kineto profiler, ours and
 // each peer's; prints device time per kernel category and the top kernels.
 // --cuda-graph (CUDA; default both): our step captured in a CUDA graph after 3
@@ -39,6 +43,7 @@
 #include "colossus/amp/graphed_train_step.h"
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
+#include "colossus/models/fp8_linear.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/hybrid_adam.h"
 #include "kernel_profile.h"
@@ -88,6 +93,7 @@ struct Config {
   std::string json_path;
   std::string command = "bench_train_gpt2";
   std::string cuda_graph = "both";
+  std::string fp8;  // "", "tensorwise" or "rowwise"
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -127,6 +133,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--workdir") c.workdir = next();
     else if (a == "--json") c.json_path = next();
     else if (a == "--cuda-graph") c.cuda_graph = next();
+    else if (a == "--fp8") c.fp8 = next();
     else throw std::runtime_error("unknown flag " + a + " (see the usage at the top of bench_train_gpt2.cpp)");
   }
   if (c.steps < 1 || c.warmup < 1 || c.batch < 1 || c.seq < 2 || c.batches < 1 || c.phase_steps < 0) {
@@ -134,6 +141,9 @@ Config parse(int argc, char** argv) {
   }
   if (c.cuda_graph != "both" && c.cuda_graph != "on" && c.cuda_graph != "off") {
     throw std::runtime_error("--cuda-graph is '" + c.cuda_graph + "'; use both, on or off");
+  }
+  if (!c.fp8.empty() && c.fp8 != "tensorwise" && c.fp8 != "rowwise") {
+    throw std::runtime_error("--fp8 is '" + c.fp8 + "'; use tensorwise or rowwise");
   }
   if (c.device != "cuda") {
     c.profile_steps = 0;
@@ -193,11 +203,16 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // Trains `cfg.warmup + cfg.steps` timed-at-the-ends steps, then (eager step
 // only) `phase_steps` steps with a mark between forward, backward and optimizer.
 Result train_colossus(const Config& cfg, const models::ModelConfig& model_config, const c10::Device& device,
-                      const at::Tensor& data, const fs::path& init_dir, bool graphed) {
+                      const at::Tensor& data, const fs::path& init_dir, bool graphed,
+                      const std::optional<models::Fp8Recipe>& fp8 = std::nullopt) {
   auto model = models::create_model(model_config, {.seed = cfg.seed, .dtype = at::kBFloat16, .device = device});
   model->train();
   // The peers start from exactly these (bf16-valued) weights.
   if (!init_dir.empty()) models::save_pretrained(*model, init_dir.string());
+  if (fp8) {
+    const int64_t swapped = models::enable_fp8(*model, *fp8);
+    fmt::print("fp8: {} linear layers in FP8 ({})\n", swapped, fp8->rowwise ? "rowwise" : "tensorwise");
+  }
   namespace optim = colossus::optim;
   auto inner = std::make_unique<optim::HybridAdam>(
       model->parameters(), optim::HybridAdamOptions{.lr = 6e-4, .betas = {0.9, 0.95}, .eps = 1e-8,
@@ -421,6 +436,23 @@ int main(int argc, char** argv) try {
     }
     ours = train_colossus(cfg, model_config, device, data, init_dir, /*graphed=*/cfg.cuda_graph != "off");
   }
+  // FP8 linear layers, same init and batches, the same kind of step as `ours`.
+  std::optional<Result> fp8;
+  if (!cfg.fp8.empty()) {
+    if (device.is_cuda()) at::accelerator::emptyCache();
+    const at::Tensor data = tokens.to(device);
+    fp8 = train_colossus(cfg, model_config, device, data, fs::path(), /*graphed=*/cfg.cuda_graph != "off",
+                         models::Fp8Recipe{.rowwise = cfg.fp8 == "rowwise"});
+    double worst = 0;
+    const size_t steps = std::min({ours.losses.size(), fp8->losses.size(), static_cast<size_t>(cfg.check_steps)});
+    for (size_t i = 0; i < steps; ++i) {
+      worst = std::max(worst, std::abs(fp8->losses[i] - ours.losses[i]) / std::abs(ours.losses[i]));
+    }
+    fmt::print("colossus fp8 ({}): {:.0f} tok/s, {:.1f} ms/step = {:.3f}x the bf16 step; peak {:.2f} GiB; max rel loss "
+               "diff to bf16 over the first {} steps {:.2e}; last loss {:.4f} vs {:.4f}\n",
+               cfg.fp8, fp8->tokens_per_s, fp8->ms_per_step, fp8->tokens_per_s / ours.tokens_per_s,
+               fp8->peak_allocated_gib, steps, worst, fp8->losses.back(), ours.losses.back());
+  }
   // Our cached blocks go back to the driver, so the peers' processes have the card.
   if (device.is_cuda()) at::accelerator::emptyCache();
   fmt::print("colossus{}: {:.0f} tok/s, {:.1f} ms/step, MFU {:.1f}%, peak {:.2f} GiB allocated\n",
@@ -512,6 +544,11 @@ int main(int argc, char** argv) try {
   fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:>15} |\n", workload,
              cfg.cuda_graph != "off" ? "colossus, CUDA-graph step" : "colossus (MixedPrecision+HybridAdam)",
              ours.tokens_per_s, ours.ms_per_step, 100 * mfu(ours.tokens_per_s), ours.peak_allocated_gib, "");
+  if (fp8) {
+    fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:>15} |\n", workload,
+               fmt::format("colossus, fp8 {} (vs bf16 {:.3f}x)", cfg.fp8, fp8->tokens_per_s / ours.tokens_per_s),
+               fp8->tokens_per_s, fp8->ms_per_step, 100 * mfu(fp8->tokens_per_s), fp8->peak_allocated_gib, "");
+  }
   for (const auto& [variant, p] : peers) {
     const double tps = p.at("tokens_per_s").get<double>();
     fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:15.2f} |\n", workload,
@@ -529,6 +566,8 @@ int main(int argc, char** argv) try {
                       {"device", gpu},         {"command", cfg.command}, {"flops_per_token", flops_per_token},
                       {"colossus", result_json(ours, mfu(ours.tokens_per_s))},
                       {"colossus_eager", eager ? result_json(*eager, mfu(eager->tokens_per_s)) : json()},
+                      {"colossus_fp8", fp8 ? result_json(*fp8, mfu(fp8->tokens_per_s)) : json()},
+                      {"fp8_recipe", cfg.fp8},
                       {"cuda_graph", cfg.cuda_graph}, {"peers", peers_json},
                       {"loss_check", check}};
     std::ofstream(cfg.json_path) << all.dump(2) << "\n";
