@@ -6,8 +6,29 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 
 namespace colossus::amp {
+
+at::Tensor vector_norm(const at::Tensor& g, double norm_type) {
+  constexpr int64_t kRow = 4096;
+  const bool blocked = g.device().is_cpu() && g.scalar_type() != at::kDouble && std::isfinite(norm_type) &&
+                       g.numel() >= 2 * kRow;
+  if (!blocked) return at::linalg_vector_norm(g, norm_type);
+  const at::Tensor flat = g.reshape({-1});
+  const int64_t whole = flat.numel() / kRow * kRow;
+  // sum over rows of ||row||_p^p, and the tail's, in fp64.
+  const std::optional<at::ScalarType> in_fp32 =
+      g.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
+  at::Tensor sum = at::linalg_vector_norm(flat.narrow(0, 0, whole).view({-1, kRow}), norm_type, at::IntArrayRef{1},
+                                          /*keepdim=*/false, in_fp32)
+                       .to(at::kDouble)
+                       .pow(norm_type)
+                       .sum();
+  if (whole < flat.numel()) sum = sum + flat.narrow(0, whole, flat.numel() - whole).to(at::kDouble).abs().pow(norm_type).sum();
+  const auto out_type = at::isFloatingType(g.scalar_type()) ? at::kFloat : g.scalar_type();
+  return sum.pow(1.0 / norm_type).to(out_type);
+}
 
 namespace {
 
@@ -28,7 +49,7 @@ at::Tensor total_norm_tensor(const std::vector<at::Tensor>& grads, double norm_t
     const at::Tensor& g = grads[i];
     if (!g.defined()) continue;
     if (!device) device = g.device();
-    at::Tensor n = at::linalg_vector_norm(g, norm_type);
+    at::Tensor n = vector_norm(g, norm_type);
     if (n.scalar_type() != at::kFloat && n.scalar_type() != at::kDouble) n = n.to(at::kFloat);
     norms.push_back(n.to(*device));
     if (!weights.empty()) kept_weights.push_back(weights[i]);

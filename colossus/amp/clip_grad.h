@@ -19,6 +19,15 @@ using NormReducer = std::function<at::Tensor(const at::Tensor& local, double nor
 
 constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
+// ||g||_p as a one-element tensor on g's device (fp32 for 16-bit and fp32
+// input). On the CPU, ATen's single fp32 reduction drifts with the length
+// (1e-5 relative at 1M elements, 7e-5 at 4M), which a GPU's tree reduction
+// does not: an offloaded optimizer's clip factor then differed from the
+// device run's every step and the curves parted (issue 27). So CPU tensors
+// are reduced in rows of 4096 in fp32 and the rows combined in fp64 (1e-9,
+// no slower, no full-size temporary).
+at::Tensor vector_norm(const at::Tensor& g, double norm_type);
+
 // Scales `grads` in place by min(1, max_norm / (total_norm + 1e-6)) and returns
 // total_norm, the p-norm over all of them together (before clipping).
 // norm_type: any p > 0, or kInfNorm. Undefined tensors are skipped; with none

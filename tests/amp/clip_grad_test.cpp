@@ -88,6 +88,29 @@ TEST(ClipGradNorm, ReducerHookGivesTheNormOverAllRanks) {
   }
 }
 
+TEST(ClipGradNorm, CpuNormsAreAccurateAtLength) {
+  // An offloaded optimizer clips by a norm taken on the CPU, the device run
+  // by one taken on the GPU: they must agree far below the fp32 rounding a
+  // training curve amplifies (issue 27). Against the fp64 norm, for lengths
+  // with and without a tail past the 4096-element rows, p = 2 and p = 1.
+  at::manual_seed(3);
+  for (const int64_t n : {int64_t{100}, int64_t{8192}, int64_t{1'000'003}, int64_t{4'000'000}}) {
+    const at::Tensor g = at::randn({n}) * 1e-3;
+    for (const double p : {2.0, 1.0}) {
+      const double exact = at::linalg_vector_norm(g.to(at::kDouble), p).item<double>();
+      const at::Tensor got = vector_norm(g, p);
+      EXPECT_EQ(got.scalar_type(), at::kFloat);
+      EXPECT_NEAR(got.item<double>(), exact, 2e-7 * exact) << "n " << n << " p " << p;
+    }
+    if (n < 8192) continue;  // short 16-bit tensors keep ATen's norm in their dtype, as torch does
+    const at::Tensor bf16 = g.to(at::kBFloat16);
+    const double exact16 = at::linalg_vector_norm(bf16.to(at::kDouble), 2).item<double>();
+    EXPECT_NEAR(vector_norm(bf16, 2).to(at::kDouble).item<double>(), exact16, 1e-6 * exact16) << "bf16 n " << n;
+  }
+  const at::Tensor g = at::randn({50'000});
+  EXPECT_EQ(vector_norm(g, kInfNorm).item<double>(), g.abs().max().item<double>());
+}
+
 TEST(ClipGradNorm, EdgeCases) {
   EXPECT_EQ(clip_grad_norm({at::Tensor()}, 1.0), 0.0);
   EXPECT_THROW(clip_grad_norm({at::ones({2})}, -1.0), ConfigError);

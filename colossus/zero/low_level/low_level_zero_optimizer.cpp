@@ -532,7 +532,7 @@ double LowLevelZeroOptimizer::reduced_grad_norm() const {
   // is the norm over the gradients (sqrt(x * x) == x in binary floating point).
   const double norm_type = options_.norm_type;
   auto term = [norm_type](const at::Tensor& g) {
-    return at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kFloat).reshape({1});
+    return amp::vector_norm(g, norm_type).to(at::kFloat).reshape({1});
   };
   std::vector<at::Tensor> terms;
   std::vector<double> weights;
