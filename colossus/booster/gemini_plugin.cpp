@@ -192,6 +192,11 @@ void GeminiPluginOptions::validate() const {
         "would step fp16 shards with a loss scale; use bf16 "
         "or keep master_weights=true");
   }
+  if (gemini.fp8_communication && gemini.precision == "fp16") {
+    // As low_level_zero: loss-scaled fp16 gradients lose too much through e4m3.
+    throw ConfigError("gemini: fp8_communication with precision 'fp16' is not supported; use precision 'bf16' (or "
+                      "'fp32') with fp8_communication, or fp16 without it");
+  }
   if (!is_fraction(gemini.nvme_offload_fraction)) {
     throw ConfigError(
         fmt::format("gemini: nvme_offload_fraction={} must be in [0, 1], e.g. 0.5", gemini.nvme_offload_fraction));

@@ -59,7 +59,7 @@ class LowLevelZeroCheckpointIO : public PluginCheckpointIO {
                                     options.size_per_shard_mb));
     }
     auto& zero_model = boosted_.of(model, "save_model");
-    zero_model.wait_for_params();
+    zero_model.gather_exact_params();
     const std::string what = fmt::format("save_model('{}')", dir);
     if (options.shard) {
       // Parameters are whole on every rank: each writes its share as it is.
@@ -189,6 +189,15 @@ zero::LowLevelZeroOptions LowLevelZeroPluginOptions::zero_options() const {
 
 void LowLevelZeroModel::wait_for_params() const {
   if (auto optimizer = attached_optimizer()) optimizer->wait_for_params();
+}
+
+void LowLevelZeroModel::gather_exact_params() const {
+  auto optimizer = attached_optimizer();
+  if (auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(optimizer.get()); zero && zero->fp8_gathers_params()) {
+    zero->gather_exact_params();
+    return;
+  }
+  wait_for_params();
 }
 
 at::Tensor LowLevelZeroModel::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {

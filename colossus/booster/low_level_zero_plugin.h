@@ -24,7 +24,7 @@ struct LowLevelZeroPluginOptions {
   double norm_type = 2.0;                 // 2 or infinity
   double reduce_bucket_size_in_m = 12.0;  // million elements per reduce-scatter bucket
   std::string communication_dtype;        // "" (the parameters' dtype), "fp32", "bf16" or "fp16"
-  bool fp8_communication = false;         // gradients reduce-scattered in FP8 e4m3 (per-bucket scales)
+  bool fp8_communication = false;         // gradients reduce-scattered, parameters all-gathered in FP8 e4m3
   bool overlap_communication = true;      // reduce-scatter while backward runs
   bool overlap_allgather = false;         // all-gather updated params while the next forward is prepared
   bool cpu_offload = false;               // fp32 masters, optimizer state and its update on CPU
@@ -50,6 +50,9 @@ class LowLevelZeroModel : public ModelWrapper {
   void set_grad_sync(bool enabled) override;
   // Blocks until the attached optimizer's last update reached the parameters.
   void wait_for_params() const;
+  // The parameters take the masters' values in their own dtype (a model save
+  // under fp8_communication writes the weights, not their e4m3 roundings).
+  void gather_exact_params() const;
 
  private:
   std::shared_ptr<models::CausalLM> model_;

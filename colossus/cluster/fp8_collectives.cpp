@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <atomic>
+
 namespace colossus::cluster {
 
 namespace {
@@ -24,10 +26,12 @@ at::Tensor dequantize(const at::Tensor& bytes, const at::Tensor& scale) {
   return bytes.view(at::kFloat8_e4m3fn).to(at::kFloat) * scale;
 }
 
+std::atomic<int64_t> g_fp8_bytes{0}, g_plain_bytes{0};
 
-}  // namespace
-
-namespace {
+void count_wire_bytes(int64_t chunk_numel, int64_t ranks, int64_t plain_element_bytes) {
+  g_fp8_bytes += fp8_shard_collective_wire_bytes(chunk_numel, ranks);
+  g_plain_bytes += ring_shard_collective_wire_bytes(chunk_numel, ranks, plain_element_bytes);
+}
 
 void check_floating(const at::Tensor& tensor, const char* what) {
   if (!at::isFloatingType(tensor.scalar_type()) || !tensor.is_contiguous()) {
@@ -36,9 +40,10 @@ void check_floating(const at::Tensor& tensor, const char* what) {
   }
 }
 
-}  // namespace
-
-void reduce_scatter_fp8(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+// As reduce_scatter_fp8, its bytes counted against a plain reduce-scatter in
+// plain_element_bytes an element (all_reduce_fp8 runs it on an fp32 copy).
+void reduce_scatter_counted(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                            int64_t plain_element_bytes) {
   check_floating(input, "reduce_scatter_fp8");
   check_floating(output, "reduce_scatter_fp8");
   if (op != ReduceOp::Sum && op != ReduceOp::Avg) {
@@ -50,6 +55,7 @@ void reduce_scatter_fp8(ProcessGroup& group, const at::Tensor& output, const at:
                                   ranks, chunk));
   }
   if (chunk == 0) return;
+  count_wire_bytes(chunk, ranks, plain_element_bytes);
   auto [q, scale] = quantize(input.reshape({-1}).to(at::kFloat));
   // Chunk r of every rank's bytes to rank r; every rank's scale to all.
   at::Tensor received = at::empty_like(q);
@@ -62,7 +68,8 @@ void reduce_scatter_fp8(ProcessGroup& group, const at::Tensor& output, const at:
   output.view({-1}).copy_(reduced);
 }
 
-void all_gather_fp8(ProcessGroup& group, const at::Tensor& output_flat, const at::Tensor& input) {
+void all_gather_counted(ProcessGroup& group, const at::Tensor& output_flat, const at::Tensor& input,
+                        int64_t plain_element_bytes) {
   check_floating(input, "all_gather_fp8");
   check_floating(output_flat, "all_gather_fp8");
   const int64_t ranks = group.size(), chunk = input.numel();
@@ -71,12 +78,23 @@ void all_gather_fp8(ProcessGroup& group, const at::Tensor& output_flat, const at
                                   output_flat.numel(), ranks, chunk));
   }
   if (chunk == 0) return;
+  count_wire_bytes(chunk, ranks, plain_element_bytes);
   auto [q, scale] = quantize(input.reshape({-1}).to(at::kFloat));
   at::Tensor gathered = at::empty({ranks * chunk}, q.options());
   group.all_gather_into(gathered, q).wait();
   at::Tensor scales = at::empty({ranks}, scale.options());
   group.all_gather_into(scales, scale).wait();
   output_flat.view({-1}).copy_(dequantize(gathered.view({ranks, chunk}), scales.view({ranks, 1})).view({-1}));
+}
+
+}  // namespace
+
+void reduce_scatter_fp8(ProcessGroup& group, const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  reduce_scatter_counted(group, output, input, op, static_cast<int64_t>(input.element_size()));
+}
+
+void all_gather_fp8(ProcessGroup& group, const at::Tensor& output_flat, const at::Tensor& input) {
+  all_gather_counted(group, output_flat, input, static_cast<int64_t>(output_flat.element_size()));
 }
 
 void all_reduce_fp8(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) {
@@ -94,8 +112,11 @@ void all_reduce_fp8(ProcessGroup& group, const at::Tensor& tensor, ReduceOp op) 
   at::Tensor padded = at::zeros({chunk * ranks}, flat.options().dtype(at::kFloat));
   padded.narrow(0, 0, n).copy_(flat);
   at::Tensor reduced = at::empty({chunk}, padded.options());
-  reduce_scatter_fp8(group, reduced, padded, op);
-  all_gather_fp8(group, padded, reduced);
+  // Counted against a ring all-reduce in the tensor's dtype: a reduce-scatter
+  // and an all-gather of the chunks.
+  const auto element_bytes = static_cast<int64_t>(tensor.element_size());
+  reduce_scatter_counted(group, reduced, padded, op, element_bytes);
+  all_gather_counted(group, padded, reduced, element_bytes);
   flat.copy_(padded.narrow(0, 0, n));
 }
 
@@ -110,5 +131,17 @@ int64_t ring_all_reduce_wire_bytes(int64_t numel, int64_t ranks, int64_t element
   if (ranks <= 1) return 0;
   return 2 * ((numel + ranks - 1) / ranks) * (ranks - 1) * element_bytes;
 }
+
+int64_t fp8_shard_collective_wire_bytes(int64_t chunk_numel, int64_t ranks) {
+  if (ranks <= 1) return 0;
+  return (ranks - 1) * (chunk_numel + 4);  // one byte an element, one fp32 scale
+}
+
+int64_t ring_shard_collective_wire_bytes(int64_t chunk_numel, int64_t ranks, int64_t element_bytes) {
+  if (ranks <= 1) return 0;
+  return (ranks - 1) * chunk_numel * element_bytes;
+}
+
+Fp8WireBytes fp8_wire_bytes_sent() { return {.fp8 = g_fp8_bytes.load(), .plain = g_plain_bytes.load()}; }
 
 }  // namespace colossus::cluster

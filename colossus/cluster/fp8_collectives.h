@@ -5,7 +5,9 @@
 // chunks (every rank reduces its chunk, each sender's scale applied), then an
 // all-gather of the reduced chunks, requantized with their own scales: about
 // 2 bytes per element on the wire against 4 for a bf16 ring all-reduce.
-// Every rank ends with the same values. Blocking.
+// Every rank ends with the same values. Blocking. Each call adds what this
+// rank sent to a process-wide tally (fp8_wire_bytes_sent), beside what the
+// plain collective of the same tensors would have sent.
 #pragma once
 #include "colossus/cluster/process_group.h"
 
@@ -33,5 +35,23 @@ void all_gather_fp8(ProcessGroup& group, const at::Tensor& output_flat, const at
 // same tensor in `element_bytes` per element: 2 (n/r)(r-1) x element_bytes.
 int64_t fp8_all_reduce_wire_bytes(int64_t numel, int64_t ranks);
 int64_t ring_all_reduce_wire_bytes(int64_t numel, int64_t ranks, int64_t element_bytes);
+
+// Bytes one rank sends for reduce_scatter_fp8 / all_gather_fp8 with
+// `chunk_numel` elements a rank (its fp8 chunks to the other ranks and its
+// scale), and for the plain ring collective in `element_bytes` per element:
+// (ranks - 1) x chunk_numel x element_bytes.
+int64_t fp8_shard_collective_wire_bytes(int64_t chunk_numel, int64_t ranks);
+int64_t ring_shard_collective_wire_bytes(int64_t chunk_numel, int64_t ranks, int64_t element_bytes);
+
+// What this process's fp8 collectives sent since it started: `fp8` the bytes
+// on the wire, `plain` what the same collectives in the tensors' own dtype
+// (reduce-scatter: the input's; all-gather: the output's; all-reduce: the
+// tensor's) would have sent. A running tally, like a metrics counter: take
+// the difference over a step for bytes a step.
+struct Fp8WireBytes {
+  int64_t fp8 = 0;
+  int64_t plain = 0;
+};
+Fp8WireBytes fp8_wire_bytes_sent();
 
 }  // namespace colossus::cluster

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -143,6 +144,44 @@ TEST(LowLevelZero, Bf16StaysNearFp32) {
   if (ct::world()->rank() == 0) {
     std::printf("gpt2 zero-2 bf16, %d rank(s): max rel diff vs fp32 %.2e\n", ct::world()->size(),
                 worst_rel_diff(losses, reference));
+  }
+}
+
+// fp8_communication all-gathers the updated parameters in e4m3: every rank
+// computes with the same dequantized weights (its own chunk included), within
+// e4m3's rounding (2^-4 relative, plus the subnormal spacing of the bucket's
+// largest value) of the masters, which stay exact: gathering them in the
+// parameters' dtype (what a model save does) gives other values than the
+// fp8 working copy, on fp32 parameters too, whose master could alias them.
+TEST(LowLevelZero, Fp8ParameterGatherKeepsReplicasEqualAndMastersExact) {
+  auto world = ct::world();
+  for (const auto& [precision, master_weights] :
+       std::vector<std::pair<std::string, bool>>{{"fp32", true}, {"bf16", true}, {"bf16", false}}) {
+    ZeroRun run({.model = "gpt2", .stage = 2, .precision = precision, .master_weights = master_weights,
+                 .fp8_communication = true});
+    auto* zero = dynamic_cast<zero::LowLevelZeroOptimizer*>(run.boosted().optimizer.get());
+    ASSERT_NE(zero, nullptr);
+    const auto losses = run.train(0, 3);
+    const std::string what = precision + (master_weights ? " masters" : " no masters");
+    std::vector<at::Tensor> working, exact;
+    for (const auto& p : run.boosted().model->unwrap().parameters()) working.push_back(p.detach().clone());
+    zero->gather_exact_params();
+    for (const auto& p : run.boosted().model->unwrap().parameters()) exact.push_back(p.detach().clone());
+    // Bounds every bucket's largest value (and so its subnormal spacing).
+    double largest = 0;
+    for (const auto& e : exact) largest = std::max(largest, e.abs().max().item<double>());
+    const double spacing = largest / 448.0 / 512.0;
+    bool rounded_somewhere = false;
+    for (size_t k = 0; k < working.size(); ++k) {
+      at::Tensor from_zero = working[k].clone();
+      world->broadcast(from_zero, 0).wait();
+      EXPECT_TRUE(at::equal(from_zero, working[k])) << what << ": ranks hold different weights, parameter " << k;
+      const at::Tensor w = working[k].to(at::kFloat), e = exact[k].to(at::kFloat);
+      EXPECT_TRUE(((w - e).abs() <= e.abs() * 0.0625 + spacing).all().item<bool>()) << what << ", parameter " << k;
+      rounded_somewhere = rounded_somewhere || !at::equal(w, e);
+    }
+    EXPECT_TRUE(rounded_somewhere) << what << ": the masters were rounded to e4m3 with the gather";
+    EXPECT_LT(losses.back(), losses.front()) << what;
   }
 }
 

@@ -109,7 +109,8 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                        .param_source =
                            spec.lazy_init ? models::seeded_source(model, kModelSeed) : models::ParamSource(),
                        .nvme_offload_fraction = spec.nvme_offload_fraction,
-                       .nvme_offload_dir = spec.nvme_offload_dir},
+                       .nvme_offload_dir = spec.nvme_offload_dir,
+                       .fp8_communication = spec.fp8_communication},
             .search_range_m = spec.search_range_m,
             .min_chunk_size_m = spec.min_chunk_size_m},
         group_);
@@ -125,6 +126,7 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                                            .max_norm = spec.max_norm,
                                            .reduce_bucket_size_in_m = spec.bucket_size_in_m,
                                            .communication_dtype = spec.communication_dtype,
+                                           .fp8_communication = spec.fp8_communication,
                                            .overlap_allgather = spec.overlap_allgather,
                                            .cpu_offload = spec.cpu_offload,
                                            .master_weights = spec.master_weights,

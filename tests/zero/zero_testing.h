@@ -31,6 +31,7 @@ struct RunSpec {
   std::string communication_dtype;
   bool cpu_offload = false;
   bool master_weights = true;
+  bool fp8_communication = false;  // zero and gemini
   // gemini (micro_batches > 1 turns on enable_gradient_accumulation): small
   // chunks (min_chunk_size_m: ~1K elements) so even tiny models have several.
   std::string placement_policy = "static";

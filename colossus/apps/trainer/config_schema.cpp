@@ -260,43 +260,92 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("gradient_as_bucket_view", "gradients are views into the buckets (no copy)", plugin.ddp.gradient_as_bucket_view),
         COLOSSUS_KEY("static_graph", "accepted; buckets are built once and reused anyway", plugin.ddp.static_graph),
         COLOSSUS_KEY("fp8_communication", "gradients all-reduced in FP8 e4m3 with per-bucket scales (about half a bf16 all-reduce's bytes)", plugin.ddp.fp8_communication)}});
-    s.push_back({"plugin", "name = \"low_level_zero\"", {
-        COLOSSUS_KEY("stage", "1: optimizer state sharded over dp; 2: gradients too", plugin.low_level_zero.stage),
-        COLOSSUS_KEY("precision", "fp16 (loss-scaled) | bf16 | fp32; replaces booster.mixed_precision", plugin.low_level_zero.precision),
-        COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm", plugin.low_level_zero.max_norm),
-        COLOSSUS_KEY("norm_type", "2 or infinity", plugin.low_level_zero.norm_type),
-        COLOSSUS_KEY("reduce_bucket_size_in_m", "million elements per reduce-scatter bucket", plugin.low_level_zero.reduce_bucket_size_in_m),
-        COLOSSUS_KEY("communication_dtype", "\"\" (the parameters' dtype) | fp32 | bf16 | fp16", plugin.low_level_zero.communication_dtype),
-        COLOSSUS_KEY("fp8_communication", "gradients reduce-scattered in FP8 e4m3 with per-bucket scales (parameters gathered in their dtype)", plugin.low_level_zero.fp8_communication),
-        COLOSSUS_KEY("overlap_communication", "reduce-scatter while backward runs", plugin.low_level_zero.overlap_communication),
-        COLOSSUS_KEY("overlap_allgather", "all-gather updated parameters while the next forward is prepared", plugin.low_level_zero.overlap_allgather),
-        COLOSSUS_KEY("cpu_offload", "fp32 masters, optimizer state and its update on the CPU", plugin.low_level_zero.cpu_offload),
-        COLOSSUS_KEY("master_weights", "false: bf16/fp16 shards are stepped directly", plugin.low_level_zero.master_weights),
-        COLOSSUS_KEY("extra_dp_size", "> 1: state sharded over world/extra_dp_size ranks, replicated over the groups", plugin.low_level_zero.extra_dp_size)}});
+    s.push_back(
+        {"plugin",
+         "name = \"low_level_zero\"",
+         {COLOSSUS_KEY("stage", "1: optimizer state sharded over dp; 2: gradients too", plugin.low_level_zero.stage),
+          COLOSSUS_KEY("precision",
+                       "fp16 (loss-scaled) | bf16 | fp32; replaces "
+                       "booster.mixed_precision",
+                       plugin.low_level_zero.precision),
+          COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm", plugin.low_level_zero.max_norm),
+          COLOSSUS_KEY("norm_type", "2 or infinity", plugin.low_level_zero.norm_type),
+          COLOSSUS_KEY("reduce_bucket_size_in_m", "million elements per reduce-scatter bucket",
+                       plugin.low_level_zero.reduce_bucket_size_in_m),
+          COLOSSUS_KEY("communication_dtype", "\"\" (the parameters' dtype) | fp32 | bf16 | fp16",
+                       plugin.low_level_zero.communication_dtype),
+          COLOSSUS_KEY("fp8_communication",
+                       "gradients reduce-scattered and parameters all-gathered in FP8 "
+                       "e4m3 with per-bucket scales (bf16/fp32; masters stay exact)",
+                       plugin.low_level_zero.fp8_communication),
+          COLOSSUS_KEY("overlap_communication", "reduce-scatter while backward runs",
+                       plugin.low_level_zero.overlap_communication),
+          COLOSSUS_KEY("overlap_allgather",
+                       "all-gather updated parameters while the next forward "
+                       "is prepared",
+                       plugin.low_level_zero.overlap_allgather),
+          COLOSSUS_KEY("cpu_offload", "fp32 masters, optimizer state and its update on the CPU",
+                       plugin.low_level_zero.cpu_offload),
+          COLOSSUS_KEY("master_weights", "false: bf16/fp16 shards are stepped directly",
+                       plugin.low_level_zero.master_weights),
+          COLOSSUS_KEY("extra_dp_size",
+                       "> 1: state sharded over world/extra_dp_size ranks, "
+                       "replicated over the groups",
+                       plugin.low_level_zero.extra_dp_size)}});
     append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
                   return c.plugin.low_level_zero.loss_scaler;
                 }));
-    s.push_back({"plugin", "name = \"gemini\"", {
-        COLOSSUS_KEY("placement_policy", "static | auto", plugin.gemini.gemini.placement_policy),
-        COLOSSUS_KEY("shard_param_frac", "static: share of chunks sharded (the rest stay gathered)", plugin.gemini.gemini.shard_param_frac),
-        COLOSSUS_KEY("offload_optim_frac", "static: share of sharded chunks whose optimizer side lives in host memory", plugin.gemini.gemini.offload_optim_frac),
-        COLOSSUS_KEY("offload_param_frac", "static: share of sharded chunks whose parameter shard lives in host memory", plugin.gemini.gemini.offload_param_frac),
-        COLOSSUS_KEY("warmup_non_model_data_ratio", "auto: non-model share of device memory assumed in the warm-up step", plugin.gemini.gemini.warmup_non_model_data_ratio),
-        COLOSSUS_KEY("steady_cuda_cap_ratio", "auto: share of device capacity chunks may use after warm-up", plugin.gemini.gemini.steady_cuda_cap_ratio),
-        COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the margin optimizer shards may take", plugin.gemini.gemini.gpu_margin_mem_ratio),
-        COLOSSUS_KEY("precision", "fp16 (loss-scaled) | bf16 | fp32; replaces booster.mixed_precision", plugin.gemini.gemini.precision),
-        COLOSSUS_KEY("master_weights", "false: the bf16/fp16 shards are stepped directly", plugin.gemini.gemini.master_weights),
-        COLOSSUS_KEY("pin_memory", "host shards pinned (CUDA)", plugin.gemini.gemini.pin_memory),
-        COLOSSUS_KEY("max_prefetch", "chunks all-gathered ahead of use", plugin.gemini.gemini.max_prefetch),
-        COLOSSUS_KEY("enable_gradient_accumulation", "backward several times per step", plugin.gemini.gemini.enable_gradient_accumulation),
-        COLOSSUS_KEY("search_range_m", "chunk size search range, millions of elements", plugin.gemini.search_range_m),
-        COLOSSUS_KEY("min_chunk_size_m", "smallest chunk, millions of elements", plugin.gemini.min_chunk_size_m),
-        COLOSSUS_KEY("hidden_dim", "> 0: the chunk size search steps by this", plugin.gemini.hidden_dim),
-        COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm (over the shards)", plugin.gemini.gemini.max_norm),
-        COLOSSUS_KEY("norm_type", "2 or infinity", plugin.gemini.gemini.norm_type),
-        COLOSSUS_KEY("nvme_offload_fraction", "static: share of host-offloaded chunks whose moments live in files", plugin.gemini.gemini.nvme_offload_fraction),
-        COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.gemini.nvme_offload_dir),
-        COLOSSUS_KEY("lazy_init", "seeded init on the meta device too, each rank materialising only its shards (model.pretrained always loads lazily)", plugin.lazy_init)}});
+    s.push_back(
+        {"plugin",
+         "name = \"gemini\"",
+         {COLOSSUS_KEY("placement_policy", "static | auto", plugin.gemini.gemini.placement_policy),
+          COLOSSUS_KEY("shard_param_frac", "static: share of chunks sharded (the rest stay gathered)",
+                       plugin.gemini.gemini.shard_param_frac),
+          COLOSSUS_KEY("offload_optim_frac",
+                       "static: share of sharded chunks whose optimizer side "
+                       "lives in host memory",
+                       plugin.gemini.gemini.offload_optim_frac),
+          COLOSSUS_KEY("offload_param_frac",
+                       "static: share of sharded chunks whose parameter shard "
+                       "lives in host memory",
+                       plugin.gemini.gemini.offload_param_frac),
+          COLOSSUS_KEY("warmup_non_model_data_ratio",
+                       "auto: non-model share of device memory assumed in the "
+                       "warm-up step",
+                       plugin.gemini.gemini.warmup_non_model_data_ratio),
+          COLOSSUS_KEY("steady_cuda_cap_ratio", "auto: share of device capacity chunks may use after warm-up",
+                       plugin.gemini.gemini.steady_cuda_cap_ratio),
+          COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the margin optimizer shards may take",
+                       plugin.gemini.gemini.gpu_margin_mem_ratio),
+          COLOSSUS_KEY("precision",
+                       "fp16 (loss-scaled) | bf16 | fp32; replaces "
+                       "booster.mixed_precision",
+                       plugin.gemini.gemini.precision),
+          COLOSSUS_KEY("master_weights", "false: the bf16/fp16 shards are stepped directly",
+                       plugin.gemini.gemini.master_weights),
+          COLOSSUS_KEY("pin_memory", "host shards pinned (CUDA)", plugin.gemini.gemini.pin_memory),
+          COLOSSUS_KEY("max_prefetch", "chunks all-gathered ahead of use", plugin.gemini.gemini.max_prefetch),
+          COLOSSUS_KEY("enable_gradient_accumulation", "backward several times per step",
+                       plugin.gemini.gemini.enable_gradient_accumulation),
+          COLOSSUS_KEY("search_range_m", "chunk size search range, millions of elements", plugin.gemini.search_range_m),
+          COLOSSUS_KEY("min_chunk_size_m", "smallest chunk, millions of elements", plugin.gemini.min_chunk_size_m),
+          COLOSSUS_KEY("hidden_dim", "> 0: the chunk size search steps by this", plugin.gemini.hidden_dim),
+          COLOSSUS_KEY("max_norm", "> 0: clip gradients to this global norm (over the shards)",
+                       plugin.gemini.gemini.max_norm),
+          COLOSSUS_KEY("norm_type", "2 or infinity", plugin.gemini.gemini.norm_type),
+          COLOSSUS_KEY("nvme_offload_fraction",
+                       "static: share of host-offloaded chunks whose moments "
+                       "live in files",
+                       plugin.gemini.gemini.nvme_offload_fraction),
+          COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.gemini.nvme_offload_dir),
+          COLOSSUS_KEY("fp8_communication",
+                       "gradients reduce-scattered and sharded chunks all-gathered in "
+                       "FP8 e4m3 with per-chunk scales (bf16/fp32; shards stay exact)",
+                       plugin.gemini.gemini.fp8_communication),
+          COLOSSUS_KEY("lazy_init",
+                       "seeded init on the meta device too, each rank materialising "
+                       "only its shards (model.pretrained always loads lazily)",
+                       plugin.lazy_init)}});
     append_keys(s.back().keys, loss_scaler_keys("fp16: ", [](TrainConfig& c) -> amp::LossScalerOptions& {
                   return c.plugin.gemini.gemini.loss_scaler;
                 }));

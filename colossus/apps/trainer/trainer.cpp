@@ -17,6 +17,7 @@
 #include "colossus/booster/low_level_zero_plugin.h"
 #include "colossus/moe/moe_hybrid_parallel_plugin.h"
 #include "colossus/checkpoint/file_io.h"
+#include "colossus/cluster/fp8_collectives.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/cluster/logger.h"
 #include "colossus/core/errors.h"
@@ -200,6 +201,9 @@ class Trainer {
   // router's bias moves against its experts' load summed over the
   // data-parallel ranks, so every rank makes the same move.
   void update_router_biases();
+  // fp8_communication: the bytes the first step's fp8 collectives sent, into
+  // `result` and logged once.
+  void report_fp8_wire_bytes(const cluster::Fp8WireBytes& at_start, TrainResult& result) const;
   // dpo: the frozen reference, the policy as it was loaded, in the working dtype.
   void build_reference_model(const models::ModelConfig& model_config);
 
@@ -747,6 +751,20 @@ at::Tensor Trainer::dpo_forward_backward(int64_t& tokens) {
   return step_loss;
 }
 
+void Trainer::report_fp8_wire_bytes(const cluster::Fp8WireBytes& at_start, TrainResult& result) const {
+  const cluster::Fp8WireBytes now = cluster::fp8_wire_bytes_sent();
+  result.fp8_wire_bytes_per_step = now.fp8 - at_start.fp8;
+  result.plain_wire_bytes_per_step = now.plain - at_start.plain;
+  if (result.fp8_wire_bytes_per_step == 0) return;
+  // Rank 0's figures: the dp ranks send the same amounts.
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double fp8_mib = static_cast<double>(result.fp8_wire_bytes_per_step) / kMiB;
+  const double plain_mib = static_cast<double>(result.plain_wire_bytes_per_step) / kMiB;
+  log.info(fmt::format("fp8 communication: {:.2f} MiB on the wire a step against {:.2f} MiB in the tensors' own "
+                       "dtype ({:.3f}x)",
+                       fp8_mib, plain_mib, plain_mib > 0 ? fp8_mib / plain_mib : 0.0));
+}
+
 void Trainer::update_router_biases() {
   auto* deepseek = dynamic_cast<models::DeepseekForCausalLM*>(&boosted_.model->unwrap());
   if (deepseek == nullptr) return;
@@ -834,6 +852,7 @@ TrainResult Trainer::run() {
 
   // SFT runs its own pipeline batches (sft_forward_backward).
   const bool pretrain_pipeline = pipeline_ && !reads_records();
+  const cluster::Fp8WireBytes wire_at_start = cluster::fp8_wire_bytes_sent();
   while (state_.step < config_.train.steps) {
     at::Tensor step_loss;  // this step's loss (double, on the device)
     int64_t step_tokens = reads_records() ? 0 : global_batch_tokens();
@@ -884,6 +903,7 @@ TrainResult Trainer::run() {
       nonfinite_run_.add_(1.0).mul_(bad);
       nonfinite_longest_ = at::maximum(nonfinite_longest_, nonfinite_run_);
     }
+    if (state_.step == result.first_step) report_fp8_wire_bytes(wire_at_start, result);
     scheduler.step();
     ++state_.step;
     ++steps_since_log;

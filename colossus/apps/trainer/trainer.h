@@ -55,6 +55,11 @@ struct TrainResult {
   int64_t final_step = 0;
   std::string final_checkpoint;  // empty if none was written
   bool interrupted = false;      // stopped early by SIGINT/SIGTERM (a checkpoint was saved)
+  // fp8_communication: bytes this rank's fp8 collectives sent in the run's
+  // first step, and what the same collectives in the tensors' own dtype would
+  // have sent (both 0 without it; cluster/fp8_collectives.h).
+  int64_t fp8_wire_bytes_per_step = 0;
+  int64_t plain_wire_bytes_per_step = 0;
 };
 
 // Collective: every rank of the job calls it with the same config.

@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "colossus/cluster/fp8_collectives.h"
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
 #include "colossus/models/lazy_init.h"
@@ -268,7 +269,7 @@ void GeminiDDP::point_views(size_t c) {
   }
 }
 
-void GeminiDDP::gather(size_t c) {
+void GeminiDDP::gather(size_t c, bool in_fp8) {
   Chunk& chunk = chunks_[c];
   if (chunk.state != Chunk::State::Released) return;
   alloc_storage(chunk.full);
@@ -276,6 +277,17 @@ void GeminiDDP::gather(size_t c) {
   chunk.gather_send = chunk.shard.device() == device_ ? chunk.shard
                                                       : chunk.shard.to(device_, dtype_, /*non_blocking=*/true,
                                                                        /*copy=*/true);
+  if (in_fp8) {
+    // Blocking. Every rank, this one included, computes with the dequantized
+    // chunk, so the replicas agree; `full` is a buffer of its own here (only
+    // kept-gathered chunks hold their shard in it, and they never come this
+    // way), so the shard and the master keep their exact values.
+    cluster::all_gather_fp8(*dp_group_, chunk.full, chunk.gather_send);
+    chunk.gather_send.reset();
+    chunk.state = Chunk::State::Gathered;
+    ++gathers_;
+    return;
+  }
   chunk.gather_work = dp_group_->all_gather_into(chunk.full, chunk.gather_send);
   chunk.state = Chunk::State::Gathering;
   ++gathers_;
@@ -326,8 +338,8 @@ void GeminiDDP::schedule(size_t segment, bool forward) {
         std::find(need.begin(), need.end(), c) != need.end() || std::find(ahead.begin(), ahead.end(), c) != ahead.end();
     if (!wanted) release(c);
   }
-  for (size_t c : need) gather(c);
-  for (size_t c : ahead) gather(c);
+  for (size_t c : need) gather(c, options_.fp8_communication);
+  for (size_t c : ahead) gather(c, options_.fp8_communication);
   for (size_t c : need) wait_gathered(c);
   int64_t gathered = 0;
   for (const auto& chunk : chunks_) gathered += chunk.state != Chunk::State::Released ? 1 : 0;
@@ -405,7 +417,11 @@ void GeminiDDP::launch_reduce(Chunk& chunk) {
     chunk.grad_full = at::zeros({chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
   }
   chunk.reduced = at::empty({chunk.layout.shard_numel}, chunk.grad_full.options());
-  chunk.reduce_work = dp_group_->reduce_scatter(chunk.reduced, chunk.grad_full, cluster::ReduceOp::Avg);
+  if (options_.fp8_communication) {
+    cluster::reduce_scatter_fp8(*dp_group_, chunk.reduced, chunk.grad_full, cluster::ReduceOp::Avg);
+  } else {
+    chunk.reduce_work = dp_group_->reduce_scatter(chunk.reduced, chunk.grad_full, cluster::ReduceOp::Avg);
+  }
   chunk.reduce_launched = true;
 }
 

@@ -69,6 +69,14 @@ struct GeminiOptions {
   // nvme_offload_dir between steps (GeminiOptimizer, nvme_store.h).
   double nvme_offload_fraction = 0.0;
   std::string nvme_offload_dir = "";
+  // Gradients reduce-scattered and sharded chunks all-gathered for forward
+  // and backward in FP8 e4m3, one scale a chunk and rank
+  // (cluster/fp8_collectives.h; blocking, so max_prefetch overlaps nothing).
+  // The shards and masters stay exact: only the gathered copies the model
+  // computes with are e4m3 roundings, the same on every rank. Chunks kept
+  // gathered (shard_param_frac < 1) and checkpoint gathers stay in the
+  // parameters' dtype. Not with fp16 (GeminiPluginOptions::validate).
+  bool fp8_communication = false;
 };
 
 // One chunk on this rank.
@@ -187,7 +195,9 @@ class GeminiDDP {
   int64_t max_gathered() const { return max_gathered_; }
 
  private:
-  void gather(size_t chunk);
+  // in_fp8: the training gathers under fp8_communication; checkpoints and
+  // loads gather in the parameters' dtype.
+  void gather(size_t chunk, bool in_fp8 = false);
   void wait_gathered(size_t chunk);
   void release(size_t chunk);
   void release_all();

@@ -194,7 +194,10 @@ LowLevelZeroOptimizer::LowLevelZeroOptimizer(std::unique_ptr<optim::Optimizer> i
         bucket.flat_params.narrow(0, int64_t{rank} * bucket_layout.shard_numel, bucket_layout.shard_numel);
     // Where the parameters already have the master's dtype and device (fp32, or
     // no master weights), the master is the rank's own chunk of them: no copy.
-    bucket.master = master_dtype_ == dtype && master_device == device
+    // Not with fp8_communication: the parameters then take the e4m3-rounded
+    // gather, and the master must keep the exact values the next step starts
+    // from.
+    bucket.master = master_dtype_ == dtype && master_device == device && !options_.fp8_communication
                         ? own_chunk
                         : flat.narrow(0, int64_t{rank} * bucket_layout.shard_numel, bucket_layout.shard_numel)
                               .to(master_device, master_dtype_, /*non_blocking=*/false, /*copy=*/true);
@@ -420,15 +423,32 @@ void LowLevelZeroOptimizer::finish_backward() {
 }
 
 void LowLevelZeroOptimizer::gather_params() {
-  for (auto& bucket : buckets_) publish_chunk(bucket, bucket.master);
+  for (auto& bucket : buckets_) publish_chunk(bucket, bucket.master, options_.fp8_communication);
   if (!options_.overlap_allgather) wait_for_params();
 }
 
-void LowLevelZeroOptimizer::publish_chunk(Bucket& bucket, const at::Tensor& source) {
+void LowLevelZeroOptimizer::gather_exact_params() {
+  wait_for_params();
+  at::NoGradGuard no_grad;
+  for (auto& bucket : buckets_) publish_chunk(bucket, bucket.master, /*in_fp8=*/false);
+  wait_for_params();
+}
+
+void LowLevelZeroOptimizer::publish_chunk(Bucket& bucket, const at::Tensor& source, bool in_fp8) {
   const auto& group = shard_groups_[bucket.group].dp_group;
   const int rank = group->rank();
   const int64_t shard = bucket.layout.shard_numel;
   at::Tensor own = bucket.flat_params.narrow(0, int64_t{rank} * shard, shard);
+  if (in_fp8) {
+    // Every rank, this one included, takes the dequantized chunks (one scale
+    // a bucket and rank), so the replicas stay identical; the exact values
+    // live on in the master, which the next step updates. The working copy is
+    // e4m3 of the master each step, so the rounding does not accumulate.
+    at::Tensor send = source.to(bucket.flat_params.device(), bucket.layout.dtype, /*non_blocking=*/false,
+                                /*copy=*/true);
+    cluster::all_gather_fp8(*group, bucket.flat_params, send);
+    return;
+  }
   if (host_mixed_step_ && group->size() == 1) {
     own.copy_(source, /*non_blocking=*/true);  // pinned: overlaps the next bucket's update
     return;
@@ -522,7 +542,7 @@ void LowLevelZeroOptimizer::step_host_mixed() {
     if (!indices.empty()) adam.step_host_mixed(indices, io, grad_scale);
     // Padding between the parameters carries zero gradients, so it goes
     // back as the zeros it held.
-    publish_chunk(bucket, bucket.host_io);
+    publish_chunk(bucket, bucket.host_io, options_.fp8_communication);
   }
   if (!options_.overlap_allgather) wait_for_params();
 }

@@ -34,10 +34,13 @@ struct LowLevelZeroOptions {
   int64_t bucket_numel = 12 << 20;  // elements per reduce-scatter / all-gather bucket
   // dtype gradients travel in (undefined: the parameters' dtype).
   std::optional<c10::ScalarType> communication_dtype = std::nullopt;
-  // Gradients reduce-scattered in FP8 e4m3 with per-bucket scales
-  // (cluster/fp8_collectives.h; blocking). The updated parameters are
-  // all-gathered in their own dtype, so the model's weights are never rounded
-  // to e4m3 (the plugin refuses it with fp16's loss-scaled gradients).
+  // Gradients reduce-scattered and the updated parameters all-gathered in FP8
+  // e4m3 with per-bucket scales (cluster/fp8_collectives.h; blocking, so
+  // overlap_allgather has nothing to overlap). The model's working weights are
+  // then e4m3 roundings of the masters, the same on every rank (each takes the
+  // dequantized gather, its own chunk included); the masters stay exact, kept
+  // apart from the parameters even where they could alias them. The plugin
+  // refuses it with fp16's loss-scaled gradients.
   bool fp8_communication = false;
   bool overlap_communication = true;  // reduce-scatter while backward runs, not after it
   bool overlap_allgather = false;     // all-gather after the step; wait at the next forward
@@ -105,6 +108,12 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   void set_grad_sync(bool enabled) override { sync_enabled_ = enabled; }
   // Blocks until the parameters hold the last step's values (overlap_allgather).
   void wait_for_params() override;
+  // Collective over dp: the parameters take the masters' values gathered in
+  // their own dtype, not fp8 (before a model save under fp8_communication, so
+  // the checkpoint holds the weights, not their e4m3 roundings; the next step
+  // gathers in fp8 again).
+  void gather_exact_params();
+  bool fp8_gathers_params() const { return options_.fp8_communication; }
   // Masters follow the parameters where they no longer round to them (after
   // loading weights into the model); fp32 masters are copied outright.
   // Returns the buckets re-read.
@@ -175,7 +184,8 @@ class LowLevelZeroOptimizer : public optim::Optimizer {
   double reduced_grad_norm() const;
   // Copies `source` (this rank's chunk, on the host or the device) into the
   // bucket's parameters and all-gathers the other ranks' chunks.
-  void publish_chunk(Bucket& bucket, const at::Tensor& source);
+  // in_fp8: the all-gather in FP8 (fp8_communication), own chunk included.
+  void publish_chunk(Bucket& bucket, const at::Tensor& source, bool in_fp8);
   // Parameter k's whole values: the tensor itself, or param_source's for a meta one.
   at::Tensor whole_values(size_t k) const;
 
