@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Why Gemini with the optimizer offloaded to the CPU differs from DDP on the GPU
-# in fp32 (device_multi_gpu.sh, N=1: 2.1e-4 max rel loss diff over 50 steps,
-# every other layout <= 2.3e-7). Hypothesis: the update itself. torch-style
-# AdamW runs ATen's lerp_/addcmul_/addcdiv_, whose CUDA kernels contract to
-# FMAs and whose CPU kernels do not, so CPU and GPU updates differ by an ulp
-# per step, and this curve amplifies that around step 12; HybridAdam's CPU
-# and CUDA kernels are bit-identical to one reference, so with it the
-# offloaded curve should match DDP to reduction-order noise (~1e-7).
-# Trains a small GPT-2 50 steps, fp32, clipping at 1.0, DDP vs Gemini static
-# with offload_optim_frac 1.0, for optimizer adamw and hybrid_adam; prints a table.
+# Gemini with the optimizer offloaded to the CPU against DDP on the GPU, fp32
+# (issue 27, point 1). It differed by 2e-4..5e-4 over 50 steps with clipping
+# (every other layout <= 2.3e-7), for adamw and hybrid_adam alike, so not the
+# update's arithmetic: the clip factor's norm was taken by ATen's fp32 CPU
+# reduction (1e-5 relative off at 1M elements), where the device run's is a
+# GPU tree reduction; amp::vector_norm now reduces CPU tensors in rows
+# combined in fp64. Without clipping adamw still differs: its host update is
+# ATen's CPU lerp_/addcmul_/addcdiv_, whose CUDA kernels contract to FMAs.
+# Trains a small GPT-2 50 steps, fp32, DDP vs Gemini static for each case;
+# prints a table; exits 1 when a hybrid_adam case (CPU and CUDA updates
+# bit-identical) leaves DDP's curve by more than 1e-5.
 # CASES="opt:max_norm:frac ..." picks other cases (frac 0: Gemini without offload).
 # Usage (device): bash scripts/device_offload_numerics.sh   (needs .devdeps carried)
 #   CPU dry run of the configs: COLOSSUS_BIN=build/bin/colossus STEPS=2 bash scripts/device_offload_numerics.sh
@@ -59,7 +60,7 @@ tensorboard = false
 sample_tokens = 0
 TOML
 # Cases: optimizer:max_norm:offload_optim_frac (a frac of 0 is Gemini without offload).
-cases=(${CASES:-adamw:1.0:1.0 hybrid_adam:1.0:1.0})
+cases=(${CASES:-hybrid_adam:1.0:1.0 hybrid_adam:0:1.0 adamw:1.0:1.0 adamw:1.0:0})
 for case in "${cases[@]}"; do
   IFS=: read -r opt clip frac <<< "$case"
   for layout in ddp gemini; do
@@ -76,6 +77,7 @@ import json, sys
 w = sys.argv[1]
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if r.get("loss") is not None]
+failed = []
 print("| optimizer | max_norm | offload_optim_frac | max rel loss diff, Gemini vs DDP (fp32) | at step |")
 print("|---|---|---|---|---|")
 for case in sys.argv[2:]:
@@ -86,6 +88,17 @@ for case in sys.argv[2:]:
     except OSError as e:
         print(f"| {opt} | {clip} | {frac} | missing ({e}) | |"); continue
     rel = [abs(x - y) / abs(x) for x, y in zip(a, b)]
+    if len(a) != len(b) or not rel:
+        print(f"| {opt} | {clip} | {frac} | {len(a)} vs {len(b)} losses | |"); failed.append(case); continue
     i = max(range(len(rel)), key=rel.__getitem__)
-    print(f"| {opt} | {clip} | {frac} | {rel[i]:.2e} | {i + 1} |")
+    # hybrid_adam's CPU and CUDA updates are bit-identical, so the offloaded
+    # curve must follow DDP's to reduction order (issue 27: 1e-5 over 50
+    # steps). adamw's host update is ATen's CPU ops, which round unlike its
+    # CUDA kernels: reported, not bounded.
+    bound = 1e-5 if opt == "hybrid_adam" else None
+    verdict = "" if bound is None else (" PASS" if rel[i] <= bound else " **FAIL**")
+    if bound is not None and rel[i] > bound: failed.append(case)
+    print(f"| {opt} | {clip} | {frac} | {rel[i]:.2e}{verdict} | {i + 1} |")
+if failed:
+    print("FAILED:", " ".join(failed)); sys.exit(1)
 PY
