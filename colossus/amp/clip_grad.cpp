@@ -14,14 +14,21 @@ at::Tensor vector_norm(const at::Tensor& g, double norm_type) {
   constexpr int64_t kRow = 4096;
   const bool blocked = g.device().is_cpu() && g.scalar_type() != at::kDouble && std::isfinite(norm_type) &&
                        g.numel() >= 2 * kRow;
-  if (!blocked) return at::linalg_vector_norm(g, norm_type);
+  if (!blocked) {
+    // 16-bit norms accumulate and come back in fp32.
+    const bool half = g.scalar_type() == at::kBFloat16 || g.scalar_type() == at::kHalf;
+    return at::linalg_vector_norm(g, norm_type, c10::nullopt, false,
+                                  half ? std::optional<at::ScalarType>(at::kFloat) : std::nullopt);
+  }
   const at::Tensor flat = g.reshape({-1});
   const int64_t whole = flat.numel() / kRow * kRow;
   // sum over rows of ||row||_p^p, and the tail's, in fp64.
-  const std::optional<at::ScalarType> in_fp32 =
-      g.scalar_type() == at::kFloat ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
-  at::Tensor sum = at::linalg_vector_norm(flat.narrow(0, 0, whole).view({-1, kRow}), norm_type, at::IntArrayRef{1},
-                                          /*keepdim=*/false, in_fp32)
+  // 16-bit input is widened first, so it takes the fp32 kernel and gives the
+  // bits the same values in fp32 give (the bf16 host step's norm must equal
+  // the fp32 master-gradient path's).
+  const at::Tensor rows = flat.narrow(0, 0, whole).view({-1, kRow});
+  at::Tensor sum = at::linalg_vector_norm(rows.scalar_type() == at::kFloat ? rows : rows.to(at::kFloat), norm_type,
+                                          at::IntArrayRef{1})
                        .to(at::kDouble)
                        .pow(norm_type)
                        .sum();

@@ -20,7 +20,7 @@ using NormReducer = std::function<at::Tensor(const at::Tensor& local, double nor
 constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
 // ||g||_p as a one-element tensor on g's device (fp32 for 16-bit and fp32
-// input). On the CPU, ATen's single fp32 reduction drifts with the length
+// input, accumulated in at least fp32). On the CPU, ATen's single fp32 reduction drifts with the length
 // (1e-5 relative at 1M elements, 7e-5 at 4M), which a GPU's tree reduction
 // does not: an offloaded optimizer's clip factor then differed from the
 // device run's every step and the curves parted (issue 27). So CPU tensors
