@@ -6,11 +6,8 @@
 // the block (not one warp per feature) gives every projection thousands of
 // warps, so enough loads are in flight to stream W at the memory's rate even
 // for a 2048-row matrix or a long K (the down projection). Four chunks are
-// loaded per iteration before any multiply. Launched as a programmatic
-// dependent (pdl.cuh): the block's weight rows are prefetched into L2 while
-// the previous kernel drains, and x is read only after pdl_wait().
+// loaded per iteration before any multiply.
 #include "colossus/kernels/cuda/fused_common.cuh"
-#include "colossus/kernels/cuda/pdl.cuh"
 #include "colossus/kernels/gemv.h"
 
 #include <cstdint>
@@ -50,21 +47,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a) {
   }
   const T* x = static_cast<const T*>(a.x);
   const T* w = static_cast<const T*>(a.weight);
-  // The weights are the graph's constants: pull this block's rows into L2
-  // before waiting on the kernel that produces x (one 128-byte line a thread
-  // a step); everything after the wait reads what earlier kernels wrote.
-  {
-    const int64_t row_bytes = in * static_cast<int64_t>(sizeof(T));
-    for (int64_t off = static_cast<int64_t>(tid) * 128; off < row_bytes; off += kThreads * 128) {
-#pragma unroll
-      for (int r = 0; r < kRowsPerBlock; ++r) {
-        const char* line = reinterpret_cast<const char*>(w + w_rows[r] * in) + off;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-      }
-    }
-  }
-  pdl::pdl_wait();
-  pdl::pdl_launch_dependents();
   float acc[kRowsPerBlock][kRows];
 #pragma unroll
   for (int r = 0; r < kRowsPerBlock; ++r) {
@@ -155,15 +137,11 @@ void launch_epilogue(const GemvArgs& a, cudaStream_t stream) {
                                                 ? a.out_features / 2
                                                 : (a.out_features + kRowsPerBlock - 1) / kRowsPerBlock);
   switch (a.epilogue) {
-    case GemvEpilogue::kNone:
-      pdl::launch(gemv_kernel<T, kRows, GemvEpilogue::kNone>, blocks, kThreads, 0, stream, a);
-      break;
+    case GemvEpilogue::kNone: gemv_kernel<T, kRows, GemvEpilogue::kNone><<<blocks, kThreads, 0, stream>>>(a); break;
     case GemvEpilogue::kResidual:
-      pdl::launch(gemv_kernel<T, kRows, GemvEpilogue::kResidual>, blocks, kThreads, 0, stream, a);
+      gemv_kernel<T, kRows, GemvEpilogue::kResidual><<<blocks, kThreads, 0, stream>>>(a);
       break;
-    case GemvEpilogue::kGated:
-      pdl::launch(gemv_kernel<T, kRows, GemvEpilogue::kGated>, blocks, kThreads, 0, stream, a);
-      break;
+    case GemvEpilogue::kGated: gemv_kernel<T, kRows, GemvEpilogue::kGated><<<blocks, kThreads, 0, stream>>>(a); break;
   }
 }
 
