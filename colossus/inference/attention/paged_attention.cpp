@@ -8,11 +8,9 @@
 #include <ATen/ops/index_put.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
-#include <c10/util/Exception.h>
 #include <c10/core/TensorOptions.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -237,32 +235,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, con
   at::Tensor out;
   if (key_cache.is_cuda() && try_paged_attention_cuda(q, key_cache, value_cache, meta, spec, out)) return out;
   return paged_attention_reference(q, key_cache, value_cache, meta, spec);
-}
-
-bool is_fresh_prefill(const AttentionMetadata& meta) {
-  if (meta.max_query_len < kFlashPrefillMinTokens) return false;
-  for (int64_t s = 0; s < meta.num_seqs(); ++s) {
-    if (meta.host_context_lens[s] != meta.host_query_start[s + 1] - meta.host_query_start[s]) return false;
-  }
-  return true;
-}
-
-std::optional<at::Tensor> fresh_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  const AttentionMetadata& meta, const models::AttentionSpec& spec) {
-  // A GPU or build without the flash kernel fails the first call; the paged
-  // kernel serves from then on.
-  static std::atomic<bool> unavailable{false};
-  if (unavailable.load() || !is_fresh_prefill(meta) || !meta.query_start.defined() || q.dim() != 4 || q.size(0) != 1 ||
-      q.size(2) != meta.num_tokens() || !models::varlen_flash_applies(q, spec)) {
-    return std::nullopt;
-  }
-  try {
-    return models::varlen_flash_attention(q, k, v, spec, /*dropout=*/0.0,
-                                          models::VarlenSegments{meta.query_start, meta.max_query_len});
-  } catch (const c10::Error&) {
-    unavailable.store(true);
-    return std::nullopt;
-  }
 }
 
 std::optional<at::Tensor> paged_attention_packed(const at::Tensor& qkv, int64_t heads, const at::Tensor& cos,

@@ -54,19 +54,6 @@ void write_kv_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_ca
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                            const AttentionMetadata& meta, const models::AttentionSpec& spec);
 
-// Whole prompts with nothing cached before them (every sequence's context
-// is this step's tokens, the longest at least kFlashPrefillMinTokens): flash
-// attention's variable-length kernel over the new q/k/v themselves, which at
-// 2048 tokens is several times the paged tensor-core kernel. q: (1, heads, N,
-// D), k/v: (1, kv_heads, N, D), the step's tokens in meta's order ->
-// (1, heads, N, D); nullopt where it does not apply (a cached prefix, decode
-// rows, soft caps, a CPU or fp32 cache, a GPU without the kernel): the caller
-// runs paged_attention. The cache write stays the caller's.
-inline constexpr int64_t kFlashPrefillMinTokens = 64;
-bool is_fresh_prefill(const AttentionMetadata& meta);
-std::optional<at::Tensor> fresh_prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  const AttentionMetadata& meta, const models::AttentionSpec& spec);
-
 // The same with the prologue fused (kernels/rope_cache.h): qkv (N, (heads +
 // 2 kv_heads) * head_dim), q, k and v heads packed in one projection's rows
 // before RoPE; cos, signed_sin (N, head_dim): the tokens' RoPE rows (sin with

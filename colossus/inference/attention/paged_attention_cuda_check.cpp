@@ -18,7 +18,6 @@
 #include <atomic>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <vector>
 
@@ -377,74 +376,10 @@ std::string check_rope_qkv_cache_cuda() {
   return {};
 }
 
-// Whole prompts through flash attention's varlen kernel (what the engine
-// runs for a step of fresh prompts): several prompts of mixed lengths, GQA
-// and MHA, a window, bf16 and fp16, against the reference over the same
-// tokens written into a paged cache.
-std::string check_fresh_prefill_attention() {
-  if (!at::hasCUDA()) return "no CUDA device";
-  struct Case {
-    int64_t heads, kv_heads, head_dim, window;
-    std::vector<int64_t> prompts;
-  };
-  const std::vector<Case> cases = {{32, 8, 64, 0, {300, 64, 1000, 71}}, {32, 8, 128, 0, {2048}},
-                                   {8, 8, 64, 0, {65, 500}}, {12, 4, 64, 100, {700, 90}}};
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    for (const Case& c : cases) {
-      at::manual_seed(7);
-      const auto on_gpu = at::TensorOptions().dtype(dtype).device(at::kCUDA);
-      const int64_t block_size = 16;
-      AttentionMetadata meta;
-      meta.host_query_start.push_back(0);
-      std::vector<int64_t> slots;
-      int32_t next_block = 0;
-      for (int64_t n : c.prompts) {
-        std::vector<int32_t> table;
-        for (int64_t b = 0; b < (n + block_size - 1) / block_size; ++b) table.push_back(next_block++);
-        for (int64_t p = 0; p < n; ++p) slots.push_back(table[p / block_size] * block_size + p % block_size);
-        meta.host_block_tables.push_back(table);
-        meta.host_context_lens.push_back(static_cast<int32_t>(n));
-        meta.host_query_start.push_back(meta.host_query_start.back() + static_cast<int32_t>(n));
-      }
-      const int64_t n = meta.host_query_start.back();
-      at::Tensor key_cache = at::full({next_block, c.kv_heads, block_size, c.head_dim}, NAN, on_gpu);
-      at::Tensor value_cache = at::full_like(key_cache, NAN);
-      upload_metadata(meta, slots, key_cache.device());
-      const at::Tensor q = at::randn({1, c.heads, n, c.head_dim}, on_gpu);
-      const at::Tensor k = at::randn({1, c.kv_heads, n, c.head_dim}, on_gpu);
-      const at::Tensor v = at::randn({1, c.kv_heads, n, c.head_dim}, on_gpu);
-      const auto rows = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
-      write_kv_cache(rows(k), rows(v), key_cache, value_cache, meta.slot_mapping);
-      const models::AttentionSpec spec{.scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim)), .window = c.window};
-      const std::string label = fmt::format("{} {}q/{}kv head_dim {} window {}, {} prompts", dtype_name(dtype), c.heads,
-                                            c.kv_heads, c.head_dim, c.window, c.prompts.size());
-      const std::optional<at::Tensor> out = fresh_prefill_attention(q, k, v, meta, spec);
-      if (!out) return label + ": flash attention did not take the step";
-      const at::Tensor expected = paged_attention_reference(rows(q).cpu().to(at::kDouble), key_cache.cpu().to(at::kDouble),
-                                                            value_cache.cpu().to(at::kDouble), meta, spec);
-      const at::Tensor got = rows(*out).cpu().to(at::kDouble);
-      const Tolerance tol = tolerance_for(dtype);
-      const at::Tensor bad = (got - expected).abs().gt(expected.abs() * tol.rtol + tol.atol).logical_or(got.isnan());
-      if (const int64_t count = bad.sum().item<int64_t>(); count > 0) {
-        return fmt::format("{}: {} of {} values off (max err {:.3g})", label, count, bad.numel(),
-                           (got - expected).abs().nan_to_num(INFINITY).max().item<double>());
-      }
-    }
-  }
-  // A prompt behind a cached prefix is not fresh: the paged kernel's.
-  AttentionMetadata cached;
-  cached.host_query_start = {0, 100};
-  cached.host_context_lens = {164};
-  cached.max_query_len = 100;
-  if (is_fresh_prefill(cached)) return "a chunk behind a cached prefix counted as a fresh prompt";
-  return {};
-}
-
 [[maybe_unused]] const bool registered = [] {
   kernels::register_kernel({"rope_qkv_cache", "cuda", check_rope_qkv_cache_cuda});
   kernels::register_kernel({"reshape_and_cache", "cuda", check_reshape_and_cache_cuda});
   kernels::register_kernel({"paged_attention", "cuda", check_paged_attention_cuda});
-  kernels::register_kernel({"prefill_flash_attention", "cuda", check_fresh_prefill_attention});
   return true;
 }();
 

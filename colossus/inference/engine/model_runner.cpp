@@ -30,7 +30,6 @@ class PagedAttentionHook final : public models::AttentionHook {
     // (1, heads, N, D) <-> (N, heads, D)
     const auto rows = [](const at::Tensor& t) { return t.squeeze(0).transpose(0, 1); };
     write_kv_cache(rows(k), rows(v), cache_.keys(layer), cache_.values(layer), meta_.slot_mapping);
-    if (auto out = fresh_prefill_attention(q, k, v, meta_, spec)) return *out;
     at::Tensor out = paged_attention(rows(q).contiguous(), cache_.keys(layer), cache_.values(layer), meta_, spec);
     return out.transpose(0, 1).unsqueeze(0);
   }
@@ -38,8 +37,7 @@ class PagedAttentionHook final : public models::AttentionHook {
   std::optional<at::Tensor> attend_packed(int64_t layer, const at::Tensor& qkv, int64_t heads, const at::Tensor& cos,
                                           const at::Tensor& signed_sin, const models::AttentionSpec& spec) override {
     // (1, N, W) -> (N, W); (N, heads, D) -> (1, heads, N, D)
-    // Whole prompts take flash attention in attend(), on the split q/k/v.
-    if (qkv.dim() != 3 || qkv.size(0) != 1 || is_fresh_prefill(meta_)) return std::nullopt;
+    if (qkv.dim() != 3 || qkv.size(0) != 1) return std::nullopt;
     auto out = paged_attention_packed(qkv.squeeze(0), heads, cos, signed_sin, cache_.keys(layer), cache_.values(layer),
                                       meta_, spec);
     if (!out) return std::nullopt;
