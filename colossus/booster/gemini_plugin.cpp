@@ -158,7 +158,7 @@ void GeminiPluginOptions::validate() const {
                       "(leave them at 1.0 / 0.0 / 0.0)",
                       gemini.shard_param_frac, gemini.offload_optim_frac, gemini.offload_param_frac));
     }
-  } else if (gemini.gpu_margin_mem_ratio != 0.0) {
+  } else if (gemini.gpu_margin_mem_ratio != zero::gemini::GeminiOptions{}.gpu_margin_mem_ratio) {
     throw ConfigError(
         fmt::format("gemini: gpu_margin_mem_ratio={} only applies to "
                     "placement_policy='auto'; use offload_optim_frac "

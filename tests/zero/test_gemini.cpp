@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -134,6 +136,19 @@ TEST(GeminiChunks, StaticAndAutoPlacement) {
   EXPECT_TRUE(a[2].param_on_host && a[3].param_on_host);
   EXPECT_FALSE(a[0].optim_on_host);
   EXPECT_TRUE(a[1].optim_on_host && a[3].optim_on_host);
+  // The default ratio uses the device: with room for all parameter shards and
+  // a margin of 100, half of it (50) holds three optimizer sides of 16; the
+  // rest go to the host (Colossal-AI's 0.0 would have put all on the host).
+  const double default_ratio = gm::GeminiOptions{}.gpu_margin_mem_ratio;
+  EXPECT_GT(default_ratio, 0.0);
+  const auto d = gm::auto_placement(4, {.device_budget_bytes = 240,
+                                        .param_shard_bytes = 30,
+                                        .optim_shard_bytes = 16,
+                                        .working_bytes = 20,
+                                        .gpu_margin_mem_ratio = default_ratio});
+  for (const auto& c : d) EXPECT_FALSE(c.param_on_host);
+  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const gm::ChunkPlacement& c) { return !c.optim_on_host; }),
+            static_cast<std::ptrdiff_t>(std::floor(100 * default_ratio / 16)));
 }
 
 // model, micro-batches, max_norm, variant
@@ -349,7 +364,9 @@ TEST(Gemini, BadOptionsAreConfigErrors) {
   expect_error({.gemini = {.shard_param_frac = 1.5}}, "shard_param_frac=1.5");
   expect_error({.gemini = {.offload_optim_frac = -0.1}}, "offload_optim_frac=-0.1");
   expect_error({.gemini = {.placement_policy = "auto", .offload_optim_frac = 1.0}}, "only apply to placement_policy='static'");
-  expect_error({.gemini = {.gpu_margin_mem_ratio = 0.5}}, "only applies to placement_policy='auto'");
+  // Under static, anything but the default margin ratio would do nothing.
+  expect_error({.gemini = {.gpu_margin_mem_ratio = 0.0}}, "only applies to placement_policy='auto'");
+  expect_error({.gemini = {.gpu_margin_mem_ratio = 0.9}}, "only applies to placement_policy='auto'");
   expect_error({.gemini = {.shard_param_frac = 0.5, .offload_param_frac = 0.5}}, "needs shard_param_frac=1.0");
   expect_error({.gemini = {.steady_cuda_cap_ratio = 0.0}}, "steady_cuda_cap_ratio=0");
   expect_error({.gemini = {.precision = "fp8"}}, "precision='fp8'");

@@ -38,7 +38,7 @@ struct RunSpec {
   double shard_param_frac = 1.0;
   double offload_optim_frac = 0.0;
   double offload_param_frac = 0.0;
-  double gpu_margin_mem_ratio = 0.0;
+  double gpu_margin_mem_ratio = 0.5;
   int max_prefetch = 0;
   double min_chunk_size_m = 0.001;
   double search_range_m = 0.004;
