@@ -34,14 +34,14 @@ std::shared_ptr<models::CausalLM> tiny_gpt2(int64_t vocab, int64_t n_positions) 
   return models::create_model(config, {.seed = 11});
 }
 
-std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab) {
+std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab, int64_t max_positions) {
   models::LlamaConfig config{.vocab_size = vocab,
                              .hidden_size = 64,
                              .intermediate_size = 96,
                              .num_hidden_layers = 2,
                              .num_attention_heads = 4,
                              .num_key_value_heads = 2,
-                             .max_position_embeddings = 64,
+                             .max_position_embeddings = max_positions,
                              .initializer_range = 0.2,
                              .rms_norm_eps = 1e-5};
   return models::create_model(config, {.seed = 12});

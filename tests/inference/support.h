@@ -25,7 +25,7 @@ CommandResult run_oracle(const std::string& arguments);
 // larger scale than HF's default, so the logits have clear maxima and greedy
 // choices do not hinge on rounding.
 std::shared_ptr<models::CausalLM> tiny_gpt2(int64_t vocab = 96, int64_t n_positions = 32);
-std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab = 96);
+std::shared_ptr<models::CausalLM> tiny_llama(int64_t vocab = 96, int64_t max_positions = 64);
 // A LLaMA-architecture family's preset ("qwen2-tiny", "qwen3-tiny",
 // "mistral-tiny") at tiny_llama's scale, seeded.
 std::shared_ptr<models::CausalLM> tiny_family(const std::string& preset, int64_t vocab = 96);

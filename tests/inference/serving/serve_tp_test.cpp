@@ -34,20 +34,6 @@ using testing::ServerProcess;
 const std::vector<std::string> kServerArgs = {"--served_model_name", "tiny", "--max_batch_size", "4", "--max_input_len",
                                               "32", "--max_output_len", "400", "--block_size", "8", "--quiet"};
 
-// tiny_llama's shape and scale with room for a long generation (the hang-up test).
-std::shared_ptr<models::CausalLM> tiny_llama_long() {
-  models::LlamaConfig config{.vocab_size = 257,
-                             .hidden_size = 64,
-                             .intermediate_size = 96,
-                             .num_hidden_layers = 2,
-                             .num_attention_heads = 4,
-                             .num_key_value_heads = 2,
-                             .max_position_embeddings = 512,
-                             .initializer_range = 0.2,
-                             .rms_norm_eps = 1e-5};
-  return models::create_model(config, {.seed = 12});
-}
-
 struct Reply {
   int status = 0;
   json body;
@@ -81,7 +67,8 @@ class ServeTensorParallel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(testing::scratch_dir() / "tiny_llama");
-    models::save_pretrained(*tiny_llama_long(), dir_->string());
+    // tiny_llama with room for a long generation (the hang-up test).
+    models::save_pretrained(*testing::tiny_llama(257, /*max_positions=*/512), dir_->string());
     data::save_byte_tokenizer(dir_->string());
     // Both start at once: two loads and an mpirun overlap.
     std::thread single(
