@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One device call for the open issues' GPU checks when the device time is
+# short: builds colossus_cli and the benches once (sm_90, no tests), then runs
+# each stage under its own time limit, so one slow stage does not cost the
+# others their results:
+#   check     `colossus check` (every CUDA kernel against its reference)
+#   offload   scripts/device_offload_numerics.sh (issue 27 point 1: Gemini with
+#             the optimizer offloaded follows DDP's fp32 curve within 1e-5)
+#   fp8       bench_train_gpt2 on llama-1b-like with --fp8 (issue 28: the FP8
+#             step against the bf16 step of the same run; no Python peers)
+#   decode    bench_gemv + bench_inference's decode table (issue 26)
+# STAGES="check offload fp8 decode" picks and orders them. A stage's log is in
+# $OUT/<stage>.log; the summary table is printed last with every exit code.
+# A later call on the same warm machine skips the build (ninja is a no-op).
+# Usage (device): bash scripts/device_round.sh   (needs .devdeps carried)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TORCH_CUDA_ARCH_LIST=9.0 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/colossus-out}
+mkdir -p "$out"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total \
+  --format=csv,noheader 2>&1 | tee "$out/nvidia-smi.csv"
+for lib in libutf8proc oniguruma; do
+  pkg-config --exists "$lib" 2>/dev/null || export PKG_CONFIG_PATH="$PWD/.devdeps/$lib/lib/pkgconfig:${PKG_CONFIG_PATH:-}"
+done
+
+stamp "configure + build"
+torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCOLOSSUS_CUDA_ARCHS=90 -DCMAKE_PREFIX_PATH="$torch_prefix" \
+  -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=OFF > "$out/configure.log" 2>&1 \
+  || { tail -60 "$out/configure.log"; exit 1; }
+if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_train_gpt2 bench_inference bench_gemv \
+    ${EXTRA_TARGETS:-} > "$out/build.log" 2>&1; then
+  echo "=== build failed (full log: build.log) ==="
+  grep -E -B3 -A25 "error|FAILED" "$out/build.log" | head -150
+  exit 1
+fi
+stamp "build done"
+
+declare -A rc
+run_stage() {  # name, limit in seconds, command...
+  local name=$1 limit=$2; shift 2
+  stamp "$name (limit $limit s)"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  rc[$name]=$?
+  stamp "$name: exit ${rc[$name]}"
+}
+for stage in ${STAGES:-check offload fp8 decode}; do
+  case $stage in
+    check) run_stage check 150 build-gpu/bin/colossus check ;;
+    offload) run_stage offload 200 env COLOSSUS_BIN=build-gpu/bin/colossus bash scripts/device_offload_numerics.sh ;;
+    fp8) run_stage fp8 200 build-gpu/bin/bench_train_gpt2 --model llama-1b-like --batch 8 --no-python \
+           --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps 0 \
+           --fp8 "${FP8_RECIPE:-tensorwise}" --json "$out/bench_train_fp8.json" ;;
+    decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out"
+            run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
+              --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
+              ${DECODE_FLAGS:---mix-requests 0} ;;
+    *) echo "unknown stage $stage (check, offload, fp8, decode)"; exit 2 ;;
+  esac
+done
+
+echo "=== results ==="
+[[ -n ${rc[check]+x} ]] && { grep -E "FAIL" "$out/check.log" | head -20; tail -3 "$out/check.log"; }
+[[ -n ${rc[offload]+x} ]] && grep -E "^\||FAILED|exit" "$out/offload.log" | tail -16
+[[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
+[[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
+[[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
+failed=0
+for name in "${!rc[@]}"; do
+  echo "stage $name: exit ${rc[$name]}"
+  [[ ${rc[$name]} -eq 0 ]] || failed=1
+done
+stamp "done"
+exit $failed
