@@ -8,8 +8,10 @@
 #             the optimizer offloaded follows DDP's fp32 curve within 1e-5)
 #   fp8       bench_train_gpt2 on llama-1b-like with --fp8 (issue 28: the FP8
 #             step against the bf16 step of the same run; no Python peers)
+#   gemini    bench_gemini_capacity's throughput part (issue 27 point 3: full
+#             optimizer offload against plain AdamW on llama-1b-like)
 #   decode    bench_gemv + bench_inference's decode table (issue 26)
-# STAGES="check offload fp8 decode" picks and orders them. A stage's log is in
+# STAGES="check offload gemini fp8 decode" picks and orders them. A stage's log is in
 # $OUT/<stage>.log; the summary table is printed last with every exit code.
 # A later call on the same warm machine skips the build (ninja is a no-op).
 # Usage (device): bash scripts/device_round.sh   (needs .devdeps carried)
@@ -32,7 +34,7 @@ torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_pa
 cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCOLOSSUS_CUDA_ARCHS=90 -DCMAKE_PREFIX_PATH="$torch_prefix" \
   -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=OFF > "$out/configure.log" 2>&1 \
   || { tail -60 "$out/configure.log"; exit 1; }
-if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_train_gpt2 bench_inference bench_gemv \
+if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_train_gpt2 bench_inference bench_gemv bench_gemini_capacity \
     ${EXTRA_TARGETS:-} > "$out/build.log" 2>&1; then
   echo "=== build failed (full log: build.log) ==="
   grep -E -B3 -A25 "error|FAILED" "$out/build.log" | head -150
@@ -48,24 +50,28 @@ run_stage() {  # name, limit in seconds, command...
   rc[$name]=$?
   stamp "$name: exit ${rc[$name]}"
 }
-for stage in ${STAGES:-check offload fp8 decode}; do
+for stage in ${STAGES:-check offload gemini fp8 decode}; do
   case $stage in
     check) run_stage check 150 build-gpu/bin/colossus check ;;
     offload) run_stage offload 200 env COLOSSUS_BIN=build-gpu/bin/colossus bash scripts/device_offload_numerics.sh ;;
     fp8) run_stage fp8 200 build-gpu/bin/bench_train_gpt2 --model llama-1b-like --batch 8 --no-python \
            --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps 0 \
            --fp8 "${FP8_RECIPE:-tensorwise}" --json "$out/bench_train_fp8.json" ;;
+    gemini) run_stage gemini "${GEMINI_LIMIT_S:-170}" build-gpu/bin/bench_gemini_capacity --parts throughput \
+              --modes adamw,gemini_offload --budget-s $(( ${GEMINI_LIMIT_S:-170} - 10 )) --try-timeout-s 120 \
+              --no-record ${GEMINI_FLAGS:-} ;;
     decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out"
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${DECODE_FLAGS:---mix-requests 0} ;;
-    *) echo "unknown stage $stage (check, offload, fp8, decode)"; exit 2 ;;
+    *) echo "unknown stage $stage (check, offload, gemini, fp8, decode)"; exit 2 ;;
   esac
 done
 
 echo "=== results ==="
 [[ -n ${rc[check]+x} ]] && { grep -E "FAIL" "$out/check.log" | head -20; tail -3 "$out/check.log"; }
 [[ -n ${rc[offload]+x} ]] && grep -E "^\||FAILED|exit" "$out/offload.log" | tail -16
+[[ -n ${rc[gemini]+x} ]] && grep -E "^\||gemini|adamw" "$out/gemini.log" | tail -12
 [[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"

@@ -298,6 +298,57 @@ TEST(Gemini, CpuAdamStepsOffloadedChunksAndBf16Trains) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
+// ZeRO-Offload's bf16 host step (HybridAdam, fp32 masters): chunks whose
+// optimizer side is on the host keep 2 bytes of gradient a parameter there
+// (host_io) instead of a 4-byte fp32 shard, and step through the fused bf16
+// CPU kernel with the clip factor from norms taken at the end of backward.
+// It must train exactly as the fp32 gradient-shard path does: all chunks on
+// the device (the inner step), half of them, and all on the host give the
+// same losses and norms, bit for bit. With gradient accumulation it is off.
+TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
+  const RunSpec base{.model = "llama", .plugin = "gemini", .max_norm = 0.5, .optimizer = "hybrid_adam",
+                     .precision = "bf16"};
+  ZeroRun on_device(base);
+  const auto expected = on_device.train(0, bt::kSteps);
+  const double expected_norm = optimizer_of(on_device).last_grad_norm();
+  const int64_t device_grad_bytes = optimizer_of(on_device).memory_bytes().grads_device;
+  EXPECT_TRUE(ddp_of(on_device).host_step_enabled());
+  for (double frac : {0.5, 1.0}) {
+    RunSpec spec = base;
+    spec.offload_optim_frac = frac;
+    ZeroRun offloaded(spec);
+    auto& ddp = ddp_of(offloaded);
+    ASSERT_TRUE(ddp.host_step_enabled());
+    int64_t host_chunks = 0;
+    for (const auto& chunk : ddp.chunks()) {
+      EXPECT_EQ(ddp.host_steps(chunk), chunk.placement.optim_on_host);
+      EXPECT_EQ(chunk.host_io.defined(), chunk.placement.optim_on_host);
+      EXPECT_NE(chunk.grad_shard.defined(), chunk.placement.optim_on_host);
+      host_chunks += chunk.placement.optim_on_host ? 1 : 0;
+    }
+    EXPECT_GT(host_chunks, 0);
+    const auto losses = offloaded.train(0, bt::kSteps);
+    ASSERT_EQ(losses.size(), expected.size());
+    for (size_t step = 0; step < losses.size(); ++step) {
+      EXPECT_EQ(losses[step], expected[step]) << "offload_optim_frac " << frac << ", step " << step;
+    }
+    EXPECT_EQ(optimizer_of(offloaded).last_grad_norm(), expected_norm) << "offload_optim_frac " << frac;
+    EXPECT_LT(losses.back(), losses.front());
+    if (frac == 1.0) {
+      const auto bytes = optimizer_of(offloaded).memory_bytes();
+      EXPECT_EQ(bytes.grads_host * 2, device_grad_bytes) << "bf16 host_io in place of fp32 gradient shards";
+      EXPECT_EQ(bytes.grads_device, 0);
+    }
+  }
+  RunSpec accumulating = base;
+  accumulating.offload_optim_frac = 1.0;
+  accumulating.micro_batches = 2;
+  ZeroRun accumulated(accumulating);
+  EXPECT_FALSE(ddp_of(accumulated).host_step_enabled()) << "the host step keeps no gradient between backwards";
+  const auto losses = accumulated.train(0, bt::kSteps);
+  EXPECT_LT(losses.back(), losses.front());
+}
+
 // fp8_communication: the sharded chunks are all-gathered for forward and
 // backward, and the gradients reduce-scattered, in e4m3 (one scale a chunk
 // and rank). The curve stays near bf16 communication's, the shards (the

@@ -265,7 +265,10 @@ void GeminiDDP::point_views(size_t c) {
   for (size_t k : chunk.layout.params) {
     const auto& slot = layout_.slots[k];
     master_views_[k] = chunk.master.narrow(0, slot.own_offset, slot.own_numel);
-    master_views_[k].mutable_grad() = chunk.grad_shard.narrow(0, slot.own_offset, slot.own_numel);
+    // Host-step chunks have no gradient shard: the optimizer skips them in
+    // its own step and takes their bf16 gradients from host_io.
+    master_views_[k].mutable_grad() =
+        chunk.grad_shard.defined() ? chunk.grad_shard.narrow(0, slot.own_offset, slot.own_numel) : at::Tensor();
   }
 }
 
@@ -436,6 +439,7 @@ void GeminiDDP::finish_backward() {
   at::NoGradGuard no_grad;
   for (auto& chunk : chunks_) {
     chunk.reduce_work.wait();
+    if (host_steps(chunk)) continue;  // record_grad_stats reads `reduced`, then copies it to host_io
     at::Tensor part = chunk.reduced.to(chunk.grad_shard.device(), chunk.grad_shard.scalar_type());
     if (grads_pending_step_) {
       chunk.grad_shard.add_(part);
@@ -445,6 +449,7 @@ void GeminiDDP::finish_backward() {
     chunk.reduced.reset();
     chunk.grad_full.reset();
   }
+  if (host_step_) record_grad_stats();
   grads_pending_step_ = true;
   if (warming_up_) sample_memory();
   release_all();
@@ -460,14 +465,19 @@ void GeminiDDP::set_grad_sync(bool enabled) {
 }
 
 void GeminiDDP::after_step() {
-  shards_from_masters();
+  // Host-step chunks' shards were sent by upload_host_step (or, after a
+  // skipped step, still hold the masters' values).
+  copy_shards_from_masters(/*skip_host_step=*/true);
   grads_pending_step_ = false;
 }
 
-void GeminiDDP::shards_from_masters() {
+void GeminiDDP::shards_from_masters() { copy_shards_from_masters(/*skip_host_step=*/false); }
+
+void GeminiDDP::copy_shards_from_masters(bool skip_host_step) {
   at::NoGradGuard no_grad;
   const int rank = dp_group_->rank();
   for (auto& chunk : chunks_) {
+    if (skip_host_step && host_steps(chunk)) continue;
     if (!chunk.master.is_same(chunk.shard)) chunk.shard.copy_(chunk.master);
     if (chunk.placement.keep_gathered) {
       const int64_t shard = chunk.layout.shard_numel;

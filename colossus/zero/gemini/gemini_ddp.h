@@ -16,6 +16,7 @@
 // them).
 #pragma once
 #include <c10/core/Device.h>
+#include <c10/core/Event.h>
 
 #include <functional>
 #include <memory>
@@ -98,6 +99,11 @@ struct Chunk {
   at::Tensor grad_full;    // (numel) parameter dtype, while its gradients arrive
                            // in backward
   at::Tensor reduced;      // (shard_numel) reduce-scatter output in flight
+  // The host step (GeminiDDP::enable_host_step): (shard_numel) bf16, pinned
+  // on CUDA, in place of grad_shard. Backward's reduced gradient lands here;
+  // the CPU Adam writes the new parameters over it, which go back to `shard`.
+  at::Tensor host_io;
+  std::optional<c10::Event> host_io_landed;  // CUDA: recorded after the copy into host_io
   at::Tensor gather_send;  // the all-gather's input in flight
   cluster::Work gather_work, reduce_work;
   enum class State { Released, Gathering, Gathered } state = State::Released;
@@ -167,6 +173,33 @@ class GeminiDDP {
   // Parameter shards (and kept-gathered chunks) take the masters' values;
   // collective over dp.
   void shards_from_masters();
+  // ZeRO-Offload's step for chunks whose optimizer side is on the host, with
+  // bf16 parameters and fp32 masters (GeminiOptimizer turns it on for
+  // HybridAdam without gradient accumulation): no fp32 gradient shard on the
+  // host (2 bytes a parameter there, not 4); at the end of backward each
+  // chunk's gradient norm term and finiteness are taken on the device and
+  // copied to the host first, then the reduced bf16 gradients follow chunk
+  // by chunk into host_io, so the optimizer can update chunk i while chunk
+  // i + 1 still copies and send chunk i back while chunk i + 1 updates.
+  void enable_host_step();
+  bool host_step_enabled() const { return host_step_; }
+  bool host_steps(const Chunk& chunk) const {
+    return host_step_ && chunk.placement.optim_on_host && !chunk.placement.keep_gathered;
+  }
+  // The statistics of the last backward, one entry a chunk (host-step mode):
+  // ||g||_p (fp32; 0 when max_norm is 0) and whether g is finite. Waits only
+  // for them, not for the gradients' copies.
+  struct GradStats {
+    std::vector<float> norms;
+    std::vector<bool> finite;
+  };
+  GradStats grad_stats();
+  // Waits until chunk c's reduced gradient is in host_io.
+  void wait_host_gradient(size_t chunk);
+  // Queues the copy of host_io (the new bf16 parameters) into the chunk's
+  // shard; the next forward's work is ordered after it.
+  void upload_host_step(size_t chunk);
+
   // Auto policy: ends the warm-up at the first step (places chunks by the
   // traced peak); no-op after.
   void end_warmup(int64_t optim_bytes_per_element);
@@ -219,6 +252,11 @@ class GeminiDDP {
   void materialise_chunks(const std::vector<ChunkPlacement>& placement, int rank);
   void move_unmanaged_to_device();
   void refresh_chunk(size_t chunk);  // shard and master from the gathered chunk
+  // Host-step mode: host_io for the chunks it covers, grad_shard for the
+  // rest, moving a pending gradient across when a chunk changes sides.
+  void arrange_host_io();
+  void record_grad_stats();  // end of backward, before the gradients' copies
+  void copy_shards_from_masters(bool skip_host_step);
 
   std::shared_ptr<models::CausalLM> model_;
   cluster::ProcessGroupPtr dp_group_;
@@ -235,6 +273,9 @@ class GeminiDDP {
   bool in_backward_ = false;
   bool grads_pending_step_ = false;  // a backward finished since the last step
   bool warming_up_ = false;
+  bool host_step_ = false;
+  at::Tensor grad_stats_host_;  // (2 x chunks) fp32: norms, then finite flags
+  std::optional<c10::Event> grad_stats_landed_;
   int64_t peak_non_model_bytes_ = 0;
   int64_t gathers_ = 0, max_gathered_ = 0;
 };

@@ -70,9 +70,12 @@ void GeminiDDP::apply_placement(const std::vector<ChunkPlacement>& placement) {
     } else {
       chunk.master = host_or_device(master, chunk.placement.optim_on_host, master_dtype_);
     }
-    chunk.grad_shard = host_or_device(chunk.grad_shard, chunk.placement.optim_on_host, master_dtype_);
+    if (chunk.grad_shard.defined()) {
+      chunk.grad_shard = host_or_device(chunk.grad_shard, chunk.placement.optim_on_host, master_dtype_);
+    }
     point_views(c);
   }
+  arrange_host_io();  // chunks that moved to or from the host step
 }
 
 GeminiMemory GeminiDDP::memory_bytes() const {
@@ -84,6 +87,7 @@ GeminiMemory GeminiDDP::memory_bytes() const {
       (chunk.placement.param_on_host ? m.params_host : m.params_device) += chunk_bytes(chunk.shard);
     m.grads_device += chunk_bytes(chunk.grad_full) + chunk_bytes(chunk.reduced);
     (chunk.placement.optim_on_host ? m.grads_host : m.grads_device) += chunk_bytes(chunk.grad_shard);
+    m.grads_host += chunk_bytes(chunk.host_io);
     if (!chunk.master.is_same(chunk.shard)) {
       (chunk.placement.optim_on_host ? m.masters_host : m.masters_device) += chunk_bytes(chunk.master);
     }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include "colossus/amp/unscale.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/optim/hybrid_adam.h"
 #include "colossus/optim/lamb.h"
 
 namespace colossus::zero::gemini {
@@ -78,6 +80,12 @@ GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, Gemini
   }
   rebind_masters();
   setup_nvme();
+  // ZeRO-Offload's bf16 host step wherever the optimizer side is on the host.
+  if (dynamic_cast<optim::HybridAdam*>(inner_.get()) && ddp_.dtype() == at::kBFloat16 &&
+      ddp_.master_dtype() == at::kFloat && !ddp_.options().enable_gradient_accumulation && nvme_chunks_.empty()) {
+    ddp_.enable_host_step();
+    rebind_masters();  // the host-step chunks' master views no longer carry gradients
+  }
   if (auto* lamb = dynamic_cast<optim::Lamb*>(inner_.get())) {
     if (ddp_.master_dtype() != at::kFloat) {
       throw ConfigError(
@@ -119,6 +127,10 @@ void GeminiOptimizer::step() {
     inner_groups[g].weight_decay = groups_[g].weight_decay;
     inner_groups[g].options = groups_[g].options;
   }
+  if (ddp_.host_step_enabled()) {
+    step_host();
+    return;
+  }
   std::vector<at::Tensor> grads;
   for (const auto& chunk : ddp_.chunks()) grads.push_back(chunk.grad_shard);
   const auto group = ddp_.dp_group();
@@ -154,6 +166,70 @@ void GeminiOptimizer::step() {
   }
   step_inner();
   if (scaler_) scaler_->update(false);
+  ddp_.after_step();
+}
+
+void GeminiOptimizer::step_host() {
+  // bf16: no loss scale. The statistics were taken on the device at the end
+  // of backward; reading them does not wait for the gradients' copies.
+  const auto stats = ddp_.grad_stats();
+  const auto group = ddp_.dp_group();
+  bool overflow = std::find(stats.finite.begin(), stats.finite.end(), false) != stats.finite.end();
+  if (group->size() > 1) overflow = group->all_reduce_scalar(overflow ? 1.0 : 0.0, cluster::ReduceOp::Max) > 0.0;
+  last_step_skipped_ = overflow;
+  if (overflow) {
+    ++skipped_steps_;
+    ddp_.after_step();
+    return;
+  }
+  const double max_norm = ddp_.options().max_norm;
+  float grad_scale = 1.0f;
+  auto& chunks = ddp_.chunks();
+  if (max_norm > 0.0) {
+    // One fp32 term a chunk: the norm of the terms is the norm over the
+    // chunks (sqrt(x * x) == x in binary floating point), as clip_grad_norm
+    // takes it over the gradient shards.
+    std::vector<at::Tensor> terms;
+    for (float norm : stats.norms) terms.push_back(at::full({1}, norm, at::TensorOptions().dtype(at::kFloat)));
+    amp::NormReducer reducer;
+    if (group->size() > 1) {
+      reducer = [group](const at::Tensor& local, double norm_type) {
+        at::Tensor total = local.to(group->device(), /*non_blocking=*/false, /*copy=*/true);
+        group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
+        return total.to(local.device());
+      };
+    }
+    last_grad_norm_ = amp::grad_norm(terms, ddp_.options().norm_type, reducer);
+    // clip_grad_norm's coefficient, in its fp32 operations.
+    const auto total = static_cast<float>(last_grad_norm_);
+    grad_scale = std::min((1.0f / (total + 1e-6f)) * static_cast<float>(max_norm), 1.0f);
+    for (auto& chunk : chunks) {
+      if (chunk.grad_shard.defined()) chunk.grad_shard.mul_(static_cast<double>(grad_scale));
+    }
+  }
+  // Chunks on the device (or not host-stepped) first: their master views
+  // hold the gradients; host-step chunks' views have none, so it skips them.
+  inner_->step();
+  std::vector<int64_t> flat_of(ddp_.params().size(), -1);
+  for (size_t i = 0; i < inner_order_.size(); ++i) flat_of[inner_order_[i]] = static_cast<int64_t>(i);
+  auto& adam = dynamic_cast<optim::HybridAdam&>(*inner_);
+  const auto& slots = ddp_.layout().slots;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    Chunk& chunk = chunks[c];
+    if (!ddp_.host_steps(chunk)) continue;
+    std::vector<int64_t> indices;
+    std::vector<at::Tensor> io;
+    for (size_t k : chunk.layout.params) {
+      const auto& slot = slots[k];
+      if (slot.own_numel == 0 || flat_of[k] < 0) continue;
+      indices.push_back(flat_of[k]);
+      io.push_back(chunk.host_io.narrow(0, slot.own_offset, slot.own_numel));
+    }
+    ddp_.wait_host_gradient(c);
+    if (!indices.empty()) adam.step_host_mixed(indices, io, grad_scale);
+    // Padding carries zero gradients, so it goes back as the zeros it held.
+    ddp_.upload_host_step(c);
+  }
   ddp_.after_step();
 }
 

@@ -60,6 +60,10 @@ class GeminiOptimizer : public optim::Optimizer {
   // NVMe offload (gemini_nvme.cpp).
   void setup_nvme();
   void step_inner();  // inner step; NVMe chunks one by one with their state read in
+  // The step under GeminiDDP's host step: statistics from the device,
+  // chunks on the device through the inner step, then each host chunk's
+  // fused bf16 CPU Adam as soon as its gradient landed, sent back at once.
+  void step_host();
   std::vector<at::Tensor> chunk_state(size_t chunk) const;  // live inner state tensors of its parameters
   void nvme_fetch_all() const;  // every offloaded state in memory (checkpoints)
   void nvme_evict_all() const;  // and back to the files

@@ -1,0 +1,137 @@
+// GeminiDDP's side of the host step (see enable_host_step in gemini_ddp.h):
+// which chunks hold a bf16 host_io in place of their fp32 gradient shard, the
+// statistics taken on the device at the end of backward, and the ordered
+// copies that let the optimizer pipeline chunk by chunk.
+//
+// Ordering on CUDA: everything is queued on the current stream, so no other
+// stream needs synchronising. At the end of backward the stream holds the
+// statistics' small copy, then each chunk's gradient copy with an event after
+// it. The optimizer waits for the statistics, then for chunk i's event only,
+// updates chunk i on the CPU and queues its copy back; the next forward's
+// kernels queue behind those copies.
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <fmt/format.h>
+
+#include "colossus/amp/clip_grad.h"
+#include "colossus/core/errors.h"
+#include "colossus/zero/gemini/gemini_ddp.h"
+
+namespace colossus::zero::gemini {
+
+namespace {
+
+c10::Stream current_stream(const c10::Device& device) {
+  return at::accelerator::getCurrentStream(device.has_index() ? device.index() : at::accelerator::getDeviceIndex());
+}
+
+}  // namespace
+
+void GeminiDDP::enable_host_step() {
+  if (dtype_ != at::kBFloat16 || master_dtype_ != at::kFloat) {
+    throw ConfigError(fmt::format("gemini: the host step needs bf16 parameters with fp32 masters, not {} with {}",
+                                  c10::toString(dtype_), c10::toString(master_dtype_)));
+  }
+  if (options_.enable_gradient_accumulation) {
+    throw ConfigError("gemini: the host step keeps no gradient between backwards; it cannot take "
+                      "enable_gradient_accumulation = true");
+  }
+  if (grads_pending_step_ || in_backward_) {
+    throw DistError("gemini: enable_host_step() between a backward and its step; call it before training");
+  }
+  host_step_ = true;
+  arrange_host_io();
+}
+
+void GeminiDDP::arrange_host_io() {
+  if (!host_step_) return;
+  at::NoGradGuard no_grad;
+  const bool pin = device_.is_cuda();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    Chunk& chunk = chunks_[c];
+    if (host_steps(chunk) && !chunk.host_io.defined()) {
+      chunk.host_io = at::empty({chunk.layout.shard_numel},
+                                at::TensorOptions().dtype(at::kBFloat16).device(c10::kCPU).pinned_memory(pin));
+      // A pending gradient was reduced in bf16, so it is exact in bf16.
+      if (grads_pending_step_) chunk.host_io.copy_(chunk.grad_shard);
+      chunk.grad_shard.reset();
+    } else if (!host_steps(chunk) && chunk.host_io.defined()) {
+      if (grads_pending_step_) wait_host_gradient(c);
+      chunk.grad_shard = at::empty({chunk.layout.shard_numel}, at::TensorOptions().dtype(master_dtype_).device(
+                                                                   chunk.master.device()));
+      if (grads_pending_step_) {
+        chunk.grad_shard.copy_(chunk.host_io);
+      } else {
+        chunk.grad_shard.zero_();
+      }
+      chunk.host_io.reset();
+      chunk.host_io_landed.reset();
+    }
+    point_views(c);
+  }
+  if (!grad_stats_host_.defined()) {
+    grad_stats_host_ = at::zeros({2 * static_cast<int64_t>(chunks_.size())},
+                                 at::TensorOptions().dtype(at::kFloat).device(c10::kCPU).pinned_memory(pin));
+  }
+}
+
+void GeminiDDP::record_grad_stats() {
+  const double max_norm = options_.max_norm;
+  std::vector<at::Tensor> norms, finite;
+  for (const auto& chunk : chunks_) {
+    // The bf16 gradient widened to fp32, so the norm is the one the fp32
+    // gradient shard would give (bit for bit: the host step replaces that path).
+    const at::Tensor g = host_steps(chunk) ? chunk.reduced.to(at::kFloat) : chunk.grad_shard;
+    norms.push_back(max_norm > 0.0 ? amp::vector_norm(g, options_.norm_type).to(at::kFloat).reshape({1})
+                                   : at::zeros({1}, g.options().dtype(at::kFloat)));
+    finite.push_back(at::isfinite(g).all().to(at::kFloat).reshape({1}));
+  }
+  std::vector<at::Tensor> all = norms;
+  all.insert(all.end(), finite.begin(), finite.end());
+  at::Tensor stats = at::cat(all);
+  const bool cuda = device_.is_cuda();
+  grad_stats_host_.copy_(stats, /*non_blocking=*/cuda);
+  if (cuda) {
+    grad_stats_landed_.emplace(device_.type());
+    grad_stats_landed_->record(current_stream(device_));
+  }
+  // Then the gradients, chunk by chunk, behind the statistics.
+  for (auto& chunk : chunks_) {
+    if (!host_steps(chunk)) continue;
+    chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/cuda);
+    if (cuda) {
+      chunk.host_io_landed.emplace(device_.type());
+      chunk.host_io_landed->record(current_stream(device_));
+    }
+    // Freed for reuse by later work on this stream, which runs after the copy.
+    chunk.reduced.reset();
+    chunk.grad_full.reset();
+  }
+}
+
+GeminiDDP::GradStats GeminiDDP::grad_stats() {
+  if (!host_step_ || !grads_pending_step_) {
+    throw DistError("gemini: grad_stats() needs the host step and a backward since the last step");
+  }
+  if (grad_stats_landed_) grad_stats_landed_->synchronize();
+  const auto n = static_cast<int64_t>(chunks_.size());
+  const float* values = grad_stats_host_.data_ptr<float>();
+  GradStats stats;
+  stats.norms.assign(values, values + n);
+  for (int64_t c = 0; c < n; ++c) stats.finite.push_back(values[n + c] != 0.0f);
+  return stats;
+}
+
+void GeminiDDP::wait_host_gradient(size_t c) {
+  auto& landed = chunks_.at(c).host_io_landed;
+  if (landed) landed->synchronize();
+}
+
+void GeminiDDP::upload_host_step(size_t c) {
+  Chunk& chunk = chunks_.at(c);
+  at::NoGradGuard no_grad;
+  // Pinned to the device: returns at once; the next forward is queued behind.
+  chunk.shard.copy_(chunk.host_io, /*non_blocking=*/device_.is_cuda() && !chunk.placement.param_on_host);
+}
+
+}  // namespace colossus::zero::gemini
