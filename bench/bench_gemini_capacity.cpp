@@ -4,7 +4,7 @@
 // a static placement that offloads every chunk's optimizer side (fp32 master,
 // gradient shard, moments) to pinned host memory, and (c) Gemini's auto
 // placement (as many chunks on the device as fit after the warm-up step, the
-// optimizer side too: gpu_margin_mem_ratio 0.9).
+// optimizer side too: gpu_margin_mem_ratio's default 0.5).
 //
 // Every try runs in its own process (`--probe`), so an out-of-memory error,
 // CUDA's or the host's OOM killer, cannot poison the next try. The driver:
@@ -49,6 +49,8 @@
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/hybrid_adam.h"
+#include "colossus/zero/gemini/gemini_ddp.h"
+#include "colossus/zero/gemini/gemini_optimizer.h"
 
 using namespace colossus;
 using nlohmann::json;
@@ -76,6 +78,7 @@ struct Options {
   int try_timeout_s = 240;
   std::string commit;
   bool record = true;
+  bool bound = false;  // probe: also time the phases and measure the link and host Adam bandwidths
   std::string self;  // argv[0], to spawn probes
   std::string command = "bench_gemini_capacity";
 };
@@ -124,6 +127,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--try-timeout-s") o.try_timeout_s = static_cast<int>(next_int());
     else if (a == "--commit") o.commit = next();
     else if (a == "--no-record") o.record = false;
+    else if (a == "--bound") o.bound = true;
     else throw std::runtime_error("unknown argument '" + a + "' (see the usage at the top of bench_gemini_capacity.cpp)");
   }
   for (const auto& m : o.modes) {
@@ -173,6 +177,38 @@ double peak_device_gib(const c10::Device& device) {
   return static_cast<double>(stats.reserved_bytes[aggregate].peak) / kGiB;
 }
 
+// GB/s of pinned host <-> device copies of 256 MiB (the bound's PCIe term).
+std::pair<double, double> link_gbs(const c10::Device& device) {
+  const int64_t n = int64_t{256} << 20;
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  at::Tensor dev = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(device));
+  auto time = [&](auto&& copy) {
+    copy();
+    sync(device);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 3; ++i) copy();
+    sync(device);
+    return 3.0 * static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+  };
+  const double h2d = time([&] { dev.copy_(host, /*non_blocking=*/true); });
+  const double d2h = time([&] { host.copy_(dev, /*non_blocking=*/true); });
+  return {h2d, d2h};
+}
+
+// GB/s of the host step's fused CPU Adam (HybridAdam::step_host_mixed, all
+// cores) over 64M elements, counting its 28 bytes a parameter: fp32 master,
+// both moments read and written, the bf16 gradient read and parameter written.
+double host_adam_gbs() {
+  const int64_t n = int64_t{64} << 20;
+  at::Tensor master = at::zeros({n}, at::kFloat);
+  at::Tensor io = at::zeros({n}, at::kBFloat16);
+  optim::HybridAdam adam(std::vector<at::Tensor>{master}, {.lr = 1e-4, .weight_decay = 0.1});
+  adam.step_host_mixed({0}, {io}, 1.0f);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 3; ++i) adam.step_host_mixed({0}, {io}, 1.0f);
+  return 3.0 * 28.0 * static_cast<double>(n) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+}
+
 // One try: build, train warmup + steps, print a JSON line. Out of memory (or
 // any error) is a result, not a crash.
 int probe(const Options& o) {
@@ -204,16 +240,15 @@ int probe(const Options& o) {
       booster::GeminiPluginOptions g{
           .gemini = {.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
                      .offload_optim_frac = o.probe_mode == "gemini_offload" ? 1.0 : 0.0,
-                     // auto: optimizer shards may use 90% of the device margin left
-                     // after the parameter shards (the default 0 keeps them all on the host).
-                     .gpu_margin_mem_ratio = o.probe_mode == "gemini_auto" ? 0.9 : 0.0,
+                     // auto: gpu_margin_mem_ratio's default (0.5 of the device margin
+                     // for optimizer shards), what a user gets.
                      .precision = "bf16",
                      .pin_memory = device.is_cuda()},
           .hidden_dim = s.hidden};
-      g.gemini.param_source = source;
       if (!device.is_cuda()) g.search_range_m = g.min_chunk_size_m = 1.0;
       booster = std::make_unique<booster::Booster>(std::make_shared<booster::GeminiPlugin>(g, cluster.world));
-      boosted = booster->boost(model, std::make_unique<optim::HybridAdam>(model->parameters(), adam));
+      boosted = booster->boost(model, std::make_unique<optim::HybridAdam>(model->parameters(), adam), nullptr, nullptr,
+                               source);
     }
     r["init_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();
 
@@ -255,6 +290,46 @@ int probe(const Options& o) {
     if (!finite) r["error"] = "non-finite loss";
     r["step_ms"] = timed_s * 1e3 / static_cast<double>(s.steps);
     r["tokens_per_s"] = static_cast<double>(s.batch * s.seq * s.steps) / timed_s;
+    if (o.bound) {
+      // The phases of `steps` more steps, synchronised between forward +
+      // backward and the optimizer step (kept out of the timed steps above).
+      double fwd_bwd_s = 0.0, opt_s = 0.0;
+      for (int64_t step = 0; step < s.steps; ++step) {
+        const at::Tensor ids = data[step % n_batches];
+        sync(device);
+        const auto t_a = Clock::now();
+        if (plain_opt) {
+          model->forward_loss(ids, ids).backward();
+        } else {
+          booster->backward(boosted.model->forward_loss(ids, ids), *boosted.optimizer);
+        }
+        sync(device);
+        const auto t_b = Clock::now();
+        if (plain_opt) {
+          plain_opt->step();
+          plain_opt->zero_grad(true);
+        } else {
+          boosted.optimizer->step();
+          boosted.optimizer->zero_grad(true);
+        }
+        sync(device);
+        fwd_bwd_s += std::chrono::duration<double>(t_b - t_a).count();
+        opt_s += std::chrono::duration<double>(Clock::now() - t_b).count();
+      }
+      r["fwd_bwd_ms"] = fwd_bwd_s * 1e3 / static_cast<double>(s.steps);
+      r["optimizer_ms"] = opt_s * 1e3 / static_cast<double>(s.steps);
+      if (auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(boosted.optimizer.get())) {
+        int64_t host_chunks = 0;
+        for (const auto& chunk : gemini->ddp().chunks()) host_chunks += gemini->ddp().host_steps(chunk) ? 1 : 0;
+        r["host_step_chunks"] = host_chunks;
+      }
+      if (device.is_cuda()) {
+        const auto [h2d, d2h] = link_gbs(device);
+        r["h2d_gbs"] = h2d;
+        r["d2h_gbs"] = d2h;
+      }
+      r["host_adam_gbs"] = host_adam_gbs();
+    }
   } catch (const std::exception& e) {
     std::string what = e.what();
     r["ok"] = false;
@@ -271,12 +346,12 @@ int probe(const Options& o) {
 
 // Runs one probe in a child process; a child that dies (host OOM killer,
 // timeout) is reported as a failed try with its exit status.
-json run_probe(const Options& o, const std::string& mode, const Shape& s) {
+json run_probe(const Options& o, const std::string& mode, const Shape& s, bool bound = false) {
   const std::string cmd = fmt::format(
       "timeout -s KILL {} {} --probe {} --layers {} --hidden {} --ffn {} --heads {} --vocab {} --batch {} --seq {} "
-      "--steps {} --warmup {} --device {} 2>&1; echo \"EXIT $?\"",
+      "--steps {} --warmup {} --device {}{} 2>&1; echo \"EXIT $?\"",
       o.try_timeout_s, o.self, mode, s.layers, s.hidden, s.ffn, s.heads, s.vocab, s.batch, s.seq, s.steps, s.warmup,
-      o.device);
+      o.device, bound ? " --bound" : "");
   const std::string out = bench::run_command(cmd);
   const auto at = out.rfind("PROBE ");
   if (at != std::string::npos) {
@@ -329,7 +404,7 @@ int drive(const Options& o) {
     if (!cuda) mid = Shape{.layers = 2, .hidden = 64, .ffn = 172, .heads = 4, .vocab = 512, .batch = 2, .seq = 64, .steps = 3, .warmup = 2};
     std::map<std::string, json> res;
     for (const auto& m : o.modes) {
-      res[m] = run_probe(o, m, mid);
+      res[m] = run_probe(o, m, mid, /*bound=*/true);
       fmt::print("throughput {}: {}\n", m, res[m].dump());
       std::fflush(stdout);
     }
@@ -337,8 +412,8 @@ int drive(const Options& o) {
                                            mid.ffn, mid.vocab, mid.batch, mid.seq);
     rep.md.push_back(fmt::format("\nthroughput, {} ({} params):\n", config,
                                  billions(res.begin()->second.value("params", int64_t{0}))));
-    rep.md.push_back("| mode | tokens/s | vs plain AdamW | step ms | first loss | rel diff vs plain | peak device GiB | peak host GiB | ok |");
-    rep.md.push_back("|---|---|---|---|---|---|---|---|---|");
+    rep.md.push_back("| mode | tokens/s | vs plain AdamW | step ms | fwd+bwd ms | optimizer ms | first loss | rel diff vs plain | peak device GiB | peak host GiB | ok |");
+    rep.md.push_back("|---|---|---|---|---|---|---|---|---|---|---|");
     const json* plain = res.count("adamw") ? &res["adamw"] : nullptr;
     for (const auto& m : o.modes) {
       const json& r = res[m];
@@ -357,11 +432,38 @@ int drive(const Options& o) {
       if (!ok) all_ok = false;
       const double tps = r.value("tokens_per_s", 0.0);
       const double peer = plain ? plain->value("tokens_per_s", 0.0) : 0.0;
-      rep.md.push_back(fmt::format("| {} | {:.0f} | {:.2f}x | {:.1f} | {:.4f} | {:.1e} | {:.1f} | {:.1f} | {} |", m, tps,
-                                   peer > 0 ? tps / peer : 0.0, r.value("step_ms", 0.0), first, rel,
+      rep.md.push_back(fmt::format("| {} | {:.0f} | {:.2f}x | {:.1f} | {:.1f} | {:.1f} | {:.4f} | {:.1e} | {:.1f} | {:.1f} | {} |",
+                                   m, tps, peer > 0 ? tps / peer : 0.0, r.value("step_ms", 0.0),
+                                   r.value("fwd_bwd_ms", 0.0), r.value("optimizer_ms", 0.0), first, rel,
                                    r.value("peak_device_gib", 0.0), r.value("peak_host_gib", 0.0),
                                    ok ? "yes" : r.value("error", std::string("no"))));
       add_row(rep, o, machine, config + ", " + m, "tokens_per_s", tps, "plain bf16 AdamW (same run)", peer);
+    }
+    // Issue 27's bound for full offload: the step can not beat the largest of
+    // the GPU's work (the plain step), the PCIe bytes (bf16 gradients down,
+    // bf16 parameters up: 4 bytes a parameter) at the measured link speed,
+    // and the CPU Adam's 28 bytes a parameter at its measured speed. Our
+    // schedule runs the CPU Adam between backward and the next forward, so
+    // its own bound is forward + backward plus the CPU Adam.
+    if (res.count("gemini_offload") && res["gemini_offload"].value("ok", false) && plain && plain->value("ok", false)) {
+      const json& r = res["gemini_offload"];
+      const double n = static_cast<double>(r.value("params", int64_t{0}));
+      const double gpu_ms = plain->value("step_ms", 0.0);
+      const double h2d = r.value("h2d_gbs", 0.0), d2h = r.value("d2h_gbs", 0.0), adam = r.value("host_adam_gbs", 0.0);
+      const double pcie_ms = h2d > 0 && d2h > 0 ? (2.0 * n / d2h + 2.0 * n / h2d) / 1e6 : 0.0;
+      const double adam_ms = adam > 0 ? 28.0 * n / adam / 1e6 : 0.0;
+      const double bound_ms = std::max({gpu_ms, pcie_ms, adam_ms});
+      const double serial_ms = r.value("fwd_bwd_ms", 0.0) + adam_ms;
+      const double step_ms = r.value("step_ms", 0.0);
+      rep.md.push_back(fmt::format(
+          "\nfull offload's bound: max(GPU {:.1f} ms (the plain step), PCIe {:.1f} ms (4 B/param at {:.1f} GB/s down, "
+          "{:.1f} GB/s up), CPU Adam {:.1f} ms (28 B/param at {:.1f} GB/s)) = {:.1f} ms, {:.2f}x the plain step; "
+          "measured {:.1f} ms = {:.2f}x that bound. Serial schedule (forward + backward, then the CPU Adam): {:.1f} ms; "
+          "measured = {:.2f}x it. Host-step chunks: {}.",
+          gpu_ms, pcie_ms, d2h, h2d, adam_ms, adam, bound_ms, gpu_ms / bound_ms, step_ms, step_ms / bound_ms, serial_ms,
+          serial_ms > 0 ? step_ms / serial_ms : 0.0, r.value("host_step_chunks", int64_t{0})));
+      add_row(rep, o, machine, config + ", gemini_offload", "step_ms_over_bound", step_ms / bound_ms,
+              "max(GPU, PCIe, CPU Adam) bound (same run)", bound_ms);
     }
   }
 
