@@ -412,10 +412,11 @@ void GeminiDDP::on_grad_ready(size_t k) {
   }
   chunk.grad_full.narrow(0, slot.offset, slot.numel).copy_(p.grad().reshape({-1}));
   p.mutable_grad().reset();  // no full gradient stays behind
-  if (--chunk.grads_pending == 0) launch_reduce(chunk);
+  if (--chunk.grads_pending == 0) launch_reduce(slot.bucket);
 }
 
-void GeminiDDP::launch_reduce(Chunk& chunk) {
+void GeminiDDP::launch_reduce(size_t c) {
+  Chunk& chunk = chunks_[c];
   if (!chunk.grad_full.defined()) {
     chunk.grad_full = at::zeros({chunk_numel_}, at::TensorOptions().device(device_).dtype(dtype_));
   }
@@ -426,6 +427,34 @@ void GeminiDDP::launch_reduce(Chunk& chunk) {
     chunk.reduce_work = dp_group_->reduce_scatter(chunk.reduced, chunk.grad_full, cluster::ReduceOp::Avg);
   }
   chunk.reduce_launched = true;
+  // The chunk launched before this one had a chunk's worth of backward to
+  // finish its reduce: settle it now, so its full-size gradient buffer goes
+  // (backward never holds more than two) and, under the host step, its copy
+  // to the host runs while backward goes on.
+  unsettled_.push_back(c);
+  while (unsettled_.size() > 1) {
+    settle(unsettled_.front());
+    unsettled_.erase(unsettled_.begin());
+  }
+}
+
+void GeminiDDP::settle(size_t c) {
+  Chunk& chunk = chunks_[c];
+  at::NoGradGuard no_grad;
+  chunk.reduce_work.wait();
+  if (host_steps(chunk)) {
+    send_to_host(c);  // gemini_host_step.cpp
+  } else {
+    at::Tensor part = chunk.reduced.to(chunk.grad_shard.device(), chunk.grad_shard.scalar_type());
+    if (grads_pending_step_) {
+      chunk.grad_shard.add_(part);
+    } else {
+      chunk.grad_shard.copy_(part);
+    }
+    if (host_step_) record_chunk_stats(c, chunk.grad_shard);
+  }
+  chunk.reduced.reset();
+  chunk.grad_full.reset();
 }
 
 void GeminiDDP::finish_backward() {
@@ -433,23 +462,12 @@ void GeminiDDP::finish_backward() {
   in_backward_ = false;
   // Chunks whose gradients did not all arrive count the missing ones as zero
   // (same order on every rank).
-  for (auto& chunk : chunks_) {
-    if (!chunk.reduce_launched) launch_reduce(chunk);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (!chunks_[c].reduce_launched) launch_reduce(c);
   }
-  at::NoGradGuard no_grad;
-  for (auto& chunk : chunks_) {
-    chunk.reduce_work.wait();
-    if (host_steps(chunk)) continue;  // record_grad_stats reads `reduced`, then copies it to host_io
-    at::Tensor part = chunk.reduced.to(chunk.grad_shard.device(), chunk.grad_shard.scalar_type());
-    if (grads_pending_step_) {
-      chunk.grad_shard.add_(part);
-    } else {
-      chunk.grad_shard.copy_(part);
-    }
-    chunk.reduced.reset();
-    chunk.grad_full.reset();
-  }
-  if (host_step_) record_grad_stats();
+  for (size_t c : unsettled_) settle(c);
+  unsettled_.clear();
+  if (host_step_) send_grad_stats();
   grads_pending_step_ = true;
   if (warming_up_) sample_memory();
   release_all();

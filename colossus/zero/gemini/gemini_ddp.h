@@ -176,11 +176,12 @@ class GeminiDDP {
   // ZeRO-Offload's step for chunks whose optimizer side is on the host, with
   // bf16 parameters and fp32 masters (GeminiOptimizer turns it on for
   // HybridAdam without gradient accumulation): no fp32 gradient shard on the
-  // host (2 bytes a parameter there, not 4); at the end of backward each
-  // chunk's gradient norm term and finiteness are taken on the device and
-  // copied to the host first, then the reduced bf16 gradients follow chunk
-  // by chunk into host_io, so the optimizer can update chunk i while chunk
-  // i + 1 still copies and send chunk i back while chunk i + 1 updates.
+  // host (2 bytes a parameter there, not 4). During backward, one chunk
+  // behind its reduce, each chunk's gradient norm term and finiteness are
+  // taken on the device and its reduced bf16 gradient is copied into
+  // host_io; the statistics follow at the end of backward. The optimizer
+  // updates chunk i as soon as its copy landed and sends it back while
+  // chunk i + 1 updates.
   void enable_host_step();
   bool host_step_enabled() const { return host_step_; }
   bool host_steps(const Chunk& chunk) const {
@@ -241,7 +242,10 @@ class GeminiDDP {
   void release_all();
   void schedule(size_t segment, bool forward);
   void start_backward();
-  void launch_reduce(Chunk& chunk);
+  void launch_reduce(size_t chunk);
+  // Waits for the chunk's reduce and takes its part: into the gradient
+  // shard, or (host step) its statistics and the copy into host_io.
+  void settle(size_t chunk);
   void sample_memory();
   c10::Device place_of(bool on_host) const;
   at::Tensor host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const;
@@ -255,7 +259,13 @@ class GeminiDDP {
   // Host-step mode: host_io for the chunks it covers, grad_shard for the
   // rest, moving a pending gradient across when a chunk changes sides.
   void arrange_host_io();
-  void record_grad_stats();  // end of backward, before the gradients' copies
+  // Host step (gemini_host_step.cpp): a settled chunk's norm term and
+  // finiteness into grad_stats_device_; a host-step chunk's statistics and
+  // the copy of its reduced gradient into host_io; at the end of backward
+  // the statistics to the host.
+  void record_chunk_stats(size_t chunk, const at::Tensor& grad);
+  void send_to_host(size_t chunk);
+  void send_grad_stats();
   void copy_shards_from_masters(bool skip_host_step);
 
   std::shared_ptr<models::CausalLM> model_;
@@ -274,7 +284,9 @@ class GeminiDDP {
   bool grads_pending_step_ = false;  // a backward finished since the last step
   bool warming_up_ = false;
   bool host_step_ = false;
-  at::Tensor grad_stats_host_;  // (2 x chunks) fp32: norms, then finite flags
+  std::vector<size_t> unsettled_;  // chunks whose reduce was launched, in order, not yet settled
+  at::Tensor grad_stats_device_;   // (2 x chunks) fp32: norms, then finite flags
+  at::Tensor grad_stats_host_;     // its copy, pinned on CUDA
   std::optional<c10::Event> grad_stats_landed_;
   int64_t peak_non_model_bytes_ = 0;
   int64_t gathers_ = 0, max_gathered_ = 0;

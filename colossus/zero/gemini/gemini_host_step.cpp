@@ -4,11 +4,11 @@
 // copies that let the optimizer pipeline chunk by chunk.
 //
 // Ordering on CUDA: everything is queued on the current stream, so no other
-// stream needs synchronising. At the end of backward the stream holds the
-// statistics' small copy, then each chunk's gradient copy with an event after
-// it. The optimizer waits for the statistics, then for chunk i's event only,
-// updates chunk i on the CPU and queues its copy back; the next forward's
-// kernels queue behind those copies.
+// stream needs synchronising. During backward each chunk's statistics and its
+// gradient's copy (an event after it) are queued one chunk behind its reduce,
+// and at the end the statistics' small copy. The optimizer waits for the
+// statistics, then for chunk i's event, updates chunk i on the CPU and queues
+// its copy back; the next forward's kernels queue behind those copies.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <fmt/format.h>
@@ -70,42 +70,42 @@ void GeminiDDP::arrange_host_io() {
     point_views(c);
   }
   if (!grad_stats_host_.defined()) {
-    grad_stats_host_ = at::zeros({2 * static_cast<int64_t>(chunks_.size())},
-                                 at::TensorOptions().dtype(at::kFloat).device(c10::kCPU).pinned_memory(pin));
+    const int64_t n = 2 * static_cast<int64_t>(chunks_.size());
+    grad_stats_device_ = at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(device_));
+    grad_stats_host_ = at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(c10::kCPU).pinned_memory(pin));
   }
 }
 
-void GeminiDDP::record_grad_stats() {
-  const double max_norm = options_.max_norm;
-  std::vector<at::Tensor> norms, finite;
-  for (const auto& chunk : chunks_) {
-    // The bf16 gradient widened to fp32, so the norm is the one the fp32
-    // gradient shard would give (bit for bit: the host step replaces that path).
-    const at::Tensor g = host_steps(chunk) ? chunk.reduced.to(at::kFloat) : chunk.grad_shard;
-    norms.push_back(max_norm > 0.0 ? amp::vector_norm(g, options_.norm_type).to(at::kFloat).reshape({1})
-                                   : at::zeros({1}, g.options().dtype(at::kFloat)));
-    finite.push_back(at::isfinite(g).all().to(at::kFloat).reshape({1}));
+void GeminiDDP::record_chunk_stats(size_t c, const at::Tensor& grad) {
+  const auto n = static_cast<int64_t>(chunks_.size());
+  const auto index = static_cast<int64_t>(c);
+  if (options_.max_norm > 0.0) {
+    grad_stats_device_.narrow(0, index, 1).copy_(amp::vector_norm(grad, options_.norm_type).reshape({1}));
   }
-  std::vector<at::Tensor> all = norms;
-  all.insert(all.end(), finite.begin(), finite.end());
-  at::Tensor stats = at::cat(all);
+  grad_stats_device_.narrow(0, n + index, 1).copy_(at::isfinite(grad).all().reshape({1}));
+}
+
+void GeminiDDP::send_to_host(size_t c) {
+  Chunk& chunk = chunks_[c];
+  // The bf16 gradient widened to fp32, so the norm is the one the fp32
+  // gradient shard would give (bit for bit: the host step replaces that path).
+  record_chunk_stats(c, chunk.reduced.to(at::kFloat));
   const bool cuda = device_.is_cuda();
-  grad_stats_host_.copy_(stats, /*non_blocking=*/cuda);
+  chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/cuda);
+  if (cuda) {
+    chunk.host_io_landed.emplace(device_.type());
+    chunk.host_io_landed->record(current_stream(device_));
+  }
+  // `reduced` is freed by the caller: later work on this stream, which may
+  // reuse its memory, runs after the copy.
+}
+
+void GeminiDDP::send_grad_stats() {
+  const bool cuda = device_.is_cuda();
+  grad_stats_host_.copy_(grad_stats_device_, /*non_blocking=*/cuda);
   if (cuda) {
     grad_stats_landed_.emplace(device_.type());
     grad_stats_landed_->record(current_stream(device_));
-  }
-  // Then the gradients, chunk by chunk, behind the statistics.
-  for (auto& chunk : chunks_) {
-    if (!host_steps(chunk)) continue;
-    chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/cuda);
-    if (cuda) {
-      chunk.host_io_landed.emplace(device_.type());
-      chunk.host_io_landed->record(current_stream(device_));
-    }
-    // Freed for reuse by later work on this stream, which runs after the copy.
-    chunk.reduced.reset();
-    chunk.grad_full.reset();
   }
 }
 
