@@ -18,7 +18,7 @@
 //
 // Usage: bench_gemini_capacity [--parts throughput,capacity] [--modes adamw,gemini_offload,gemini_auto]
 //          [--start adamw=40,gemini_offload=32,gemini_auto=56] [--layer-step 4] [--budget-s 420]
-//          [--try-timeout-s 240] [--device cuda|cpu] [--commit SHA] [--no-record]
+//          [--try-timeout-s 240] [--device cuda|cpu] [--commit SHA] [--no-record] [--margin-ratio R]
 //        bench_gemini_capacity --probe MODE --layers L [--hidden 4096 --ffn 11008 --heads 32 --vocab 32000]
 //          [--batch 1 --seq 1024 --steps 3 --warmup 1] [--device cuda|cpu]
 // --device cpu is a smoke test of the whole flow on tiny models (CI machine).
@@ -78,7 +78,8 @@ struct Options {
   int try_timeout_s = 240;
   std::string commit;
   bool record = true;
-  bool bound = false;  // probe: also time the phases and measure the link and host Adam bandwidths
+  bool bound = false;
+  double margin_ratio = -1.0;  // gemini_auto's gpu_margin_mem_ratio (< 0: the plugin's default)  // probe: also time the phases and measure the link and host Adam bandwidths
   std::string self;  // argv[0], to spawn probes
   std::string command = "bench_gemini_capacity";
 };
@@ -128,6 +129,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--commit") o.commit = next();
     else if (a == "--no-record") o.record = false;
     else if (a == "--bound") o.bound = true;
+    else if (a == "--margin-ratio") o.margin_ratio = std::stod(next());
     else throw std::runtime_error("unknown argument '" + a + "' (see the usage at the top of bench_gemini_capacity.cpp)");
   }
   for (const auto& m : o.modes) {
@@ -246,6 +248,7 @@ int probe(const Options& o) {
                      .pin_memory = device.is_cuda()},
           .hidden_dim = s.hidden};
       if (!device.is_cuda()) g.search_range_m = g.min_chunk_size_m = 1.0;
+      if (o.probe_mode == "gemini_auto" && o.margin_ratio >= 0.0) g.gemini.gpu_margin_mem_ratio = o.margin_ratio;
       booster = std::make_unique<booster::Booster>(std::make_shared<booster::GeminiPlugin>(g, cluster.world));
       boosted = booster->boost(model, std::make_unique<optim::HybridAdam>(model->parameters(), adam), nullptr, nullptr,
                                source);
@@ -349,9 +352,9 @@ int probe(const Options& o) {
 json run_probe(const Options& o, const std::string& mode, const Shape& s, bool bound = false) {
   const std::string cmd = fmt::format(
       "timeout -s KILL {} {} --probe {} --layers {} --hidden {} --ffn {} --heads {} --vocab {} --batch {} --seq {} "
-      "--steps {} --warmup {} --device {}{} 2>&1; echo \"EXIT $?\"",
+      "--steps {} --warmup {} --device {} --margin-ratio {}{} 2>&1; echo \"EXIT $?\"",
       o.try_timeout_s, o.self, mode, s.layers, s.hidden, s.ffn, s.heads, s.vocab, s.batch, s.seq, s.steps, s.warmup,
-      o.device, bound ? " --bound" : "");
+      o.device, o.margin_ratio, bound ? " --bound" : "");
   const std::string out = bench::run_command(cmd);
   const auto at = out.rfind("PROBE ");
   if (at != std::string::npos) {

@@ -10,6 +10,8 @@
 #             step against the bf16 step of the same run; no Python peers)
 #   gemini    bench_gemini_capacity's throughput part (issue 27 point 3: full
 #             optimizer offload against plain AdamW on llama-1b-like)
+#   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
+#             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
 #   decode    bench_gemv + bench_inference's decode table (issue 26)
 # STAGES="check offload gemini fp8 decode" picks and orders them. A stage's log is in
 # $OUT/<stage>.log; the summary table is printed last with every exit code.
@@ -60,11 +62,14 @@ for stage in ${STAGES:-check offload gemini fp8 decode}; do
     gemini) run_stage gemini "${GEMINI_LIMIT_S:-170}" build-gpu/bin/bench_gemini_capacity --parts throughput \
               --modes adamw,gemini_offload --budget-s $(( ${GEMINI_LIMIT_S:-170} - 10 )) --try-timeout-s 120 \
               --no-record ${GEMINI_FLAGS:-} ;;
+    capacity) run_stage capacity "${CAPACITY_LIMIT_S:-400}" build-gpu/bin/bench_gemini_capacity --parts capacity \
+              --modes gemini_auto --start gemini_auto=66 --layer-step 4 --margin-ratio 0.9 \
+              --budget-s $(( ${CAPACITY_LIMIT_S:-400} - 150 )) --try-timeout-s 150 --no-record ${CAPACITY_FLAGS:-} ;;
     decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out"
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${DECODE_FLAGS:---mix-requests 0} ;;
-    *) echo "unknown stage $stage (check, offload, gemini, fp8, decode)"; exit 2 ;;
+    *) echo "unknown stage $stage (check, offload, gemini, capacity, fp8, decode)"; exit 2 ;;
   esac
 done
 
@@ -72,6 +77,7 @@ echo "=== results ==="
 [[ -n ${rc[check]+x} ]] && { grep -E "FAIL" "$out/check.log" | head -20; tail -3 "$out/check.log"; }
 [[ -n ${rc[offload]+x} ]] && grep -E "^\||FAILED|exit" "$out/offload.log" | tail -16
 [[ -n ${rc[gemini]+x} ]] && grep -E "^\||gemini|adamw" "$out/gemini.log" | tail -12
+[[ -n ${rc[capacity]+x} ]] && grep -E "^\||capacity gemini_auto" "$out/capacity.log" | cut -c1-400 | tail -8
 [[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
