@@ -3,9 +3,9 @@
 #include "colossus/cluster/fp8_collectives.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <fmt/format.h>
@@ -99,7 +99,7 @@ void GradReducer::start_backward() {
   }
   next_to_launch_ = 0;
   launched_during_backward_ = 0;
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  models::queue_outer_backward_callback([this] { finish_backward(); });
 }
 
 void GradReducer::on_grad_ready(size_t param_index) {

@@ -8,14 +8,21 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <cmath>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace colossus::models {
 
 namespace {
+
+// Nested backwards (checkpoint reruns) running on this thread, and the
+// callbacks queued inside them, waiting for the enclosing backward.
+thread_local int rerun_depth = 0;
+thread_local std::vector<std::function<void()>> deferred_callbacks;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -83,12 +90,35 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     generator.set_state(now);
     if (device_generator) device_generator->set_state(device_now);
-    torch::autograd::backward({output}, {grad_outputs[0]});
+    ++rerun_depth;
+    const size_t deferred_before = deferred_callbacks.size();
+    try {
+      torch::autograd::backward({output}, {grad_outputs[0]});
+    } catch (...) {
+      --rerun_depth;
+      deferred_callbacks.resize(deferred_before);
+      throw;
+    }
+    --rerun_depth;
+    // Back in the enclosing backward: the callbacks queued in the rerun go
+    // there (or wait for the next level out).
+    std::vector<std::function<void()>> mine(deferred_callbacks.begin() + static_cast<std::ptrdiff_t>(deferred_before),
+                                            deferred_callbacks.end());
+    deferred_callbacks.resize(deferred_before);
+    for (auto& callback : mine) queue_outer_backward_callback(std::move(callback));
     return {input.grad(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+void queue_outer_backward_callback(std::function<void()> callback) {
+  if (rerun_depth > 0) {
+    deferred_callbacks.push_back(std::move(callback));
+  } else {
+    torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+  }
+}
 
 CheckpointedBlock::CheckpointedBlock(std::shared_ptr<TransformerBlock> inner)
     : TransformerBlock("CheckpointedBlock"), inner_(std::move(inner)) {

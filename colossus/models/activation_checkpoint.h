@@ -7,6 +7,7 @@
 #include "colossus/models/causal_lm.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace colossus::models {
@@ -24,6 +25,17 @@ class CheckpointedBlock : public TransformerBlock {
  private:
   std::shared_ptr<TransformerBlock> inner_;
 };
+
+// Queues `callback` to run when the outermost backward finishes, as
+// Engine::queue_callback does for the backward it is called from. A
+// checkpointed block's backward runs a nested backward over its rerun, and a
+// callback queued from a gradient hook inside it would run when that nested
+// backward ends, before the blocks below have their gradients (a reducer
+// whose first gradient lands inside the rerun, such as the experts' under
+// moe_hybrid_parallel, then reduced too early). Inside a rerun the callback
+// waits until the rerun's backward returns and is queued then, on the
+// enclosing backward. Must be called while a backward runs.
+void queue_outer_backward_callback(std::function<void()> callback);
 
 // Wraps the first round(ratio x blocks) blocks of `model` (Colossal-AI's
 // gradient_checkpointing_ratio: 1.0 = all, 0.5 = half of them); returns how

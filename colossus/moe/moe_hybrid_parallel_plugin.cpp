@@ -9,6 +9,7 @@
 #include "colossus/booster/tp_clip_optimizer.h"
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/moe/expert_parallel.h"
 #include "colossus/moe/router_loss_carry.h"
 #include "colossus/moe/shard_experts.h"
@@ -58,7 +59,7 @@ std::vector<at::Tensor> cast_to_precision(models::CausalLM& model, const std::st
 }  // namespace
 
 booster::HybridParallelPluginOptions MoeHybridParallelPluginOptions::hybrid_options() const {
-  return booster::HybridParallelPluginOptions{.tp_size = static_cast<int>(tp_size),
+  booster::HybridParallelPluginOptions options{.tp_size = static_cast<int>(tp_size),
                                               .pp_size = static_cast<int>(pp_size),
                                               .pp_style = pp_style,
                                               .num_model_chunks = num_model_chunks,
@@ -72,9 +73,16 @@ booster::HybridParallelPluginOptions MoeHybridParallelPluginOptions::hybrid_opti
                                               .loss_scaler = loss_scaler,
                                               .make_vocab_size_divisible_by = make_vocab_size_divisible_by,
                                               .bucket_cap_mb = bucket_cap_mb};
+  options.gradient_checkpointing_ratio = gradient_checkpointing_ratio;
+  return options;
 }
 
 void MoeHybridParallelPluginOptions::validate() const {
+  if (!(gradient_checkpointing_ratio >= 0.0 && gradient_checkpointing_ratio <= 1.0)) {
+    throw ConfigError(fmt::format("moe_hybrid_parallel.gradient_checkpointing_ratio = {} must be in [0, 1]; use 1.0 "
+                                  "(every block) or 0 (off)",
+                                  gradient_checkpointing_ratio));
+  }
   if (tp_size < 1) {
     throw ConfigError(fmt::format("moe_hybrid_parallel.tp_size is {} but must be >= 1, e.g. 1 or 2", tp_size));
   }
@@ -154,6 +162,9 @@ MoeHybridParallelModel::MoeHybridParallelModel(std::shared_ptr<models::MixtralFo
     // Every rank starts from rank 0's values, then keeps its experts.
     booster::broadcast_tensors(model_->parameters(), *dp_group_);
     shard_experts(*model_, ep_group_);
+    if (options.gradient_checkpointing_ratio > 0.0) {
+      models::enable_activation_checkpointing(*model_, options.gradient_checkpointing_ratio);
+    }
     // ZeRO casts into its flat buffers itself and reduces from its own hooks.
     if (options.zero_stage > 0) return;
     fp32_originals = cast_to_precision(*model_, options.precision);
@@ -321,6 +332,10 @@ std::shared_ptr<MoeHybridParallelModel> MoeHybridParallelPlugin::wrap_tp_pp(
   auto sharded = parallel::plan::shard_model(
       *mixtral, parallel::plan::mixtral_plan(), tp,
       parallel::plan::ShardOptions{.make_vocab_size_divisible_by = options_.make_vocab_size_divisible_by});
+  // After sharding, so the wrappers adopt this rank's experts and tp layers.
+  if (options_.gradient_checkpointing_ratio > 0.0) {
+    models::enable_activation_checkpointing(*mixtral, options_.gradient_checkpointing_ratio);
+  }
   std::unique_ptr<booster::HybridPipeline> pipeline;
   if (options_.pp_size > 1) {
     // grad_group null: this plugin averages dense and expert gradients itself.

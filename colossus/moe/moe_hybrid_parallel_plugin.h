@@ -61,6 +61,10 @@ struct MoeHybridParallelPluginOptions {
   double bucket_cap_mb = 25.0;              // zero_stage 0: all-reduce bucket size
   double reduce_bucket_size_in_m = 12.0;    // zero_stage 1/2: million elements per reduce-scatter bucket
   bool overlap_communication = true;        // zero_stage 1/2: reduce-scatter while backward runs
+  // Activation checkpointing of the first round(ratio x blocks) blocks,
+  // wrapped after the expert and tp sharding (as hybrid_parallel does), so
+  // the wrappers adopt this rank's experts and parallel layers. 0: off.
+  double gradient_checkpointing_ratio = 0.0;
   // Throws ConfigError naming the bad value and a valid alternative.
   void validate() const;
   // The tp/pp part as HybridParallelPluginOptions (pipeline checks and options).

@@ -1,7 +1,8 @@
 // MoeHybridParallelPlugin through the Booster on 1, 2 and 4 MPI ranks: a
 // Mixtral trained 20 AdamW steps with ep in {1, 2, 4} (moe_dp = world / ep,
-// both mesh orders) matches one process on the global batch (fp32, <= 1e-5
-// relative per step); bad layouts and non-MoE models are ConfigErrors.
+// both mesh orders, and with every block checkpointed) matches one process on
+// the global batch (fp32, <= 1e-5 relative per step); bad layouts and non-MoE
+// models are ConfigErrors.
 #include "colossus/booster/booster.h"
 #include "colossus/core/errors.h"
 #include "colossus/models/pretrained.h"
@@ -58,10 +59,16 @@ TEST(MoeHybridParallelPlugin, LossCurveMatchesOneProcess) {
     }
   }
   for (int64_t ep : {1, 2, 4}) {
-    for (bool outside : {true, false}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      // 0, 1: both mesh orders; 2: (moe_dp, ep) with every block checkpointed
+      // (the experts' reducer first sees a gradient inside a block's rerun).
+      const bool outside = variant != 1;
+      const double checkpointing = variant == 2 ? 1.0 : 0.0;
       if (ep > w || w % ep != 0 || (!outside && (ep == 1 || ep == w))) continue;
       auto plugin = std::make_shared<MoeHybridParallelPlugin>(
-          MoeHybridParallelPluginOptions{.ep_size = ep, .moe_dp_outside = outside}, world);
+          MoeHybridParallelPluginOptions{
+              .ep_size = ep, .moe_dp_outside = outside, .gradient_checkpointing_ratio = checkpointing},
+          world);
       EXPECT_EQ(plugin->ep_group()->size(), ep);
       booster::Booster booster(plugin);
       auto model = models::create_model(config, {.seed = 5});
@@ -81,9 +88,10 @@ TEST(MoeHybridParallelPlugin, LossCurveMatchesOneProcess) {
         EXPECT_LE(rel, 1e-5) << "ep=" << ep << " step " << step << ": " << mean << " vs " << reference[step];
       }
       if (world->rank() == 0) {
-        std::printf("plugin ep=%lld moe_dp=%lld %s: loss %.6f -> %.6f, max rel diff to one process %.3g\n",
+        std::printf("plugin ep=%lld moe_dp=%lld %s%s: loss %.6f -> %.6f, max rel diff to one process %.3g\n",
                     static_cast<long long>(ep), static_cast<long long>(w / ep),
-                    outside ? "(moe_dp, ep)" : "(ep, moe_dp)", reference.front(), reference.back(), max_rel);
+                    outside ? "(moe_dp, ep)" : "(ep, moe_dp)", checkpointing > 0 ? " checkpointed" : "",
+                    reference.front(), reference.back(), max_rel);
       }
     }
   }

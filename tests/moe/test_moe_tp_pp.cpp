@@ -169,6 +169,13 @@ TEST(MoeTpPp, Fp32LossCurvesMatchOneProcess) {
       {{.tp_size = 2, .pp_size = 2, .ep_size = 1, .pp_style = "zero_bubble", .num_microbatches = 2},
        "tp2 x pp2 zero_bubble router aux + z losses",
        1},
+      // Activation checkpointing, wrapped after the expert and tp sharding:
+      // the experts' reducer first sees a gradient inside a block's rerun.
+      {{.tp_size = 2, .ep_size = 2, .gradient_checkpointing_ratio = 1.0}, "tp2 x ep2 checkpointed"},
+      {{.pp_size = 2, .ep_size = 2, .num_microbatches = 2, .gradient_checkpointing_ratio = 1.0},
+       "pp2 x ep2 checkpointed"},
+      {{.tp_size = 2, .ep_size = 2, .zero_stage = 1, .max_norm = kClip, .gradient_checkpointing_ratio = 1.0},
+       "tp2 x ep2 zero1 clip 0.3 checkpointed"},
   };
   for (const auto& c : cases) {
     const int64_t dp = world->size() / (c.options.tp_size * c.options.pp_size);

@@ -390,7 +390,8 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("norm_type", "2 or infinity", plugin.moe_hybrid_parallel.norm_type),
         COLOSSUS_KEY("bucket_cap_mb", "zero_stage 0: all-reduce bucket size in MB", plugin.moe_hybrid_parallel.bucket_cap_mb),
         COLOSSUS_KEY("reduce_bucket_size_in_m", "zero_stage 1/2: million elements per reduce-scatter bucket", plugin.moe_hybrid_parallel.reduce_bucket_size_in_m),
-        COLOSSUS_KEY("overlap_communication", "zero_stage 1/2: reduce-scatter while backward runs", plugin.moe_hybrid_parallel.overlap_communication)}});
+        COLOSSUS_KEY("overlap_communication", "zero_stage 1/2: reduce-scatter while backward runs", plugin.moe_hybrid_parallel.overlap_communication),
+        COLOSSUS_KEY("gradient_checkpointing_ratio", "share of blocks that rerun their forward in backward (wrapped after the expert and tp sharding)", plugin.moe_hybrid_parallel.gradient_checkpointing_ratio)}});
     s.back().keys.push_back(int_list_key(
         "num_layers_per_stage", "pp: decoder layers of each stage (empty: even split)",
         [](TrainConfig& c) -> std::vector<int64_t>& { return c.plugin.moe_hybrid_parallel.num_layers_per_stage; }));

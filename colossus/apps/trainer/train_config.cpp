@@ -235,10 +235,10 @@ void TrainConfig::validate() const {
   }
   if (model.gradient_checkpointing_ratio > 0.0 && plugin.name == "moe_hybrid_parallel") {
     // The plugin swaps each sparse block's experts for this rank's while
-    // boosting, under the wrappers' adopted children.
-    throw ConfigError(fmt::format("model.gradient_checkpointing_ratio = {} with plugin moe_hybrid_parallel is not "
-                                  "supported yet; train the MoE model with checkpointing under ddp, low_level_zero "
-                                  "or gemini, or without it under moe_hybrid_parallel",
+    // boosting, so it wraps the blocks itself, afterwards.
+    throw ConfigError(fmt::format("model.gradient_checkpointing_ratio = {} with plugin moe_hybrid_parallel: set "
+                                  "plugin.gradient_checkpointing_ratio instead (it wraps the blocks after the expert "
+                                  "and tp sharding)",
                                   model.gradient_checkpointing_ratio));
   }
   if (model.use_fp8) {

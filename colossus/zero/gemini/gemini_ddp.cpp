@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -18,6 +17,7 @@
 #include "colossus/cluster/fp8_collectives.h"
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/zero/gemini/chunk_storage.h"
 
@@ -390,7 +390,7 @@ void GeminiDDP::start_backward() {
     chunk.grads_pending = chunk.layout.params.size();
     chunk.reduce_launched = false;
   }
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  models::queue_outer_backward_callback([this] { finish_backward(); });
 }
 
 void GeminiDDP::on_grad_ready(size_t k) {

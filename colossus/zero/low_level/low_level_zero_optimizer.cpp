@@ -11,11 +11,11 @@
 #include "colossus/cluster/launch.h"
 #include "colossus/core/errors.h"
 #include "colossus/core/precision.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/optim/hybrid_adam.h"
 #include "colossus/optim/lamb.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <fmt/format.h>
@@ -323,7 +323,7 @@ void LowLevelZeroOptimizer::start_backward() {
   }
   next_to_launch_.assign(group_begin_.begin(), group_begin_.end() - 1);
   launched_during_backward_ = 0;
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  models::queue_outer_backward_callback([this] { finish_backward(); });
 }
 
 void LowLevelZeroOptimizer::on_grad_ready(size_t param_index) {
