@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace colossus::booster {
 
 namespace {
@@ -11,6 +13,14 @@ namespace {
 // Bytes per parameter (bf16 weights and gradients, fp32 masters and the two
 // AdamW moments).
 constexpr double kWeights = 2, kGrads = 2, kOptimizer = 12;
+// The host step (HybridAdam with bf16 parameters and fp32 masters) keeps the
+// reduced bf16 gradient on the host, not an fp32 copy.
+constexpr double kHostStep = kOptimizer + 2;
+// Gemini's device chunks: bf16 parameter shard, fp32 gradient shard, fp32
+// master and moments; its auto policy's share of what is left for optimizer
+// shards (GeminiOptions' defaults).
+constexpr double kGeminiDevice = kWeights + 4 + kOptimizer;
+constexpr double kSteadyCudaCapRatio = 0.9, kGpuMarginMemRatio = 0.5;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
@@ -35,17 +45,30 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
     const char* name;
     double device, host;  // per GPU; host for the whole machine
   };
+  // Gemini auto: parameter shards on the device, and optimizer shards there
+  // while they fit in gpu_margin_mem_ratio of the margin the cap leaves after
+  // the parameters and the activations; the rest steps on the host.
+  const auto gemini_auto = [&](double non_model) {
+    const double margin = kSteadyCudaCapRatio * in.gpu_bytes - non_model - p * kWeights / n;
+    const double optim = p * (kGeminiDevice - kWeights) / n;
+    const double on_device = std::clamp(kGpuMarginMemRatio * margin / optim, 0.0, 1.0);
+    return Setting{"gemini placement_policy = \"auto\"", p * kWeights / n + on_device * optim,
+                   (1.0 - on_device) * p * kHostStep};
+  };
   const std::vector<Setting> settings = {
       {"ddp", p * (kWeights + kGrads + kOptimizer), 0},
       {"low_level_zero stage = 1", p * (kWeights + kGrads) + p * kOptimizer / n, 0},
       {"low_level_zero stage = 2", p * kWeights + p * (kGrads + kOptimizer) / n, 0},
-      // ZeRO-Offload: the fp32 gradient shard goes to the host with the optimizer.
-      {"low_level_zero stage = 2, cpu_offload = true", p * kWeights + p * kGrads / n, p * (kOptimizer + 4)},
-      {"gemini placement_policy = \"static\"", p * (kWeights + kGrads + kOptimizer) / n, 0},
-      // Gemini's host chunks: fp32 masters and moments, and the fp32 gradients the host update reads.
-      {"gemini offload_optim_frac = 1.0", p * (kWeights + kGrads) / n, p * (kOptimizer + 4)},
+      // ZeRO-Offload: masters, moments and the reduced bf16 gradient on the host.
+      {"low_level_zero stage = 2, cpu_offload = true", p * kWeights + p * kGrads / n, p * kHostStep},
+      {"gemini placement_policy = \"static\"", p * kGeminiDevice / n, 0},
+      // Gemini's host step: the device keeps the parameter shards (gradients
+      // pass through two chunk buffers on their way down).
+      {"gemini offload_optim_frac = 1.0", p * kWeights / n, p * kHostStep},
+      gemini_auto(activations),
   };
   const double usable = in.gpu_bytes * (1.0 - in.margin);
+  const double host_usable = in.host_bytes * (1.0 - in.margin);
   std::vector<MemoryPlanRow> rows;
   for (const Setting& s : settings) {
     MemoryPlanRow row{.setting = s.name,
@@ -53,9 +76,11 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
                       .activations = activations,
                       .activations_checkpointed = checkpointed,
                       .host = s.host};
-    const bool host_ok = s.host <= in.host_bytes * (1.0 - in.margin);
-    row.fits = host_ok && s.device + activations <= usable;
-    row.fits_checkpointed = host_ok && s.device + checkpointed <= usable;
+    row.fits = s.host <= host_usable && s.device + activations <= usable;
+    // auto places by what the run measures: with checkpointing, more of the
+    // optimizer stays on the device.
+    const Setting c = rows.size() + 1 == settings.size() ? gemini_auto(checkpointed) : s;
+    row.fits_checkpointed = c.host <= host_usable && c.device + checkpointed <= usable;
     rows.push_back(row);
   }
   return rows;
@@ -79,8 +104,11 @@ std::string format_memory_plan(const MemoryPlanInput& in, const std::vector<Memo
   }
   out +=
       "\nModel states: 2 (bf16 weights) + 2 (gradients) + 12 (fp32 masters, AdamW moments) bytes per parameter, "
-      "split over the GPUs as each setting shards them; offloaded optimizers also keep an fp32 gradient copy on "
-      "the host (16 bytes per parameter there). Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
+      "split over the GPUs as each setting shards them (Gemini's gradient shards are fp32: 18 bytes); offloaded "
+      "optimizers step on the host with optimizer.name = \"hybrid_adam\", which keeps the bf16 gradient there (14 "
+      "bytes per parameter; another optimizer keeps an fp32 copy: 16). Gemini auto puts optimizer shards on the GPU "
+      "in gpu_margin_mem_ratio (0.5) of what 90% of it leaves after parameters and activations, the rest on the "
+      "host. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
       "count with dropout masks, an upper bound for our fused LLaMA blocks; checkpointing keeps 2 per layer plus "
       "one layer's rerun (model.gradient_checkpointing_ratio = 1). Measured on one H200 (bench/RESULTS.md "
       "gemini_capacity): plain bf16 AdamW trained 9.17B parameters at 138.5 GiB peak (estimate: 136.6 GiB of "

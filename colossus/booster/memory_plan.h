@@ -37,8 +37,8 @@ struct MemoryPlanRow {
 };
 
 // One row per setting: ddp; low_level_zero stage 1, stage 2, stage 2 with
-// cpu_offload; gemini with its chunks on the GPU, and with the optimizer
-// offloaded (offload_optim_frac = 1).
+// cpu_offload; gemini with its chunks on the GPU, with the optimizer
+// offloaded (offload_optim_frac = 1), and its auto placement.
 std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& input);
 
 // The rows as a Markdown table in GiB, with the inputs and assumptions.

@@ -17,17 +17,20 @@ TEST(MemoryPlan, ZeroAccountingPerSettingAndWhatFits) {
   const MemoryPlanInput in{.parameters = 1'000'000'000, .layers = 16, .hidden = 2048, .seq_len = 2048,
                            .micro_batch = 8, .gpus = 8, .gpu_bytes = 80 * kGiB, .host_bytes = 500 * kGiB};
   const auto rows = plan_memory(in);
-  ASSERT_EQ(rows.size(), 6u);
+  ASSERT_EQ(rows.size(), 7u);
   const double p = 1e9, n = 8;
   EXPECT_EQ(rows[0].setting, "ddp");
   EXPECT_DOUBLE_EQ(rows[0].model_states, 16 * p);
   EXPECT_DOUBLE_EQ(rows[1].model_states, 4 * p + 12 * p / n);   // stage 1: optimizer sharded
   EXPECT_DOUBLE_EQ(rows[2].model_states, 2 * p + 14 * p / n);   // stage 2: gradients too
   EXPECT_DOUBLE_EQ(rows[3].model_states, 2 * p + 2 * p / n);    // + cpu_offload
-  EXPECT_DOUBLE_EQ(rows[3].host, 16 * p);
-  EXPECT_DOUBLE_EQ(rows[4].model_states, 16 * p / n);           // gemini: everything in chunks
-  EXPECT_DOUBLE_EQ(rows[5].model_states, 4 * p / n);            // gemini, optimizer on the host
-  EXPECT_DOUBLE_EQ(rows[5].host, 16 * p);
+  EXPECT_DOUBLE_EQ(rows[3].host, 14 * p);                       // masters, moments, bf16 gradient
+  EXPECT_DOUBLE_EQ(rows[4].model_states, 18 * p / n);           // gemini: everything in chunks, fp32 gradient shards
+  EXPECT_DOUBLE_EQ(rows[5].model_states, 2 * p / n);            // gemini, optimizer on the host
+  EXPECT_DOUBLE_EQ(rows[5].host, 14 * p);
+  EXPECT_EQ(rows[6].setting, "gemini placement_policy = \"auto\"");
+  EXPECT_DOUBLE_EQ(rows[6].model_states, 18 * p / n) << "room for everything: auto keeps it on the GPU";
+  EXPECT_DOUBLE_EQ(rows[6].host, 0);
   const double sbh = 2048.0 * 8 * 2048;
   EXPECT_DOUBLE_EQ(rows[0].activations, 34 * sbh * 16);
   EXPECT_DOUBLE_EQ(rows[0].activations_checkpointed, 2 * sbh * 16 + 34 * sbh);
@@ -41,6 +44,12 @@ TEST(MemoryPlan, ZeroAccountingPerSettingAndWhatFits) {
   EXPECT_FALSE(big_rows[0].fits);
   EXPECT_FALSE(big_rows[2].fits);
   EXPECT_TRUE(big_rows[5].fits);
+  // auto: part of the optimizer on the GPU, the rest (14 bytes a parameter) on the host.
+  EXPECT_GT(big_rows[6].host, 0);
+  EXPECT_LT(big_rows[6].host, big_rows[5].host);
+  EXPECT_GT(big_rows[6].model_states, big_rows[5].model_states);
+  EXPECT_LE(big_rows[6].model_states + big_rows[6].activations, 0.9 * big.gpu_bytes);
+  EXPECT_TRUE(big_rows[6].fits);
   big.host_bytes = 64 * kGiB;  // 112 GB of host states no longer fit
   big_rows = plan_memory(big);
   EXPECT_FALSE(big_rows[5].fits);
