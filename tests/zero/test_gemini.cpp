@@ -304,7 +304,9 @@ TEST(Gemini, CpuAdamStepsOffloadedChunksAndBf16Trains) {
 // CPU kernel with the clip factor from norms taken at the end of backward.
 // It must train exactly as the fp32 gradient-shard path does: all chunks on
 // the device (the inner step), half of them, and all on the host give the
-// same losses and norms, bit for bit. With gradient accumulation it is off.
+// same losses and norms, bit for bit, and so does the auto policy moving
+// half the chunks to the device after its warm-up. With gradient
+// accumulation it is off.
 TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
   const RunSpec base{.model = "llama", .plugin = "gemini", .max_norm = 0.5, .optimizer = "hybrid_adam",
                      .precision = "bf16"};
@@ -340,6 +342,40 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
       EXPECT_EQ(bytes.grads_device, 0);
     }
   }
+  // auto: the warm-up steps every chunk on the host; then about half the
+  // optimizer sides move to the device, their gradients with them.
+  FakeDevice device{.non_model = 4096};
+  RunSpec auto_spec = base;
+  auto_spec.placement_policy = "auto";
+  auto_spec.gpu_margin_mem_ratio = 1.0;
+  auto_spec.memory_probe = [&device]() -> std::optional<metrics::DeviceMemory> {
+    if (!device.ddp) return metrics::DeviceMemory{.total_bytes = int64_t{1} << 40};  // construction: all fits
+    return metrics::DeviceMemory{.allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
+                                 .total_bytes = device.capacity};
+  };
+  ZeroRun placed(auto_spec);
+  auto& ddp = ddp_of(placed);
+  const int64_t n = static_cast<int64_t>(ddp.chunks().size());
+  const int64_t shard_numel = ddp.chunk_numel() / ct::world()->size();
+  size_t widest = 0;
+  for (const auto& segment : ddp.segment_chunks()) widest = std::max(widest, segment.size());
+  const int64_t working = static_cast<int64_t>(2 * widest) * ddp.chunk_numel() * 2;
+  device.capacity = static_cast<int64_t>(static_cast<double>(working + n * shard_numel * 2 + n / 2 * shard_numel * 16 +
+                                                             shard_numel + device.non_model) /
+                                         0.9) +
+                    1;
+  device.ddp = &ddp;
+  const auto placed_losses = placed.train(0, bt::kSteps);
+  int64_t device_chunks = 0;
+  for (const auto& chunk : ddp.chunks()) {
+    device_chunks += chunk.placement.optim_on_host ? 0 : 1;
+    EXPECT_EQ(chunk.host_io.defined(), chunk.placement.optim_on_host);
+  }
+  EXPECT_EQ(device_chunks, n / 2);
+  for (size_t step = 0; step < placed_losses.size(); ++step) {
+    EXPECT_EQ(placed_losses[step], expected[step]) << "auto, step " << step;
+  }
+
   RunSpec accumulating = base;
   accumulating.offload_optim_frac = 1.0;
   accumulating.micro_batches = 2;
