@@ -375,6 +375,34 @@ TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(lazy[i], full[i]) << "lazy + nvme, step " << i + 1;
 }
 
+// Gemini's host step from the TOML keys (bf16, hybrid_adam, optimizer side
+// offloaded): it learns, and a run stopped at step 3 resumes from its
+// checkpoint onto the same curve exactly.
+TEST(Trainer, GeminiHostStepTrainsAndResumes) {
+  const std::vector<std::string> host_step{"train.steps=6",
+                                           "train.grad_accum=1",
+                                           "model.config.resid_pdrop=0.0",
+                                           "model.config.embd_pdrop=0.0",
+                                           "optimizer.name=\"hybrid_adam\"",
+                                           "plugin.name=\"gemini\"",
+                                           "plugin.precision=\"bf16\"",
+                                           "plugin.offload_optim_frac=1.0",
+                                           "plugin.max_norm=1.0",
+                                           "plugin.min_chunk_size_m=0.01",
+                                           "plugin.search_range_m=0.02"};
+  const auto full = losses_of(apps::train(tiny_config(job_dir("gemini_host_step"), host_step)));
+  ASSERT_EQ(full.size(), 6u);
+  EXPECT_LT(full.back(), full.front());
+  const auto split_dir = job_dir("gemini_host_step_split");
+  auto first_steps = host_step;
+  first_steps.push_back("train.steps=3");
+  auto resumed = losses_of(apps::train(tiny_config(split_dir, first_steps)));
+  const auto rest = losses_of(apps::train(tiny_config(split_dir, host_step), {.resume = "auto"}));
+  resumed.insert(resumed.end(), rest.begin(), rest.end());
+  ASSERT_EQ(resumed.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << "step " << i + 1;
+}
+
 TEST(Trainer, ActivationCheckpointingKeepsEveryPluginsCurve) {
   // Dropout on (tiny_config): the rerun forward replays its RNG, so the
   // curve is the plain one for ddp, ZeRO-2 and Gemini alike.
