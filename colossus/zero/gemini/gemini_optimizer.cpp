@@ -221,7 +221,9 @@ void GeminiOptimizer::step_host() {
     std::vector<at::Tensor> io;
     for (size_t k : chunk.layout.params) {
       const auto& slot = slots[k];
-      if (slot.own_numel == 0 || flat_of[k] < 0) continue;
+      // A parameter with no elements on this rank steps too, as in the inner
+      // step: its step count is part of the state a checkpoint saves.
+      if (flat_of[k] < 0) continue;
       indices.push_back(flat_of[k]);
       io.push_back(chunk.host_io.narrow(0, slot.own_offset, slot.own_numel));
     }
