@@ -375,32 +375,36 @@ TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
   for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(lazy[i], full[i]) << "lazy + nvme, step " << i + 1;
 }
 
-// Gemini's host step from the TOML keys (bf16, hybrid_adam, optimizer side
-// offloaded): it learns, and a run stopped at step 3 resumes from its
-// checkpoint onto the same curve exactly.
-TEST(Trainer, GeminiHostStepTrainsAndResumes) {
-  const std::vector<std::string> host_step{"train.steps=6",
-                                           "train.grad_accum=1",
-                                           "model.config.resid_pdrop=0.0",
-                                           "model.config.embd_pdrop=0.0",
-                                           "optimizer.name=\"hybrid_adam\"",
-                                           "plugin.name=\"gemini\"",
-                                           "plugin.precision=\"bf16\"",
-                                           "plugin.offload_optim_frac=1.0",
-                                           "plugin.max_norm=1.0",
-                                           "plugin.min_chunk_size_m=0.01",
-                                           "plugin.search_range_m=0.02"};
-  const auto full = losses_of(apps::train(tiny_config(job_dir("gemini_host_step"), host_step)));
-  ASSERT_EQ(full.size(), 6u);
-  EXPECT_LT(full.back(), full.front());
-  const auto split_dir = job_dir("gemini_host_step_split");
-  auto first_steps = host_step;
-  first_steps.push_back("train.steps=3");
-  auto resumed = losses_of(apps::train(tiny_config(split_dir, first_steps)));
-  const auto rest = losses_of(apps::train(tiny_config(split_dir, host_step), {.resume = "auto"}));
-  resumed.insert(resumed.end(), rest.begin(), rest.end());
-  ASSERT_EQ(resumed.size(), full.size());
-  for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << "step " << i + 1;
+// The offloaded host steps from the TOML keys (bf16, hybrid_adam): Gemini
+// with its optimizer side offloaded and ZeRO-2 with cpu_offload learn, and a
+// run stopped at step 3 resumes from its checkpoint onto the same curve
+// exactly (on 2 ranks, a rank holding none of a parameter still counts its
+// steps).
+TEST(Trainer, OffloadedHostStepsTrainAndResume) {
+  const std::vector<std::string> base{"train.steps=6",          "train.grad_accum=1",
+                                      "model.config.resid_pdrop=0.0", "model.config.embd_pdrop=0.0",
+                                      "optimizer.name=\"hybrid_adam\""};
+  const std::vector<std::pair<std::string, std::vector<std::string>>> plugins = {
+      {"gemini",
+       {"plugin.name=\"gemini\"", "plugin.precision=\"bf16\"", "plugin.offload_optim_frac=1.0", "plugin.max_norm=1.0",
+        "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}},
+      {"zero", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"bf16\"", "plugin.cpu_offload=true",
+                "plugin.max_norm=1.0"}}};
+  for (const auto& [name, options] : plugins) {
+    auto host_step = base;
+    host_step.insert(host_step.end(), options.begin(), options.end());
+    const auto full = losses_of(apps::train(tiny_config(job_dir("host_step_" + name), host_step)));
+    ASSERT_EQ(full.size(), 6u) << name;
+    EXPECT_LT(full.back(), full.front()) << name;
+    const auto split_dir = job_dir("host_step_split_" + name);
+    auto first_steps = host_step;
+    first_steps.push_back("train.steps=3");
+    auto resumed = losses_of(apps::train(tiny_config(split_dir, first_steps)));
+    const auto rest = losses_of(apps::train(tiny_config(split_dir, host_step), {.resume = "auto"}));
+    resumed.insert(resumed.end(), rest.begin(), rest.end());
+    ASSERT_EQ(resumed.size(), full.size()) << name;
+    for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(resumed[i], full[i]) << name << ", step " << i + 1;
+  }
 }
 
 TEST(Trainer, ActivationCheckpointingKeepsEveryPluginsCurve) {

@@ -535,7 +535,9 @@ void LowLevelZeroOptimizer::step_host_mixed() {
     std::vector<at::Tensor> io;
     for (size_t k : bucket.layout.params) {
       const auto& slot = layout_.slots[k];
-      if (!slot.managed || slot.own_numel == 0 || inner_index_[k] < 0) continue;
+      // A parameter with no elements on this rank steps too, as in the inner
+      // step: its step count is part of the state a checkpoint saves.
+      if (!slot.managed || inner_index_[k] < 0) continue;
       indices.push_back(inner_index_[k]);
       io.push_back(bucket.host_io.narrow(0, slot.own_offset, slot.own_numel));
     }
