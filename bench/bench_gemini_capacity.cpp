@@ -290,6 +290,23 @@ int probe(const Options& o) {
     }
     r["losses"] = values;
     r["ok"] = finite;
+    if (auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(boosted.optimizer.get())) {
+      // What each tier holds after the steps, in bytes a parameter (of the
+      // whole model): device, host, NVMe; and the host's by kind.
+      const auto m = gemini->memory_bytes();
+      const double n = static_cast<double>(params);
+      r["device_bytes_per_param"] = static_cast<double>(m.device_total()) / n;
+      r["host_bytes_per_param"] = static_cast<double>(m.host_total()) / n;
+      r["nvme_bytes_per_param"] = static_cast<double>(m.optim_nvme) / n;
+      r["host_bytes"] = {{"params", m.params_host}, {"grads", m.grads_host}, {"masters", m.masters_host},
+                         {"optimizer", m.optim_host}};
+      int64_t host_chunks = 0, chunks = 0;
+      for (const auto& chunk : gemini->ddp().chunks()) {
+        host_chunks += chunk.placement.optim_on_host ? 1 : 0;
+        ++chunks;
+      }
+      r["optim_on_host_chunks"] = fmt::format("{}/{}", host_chunks, chunks);
+    }
     if (!finite) r["error"] = "non-finite loss";
     r["step_ms"] = timed_s * 1e3 / static_cast<double>(s.steps);
     r["tokens_per_s"] = static_cast<double>(s.batch * s.seq * s.steps) / timed_s;
@@ -477,8 +494,8 @@ int drive(const Options& o) {
     const std::string config = fmt::format("llama d{} ffn{} heads{} vocab{}, B={} T={}, bf16, AdamW, {} steps", big.hidden,
                                            big.ffn, big.heads, big.vocab, big.batch, big.seq, big.steps);
     rep.md.push_back(fmt::format("\ncapacity, {} (layers varied; each try its own process):\n", config));
-    rep.md.push_back("| mode | largest that trains | params | peak device GiB | peak host GiB | step s | next size up | why it failed |");
-    rep.md.push_back("|---|---|---|---|---|---|---|---|");
+    rep.md.push_back("| mode | largest that trains | params | peak device GiB | peak host GiB | step s | bytes/param device, host (optimizer chunks on the host) | next size up | why it failed |");
+    rep.md.push_back("|---|---|---|---|---|---|---|---|---|");
     std::map<std::string, int64_t> largest_params;
     for (const auto& m : o.modes) {
       std::map<int64_t, json> tries;
@@ -512,10 +529,15 @@ int drive(const Options& o) {
       const json* fail = worst ? &tries[worst] : nullptr;
       largest_params[m] = fit ? fit->value("params", int64_t{0}) : 0;
       if (!fit) all_ok = false;
+      const std::string tiers =
+          fit && fit->contains("host_bytes_per_param")
+              ? fmt::format("{:.1f}, {:.1f} ({})", fit->value("device_bytes_per_param", 0.0),
+                            fit->value("host_bytes_per_param", 0.0), fit->value("optim_on_host_chunks", std::string()))
+              : "-";
       rep.md.push_back(fmt::format(
-          "| {} | {} layers | {} | {:.1f} | {:.1f} | {:.2f} | {} | {} |", m, best,
+          "| {} | {} layers | {} | {:.1f} | {:.1f} | {:.2f} | {} | {} | {} |", m, best,
           fit ? billions(fit->value("params", int64_t{0})) : "-", fit ? fit->value("peak_device_gib", 0.0) : 0.0,
-          fit ? fit->value("peak_host_gib", 0.0) : 0.0, fit ? fit->value("step_ms", 0.0) / 1e3 : 0.0,
+          fit ? fit->value("peak_host_gib", 0.0) : 0.0, fit ? fit->value("step_ms", 0.0) / 1e3 : 0.0, tiers,
           fail ? fmt::format("{} layers", worst) : "not reached", fail ? fail->value("error", std::string("")) : ""));
     }
     for (const auto& m : o.modes) {
