@@ -172,9 +172,13 @@ TEST(MoeTrain, BadLayoutsAndDenseModelsAreRefusedUpFront) {
   EXPECT_NE(message.find("plugin.name = \"ddp\""), std::string::npos) << message;
   message = config_error_of(
       [&] { colossus::apps::parse_train_config(kConfig, {"model.gradient_checkpointing_ratio=1.0"}); });
-  EXPECT_NE(message.find("gradient_checkpointing_ratio = 1 with plugin moe_hybrid_parallel is not supported yet"),
+  EXPECT_NE(message.find("gradient_checkpointing_ratio = 1 with plugin moe_hybrid_parallel: set "
+                         "plugin.gradient_checkpointing_ratio instead"),
             std::string::npos)
       << message;
+  message = config_error_of(
+      [&] { colossus::apps::parse_train_config(kConfig, {"plugin.gradient_checkpointing_ratio=1.5"}); });
+  EXPECT_NE(message.find("gradient_checkpointing_ratio = 1.5 must be in [0, 1]"), std::string::npos) << message;
   message = config_error_of([&] { colossus::apps::parse_train_config(kConfig, {"plugin.zero_stage=3"}); });
   EXPECT_NE(message.find("zero_stage is 3"), std::string::npos) << message;
   message = config_error_of([&] { colossus::apps::parse_train_config(kConfig, {"plugin.ep_size=0"}); });
