@@ -35,6 +35,7 @@
 #include "colossus/models/fp8_linear.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/models/pretrained.h"
+#include "colossus/zero/gemini/gemini_optimizer.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -379,6 +380,11 @@ void Trainer::build() {
     }
   }
   boosted_ = booster_->boost(std::move(model), std::move(optimizer), scheduler, loader, param_source);
+  if (auto* gemini = dynamic_cast<zero::gemini::GeminiOptimizer*>(boosted_.optimizer.get());
+      gemini != nullptr && gemini->ddp().host_step_enabled()) {
+    log.info("gemini: the host step is on (bf16, hybrid_adam): chunks whose optimizer side is on the host keep the "
+             "bf16 gradient there and update chunk by chunk as their copies land");
+  }
 
   state_.dp_size = dp_size_;
   state_.micro_batch = config_.data.batch_size;
