@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the open issues' GPU checks when the device time is
-# short: builds colossus_cli and the benches once (sm_90, no tests), then runs
-# each stage under its own time limit, so one slow stage does not cost the
-# others their results:
-#   check     `colossus check` (every CUDA kernel against its reference)
+# short: builds colossus_cli and the benches once and runs `colossus check`
+# (scripts/device_build.sh, sm_90, no tests), then runs each stage under its
+# own time limit, so one slow stage does not cost the others their results:
 #   offload   scripts/device_offload_numerics.sh (issue 27 point 1: Gemini with
 #             the optimizer offloaded follows DDP's fp32 curve within 1e-5)
 #   fp8       bench_train_gpt2 on llama-1b-like with --fp8 (issue 28: the FP8
@@ -13,7 +12,7 @@
 #   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
 #             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
 #   decode    bench_gemv + bench_inference's decode table (issue 26)
-# STAGES="check offload gemini fp8 decode" picks and orders them. A stage's log is in
+# STAGES="offload gemini fp8 decode" picks and orders them. A stage's log is in
 # $OUT/<stage>.log; the summary table is printed last with every exit code.
 # A later call on the same warm machine skips the build (ninja is a no-op).
 # Usage (device): bash scripts/device_round.sh   (needs .devdeps carried)
@@ -27,22 +26,18 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total \
   --format=csv,noheader 2>&1 | tee "$out/nvidia-smi.csv"
-for lib in libutf8proc oniguruma; do
-  pkg-config --exists "$lib" 2>/dev/null || export PKG_CONFIG_PATH="$PWD/.devdeps/$lib/lib/pkgconfig:${PKG_CONFIG_PATH:-}"
-done
 
-stamp "configure + build"
-torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
-cmake -S . -B build-gpu -G Ninja -DCOLOSSUS_CUDA=ON -DCOLOSSUS_CUDA_ARCHS=90 -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=OFF > "$out/configure.log" 2>&1 \
-  || { tail -60 "$out/configure.log"; exit 1; }
-if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_train_gpt2 bench_inference bench_gemv bench_gemini_capacity \
-    ${EXTRA_TARGETS:-} > "$out/build.log" 2>&1; then
-  echo "=== build failed (full log: build.log) ==="
-  grep -E -B3 -A25 "error|FAILED" "$out/build.log" | head -150
+# Configure, build and `colossus check` (its log: $OUT/check.txt).
+stamp "build + colossus check"
+if ! COLOSSUS_TESTS=OFF bash scripts/device_build.sh bench_train_gpt2 bench_inference bench_gemv bench_gemini_capacity \
+    ${EXTRA_TARGETS:-} > "$out/build_and_check.log" 2>&1; then
+  tail -60 "$out/build_and_check.log"
   exit 1
 fi
-stamp "build done"
+grep -E "^build:" "$out/build_and_check.log"
+grep -E "FAIL" "$out/check.txt" | head -20
+tail -3 "$out/check.txt"
+stamp "build + check done"
 
 declare -A rc
 run_stage() {  # name, limit in seconds, command...
@@ -52,9 +47,8 @@ run_stage() {  # name, limit in seconds, command...
   rc[$name]=$?
   stamp "$name: exit ${rc[$name]}"
 }
-for stage in ${STAGES:-check offload gemini fp8 decode}; do
+for stage in ${STAGES:-offload gemini fp8 decode}; do
   case $stage in
-    check) run_stage check 150 build-gpu/bin/colossus check ;;
     offload) run_stage offload 200 env COLOSSUS_BIN=build-gpu/bin/colossus bash scripts/device_offload_numerics.sh ;;
     fp8) run_stage fp8 200 build-gpu/bin/bench_train_gpt2 --model llama-1b-like --batch 8 --no-python \
            --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps 0 \
@@ -69,12 +63,11 @@ for stage in ${STAGES:-check offload gemini fp8 decode}; do
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${DECODE_FLAGS:---mix-requests 0} ;;
-    *) echo "unknown stage $stage (check, offload, gemini, capacity, fp8, decode)"; exit 2 ;;
+    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, decode)"; exit 2 ;;
   esac
 done
 
 echo "=== results ==="
-[[ -n ${rc[check]+x} ]] && { grep -E "FAIL" "$out/check.log" | head -20; tail -3 "$out/check.log"; }
 [[ -n ${rc[offload]+x} ]] && grep -E "^\||FAILED|exit" "$out/offload.log" | tail -16
 [[ -n ${rc[gemini]+x} ]] && grep -E "^\||gemini|adamw" "$out/gemini.log" | tail -12
 [[ -n ${rc[capacity]+x} ]] && grep -E "^\||capacity gemini_auto" "$out/capacity.log" | cut -c1-400 | tail -8

@@ -41,9 +41,17 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
   const double layers = static_cast<double>(in.layers);
   const double activations = 34.0 * sbh * layers;
   const double checkpointed = 2.0 * sbh * layers + 34.0 * sbh;
+  struct Place {
+    double device, host;  // per GPU; host for the whole machine
+  };
+  // Without and with checkpointing: only the auto policy's placement depends
+  // on the activations it measures.
   struct Setting {
     const char* name;
-    double device, host;  // per GPU; host for the whole machine
+    Place plain, checkpointed;
+  };
+  const auto fixed = [](const char* name, double device, double host) {
+    return Setting{name, {device, host}, {device, host}};
   };
   // Gemini auto: parameter shards on the device, and optimizer shards there
   // while they fit in gpu_margin_mem_ratio of the margin the cap leaves after
@@ -52,36 +60,34 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
     const double margin = kSteadyCudaCapRatio * in.gpu_bytes - non_model - p * kWeights / n;
     const double optim = p * (kGeminiDevice - kWeights) / n;
     const double on_device = std::clamp(kGpuMarginMemRatio * margin / optim, 0.0, 1.0);
-    return Setting{"gemini placement_policy = \"auto\"", p * kWeights / n + on_device * optim,
-                   (1.0 - on_device) * p * kHostStep};
+    return Place{p * kWeights / n + on_device * optim, (1.0 - on_device) * p * kHostStep};
   };
   const std::vector<Setting> settings = {
-      {"ddp", p * (kWeights + kGrads + kOptimizer), 0},
-      {"low_level_zero stage = 1", p * (kWeights + kGrads) + p * kOptimizer / n, 0},
-      {"low_level_zero stage = 2", p * kWeights + p * (kGrads + kOptimizer) / n, 0},
+      fixed("ddp", p * (kWeights + kGrads + kOptimizer), 0),
+      fixed("low_level_zero stage = 1", p * (kWeights + kGrads) + p * kOptimizer / n, 0),
+      fixed("low_level_zero stage = 2", p * kWeights + p * (kGrads + kOptimizer) / n, 0),
       // ZeRO-Offload: masters, moments and the reduced bf16 gradient on the host.
-      {"low_level_zero stage = 2, cpu_offload = true", p * kWeights + p * kGrads / n, p * kHostStep},
-      {"gemini placement_policy = \"static\"", p * kGeminiDevice / n, 0},
+      fixed("low_level_zero stage = 2, cpu_offload = true", p * kWeights + p * kGrads / n, p * kHostStep),
+      fixed("gemini placement_policy = \"static\"", p * kGeminiDevice / n, 0),
       // Gemini's host step: the device keeps the parameter shards (gradients
       // pass through two chunk buffers on their way down).
-      {"gemini offload_optim_frac = 1.0", p * kWeights / n, p * kHostStep},
-      gemini_auto(activations),
+      fixed("gemini offload_optim_frac = 1.0", p * kWeights / n, p * kHostStep),
+      {"gemini placement_policy = \"auto\"", gemini_auto(activations), gemini_auto(checkpointed)},
   };
   const double usable = in.gpu_bytes * (1.0 - in.margin);
   const double host_usable = in.host_bytes * (1.0 - in.margin);
+  const auto fits = [&](const Place& place, double activation_bytes) {
+    return place.host <= host_usable && place.device + activation_bytes <= usable;
+  };
   std::vector<MemoryPlanRow> rows;
   for (const Setting& s : settings) {
-    MemoryPlanRow row{.setting = s.name,
-                      .model_states = s.device,
-                      .activations = activations,
-                      .activations_checkpointed = checkpointed,
-                      .host = s.host};
-    row.fits = s.host <= host_usable && s.device + activations <= usable;
-    // auto places by what the run measures: with checkpointing, more of the
-    // optimizer stays on the device.
-    const Setting c = rows.size() + 1 == settings.size() ? gemini_auto(checkpointed) : s;
-    row.fits_checkpointed = c.host <= host_usable && c.device + checkpointed <= usable;
-    rows.push_back(row);
+    rows.push_back({.setting = s.name,
+                    .model_states = s.plain.device,
+                    .activations = activations,
+                    .activations_checkpointed = checkpointed,
+                    .host = s.plain.host,
+                    .fits = fits(s.plain, activations),
+                    .fits_checkpointed = fits(s.checkpointed, checkpointed)});
   }
   return rows;
 }

@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 
 #include "colossus/checkpoint/safetensors.h"
@@ -82,6 +84,16 @@ struct FakeDevice {
   int64_t non_model = 0;
   int64_t capacity = 0;
 };
+
+// A memory probe over `device`: at construction (no ddp yet) everything
+// fits; then the chunks' device bytes plus the fixed non-model amount.
+std::function<std::optional<metrics::DeviceMemory>()> probe_of(FakeDevice& device) {
+  return [&device]() -> std::optional<metrics::DeviceMemory> {
+    if (!device.ddp) return metrics::DeviceMemory{.total_bytes = int64_t{1} << 40};
+    return metrics::DeviceMemory{.allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
+                                 .total_bytes = device.capacity};
+  };
+}
 
 }  // namespace
 
@@ -251,11 +263,7 @@ TEST(Gemini, AutoPolicyPlacesByTracedWarmup) {
   // non-model amount; optimizer shards into what is left.
   FakeDevice device{.non_model = 4096};
   RunSpec spec{.model = "llama", .plugin = "gemini", .placement_policy = "auto", .gpu_margin_mem_ratio = 1.0};
-  spec.memory_probe = [&device]() -> std::optional<metrics::DeviceMemory> {
-    if (!device.ddp) return metrics::DeviceMemory{.total_bytes = int64_t{1} << 40};  // construction: all fits
-    return metrics::DeviceMemory{.allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
-                                 .total_bytes = device.capacity};
-  };
+  spec.memory_probe = probe_of(device);
   ZeroRun run(spec);
   auto& ddp = ddp_of(run);
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());
@@ -348,11 +356,7 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
   RunSpec auto_spec = base;
   auto_spec.placement_policy = "auto";
   auto_spec.gpu_margin_mem_ratio = 1.0;
-  auto_spec.memory_probe = [&device]() -> std::optional<metrics::DeviceMemory> {
-    if (!device.ddp) return metrics::DeviceMemory{.total_bytes = int64_t{1} << 40};  // construction: all fits
-    return metrics::DeviceMemory{.allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
-                                 .total_bytes = device.capacity};
-  };
+  auto_spec.memory_probe = probe_of(device);
   ZeroRun placed(auto_spec);
   auto& ddp = ddp_of(placed);
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());

@@ -431,11 +431,8 @@ void GeminiDDP::launch_reduce(size_t c) {
   // finish its reduce: settle it now, so its full-size gradient buffer goes
   // (backward never holds more than two) and, under the host step, its copy
   // to the host runs while backward goes on.
-  unsettled_.push_back(c);
-  while (unsettled_.size() > 1) {
-    settle(unsettled_.front());
-    unsettled_.erase(unsettled_.begin());
-  }
+  if (unsettled_) settle(*unsettled_);
+  unsettled_ = c;
 }
 
 void GeminiDDP::settle(size_t c) {
@@ -465,8 +462,8 @@ void GeminiDDP::finish_backward() {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (!chunks_[c].reduce_launched) launch_reduce(c);
   }
-  for (size_t c : unsettled_) settle(c);
-  unsettled_.clear();
+  if (unsettled_) settle(*unsettled_);
+  unsettled_.reset();
   if (host_step_) send_grad_stats();
   grads_pending_step_ = true;
   if (warming_up_) sample_memory();

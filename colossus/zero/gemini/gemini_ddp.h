@@ -284,7 +284,7 @@ class GeminiDDP {
   bool grads_pending_step_ = false;  // a backward finished since the last step
   bool warming_up_ = false;
   bool host_step_ = false;
-  std::vector<size_t> unsettled_;  // chunks whose reduce was launched, in order, not yet settled
+  std::optional<size_t> unsettled_;  // the chunk whose reduce was launched last, not yet settled
   at::Tensor grad_stats_device_;   // (2 x chunks) fp32: norms, then finite flags
   at::Tensor grad_stats_host_;     // its copy, pinned on CUDA
   std::optional<c10::Event> grad_stats_landed_;

@@ -50,10 +50,8 @@ void GeminiOptimizer::setup_nvme() {
 std::vector<at::Tensor> GeminiOptimizer::chunk_state(size_t c) const {
   std::vector<at::Tensor> out;
   const auto& stateful = dynamic_cast<const optim::StatefulOptimizer&>(*inner_);
-  std::vector<int64_t> flat_of(ddp_.params().size(), -1);
-  for (size_t i = 0; i < inner_order_.size(); ++i) flat_of[inner_order_[i]] = static_cast<int64_t>(i);
   for (size_t k : ddp_.chunks()[c].layout.params) {
-    for (auto& t : stateful.state_tensors(flat_of[k])) out.push_back(t);
+    for (auto& t : stateful.state_tensors(inner_index_[k])) out.push_back(t);
   }
   return out;
 }

@@ -64,6 +64,8 @@ GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, Gemini
       in_optimizer[it->second] = true;
     }
   }
+  inner_index_.assign(params.size(), -1);
+  for (size_t i = 0; i < inner_order_.size(); ++i) inner_index_[inner_order_[i]] = static_cast<int64_t>(i);
   for (size_t k = 0; k < params.size(); ++k) {
     if (params[k].second.requires_grad() && !in_optimizer[k]) {
       throw ConfigError(
@@ -151,22 +153,22 @@ void GeminiOptimizer::step() {
   }
   const double max_norm = ddp_.options().max_norm;
   if (max_norm > 0.0) {
-    // Each rank holds a disjoint part of the whole gradient: sum (or max) over
-    // dp.
-    amp::NormReducer reducer;
-    if (group->size() > 1) {
-      reducer = [group](const at::Tensor& local, double norm_type) {
-        at::Tensor total = local.to(group->device(),
-                                    /*non_blocking=*/false, /*copy=*/true);
-        group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
-        return total.to(local.device());
-      };
-    }
-    last_grad_norm_ = amp::clip_grad_norm(grads, max_norm, ddp_.options().norm_type, reducer);
+    last_grad_norm_ = amp::clip_grad_norm(grads, max_norm, ddp_.options().norm_type, norm_reducer());
   }
   step_inner();
   if (scaler_) scaler_->update(false);
   ddp_.after_step();
+}
+
+amp::NormReducer GeminiOptimizer::norm_reducer() const {
+  // Each rank holds a disjoint part of the whole gradient: sum (or max) over dp.
+  const auto group = ddp_.dp_group();
+  if (group->size() == 1) return {};
+  return [group](const at::Tensor& local, double norm_type) {
+    at::Tensor total = local.to(group->device(), /*non_blocking=*/false, /*copy=*/true);
+    group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
+    return total.to(local.device());
+  };
 }
 
 void GeminiOptimizer::step_host() {
@@ -191,15 +193,7 @@ void GeminiOptimizer::step_host() {
     // takes it over the gradient shards.
     std::vector<at::Tensor> terms;
     for (float norm : stats.norms) terms.push_back(at::full({1}, norm, at::TensorOptions().dtype(at::kFloat)));
-    amp::NormReducer reducer;
-    if (group->size() > 1) {
-      reducer = [group](const at::Tensor& local, double norm_type) {
-        at::Tensor total = local.to(group->device(), /*non_blocking=*/false, /*copy=*/true);
-        group->all_reduce(total, std::isinf(norm_type) ? cluster::ReduceOp::Max : cluster::ReduceOp::Sum).wait();
-        return total.to(local.device());
-      };
-    }
-    last_grad_norm_ = amp::grad_norm(terms, ddp_.options().norm_type, reducer);
+    last_grad_norm_ = amp::grad_norm(terms, ddp_.options().norm_type, norm_reducer());
     // clip_grad_norm's coefficient, in its fp32 operations.
     const auto total = static_cast<float>(last_grad_norm_);
     grad_scale = std::min((1.0f / (total + 1e-6f)) * static_cast<float>(max_norm), 1.0f);
@@ -210,8 +204,6 @@ void GeminiOptimizer::step_host() {
   // Chunks on the device (or not host-stepped) first: their master views
   // hold the gradients; host-step chunks' views have none, so it skips them.
   inner_->step();
-  std::vector<int64_t> flat_of(ddp_.params().size(), -1);
-  for (size_t i = 0; i < inner_order_.size(); ++i) flat_of[inner_order_[i]] = static_cast<int64_t>(i);
   auto& adam = dynamic_cast<optim::HybridAdam&>(*inner_);
   const auto& slots = ddp_.layout().slots;
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -223,8 +215,8 @@ void GeminiOptimizer::step_host() {
       const auto& slot = slots[k];
       // A parameter with no elements on this rank steps too, as in the inner
       // step: its step count is part of the state a checkpoint saves.
-      if (flat_of[k] < 0) continue;
-      indices.push_back(flat_of[k]);
+      if (inner_index_[k] < 0) continue;
+      indices.push_back(inner_index_[k]);
       io.push_back(chunk.host_io.narrow(0, slot.own_offset, slot.own_numel));
     }
     ddp_.wait_host_gradient(c);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "colossus/amp/clip_grad.h"
 #include "colossus/amp/loss_scaler.h"
 #include "colossus/optim/optimizer.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
@@ -64,6 +65,8 @@ class GeminiOptimizer : public optim::Optimizer {
   // chunks on the device through the inner step, then each host chunk's
   // fused bf16 CPU Adam as soon as its gradient landed, sent back at once.
   void step_host();
+  // Sums (max for inf) a rank's norm term over dp; empty with one rank.
+  amp::NormReducer norm_reducer() const;
   std::vector<at::Tensor> chunk_state(size_t chunk) const;  // live inner state tensors of its parameters
   void nvme_fetch_all() const;  // every offloaded state in memory (checkpoints)
   void nvme_evict_all() const;  // and back to the files
@@ -74,6 +77,7 @@ class GeminiOptimizer : public optim::Optimizer {
   std::unique_ptr<optim::Optimizer> inner_;
   GeminiDDP& ddp_;
   std::vector<size_t> inner_order_;  // inner flat index -> parameter index
+  std::vector<int64_t> inner_index_;  // parameter index -> inner flat index
   std::optional<amp::DynamicLossScaler> scaler_;
   bool last_step_skipped_ = false;
   int64_t skipped_steps_ = 0;
