@@ -13,10 +13,14 @@
 //
 // Usage: bench_ring_attention [--device cuda|cpu] [--quick] [--batches 1,4]
 // [--heads 16,32]
-//                             [--seqs 2048,8192,32768] [--head-dim 128] [--sp N
-//                             (0: auto)]
-//                             [--iters N] [--out-dir DIR] [--commit SHA]
-//                             [--no-record]
+//                             [--seqs 2048,8192,32768] [--head-dim 128]
+//                             [--sp 2,4,8 (default: T/2048 in [2, 16])]
+//                             [--kernels fused,math] [--iters N]
+//                             [--out-dir DIR] [--commit SHA] [--no-record]
+// --kernels picks ring attention's block kernel (RingAttentionOptions::
+// block_kernel): fused (the SDPA kernel that returns the log-sum-exp, the
+// default) and/or math (block matmuls, the path before it), so the two are
+// compared in one run.
 #include "bench/bench_common.h"
 #include "colossus/parallel/sequence/ring_attention.h"
 
@@ -54,8 +58,9 @@ struct Config {
   std::vector<int64_t> heads = {16, 32};
   std::vector<int64_t> seqs = {2048, 8192, 32768};
   int64_t head_dim = 128;
-  int64_t sp =
-      0; // 0: T / 2048 clamped to [2, 16], so a block is at most 2048 x 2048
+  // Empty: T / 2048 clamped to [2, 16], so a block is at most 2048 x 2048.
+  std::vector<int64_t> sps;
+  std::vector<std::string> kernels = {"fused"};
   int iters = 5;
   int warmup = 1;
   bool record = true;
@@ -102,7 +107,18 @@ Config parse(int argc, char **argv) {
     else if (a == "--head-dim")
       c.head_dim = std::stoll(next());
     else if (a == "--sp")
-      c.sp = std::stoll(next());
+      c.sps = parse_list(next());
+    else if (a == "--kernels") {
+      c.kernels.clear();
+      std::stringstream in(next());
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        if (item != "fused" && item != "math")
+          throw std::runtime_error("--kernels: '" + item +
+                                   "' is not fused or math");
+        c.kernels.push_back(item);
+      }
+    }
     else if (a == "--iters")
       c.iters = std::stoi(next());
     else if (a == "--warmup")
@@ -148,15 +164,16 @@ double rel_err(const at::Tensor &a, const at::Tensor &b) {
 
 struct Row {
   int64_t batch, heads, seq, sp;
+  std::string kernel;
   std::string status; // "ok" or why a config was skipped (out of memory)
   double ring_fwd_ms = 0, sdpa_fwd_ms = 0, ring_train_ms = 0, sdpa_train_ms = 0;
   double out_err = 0, grad_err = 0;
 };
 
 Row measure(const Config &cfg, const c10::Device &device, at::ScalarType dtype,
-            int64_t b, int64_t h, int64_t t) {
-  const int64_t sp = cfg.sp > 0 ? cfg.sp : std::clamp<int64_t>(t / 2048, 2, 16);
-  Row r{b, h, t, sp, "ok"};
+            int64_t b, int64_t h, int64_t t, int64_t sp,
+            const std::string &kernel) {
+  Row r{b, h, t, sp, kernel, "ok"};
   if (t % (2 * sp) != 0) {
     r.status = fmt::format("T not a multiple of 2*sp = {}", 2 * sp);
     return r;
@@ -169,7 +186,11 @@ Row measure(const Config &cfg, const c10::Device &device, at::ScalarType dtype,
              v = at::randn({b, h, t, cfg.head_dim}, opts),
              dout = at::randn({b, h, t, cfg.head_dim}, opts);
   const ps::RingAttentionOptions ring_options{
-      .causal = true, .scale = scale, .layout = ps::SequenceLayout::ZigZag};
+      .causal = true,
+      .scale = scale,
+      .layout = ps::SequenceLayout::ZigZag,
+      .block_kernel = kernel == "math" ? ps::BlockKernel::Math
+                                       : ps::BlockKernel::Fused};
   auto ring = [&](const at::Tensor &q_, const at::Tensor &k_,
                   const at::Tensor &v_) {
     return ps::blockwise_ring_attention(q_, k_, v_, sp, ring_options);
@@ -250,18 +271,26 @@ int main(int argc, char **argv) try {
   for (int64_t t : cfg.seqs) {
     for (int64_t b : cfg.batches) {
       for (int64_t h : cfg.heads) {
-        Row r = measure(cfg, device, dtype, b, h, t);
-        if (r.status == "ok") {
-          fmt::print("  B {} H {:2} T {:6} sp {:2}: fwd ring {:9.2f} ms SDPA "
-                     "{:8.2f} ms | fwd+bwd ring {:9.2f} ms SDPA "
-                     "{:8.2f} ms | rel err out {:.2e} grads {:.2e}\n",
-                     b, h, t, r.sp, r.ring_fwd_ms, r.sdpa_fwd_ms,
-                     r.ring_train_ms, r.sdpa_train_ms, r.out_err, r.grad_err);
-        } else {
-          fmt::print("  B {} H {:2} T {:6} sp {:2}: skipped ({})\n", b, h, t,
-                     r.sp, r.status);
+        std::vector<int64_t> sps = cfg.sps;
+        if (sps.empty())
+          sps = {std::clamp<int64_t>(t / 2048, 2, 16)};
+        for (int64_t sp : sps) {
+          for (const std::string &kernel : cfg.kernels) {
+            Row r = measure(cfg, device, dtype, b, h, t, sp, kernel);
+            if (r.status == "ok") {
+              fmt::print("  B {} H {:2} T {:6} sp {:2} {:5}: fwd ring {:9.2f} "
+                         "ms SDPA {:8.2f} ms | fwd+bwd ring {:9.2f} ms SDPA "
+                         "{:8.2f} ms | rel err out {:.2e} grads {:.2e}\n",
+                         b, h, t, r.sp, kernel, r.ring_fwd_ms, r.sdpa_fwd_ms,
+                         r.ring_train_ms, r.sdpa_train_ms, r.out_err,
+                         r.grad_err);
+            } else {
+              fmt::print("  B {} H {:2} T {:6} sp {:2} {:5}: skipped ({})\n",
+                         b, h, t, r.sp, kernel, r.status);
+            }
+            rows.push_back(r);
+          }
         }
-        rows.push_back(r);
       }
     }
   }
@@ -271,23 +300,27 @@ int main(int argc, char **argv) try {
   const double tolerance = dtype == at::kBFloat16 ? 2e-2 : 1e-4;
   bool agree = true;
   std::vector<std::string> lines = {
-      "| B | H | T | sp (block T/sp) | ring fwd ms | SDPA fwd ms | ring/SDPA "
+      "| B | H | T | sp (block T/sp) | block kernel | ring fwd ms | SDPA fwd "
+      "ms | ring/SDPA "
       "fwd | ring fwd+bwd ms | SDPA fwd+bwd ms | "
       "ring/SDPA fwd+bwd | rel err out | rel err grads |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|"};
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"};
   for (const Row &r : rows) {
     if (r.status != "ok") {
       lines.push_back(
-          fmt::format("| {} | {} | {} | {} ({}) | {} | | | | | | | |", r.batch,
-                      r.heads, r.seq, r.sp, r.seq / r.sp, r.status));
+          fmt::format("| {} | {} | {} | {} ({}) | {} | {} | | | | | | | |",
+                      r.batch, r.heads, r.seq, r.sp, r.seq / r.sp, r.kernel,
+                      r.status));
       continue;
     }
     agree = agree && r.out_err <= tolerance && r.grad_err <= tolerance;
     lines.push_back(
-        fmt::format("| {} | {} | {} | {} ({}) | {:.2f} | {:.2f} | {:.2f}x | "
+        fmt::format("| {} | {} | {} | {} ({}) | {} | {:.2f} | {:.2f} | "
+                    "{:.2f}x | "
                     "{:.2f} | {:.2f} | {:.2f}x | "
                     "{:.2e} | {:.2e} |",
-                    r.batch, r.heads, r.seq, r.sp, r.seq / r.sp, r.ring_fwd_ms,
+                    r.batch, r.heads, r.seq, r.sp, r.seq / r.sp, r.kernel,
+                    r.ring_fwd_ms,
                     r.sdpa_fwd_ms, r.ring_fwd_ms / r.sdpa_fwd_ms,
                     r.ring_train_ms, r.sdpa_train_ms,
                     r.ring_train_ms / r.sdpa_train_ms, r.out_err, r.grad_err));
@@ -296,8 +329,10 @@ int main(int argc, char **argv) try {
       "causal attention, {}, head_dim {}, q/k/v (B, H, T, {}) random normal; "
       "ring = blockwise_ring_attention: sp ranks "
       "simulated on one device (zig-zag shards, each shard's queries against "
-      "every key block in ring order, block "
-      "matmul + logsumexp in fp32, online-softmax merge; the per-step work of "
+      "every key block in ring order, online-softmax merge in fp32; block "
+      "kernel fused = one SDPA flash kernel per block returning its "
+      "log-sum-exp (backward: the kernel's backward given the row's final out "
+      "and lse), math = block matmul + logsumexp in fp32; the per-step work of "
       "ring_attn without communication); SDPA "
       "= at::scaled_dot_product_attention(is_causal) on the full sequence; fwd "
       "under no_grad, fwd+bwd = forward + "
@@ -343,6 +378,7 @@ int main(int argc, char **argv) try {
               {"heads", r.heads},
               {"seq_len", r.seq},
               {"sp", r.sp},
+              {"block_kernel", r.kernel},
               {"metric", metric},
               {"value", ring_ms},
               {"impl", "colossus ring attention blockwise path (sp simulated, "

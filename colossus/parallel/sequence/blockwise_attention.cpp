@@ -49,11 +49,11 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
   static at::Tensor forward(AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                             Geometry g) {
     const auto ct = compute_type(q.scalar_type());
-    std::vector<at::Tensor> qs = shards(q, g, ct), kvs = kv_shards(k, v, g), outs, lses;
+    std::vector<at::Tensor> qs = shards(q, g, q.scalar_type()), kvs = kv_shards(k, v, g), outs, lses;
     for (int64_t r = 0; r < g.sp; ++r) {
       const auto b = q.size(0), h = q.size(1), d = q.size(3);
-      at::Tensor out = at::zeros({b, h, g.local_len, d}, qs[r].options());
-      at::Tensor lse = at::full({b, h, g.local_len}, kNegInf, qs[r].options());
+      at::Tensor out = at::zeros({b, h, g.local_len, d}, qs[r].options().dtype(ct));
+      at::Tensor lse = at::full({b, h, g.local_len}, kNegInf, qs[r].options().dtype(ct));
       for (int64_t s = 0; s < g.sp; ++s) {
         const int64_t src = (r - s + g.sp) % g.sp;
         g.math().forward(qs[r], kvs[src], plan(g, r, src, qs[r].options()), out, lse);
@@ -69,6 +69,7 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
     ctx->saved_data["causal"] = g.causal;
     ctx->saved_data["zigzag"] = g.layout == SequenceLayout::ZigZag;
     ctx->saved_data["documents"] = g.documents;
+    ctx->saved_data["fused"] = g.kernel == BlockKernel::Fused;
     ctx->save_for_backward({q, k, v, out, lse});
     return out.to(q.scalar_type());
   }
@@ -85,20 +86,21 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
                ctx->saved_data["causal"].toBool(),
                ctx->saved_data["zigzag"].toBool() ? SequenceLayout::ZigZag : SequenceLayout::Contiguous,
                sp,
-               ctx->saved_data["documents"].toTensor()};
+               ctx->saved_data["documents"].toTensor(),
+               ctx->saved_data["fused"].toBool() ? BlockKernel::Fused : BlockKernel::Math};
     const auto ct = compute_type(q.scalar_type());
-    std::vector<at::Tensor> qs = shards(q, g, ct), kvs = kv_shards(k, v, g), douts = shards(grads[0], g, ct);
+    const auto it = q.scalar_type();
+    std::vector<at::Tensor> qs = shards(q, g, it), kvs = kv_shards(k, v, g), douts = shards(grads[0], g, it);
     std::vector<at::Tensor> outs = shards(saved[3], g, ct), lses = shards(saved[4].unsqueeze(-1), g, ct);
     std::vector<at::Tensor> dqs, dkvs;
     for (int64_t r = 0; r < sp; ++r) dkvs.push_back(at::zeros(kvs[r].sizes(), kvs[r].options().dtype(ct)));
     for (int64_t r = 0; r < sp; ++r) {
-      at::Tensor delta = (douts[r] * outs[r]).sum(-1);
-      at::Tensor lse_safe = finite_lse(lses[r].squeeze(-1));
-      at::Tensor dq = at::zeros_like(qs[r]);
+      const BackwardRows rows = BackwardRows::make(qs[r], douts[r], outs[r], lses[r].squeeze(-1));
+      at::Tensor dq = at::zeros_like(qs[r], qs[r].options().dtype(ct));
       for (int64_t s = 0; s < sp; ++s) {
         const int64_t src = (r - s + sp) % sp;
         BlockPlan p = plan(g, r, src, qs[r].options());
-        add_block_grads(dkvs[src], p, g.math().backward(qs[r], douts[r], kvs[src], p, lse_safe, delta, dq));
+        add_block_grads(dkvs[src], p, g.math().backward(rows, kvs[src], p, dq));
       }
       dqs.push_back(dq);
     }
@@ -136,7 +138,8 @@ at::Tensor blockwise_ring_attention(const at::Tensor &q, const at::Tensor &k, co
              options.causal,
              options.layout,
              sp,
-             options.documents};
+             options.documents,
+             options.block_kernel};
   return BlockwiseFn::apply(q, k, v, g);
 }
 

@@ -66,11 +66,11 @@ Exchange start_exchange(const at::Tensor &out, cluster::ProcessGroup &group, int
 // ring pass over it; each inner transfer overlaps one block's compute.
 std::pair<at::Tensor, at::Tensor> ring_forward(const at::Tensor &q_in, const at::Tensor &k, const at::Tensor &v,
                                                cluster::ProcessGroup &group, const Geometry &g) {
-  const auto ct = compute_type(q_in.scalar_type());
-  at::Tensor q = q_in.to(ct);
+  const at::Tensor &q = q_in;
+  const auto ct = compute_type(q.scalar_type());
   const auto b = q.size(0), h = q.size(1), t = q.size(2), d = q.size(3);
-  at::Tensor out = at::zeros({b, h, t, d}, q.options());
-  at::Tensor lse = at::full({b, h, t}, kNegInf, q.options());
+  at::Tensor out = at::zeros({b, h, t, d}, q.options().dtype(ct));
+  at::Tensor lse = at::full({b, h, t}, kNegInf, q.options().dtype(ct));
   const std::vector<int64_t> q_pos = local_positions(t, g.sp, g.rank, g.layout);
   at::Tensor outer_kv = at::stack({k, v}).contiguous();  // (2, B, H_kv, T, D)
   for (int64_t o = 0; o < g.outer(); ++o) {
@@ -103,12 +103,11 @@ std::pair<at::Tensor, at::Tensor> ring_forward(const at::Tensor &q_in, const at:
 variable_list ring_backward(const at::Tensor &q_in, const at::Tensor &k, const at::Tensor &v, const at::Tensor &out,
                             const at::Tensor &lse, const at::Tensor &dout_in, cluster::ProcessGroup &group,
                             const Geometry &g) {
-  const auto ct = compute_type(q_in.scalar_type());
-  at::Tensor q = q_in.to(ct), dout = dout_in.to(ct);
+  const at::Tensor &q = q_in;
+  const auto ct = compute_type(q.scalar_type());
   const int64_t t = q.size(2);
-  at::Tensor delta = (dout * out.to(ct)).sum(-1);  // (B, H, T): rowsum(dO * O)
-  at::Tensor lse_safe = finite_lse(lse);
-  at::Tensor dq = at::zeros_like(q);
+  const BackwardRows rows = BackwardRows::make(q, dout_in, out, lse);
+  at::Tensor dq = at::zeros_like(q, q.options().dtype(ct));
   const std::vector<int64_t> q_pos = local_positions(t, g.sp, g.rank, g.layout);
   at::Tensor outer_kv = at::stack({k, v}).contiguous();
   std::optional<Exchange> outer_grad_ex;  // an outer block's accumulator on its way to the next inner ring
@@ -124,7 +123,7 @@ variable_list ring_backward(const at::Tensor &q_in, const at::Tensor &k, const a
       if (s + 1 < g.inner) ex = start_exchange(kv, group, g.inner_next(), g.inner_prev(), kTagKv);
       BlockPlan plan = plan_block(q_pos, local_positions(t, g.sp, g.source(o, s), g.layout), g.causal, g.seq_len,
                                   q.options(), g.documents);
-      auto grads = g.math().backward(q, dout, kv, plan, lse_safe, delta, dq);
+      auto grads = g.math().backward(rows, kv, plan, dq);
       if (grad_ex) {
         grad_ex->wait();
         dkv = grad_ex->in;
@@ -180,6 +179,7 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["zigzag"] = g.layout == SequenceLayout::ZigZag;
     ctx->saved_data["inner"] = g.inner;
     ctx->saved_data["documents"] = g.documents;
+    ctx->saved_data["fused"] = g.kernel == BlockKernel::Fused;
     ctx->save_for_backward({q, k, v, out, lse});
     return result;
   }
@@ -195,7 +195,8 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
                ctx->saved_data["causal"].toBool(),
                ctx->saved_data["zigzag"].toBool() ? SequenceLayout::ZigZag : SequenceLayout::Contiguous,
                ctx->saved_data["inner"].toInt(),
-               ctx->saved_data["documents"].toTensor()};
+               ctx->saved_data["documents"].toTensor(),
+               ctx->saved_data["fused"].toBool() ? BlockKernel::Fused : BlockKernel::Math};
     variable_list d = ring_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], group, g);
     return {d[0].to(saved[0].scalar_type()), d[1].to(saved[1].scalar_type()), d[2].to(saved[2].scalar_type()),
             at::Tensor(), at::Tensor()};
@@ -241,7 +242,8 @@ at::Tensor ring_attention(const at::Tensor &q, const at::Tensor &k, const at::Te
              options.causal,
              options.layout,
              options.inner_ring_size == 0 ? sp : options.inner_ring_size,
-             options.documents};
+             options.documents,
+             options.block_kernel};
   if (options.documents.defined() &&
       (options.documents.dim() != 2 || options.documents.size(0) != q.size(0) || options.documents.size(1) != total))
     throw ConfigError(fmt::format("ring attention: documents {} must be (B, T_local * sp) = ({}, {})",

@@ -14,6 +14,14 @@
 
 namespace colossus::parallel::sequence {
 
+// How each (query shard, key block) pair is computed: Fused runs one SDPA
+// kernel that returns the log-sum-exp (flash on CUDA for half/bfloat16, the
+// CPU flash kernel on CPU) wherever the block is unmasked or a rank's own
+// causal block, and matmuls elsewhere (packed documents, padding, float32 on
+// CUDA); Math always uses matmuls (the reference the fused path is tested
+// and benchmarked against).
+enum class BlockKernel { Fused, Math };
+
 struct RingAttentionOptions {
   bool causal = true;
   // Softmax scale; 0 means 1/sqrt(head_dim).
@@ -35,6 +43,7 @@ struct RingAttentionOptions {
   // keys of its own document only; a negative id (padding) only itself.
   // Undefined: one document per row.
   at::Tensor documents;
+  BlockKernel block_kernel = BlockKernel::Fused;
 
   // Throws ConfigError naming the bad value.
   void validate(int64_t sp) const;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 namespace colossus::parallel::sequence::blocks {
 
@@ -46,6 +47,10 @@ BlockPlan plan_block(const std::vector<int64_t> &q_pos, const std::vector<int64_
   for (int64_t j = k0; j < k1; ++j) max_k = std::max(max_k, k_pos[j]);
   const bool need_mask = max_k >= seq_len || (causal && min_q_box < max_k) || documents.defined();
   if (need_mask) {
+    plan.causal_square = causal && !documents.defined() && max_k < seq_len && q1 - q0 == k1 - k0 &&
+                         std::equal(q_pos.begin() + q0, q_pos.begin() + q1, k_pos.begin() + k0) &&
+                         std::adjacent_find(q_pos.begin() + q0, q_pos.begin() + q1, std::greater_equal<>()) ==
+                             q_pos.begin() + q1;
     auto idx = at::TensorOptions().dtype(at::kLong);
     at::Tensor qp = at::tensor(c10::ArrayRef<int64_t>(q_pos.data() + q0, q1 - q0), idx).to(device.device());
     at::Tensor kp = at::tensor(c10::ArrayRef<int64_t>(k_pos.data() + k0, k1 - k0), idx).to(device.device());
@@ -94,40 +99,80 @@ at::Tensor finite_lse(const at::Tensor &lse) { return lse.masked_fill(lse == kNe
 
 at::ScalarType compute_type(at::ScalarType t) { return (t == at::kHalf || t == at::kBFloat16) ? at::kFloat : t; }
 
-void BlockMath::forward(const at::Tensor &q, const at::Tensor &kv, const BlockPlan &plan, at::Tensor &out,
-             at::Tensor &lse) const {
-  if (plan.empty) return;
-  const auto ct = q.scalar_type();
-  const int64_t lq = plan.q1 - plan.q0, lk = plan.k1 - plan.k0;
-  at::Tensor qb = q.narrow(2, plan.q0, lq);
-  at::Tensor kb = expand_kv(kv[0].narrow(2, plan.k0, lk).to(ct), groups);
-  at::Tensor vb = expand_kv(kv[1].narrow(2, plan.k0, lk).to(ct), groups);
-  at::Tensor s = block_scores(qb, kb, plan, scale);
-  at::Tensor blk_lse = at::logsumexp(s, -1);                                            // (B, H, Lq)
-  at::Tensor blk_out = at::matmul(at::exp(s - finite_lse(blk_lse).unsqueeze(-1)), vb);  // (B, H, Lq, D)
-  at::Tensor old_lse = lse.narrow(2, plan.q0, lq);
+namespace {
+
+// Merges one block's (out, lse) over the box's query rows into the running
+// (out, lse): the online-softmax step.
+void merge_block(at::Tensor &out, at::Tensor &lse, int64_t q0, const at::Tensor &blk_out, const at::Tensor &blk_lse) {
+  const int64_t lq = blk_out.size(2);
+  at::Tensor old_lse = lse.narrow(2, q0, lq);
   at::Tensor new_lse = at::logaddexp(old_lse, blk_lse);
   at::Tensor base = finite_lse(new_lse);
-  at::Tensor old_out = out.narrow(2, plan.q0, lq);
+  at::Tensor old_out = out.narrow(2, q0, lq);
   at::Tensor merged =
       old_out * at::exp(old_lse - base).unsqueeze(-1) + blk_out * at::exp(blk_lse - base).unsqueeze(-1);
   old_out.copy_(merged);
   old_lse.copy_(new_lse);
 }
 
-std::pair<at::Tensor, at::Tensor> BlockMath::backward(const at::Tensor &q, const at::Tensor &dout, const at::Tensor &kv,
-                                           const BlockPlan &plan, const at::Tensor &lse_safe,
-                                           const at::Tensor &delta, at::Tensor &dq) const {
-  if (plan.empty) return {};
-  const auto ct = q.scalar_type();
+}  // namespace
+
+bool BlockMath::fused(const at::Tensor &q, const BlockPlan &plan) const {
+  return kernel == BlockKernel::Fused && (!plan.mask.defined() || plan.causal_square) && fused_block_supported(q);
+}
+
+void BlockMath::forward(const at::Tensor &q, const at::Tensor &kv, const BlockPlan &plan, at::Tensor &out,
+                        at::Tensor &lse) const {
+  if (plan.empty) return;
   const int64_t lq = plan.q1 - plan.q0, lk = plan.k1 - plan.k0;
-  at::Tensor qb = q.narrow(2, plan.q0, lq), dob = dout.narrow(2, plan.q0, lq);
+  if (fused(q, plan)) {
+    auto [blk_out, blk_lse] = fused_block_forward(q.narrow(2, plan.q0, lq), kv[0].narrow(2, plan.k0, lk),
+                                                  kv[1].narrow(2, plan.k0, lk), plan.causal_square, scale);
+    merge_block(out, lse, plan.q0, blk_out.to(out.scalar_type()), blk_lse.to(lse.scalar_type()));
+    return;
+  }
+  const auto ct = out.scalar_type();
+  at::Tensor qb = q.narrow(2, plan.q0, lq).to(ct);
   at::Tensor kb = expand_kv(kv[0].narrow(2, plan.k0, lk).to(ct), groups);
   at::Tensor vb = expand_kv(kv[1].narrow(2, plan.k0, lk).to(ct), groups);
-  at::Tensor p = at::exp(block_scores(qb, kb, plan, scale) - lse_safe.narrow(2, plan.q0, lq).unsqueeze(-1));
+  at::Tensor s = block_scores(qb, kb, plan, scale);
+  at::Tensor blk_lse = at::logsumexp(s, -1);                                            // (B, H, Lq)
+  at::Tensor blk_out = at::matmul(at::exp(s - finite_lse(blk_lse).unsqueeze(-1)), vb);  // (B, H, Lq, D)
+  merge_block(out, lse, plan.q0, blk_out, blk_lse);
+}
+
+BackwardRows BackwardRows::make(const at::Tensor &q, const at::Tensor &dout, const at::Tensor &out,
+                                const at::Tensor &lse) {
+  BackwardRows rows;
+  rows.q = q;
+  rows.dout = dout.to(q.scalar_type());
+  rows.out = out.to(q.scalar_type());
+  rows.lse = lse;
+  rows.lse_safe = finite_lse(lse);
+  rows.delta = (rows.dout.to(out.scalar_type()) * out).sum(-1);
+  return rows;
+}
+
+std::pair<at::Tensor, at::Tensor> BlockMath::backward(const BackwardRows &rows, const at::Tensor &kv,
+                                                      const BlockPlan &plan, at::Tensor &dq) const {
+  if (plan.empty) return {};
+  const int64_t lq = plan.q1 - plan.q0, lk = plan.k1 - plan.k0;
+  if (fused(rows.q, plan)) {
+    auto [dqb, dkb, dvb] = fused_block_backward(
+        rows.dout.narrow(2, plan.q0, lq), rows.q.narrow(2, plan.q0, lq), kv[0].narrow(2, plan.k0, lk),
+        kv[1].narrow(2, plan.k0, lk), rows.out.narrow(2, plan.q0, lq), rows.lse.narrow(2, plan.q0, lq),
+        plan.causal_square, scale);
+    dq.narrow(2, plan.q0, lq).add_(dqb);
+    return {dkb, dvb};
+  }
+  const auto ct = dq.scalar_type();
+  at::Tensor qb = rows.q.narrow(2, plan.q0, lq).to(ct), dob = rows.dout.narrow(2, plan.q0, lq).to(ct);
+  at::Tensor kb = expand_kv(kv[0].narrow(2, plan.k0, lk).to(ct), groups);
+  at::Tensor vb = expand_kv(kv[1].narrow(2, plan.k0, lk).to(ct), groups);
+  at::Tensor p = at::exp(block_scores(qb, kb, plan, scale) - rows.lse_safe.narrow(2, plan.q0, lq).unsqueeze(-1));
   at::Tensor dvb = reduce_kv(at::matmul(p.transpose(-2, -1), dob), groups);
   at::Tensor dp = at::matmul(dob, vb.transpose(-2, -1));
-  at::Tensor ds = p * (dp - delta.narrow(2, plan.q0, lq).unsqueeze(-1)) * scale;
+  at::Tensor ds = p * (dp - rows.delta.narrow(2, plan.q0, lq).unsqueeze(-1)) * scale;
   dq.narrow(2, plan.q0, lq).add_(at::matmul(ds, kb));
   at::Tensor dkb = reduce_kv(at::matmul(ds.transpose(-2, -1), qb), groups);
   return {dkb, dvb};

@@ -5,11 +5,13 @@
 // one-process simulation and reference (blockwise_attention.cpp).
 #pragma once
 #include "colossus/parallel/sequence/layout.h"
+#include "colossus/parallel/sequence/ring_attention.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -24,6 +26,10 @@ struct BlockPlan {
   bool empty = true;
   int64_t q0 = 0, q1 = 0, k0 = 0, k1 = 0;
   at::Tensor mask;
+  // The mask is exactly the causal lower triangle of a square box (the
+  // queries are the keys' own positions: a rank's own block), which the
+  // fused kernels apply themselves.
+  bool causal_square = false;
 };
 
 // q_pos/k_pos: global positions of the local queries and of the block's keys.
@@ -48,23 +54,50 @@ at::Tensor finite_lse(const at::Tensor &lse);
 // float for half/bfloat16 inputs, else the input type.
 at::ScalarType compute_type(at::ScalarType t);
 
+// What one backward pass reads for every block of the local queries.
+struct BackwardRows {
+  at::Tensor q, dout;     // (B, H, T, D), the input type
+  at::Tensor out;         // the forward's output in the input type (the fused kernels take rowsum(dO * O) from it)
+  at::Tensor lse;         // (B, H, T), the compute type
+  at::Tensor lse_safe;    // finite_lse(lse)
+  at::Tensor delta;       // rowsum(dO * O) in the compute type (the matmul path)
+
+  // out: the forward's (B, H, T, D) in the compute type.
+  static BackwardRows make(const at::Tensor &q, const at::Tensor &dout, const at::Tensor &out, const at::Tensor &lse);
+};
+
 // The arithmetic shared by every block; `groups` query heads per kv head.
 struct BlockMath {
   int64_t groups;
   double scale;
+  BlockKernel kernel = BlockKernel::Fused;
 
   // Merges one key block into the running (out, lse) of the local queries
-  // (online softmax). q, out: (B, H, T, D) and lse (B, H, T) in the compute
-  // type; kv: (2, B, H_kv, T_block, D).
+  // (online softmax). q: (B, H, T, D) in the input type; out (B, H, T, D) and
+  // lse (B, H, T) in the compute type; kv: (2, B, H_kv, T_block, D).
   void forward(const at::Tensor &q, const at::Tensor &kv, const BlockPlan &plan, at::Tensor &out,
                at::Tensor &lse) const;
-  // One block's share of the gradients: adds to dq, returns (dK, dV) of the
-  // box's keys (B, H_kv, Lk, D), undefined for an empty plan. lse_safe:
-  // finite_lse of the forward's lse; delta: rowsum(dO * O), (B, H, T).
-  std::pair<at::Tensor, at::Tensor> backward(const at::Tensor &q, const at::Tensor &dout, const at::Tensor &kv,
-                                             const BlockPlan &plan, const at::Tensor &lse_safe,
-                                             const at::Tensor &delta, at::Tensor &dq) const;
+  // One block's share of the gradients: adds to dq (compute type), returns
+  // (dK, dV) of the box's keys (B, H_kv, Lk, D), undefined for an empty plan.
+  std::pair<at::Tensor, at::Tensor> backward(const BackwardRows &rows, const at::Tensor &kv, const BlockPlan &plan,
+                                             at::Tensor &dq) const;
+  // Whether this block runs on the fused attention kernel (else matmuls).
+  bool fused(const at::Tensor &q, const BlockPlan &plan) const;
 };
+
+// The fused kernels (ring_fused_blocks.cpp): one SDPA kernel call per block
+// that returns the log-sum-exp (CPU flash, or CUDA flash for half/bfloat16),
+// and its backward given the whole row's final out and lse, so every block's
+// gradient is already normalised by the global softmax. q, k, v are the
+// block's box; `causal` for a causal_square box, else no mask.
+std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                                      bool causal, double scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Tensor &dout, const at::Tensor &q,
+                                                                    const at::Tensor &k, const at::Tensor &v,
+                                                                    const at::Tensor &out, const at::Tensor &lse,
+                                                                    bool causal, double scale);
+// Whether the fused kernels take q of this device, dtype and head size.
+bool fused_block_supported(const at::Tensor &q);
 
 void add_block_grads(at::Tensor &dkv, const BlockPlan &plan, const std::pair<at::Tensor, at::Tensor> &grads);
 
@@ -78,6 +111,7 @@ struct Geometry {
   SequenceLayout layout;
   int64_t inner;
   at::Tensor documents = {};  // RingAttentionOptions::documents
+  BlockKernel kernel = BlockKernel::Fused;
 
   int64_t outer() const { return sp / inner; }
   int64_t ring() const { return rank / inner; }   // which inner ring
@@ -92,7 +126,7 @@ struct Geometry {
   int64_t source(int64_t o, int64_t s) const {
     return ((ring() - o + outer()) % outer()) * inner + (index() - s + inner) % inner;
   }
-  BlockMath math() const { return {groups, scale}; }
+  BlockMath math() const { return {groups, scale, kernel}; }
 };
 
 // (B, H, L, D) shards in `layout` -> (B, H, sp * L, D) in sequence order.

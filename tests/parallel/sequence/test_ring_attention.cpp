@@ -7,6 +7,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/parallel/sequence/layout.h"
 #include "colossus/parallel/sequence/ring_attention.h"
+#include "colossus/parallel/sequence/ring_blocks.h"
 #include "tests/testing/testing.h"
 
 #include <ATen/ATen.h>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <tuple>
 
 using namespace colossus;
 namespace ct = colossus::testing;
@@ -33,12 +35,16 @@ struct Case {
   ps::SequenceLayout layout;
   double tol;
   int64_t inner_ring_size = 0;
+  ps::BlockKernel kernel = ps::BlockKernel::Fused;
 };
 
+constexpr ps::BlockKernel kKernels[] = {ps::BlockKernel::Fused, ps::BlockKernel::Math};
+
 std::string describe(const Case &c) {
-  return fmt::format("causal={} T={} H={} H_kv={} dtype={} layout={} inner_ring_size={}", c.causal, c.seq_len,
-                     c.heads, c.kv_heads, c10::toString(c.dtype),
-                     c.layout == ps::SequenceLayout::ZigZag ? "zigzag" : "contiguous", c.inner_ring_size);
+  return fmt::format("causal={} T={} H={} H_kv={} dtype={} layout={} inner_ring_size={} kernel={}", c.causal,
+                     c.seq_len, c.heads, c.kv_heads, c10::toString(c.dtype),
+                     c.layout == ps::SequenceLayout::ZigZag ? "zigzag" : "contiguous", c.inner_ring_size,
+                     c.kernel == ps::BlockKernel::Fused ? "fused" : "math");
 }
 
 // Runs one case on the world group and compares output and grads.
@@ -62,7 +68,11 @@ void check_case(const Case &c) {
        v_loc = shard(v).detach().requires_grad_(true);
   at::Tensor out_loc =
       ps::ring_attention(q_loc, k_loc, v_loc, *world,
-                         {.causal = c.causal, .seq_len = c.seq_len, .layout = c.layout, .inner_ring_size = c.inner_ring_size});
+                         {.causal = c.causal,
+                          .seq_len = c.seq_len,
+                          .layout = c.layout,
+                          .inner_ring_size = c.inner_ring_size,
+                          .block_kernel = c.kernel});
   ASSERT_EQ(out_loc.sizes(), q_loc.sizes()) << what;
   ASSERT_EQ(out_loc.scalar_type(), c.dtype) << what;
   (out_loc * shard(g)).sum().backward();
@@ -113,25 +123,57 @@ TEST(RingAttention, ReferenceMatchesSdpa) {
 }
 
 TEST(RingAttention, MatchesFullAttentionFp64) {
-  for (bool causal : {true, false})
-    for (int64_t t : {16, 13, 37})
-      for (auto [h, hkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {6, 1}})
-        check_case({causal, t, h, hkv, at::kDouble, ps::SequenceLayout::ZigZag, 1e-10});
+  for (auto kernel : kKernels)
+    for (bool causal : {true, false})
+      for (int64_t t : {16, 13, 37})
+        for (auto [h, hkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {6, 1}})
+          check_case({causal, t, h, hkv, at::kDouble, ps::SequenceLayout::ZigZag, 1e-10, 0, kernel});
 }
 
 TEST(RingAttention, MatchesFullAttentionContiguousLayout) {
-  for (bool causal : {true, false})
-    for (int64_t t : {16, 13}) check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous, 1e-10});
+  for (auto kernel : kKernels)
+    for (bool causal : {true, false})
+      for (int64_t t : {16, 13})
+        check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous, 1e-10, 0, kernel});
 }
 
 TEST(RingAttention, MatchesFullAttentionFp32) {
-  for (bool causal : {true, false}) check_case({causal, 29, 4, 2, at::kFloat, ps::SequenceLayout::ZigZag, 1e-5});
+  for (auto kernel : kKernels)
+    for (bool causal : {true, false})
+      check_case({causal, 29, 4, 2, at::kFloat, ps::SequenceLayout::ZigZag, 1e-5, 0, kernel});
 }
 
 TEST(RingAttention, Bf16RunsInFloatAccumulation) {
-  // bf16 inputs: computed in float, so only the rounding of inputs and output
-  // remains.
-  check_case({true, 24, 4, 2, at::kBFloat16, ps::SequenceLayout::ZigZag, 2e-2});
+  // bf16 inputs: merged in float, so only the rounding of inputs, of each
+  // fused block's output and of the output remains.
+  for (auto kernel : kKernels) check_case({true, 24, 4, 2, at::kBFloat16, ps::SequenceLayout::ZigZag, 2e-2, 0, kernel});
+}
+
+// Which blocks the fused kernel takes: with zig-zag causal shards, a rank's
+// own block (the causal lower triangle) and every other block (unmasked
+// boxes); not a block holding padding or packed documents (matmuls there).
+TEST(RingAttention, FusedKernelTakesOwnAndUnmaskedBlocks) {
+  namespace blk = ps::blocks;
+  const int64_t sp = 2, local = 8, total = sp * local;
+  auto pos = [&](int64_t rank) { return ps::local_positions(local, sp, rank, ps::SequenceLayout::ZigZag); };
+  const at::Tensor q = at::zeros({1, 2, local, 8});
+  const blk::BlockMath fused{1, 0.5, ps::BlockKernel::Fused}, math{1, 0.5, ps::BlockKernel::Math};
+  const blk::BlockPlan own = blk::plan_block(pos(0), pos(0), true, total, q.options());
+  EXPECT_TRUE(own.causal_square && own.mask.defined());
+  EXPECT_TRUE(fused.fused(q, own));
+  EXPECT_FALSE(math.fused(q, own));
+  const blk::BlockPlan earlier = blk::plan_block(pos(1), pos(0), true, total, q.options());
+  EXPECT_FALSE(earlier.mask.defined());
+  EXPECT_TRUE(fused.fused(q, earlier));
+  const blk::BlockPlan padded = blk::plan_block(pos(0), pos(0), true, total - 3, q.options());
+  EXPECT_FALSE(padded.causal_square);
+  EXPECT_FALSE(fused.fused(q, padded));
+  const blk::BlockPlan packed =
+      blk::plan_block(pos(1), pos(0), true, total, q.options(), at::zeros({1, total}, at::kLong));
+  EXPECT_FALSE(fused.fused(q, packed));
+  // A causal box whose queries are not the keys' own positions is no triangle.
+  const std::vector<int64_t> shifted{1, 2, 3, 4};
+  EXPECT_FALSE(blk::plan_block(shifted, {0, 1, 2, 3}, true, total, q.options()).causal_square);
 }
 
 // Two-level rings: inner rings of every size dividing sp (sp = 4: inner rings
@@ -141,10 +183,12 @@ TEST(RingAttention, TwoLevelRingsMatchFullAttention) {
   const int64_t sp = ct::world()->size();
   for (int64_t inner = 1; inner <= sp; ++inner) {
     if (sp % inner != 0) continue;
-    for (bool causal : {true, false})
-      for (int64_t t : {16, 13})
-        check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::ZigZag, 1e-10, inner});
-    check_case({true, 13, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous, 1e-10, inner});
+    for (auto kernel : kKernels) {
+      for (bool causal : {true, false})
+        for (int64_t t : {16, 13})
+          check_case({causal, t, 4, 2, at::kDouble, ps::SequenceLayout::ZigZag, 1e-10, inner, kernel});
+      check_case({true, 13, 4, 2, at::kDouble, ps::SequenceLayout::Contiguous, 1e-10, inner, kernel});
+    }
   }
 }
 
@@ -153,17 +197,27 @@ TEST(RingAttention, TwoLevelRingsMatchFullAttention) {
 TEST(RingAttention, BlockwisePathMatchesFullAttention) {
   for (int64_t sp : {1, 2, 3, 4}) {
     for (auto layout : {ps::SequenceLayout::ZigZag, ps::SequenceLayout::Contiguous}) {
-      for (bool causal : {true, false}) {
-        const int64_t seq_len = 21, padded = ps::padded_length(seq_len, sp, layout);
+      for (const auto &row : {std::tuple{true, ps::BlockKernel::Fused, 24}, {false, ps::BlockKernel::Fused, 24},
+                              {true, ps::BlockKernel::Fused, 21}, {true, ps::BlockKernel::Math, 21},
+                              {false, ps::BlockKernel::Math, 21}}) {
+        const bool causal = std::get<0>(row);
+        const ps::BlockKernel kernel = std::get<1>(row);
+        const int64_t seq_len = std::get<2>(row);
+        const int64_t padded = ps::padded_length(seq_len, sp, layout);
         at::Tensor q = seeded({2, 4, padded, 8}, 1, at::kDouble).requires_grad_(true);
         at::Tensor k = seeded({2, 2, padded, 8}, 2, at::kDouble).requires_grad_(true);
         at::Tensor v = seeded({2, 2, padded, 8}, 3, at::kDouble).requires_grad_(true);
         at::Tensor g = seeded({2, 4, padded, 8}, 4, at::kDouble).narrow(2, 0, seq_len);
-        const std::string what = fmt::format("sp={} zigzag={} causal={}", sp, layout == ps::SequenceLayout::ZigZag, causal);
+        const std::string what = fmt::format("sp={} zigzag={} causal={} T={} fused={}", sp,
+                                             layout == ps::SequenceLayout::ZigZag, causal, seq_len,
+                                             kernel == ps::BlockKernel::Fused);
         auto run = [&](bool blockwise) {
           for (auto *x : {&q, &k, &v}) x->mutable_grad() = at::Tensor();
-          at::Tensor out = blockwise ? ps::blockwise_ring_attention(
-                                           q, k, v, sp, {.causal = causal, .seq_len = seq_len, .layout = layout})
+          at::Tensor out = blockwise ? ps::blockwise_ring_attention(q, k, v, sp,
+                                                                    {.causal = causal,
+                                                                     .seq_len = seq_len,
+                                                                     .layout = layout,
+                                                                     .block_kernel = kernel})
                                      : ps::reference_attention(q, k, v, causal, 0.0, seq_len);
           out = out.narrow(2, 0, seq_len);
           (out * g).sum().backward();
@@ -234,8 +288,10 @@ TEST(RingAttention, RunsOnCudaTensors) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   auto world = ct::world();
   if (world->size() != 1) GTEST_SKIP() << "CUDA tensors on one rank only";
-  const int64_t t = 64, seq_len = 61;
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+  const int64_t t = 64;
+  for (const auto &row : {std::pair{at::kFloat, int64_t{61}}, {at::kBFloat16, int64_t{61}}, {at::kBFloat16, t}}) {
+    const at::ScalarType dtype = row.first;
+    const int64_t seq_len = row.second;
     const double tol = dtype == at::kFloat ? 1e-4 : 3e-2;
     at::Tensor q = seeded({2, 4, t, 16}, 1, dtype), k = seeded({2, 2, t, 16}, 2, dtype),
                v = seeded({2, 2, t, 16}, 3, dtype), g = seeded({2, 4, t, 16}, 4, dtype).narrow(2, 0, seq_len);

@@ -1,0 +1,51 @@
+// Ring attention's fused block kernels: one SDPA kernel per block that also
+// returns the log-sum-exp, so blocks merge online exactly as the matmul path
+// does, at the kernel's speed and without materialising the (Lq, Lk) scores.
+// The backward of a block is the kernel's own backward given the row's final
+// output and log-sum-exp: it recomputes P = exp(S - lse) with the global lse
+// and takes rowsum(dO * O) from the global O, which is exactly this block's
+// share of the softmax gradient.
+#include "colossus/parallel/sequence/ring_blocks.h"
+
+#include <ATen/ops/_scaled_dot_product_flash_attention.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_backward.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward.h>
+#include <ATen/ops/empty.h>
+
+namespace colossus::parallel::sequence::blocks {
+
+bool fused_block_supported(const at::Tensor &q) {
+  if (q.is_cpu()) return true;
+  // The CUDA flash kernel: half/bfloat16, head sizes up to 256 in steps of 8.
+  const auto t = q.scalar_type();
+  return q.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && q.size(3) % 8 == 0 && q.size(3) <= 256;
+}
+
+std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                                                      bool causal, double scale) {
+  if (q.is_cpu()) {
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, scale);
+    return {out, lse};
+  }
+  // Both kernels take GQA (fewer kv heads) natively.
+  auto result = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale);
+  return {std::get<0>(result), std::get<1>(result).narrow(2, 0, q.size(2))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Tensor &dout, const at::Tensor &q,
+                                                                    const at::Tensor &k, const at::Tensor &v,
+                                                                    const at::Tensor &out, const at::Tensor &lse,
+                                                                    bool causal, double scale) {
+  if (q.is_cpu()) {
+    return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse.contiguous(), 0.0, causal, {}, scale);
+  }
+  // Without dropout the kernel reads no random state; the forward's would be
+  // these placeholders too.
+  const at::Tensor philox_seed = at::empty({}, at::kLong), philox_offset = at::empty({}, at::kLong);
+  return at::_scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse.to(at::kFloat).contiguous(),
+                                                          at::Tensor(), at::Tensor(), q.size(2), k.size(2), 0.0,
+                                                          causal, philox_seed, philox_offset, scale);
+}
+
+}  // namespace colossus::parallel::sequence::blocks
