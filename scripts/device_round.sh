@@ -12,6 +12,10 @@
 #   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
 #             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
 #   decode    bench_gemv + bench_inference's decode table (issue 26)
+#   ring      bench_ring_attention: sp 2/4/8 simulated at T = 32K-128K on the
+#             fused block kernel against one SDPA call, and the matmul blocks
+#             beside it at 8K (issue 28's long-context point); exits 3 when
+#             the ring's output or gradients leave SDPA's
 # STAGES="offload gemini fp8 decode" picks and orders them. A stage's log is in
 # $OUT/<stage>.log; the summary table is printed last with every exit code.
 # A later call on the same warm machine skips the build (ninja is a no-op).
@@ -29,7 +33,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
 
 # Configure, build and `colossus check` (its log: $OUT/check.txt).
 stamp "build + colossus check"
-if ! COLOSSUS_TESTS=OFF bash scripts/device_build.sh bench_train_gpt2 bench_inference bench_gemv bench_gemini_capacity \
+if ! COLOSSUS_TESTS=OFF bash scripts/device_build.sh bench_train_gpt2 bench_inference bench_gemv bench_gemini_capacity bench_ring_attention \
     ${EXTRA_TARGETS:-} > "$out/build_and_check.log" 2>&1; then
   tail -60 "$out/build_and_check.log"
   exit 1
@@ -63,7 +67,11 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${DECODE_FLAGS:---mix-requests 0} ;;
-    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, decode)"; exit 2 ;;
+    ring) run_stage ring "${RING_LIMIT_S:-240}" bash -c "build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' \
+            --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \
+            build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' --batches 1 --heads 32 \
+            --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --iters 3" ;;
+    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, decode, ring)"; exit 2 ;;
   esac
 done
 
@@ -74,6 +82,7 @@ echo "=== results ==="
 [[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
+[[ -n ${rc[ring]+x} ]] && grep -E "^\||disagree" "$out/ring.log"
 failed=0
 for name in "${!rc[@]}"; do
   echo "stage $name: exit ${rc[$name]}"
