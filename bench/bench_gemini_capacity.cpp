@@ -19,8 +19,9 @@
 // Usage: bench_gemini_capacity [--parts throughput,capacity] [--modes adamw,gemini_offload,gemini_auto]
 //          [--start adamw=40,gemini_offload=32,gemini_auto=56] [--layer-step 4] [--budget-s 420]
 //          [--try-timeout-s 240] [--device cuda|cpu] [--commit SHA] [--no-record] [--margin-ratio R]
+//          [--accum 1,4,8 (throughput: a table block per gradient accumulation)]
 //        bench_gemini_capacity --probe MODE --layers L [--hidden 4096 --ffn 11008 --heads 32 --vocab 32000]
-//          [--batch 1 --seq 1024 --steps 3 --warmup 1] [--device cuda|cpu]
+//          [--batch 1 --seq 1024 --steps 3 --warmup 1 --accum 1] [--device cuda|cpu]
 // --device cpu is a smoke test of the whole flow on tiny models (CI machine).
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
@@ -64,6 +65,7 @@ using Clock = std::chrono::steady_clock;
 struct Shape {
   int64_t layers = 32, hidden = 4096, ffn = 11008, heads = 32, vocab = 32000;
   int64_t batch = 1, seq = 1024, steps = 3, warmup = 1;
+  int64_t accum = 1;  // micro-batches a step (gradient accumulation)
 };
 
 struct Options {
@@ -73,6 +75,7 @@ struct Options {
   std::vector<std::string> parts = {"throughput", "capacity"};
   std::vector<std::string> modes = {"adamw", "gemini_offload", "gemini_auto"};
   std::map<std::string, int64_t> start = {{"adamw", 40}, {"gemini_offload", 32}, {"gemini_auto", 52}};
+  std::vector<int64_t> accums = {1};  // throughput: gradient accumulation steps, a table block each
   int64_t layer_step = 4;
   double budget_s = 420;
   int try_timeout_s = 240;
@@ -114,6 +117,14 @@ Options parse(int argc, char** argv) {
     else if (a == "--seq") o.shape.seq = next_int();
     else if (a == "--steps") o.shape.steps = next_int();
     else if (a == "--warmup") o.shape.warmup = next_int();
+    else if (a == "--accum") {
+      o.accums.clear();
+      for (const auto& item : split(next(), ',')) o.accums.push_back(std::stoll(item));
+      if (o.accums.empty()) throw std::runtime_error("--accum needs at least one value");
+      for (int64_t a : o.accums)
+        if (a < 1) throw std::runtime_error("--accum " + std::to_string(a) + ": micro-batches a step must be >= 1");
+      o.shape.accum = o.accums.front();
+    }
     else if (a == "--device") o.device = next();
     else if (a == "--parts") o.parts = split(next(), ',');
     else if (a == "--modes") o.modes = split(next(), ',');
@@ -245,7 +256,8 @@ int probe(const Options& o) {
                      // auto: gpu_margin_mem_ratio's default (0.5 of the device margin
                      // for optimizer shards), what a user gets.
                      .precision = "bf16",
-                     .pin_memory = device.is_cuda()},
+                     .pin_memory = device.is_cuda(),
+                     .enable_gradient_accumulation = s.accum > 1},
           .hidden_dim = s.hidden};
       if (!device.is_cuda()) g.search_range_m = g.min_chunk_size_m = 1.0;
       if (o.probe_mode == "gemini_auto" && o.margin_ratio >= 0.0) g.gemini.gpu_margin_mem_ratio = o.margin_ratio;
@@ -265,20 +277,27 @@ int probe(const Options& o) {
         sync(device);
         t0 = Clock::now();
       }
-      const at::Tensor ids = data[step % n_batches];
+      // `accum` micro-batches, each loss scaled by 1/accum, then one step.
+      at::Tensor step_loss;
+      for (int64_t micro = 0; micro < s.accum; ++micro) {
+        const at::Tensor ids = data[(step * s.accum + micro) % n_batches];
+        at::Tensor loss = (plain_opt ? model->forward_loss(ids, ids) : boosted.model->forward_loss(ids, ids)) /
+                          static_cast<double>(s.accum);
+        if (plain_opt) {
+          loss.backward();
+        } else {
+          booster->backward(loss, *boosted.optimizer);
+        }
+        step_loss = step_loss.defined() ? step_loss + loss.detach() : loss.detach();
+      }
       if (plain_opt) {
-        at::Tensor loss = model->forward_loss(ids, ids);
-        loss.backward();
         plain_opt->step();
         plain_opt->zero_grad(true);
-        losses.push_back(loss.detach());
       } else {
-        at::Tensor loss = boosted.model->forward_loss(ids, ids);
-        booster->backward(loss, *boosted.optimizer);
         boosted.optimizer->step();
         boosted.optimizer->zero_grad(true);
-        losses.push_back(loss.detach());
       }
+      losses.push_back(step_loss);
     }
     sync(device);
     const double timed_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -309,8 +328,9 @@ int probe(const Options& o) {
     }
     if (!finite) r["error"] = "non-finite loss";
     r["step_ms"] = timed_s * 1e3 / static_cast<double>(s.steps);
-    r["tokens_per_s"] = static_cast<double>(s.batch * s.seq * s.steps) / timed_s;
-    if (o.bound) {
+    r["tokens_per_s"] = static_cast<double>(s.batch * s.seq * s.accum * s.steps) / timed_s;
+    r["accum"] = s.accum;
+    if (o.bound && s.accum == 1) {
       // The phases of `steps` more steps, synchronised between forward +
       // backward and the optimizer step (kept out of the timed steps above).
       double fwd_bwd_s = 0.0, opt_s = 0.0;
@@ -369,9 +389,9 @@ int probe(const Options& o) {
 json run_probe(const Options& o, const std::string& mode, const Shape& s, bool bound = false) {
   const std::string cmd = fmt::format(
       "timeout -s KILL {} {} --probe {} --layers {} --hidden {} --ffn {} --heads {} --vocab {} --batch {} --seq {} "
-      "--steps {} --warmup {} --device {} --margin-ratio {}{} 2>&1; echo \"EXIT $?\"",
+      "--steps {} --warmup {} --accum {} --device {} --margin-ratio {}{} 2>&1; echo \"EXIT $?\"",
       o.try_timeout_s, o.self, mode, s.layers, s.hidden, s.ffn, s.heads, s.vocab, s.batch, s.seq, s.steps, s.warmup,
-      o.device, o.margin_ratio, bound ? " --bound" : "");
+      s.accum, o.device, o.margin_ratio, bound ? " --bound" : "");
   const std::string out = bench::run_command(cmd);
   const auto at = out.rfind("PROBE ");
   if (at != std::string::npos) {
@@ -422,14 +442,20 @@ int drive(const Options& o) {
     Shape mid{.layers = 16, .hidden = 2048, .ffn = 5632, .heads = 16, .vocab = 32000, .batch = 8, .seq = 2048, .steps = 5,
               .warmup = 2};
     if (!cuda) mid = Shape{.layers = 2, .hidden = 64, .ffn = 172, .heads = 4, .vocab = 512, .batch = 2, .seq = 64, .steps = 3, .warmup = 2};
+    // A table block for each accumulation (micro-batches of B each); the
+    // bound and the phases for the first block without accumulation.
+    for (const int64_t accum : o.accums) {
+    mid.accum = accum;
+    if (accum > 1) mid.warmup = 1, mid.steps = 3;
     std::map<std::string, json> res;
     for (const auto& m : o.modes) {
-      res[m] = run_probe(o, m, mid, /*bound=*/true);
-      fmt::print("throughput {}: {}\n", m, res[m].dump());
+      res[m] = run_probe(o, m, mid, /*bound=*/accum == 1);
+      fmt::print("throughput {} GA {}: {}\n", m, accum, res[m].dump());
       std::fflush(stdout);
     }
-    const std::string config = fmt::format("llama d{} L{} ffn{} vocab{}, B={} T={}, bf16, AdamW", mid.hidden, mid.layers,
-                                           mid.ffn, mid.vocab, mid.batch, mid.seq);
+    const std::string config =
+        fmt::format("llama d{} L{} ffn{} vocab{}, B={} T={}, bf16, AdamW{}", mid.hidden, mid.layers, mid.ffn, mid.vocab,
+                    mid.batch, mid.seq, accum > 1 ? fmt::format(", gradient accumulation {}", accum) : "");
     rep.md.push_back(fmt::format("\nthroughput, {} ({} params):\n", config,
                                  billions(res.begin()->second.value("params", int64_t{0}))));
     rep.md.push_back("| mode | tokens/s | vs plain AdamW | step ms | fwd+bwd ms | optimizer ms | first loss | rel diff vs plain | peak device GiB | peak host GiB | ok |");
@@ -465,7 +491,8 @@ int drive(const Options& o) {
     // and the CPU Adam's 28 bytes a parameter at its measured speed. Our
     // schedule runs the CPU Adam between backward and the next forward, so
     // its own bound is forward + backward plus the CPU Adam.
-    if (res.count("gemini_offload") && res["gemini_offload"].value("ok", false) && plain && plain->value("ok", false)) {
+    if (accum == 1 && res.count("gemini_offload") && res["gemini_offload"].value("ok", false) && plain &&
+        plain->value("ok", false)) {
       const json& r = res["gemini_offload"];
       const double n = static_cast<double>(r.value("params", int64_t{0}));
       const double gpu_ms = plain->value("step_ms", 0.0);
@@ -485,6 +512,7 @@ int drive(const Options& o) {
       add_row(rep, o, machine, config + ", gemini_offload", "step_ms_over_bound", step_ms / bound_ms,
               "max(GPU, PCIe, CPU Adam) bound (same run)", bound_ms);
     }
+    }  // accumulation blocks
   }
 
   if (want("capacity")) {
