@@ -33,6 +33,7 @@ void HybridParallelPluginOptions::validate() const {
         "hybrid_parallel.gradient_checkpointing_ratio = {} must be in [0, 1]; use 1.0 (every block) or 0 (off)",
         gradient_checkpointing_ratio));
   }
+  models::parse_checkpoint_granularity(gradient_checkpointing_granularity);  // throws naming the value
   if (gradient_checkpointing_ratio > 0.0 && pp_size > 1 && pp_style == "zero_bubble") {
     throw ConfigError(
         "hybrid_parallel: gradient_checkpointing_ratio > 0 with pp_style 'zero_bubble' is not supported (the rerun "
@@ -382,7 +383,9 @@ std::shared_ptr<ModelWrapper> HybridParallelPlugin::wrap_model(std::shared_ptr<m
   lora::attach_sharded(*model, std::move(adapters), sharded);
   // After sharding, so the wrappers adopt the tensor-parallel layers.
   if (options_.gradient_checkpointing_ratio > 0.0)
-    models::enable_activation_checkpointing(*model, options_.gradient_checkpointing_ratio);
+    models::enable_activation_checkpointing(
+        *model, options_.gradient_checkpointing_ratio,
+        models::parse_checkpoint_granularity(options_.gradient_checkpointing_granularity));
   // Pipeline stages: this rank keeps its blocks' parameters (before any cast,
   // so fp32 originals and masters of other stages' parameters are empty too).
   // Sequence shards hold the same parameters and each sees part of the

@@ -55,6 +55,9 @@ struct HybridParallelPluginOptions {
   // rerun their forward in backward. 0: off. Not with pp_style zero_bubble
   // (the rerun's backward would compute weight gradients in B and again in W).
   double gradient_checkpointing_ratio = 0.0;
+  // "full" or "mlp" (models::CheckpointGranularity): what a checkpointed
+  // block reruns.
+  std::string gradient_checkpointing_granularity = "full";
   // Sequence parallelism: with enable_sequence_parallelism, mode "ring_attn"
   // (ring attention, zig-zag shards) or "all_to_all" (Ulysses; heads / tp
   // must divide by sp) over sp_size ranks of their own mesh axis. forward()

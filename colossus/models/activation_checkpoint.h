@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 namespace colossus::models {
 
@@ -37,9 +38,31 @@ class CheckpointedBlock : public TransformerBlock {
 // enclosing backward. Must be called while a backward runs.
 void queue_outer_backward_callback(std::function<void()> callback);
 
-// Wraps the first round(ratio x blocks) blocks of `model` (Colossal-AI's
-// gradient_checkpointing_ratio: 1.0 = all, 0.5 = half of them); returns how
-// many were wrapped. Throws ConfigError unless 0 <= ratio <= 1.
-int64_t enable_activation_checkpointing(CausalLM& model, double ratio = 1.0);
+// Runs fn(input) keeping only `input`: backward reruns fn with the forward's
+// CPU and device RNG states (dropout draws the same masks) and backpropagates
+// through the rerun, so parameters used in fn get their gradients there. fn
+// must stay alive until that backward. Without grad mode, or for an input
+// that needs no gradient, it is fn(input).
+at::Tensor checkpoint_call(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input);
+
+// What a checkpointed block reruns in backward (gradient_checkpointing_granularity).
+//   Full: the whole block; only its (B, T, C) input is kept.
+//   Mlp: only the block's MLP; the MLP's input (the second norm's output) is
+//        kept and everything before it is stored as without checkpointing.
+//        A LLaMA MLP's gate, up and activation outputs (3 x ffn wide) are
+//        most of a block's activations, and its rerun costs the MLP's three
+//        matmuls instead of the whole block with attention. Dense blocks only
+//        (the LLaMA family and GPT-2), not mixture-of-experts blocks.
+enum class CheckpointGranularity { Full, Mlp };
+// "full" or "mlp"; ConfigError naming the value otherwise.
+CheckpointGranularity parse_checkpoint_granularity(const std::string& name);
+const char* checkpoint_granularity_name(CheckpointGranularity granularity);
+
+// Checkpoints the first round(ratio x blocks) blocks of `model` (Colossal-AI's
+// gradient_checkpointing_ratio: 1.0 = all, 0.5 = half of them) at the given
+// granularity; returns how many. Throws ConfigError unless 0 <= ratio <= 1,
+// or when a block cannot take the granularity (naming it).
+int64_t enable_activation_checkpointing(CausalLM& model, double ratio = 1.0,
+                                        CheckpointGranularity granularity = CheckpointGranularity::Full);
 
 }  // namespace colossus::models

@@ -69,6 +69,11 @@ class TransformerBlock : public LayerHost {
   using LayerHost::LayerHost;
   // hidden: (B, T, C) -> (B, T, C)
   virtual at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) = 0;
+  // Selective activation checkpointing (models/activation_checkpoint.h): from
+  // now on the block's MLP keeps only its input and reruns in backward. False
+  // where the block has no dense MLP to do that with (mixture-of-experts
+  // blocks), and nothing changes.
+  virtual bool checkpoint_mlp() { return false; }
 };
 
 // HF's base model ("transformer" in GPT-2, "model" in LLaMA): the embedding(s),

@@ -1,6 +1,7 @@
 #include "colossus/models/gpt2.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/dropout.h>
@@ -54,7 +55,15 @@ GPT2MLP::GPT2MLP(const GPT2Config& config, const at::TensorOptions& options)
   add_layer("c_proj", std::make_shared<Conv1D>(config.ffn_size(), config.n_embd, options));
 }
 
+void GPT2MLP::set_checkpointed() {
+  checkpointed_ = [this](const at::Tensor& x) { return forward_stored(x); };
+}
+
 at::Tensor GPT2MLP::forward(const at::Tensor& x) {
+  return checkpointed_ ? checkpoint_call(checkpointed_, x) : forward_stored(x);
+}
+
+at::Tensor GPT2MLP::forward_stored(const at::Tensor& x) {
   at::Tensor h = apply_activation(activation_, layer("c_fc").forward(x));
   return at::dropout(layer("c_proj").forward(h), resid_dropout_, is_training());
 }
@@ -65,6 +74,11 @@ GPT2Block::GPT2Block(const GPT2Config& config, int64_t layer_index, const at::Te
   attn_ = register_module("attn", std::make_shared<GPT2Attention>(config, layer_index, options));
   add_layer("ln_2", std::make_shared<LayerNorm>(config.n_embd, config.layer_norm_epsilon, options));
   mlp_ = register_module("mlp", std::make_shared<GPT2MLP>(config, options));
+}
+
+bool GPT2Block::checkpoint_mlp() {
+  mlp_->set_checkpointed();
+  return true;
 }
 
 at::Tensor GPT2Block::forward(const at::Tensor& hidden, const BlockContext& context) {

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 namespace colossus::models {
 
 class GPT2Attention : public LayerHost {
@@ -32,10 +34,14 @@ class GPT2MLP : public LayerHost {
   GPT2MLP(const GPT2Config& config, const at::TensorOptions& options);
   // x: (B, T, C) -> (B, T, C) through c_fc (C -> local FFN width) and c_proj.
   at::Tensor forward(const at::Tensor& x);
+  // Selective checkpointing: forward keeps only x, backward reruns the MLP.
+  void set_checkpointed();
 
  private:
+  at::Tensor forward_stored(const at::Tensor& x);  // forward, every intermediate kept for backward
   Activation activation_;
   double resid_dropout_;
+  std::function<at::Tensor(const at::Tensor&)> checkpointed_;  // set: forward goes through checkpoint_call
 };
 
 class GPT2Block : public TransformerBlock {
@@ -43,6 +49,7 @@ class GPT2Block : public TransformerBlock {
   GPT2Block(const GPT2Config& config, int64_t layer_index, const at::TensorOptions& options);
   // hidden: (B, T, C) -> (B, T, C); pre-norm residual blocks.
   at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
+  bool checkpoint_mlp() override;
 
   GPT2Attention& attn() const { return *attn_; }
   GPT2MLP& mlp() const { return *mlp_; }

@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/fused_layers.h"
 
 #include <ATen/core/grad_mode.h>
@@ -159,7 +160,15 @@ at::Tensor LlamaMLP::forward_add(const at::Tensor& x, at::Tensor residual) {
   return residual + forward(x);
 }
 
+void LlamaMLP::set_checkpointed() {
+  checkpointed_ = [this](const at::Tensor& x) { return forward_stored(x); };
+}
+
 at::Tensor LlamaMLP::forward(const at::Tensor& x) {
+  return checkpointed_ ? checkpoint_call(checkpointed_, x) : forward_stored(x);
+}
+
+at::Tensor LlamaMLP::forward_stored(const at::Tensor& x) {
   if (fused_gate_up_.defined() && !is_training()) return layer("down_proj").forward(gated(x));
   const at::Tensor gate = layer("gate_proj").forward(x), up = layer("up_proj").forward(x);  // (B, T, F_local)
   if (activation_ == Activation::Silu) {
@@ -245,6 +254,11 @@ at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockConte
   }
   at::Tensor h = hidden + attn;
   return h + mlp_->forward(layer("post_attention_layernorm").forward(h));
+}
+
+bool LlamaDecoderLayer::checkpoint_mlp() {
+  mlp_->set_checkpointed();
+  return true;
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const LlamaConfig& config, const at::TensorOptions& options)

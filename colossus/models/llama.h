@@ -55,11 +55,15 @@ class LlamaMLP : public LayerHost {
   at::Tensor forward_add(const at::Tensor& x, at::Tensor residual);
   // Inference: gate and up projected by one matmul.
   void fuse_projections();
+  // Selective checkpointing: forward keeps only x, backward reruns the MLP.
+  void set_checkpointed();
 
  private:
   // act(gate) * up from the merged projection (fuse_projections()).
   at::Tensor gated(const at::Tensor& x);
+  at::Tensor forward_stored(const at::Tensor& x);  // forward, every intermediate kept for backward
   Activation activation_;
+  std::function<at::Tensor(const at::Tensor&)> checkpointed_;  // set: forward goes through checkpoint_call
   at::Tensor fused_gate_up_, fused_gate_up_bias_;
 };
 
@@ -69,6 +73,7 @@ class LlamaDecoderLayer : public TransformerBlock {
   // hidden: (B, T, C) -> (B, T, C); pre-norm residual blocks.
   at::Tensor forward(const at::Tensor& hidden, const BlockContext& context) override;
   void fuse_projections();
+  bool checkpoint_mlp() override;
 
   LlamaAttention& self_attn() const { return *self_attn_; }
   LlamaMLP& mlp() const { return *mlp_; }

@@ -416,15 +416,27 @@ TEST(Trainer, ActivationCheckpointingKeepsEveryPluginsCurve) {
       {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.enable_gradient_accumulation=true",
                   "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}}};
   for (const auto& [name, options] : plugins) {
-    auto plain_options = options, checkpointed = options;
+    auto plain_options = options;
     plain_options.push_back("train.steps=6");
-    checkpointed.insert(checkpointed.end(), {"train.steps=6", "model.gradient_checkpointing_ratio=1.0"});
     const auto plain = losses_of(apps::train(tiny_config(job_dir("ckpt_plain_" + name), plain_options)));
-    const auto rerun = losses_of(apps::train(tiny_config(job_dir("ckpt_rerun_" + name), checkpointed)));
-    ASSERT_EQ(rerun.size(), plain.size()) << name;
-    for (size_t i = 0; i < plain.size(); ++i) {
-      EXPECT_NEAR(rerun[i], plain[i], 1e-6 * std::abs(plain[i])) << name << " step " << i + 1;
+    // Whole blocks, and (selective) only their MLPs.
+    for (const std::string granularity : {"full", "mlp"}) {
+      auto checkpointed = options;
+      checkpointed.insert(checkpointed.end(), {"train.steps=6", "model.gradient_checkpointing_ratio=1.0",
+                                               "model.gradient_checkpointing_granularity=\"" + granularity + "\""});
+      const auto rerun =
+          losses_of(apps::train(tiny_config(job_dir("ckpt_rerun_" + name + "_" + granularity), checkpointed)));
+      ASSERT_EQ(rerun.size(), plain.size()) << name << " " << granularity;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        EXPECT_NEAR(rerun[i], plain[i], 1e-6 * std::abs(plain[i])) << name << " " << granularity << " step " << i + 1;
+      }
     }
+  }
+  try {
+    tiny_config(job_dir("ckpt_bad_granularity"), {"model.gradient_checkpointing_granularity=\"selective\""});
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'selective'"), std::string::npos) << e.what();
   }
   try {
     tiny_config(job_dir("ckpt_refused"), {"plugin.name=\"hybrid_parallel\"", "model.gradient_checkpointing_ratio=0.5"});

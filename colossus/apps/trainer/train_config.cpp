@@ -7,6 +7,7 @@
 #include "colossus/data/sft_examples.h"
 #include "colossus/data/tokenizer.h"
 #include "colossus/lora/lora_config.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/config.h"
 #include "colossus/models/fp8_linear.h"
 
@@ -226,6 +227,7 @@ void TrainConfig::validate() const {
                                   "block's forward in backward, 0 is off",
                                   model.gradient_checkpointing_ratio));
   }
+  models::parse_checkpoint_granularity(model.gradient_checkpointing_granularity);  // throws naming the value
   if (model.gradient_checkpointing_ratio > 0.0 && plugin.name == "hybrid_parallel") {
     // That plugin checkpoints the blocks after sharding them over tp / pp.
     throw ConfigError(fmt::format("model.gradient_checkpointing_ratio = {} with plugin hybrid_parallel: set "

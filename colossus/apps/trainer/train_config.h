@@ -33,6 +33,9 @@ struct ModelSection {
   // gradient_checkpointing_ratio; dropout replays its RNG). 0: off.
   // hybrid_parallel takes its own plugin.gradient_checkpointing_ratio.
   double gradient_checkpointing_ratio = 0.0;
+  // What a checkpointed block reruns: "full" (the whole block) or "mlp"
+  // (only its MLP: attention's activations are kept; dense blocks only).
+  std::string gradient_checkpointing_granularity = "full";
   // FP8 matmuls in the decoder blocks' linear layers (Colossal-AI's use_fp8;
   // models/fp8_linear.h): x and W in e4m3, gradients in fp8_grad_format;
   // fp8_scaling "tensorwise" or "rowwise" (the forward's scales); the first

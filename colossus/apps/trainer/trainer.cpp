@@ -341,8 +341,11 @@ void Trainer::build() {
                          config_.model.fp8_scaling, config_.model.fp8_grad_format));
   }
   if (config_.model.gradient_checkpointing_ratio > 0.0) {
-    const int64_t wrapped = models::enable_activation_checkpointing(*model, config_.model.gradient_checkpointing_ratio);
-    log.info(fmt::format("activation checkpointing: {} block(s) rerun their forward in backward", wrapped));
+    const auto granularity = models::parse_checkpoint_granularity(config_.model.gradient_checkpointing_granularity);
+    const int64_t wrapped =
+        models::enable_activation_checkpointing(*model, config_.model.gradient_checkpointing_ratio, granularity);
+    log.info(fmt::format("activation checkpointing: {} block(s) rerun {} in backward", wrapped,
+                         granularity == models::CheckpointGranularity::Full ? "their forward" : "their MLP"));
   }
   models::ParamSource param_source;
   if (lazy) {
