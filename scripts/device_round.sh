@@ -12,6 +12,10 @@
 #   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
 #             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
 #   decode    bench_gemv + bench_inference's decode table (issue 26)
+#   train8b   `colossus train` on llama3-8b-like (8.03B) under Gemini auto,
+#             bf16, T=4096, every block checkpointed, granularity full then
+#             mlp (issue 28's 8B point): tokens/s, MFU and peak memory from
+#             its metrics.jsonl
 #   ring      bench_ring_attention: sp 2/4/8 simulated at T = 32K-128K on the
 #             fused block kernel against one SDPA call, and the matmul blocks
 #             beside it at 8K (issue 28's long-context point); exits 3 when
@@ -33,7 +37,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,me
 
 # Configure, build and `colossus check` (its log: $OUT/check.txt).
 stamp "build + colossus check"
-if ! COLOSSUS_TESTS=OFF bash scripts/device_build.sh bench_train_gpt2 bench_inference bench_gemv bench_gemini_capacity bench_ring_attention \
+# Only the benches the chosen stages run (device time is scarce).
+targets=()
+for stage in ${STAGES:-offload gemini fp8 decode}; do
+  case $stage in
+    gemini|capacity) targets+=(bench_gemini_capacity) ;;
+    fp8) targets+=(bench_train_gpt2) ;;
+    decode) targets+=(bench_inference bench_gemv) ;;
+    ring) targets+=(bench_ring_attention) ;;
+  esac
+done
+if ! COLOSSUS_TESTS=OFF bash scripts/device_build.sh $(printf '%s\n' "${targets[@]}" | sort -u) \
     ${EXTRA_TARGETS:-} > "$out/build_and_check.log" 2>&1; then
   tail -60 "$out/build_and_check.log"
   exit 1
@@ -67,11 +81,20 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${DECODE_FLAGS:---mix-requests 0} ;;
+    train8b) run_stage train8b "${TRAIN8B_LIMIT_S:-300}" bash -c '
+              for g in full mlp; do
+                build-gpu/bin/colossus train examples/configs/plugins/gemini.toml --model.preset=llama3-8b-like \
+                  --data.seq_len=${TRAIN8B_SEQ:-4096} --data.batch_size=1 --optimizer.name=hybrid_adam \
+                  --model.gradient_checkpointing_ratio=1.0 --model.gradient_checkpointing_granularity=$g \
+                  --train.steps=6 --train.log_every=1 --train.save=false --train.output_dir=/tmp/train8b_$g \
+                  || exit $?
+                echo "granularity $g: $(tail -1 /tmp/train8b_$g/metrics.jsonl)"
+              done' ;;
     ring) run_stage ring "${RING_LIMIT_S:-240}" bash -c "build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' \
             --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \
             build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' --batches 1 --heads 32 \
             --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --iters 3" ;;
-    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, decode, ring)"; exit 2 ;;
+    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, decode, ring, train8b)"; exit 2 ;;
   esac
 done
 
@@ -82,6 +105,7 @@ echo "=== results ==="
 [[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
+[[ -n ${rc[train8b]+x} ]] && grep -E "^granularity|error|Error" "$out/train8b.log"
 [[ -n ${rc[ring]+x} ]] && grep -E "^\||disagree" "$out/ring.log"
 failed=0
 for name in "${!rc[@]}"; do

@@ -569,6 +569,19 @@ ModelConfig preset(std::string_view name) {
                        .num_key_value_heads = 8,
                        .max_position_embeddings = 2048};
   }
+  if (name == "llama3-8b-like") {
+    // Llama-3-8B's shape (issue 28's single-GPU 8B target): 8.03B parameters,
+    // GQA 32/8, a 128K vocabulary with an untied head, 8K context.
+    return LlamaConfig{.vocab_size = 128256,
+                       .hidden_size = 4096,
+                       .intermediate_size = 14336,
+                       .num_hidden_layers = 32,
+                       .num_attention_heads = 32,
+                       .num_key_value_heads = 8,
+                       .max_position_embeddings = 8192,
+                       .rms_norm_eps = 1e-5,
+                       .rope_theta = 500000.0};
+  }
   if (name == "llama-tiny") {
     return LlamaConfig{.vocab_size = 128,
                        .hidden_size = 64,
@@ -741,7 +754,7 @@ ModelConfig preset(std::string_view name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama-tiny",
+  return {"gpt2-124m",    "gpt2-350m",  "gpt2-tiny",    "llama-1b-like", "llama3-8b-like", "llama-tiny",
           "qwen2-tiny",   "qwen3-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny", "phi3-tiny", "mixtral-tiny",
           "qwen2_moe-tiny", "qwen3_moe-tiny", "deepseek_v2-tiny", "deepseek_v3-tiny", "qwen3_moe-a3b-layer",
           "qwen3_moe-small", "deepseek_v2_lite-layer"};

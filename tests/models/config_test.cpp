@@ -72,6 +72,8 @@ TEST(ModelConfig, PresetsHaveTheirNamedSizes) {
   const int64_t per_layer = c * c + 2 * c * kv + c * c + 3 * c * f + 2 * c;
   EXPECT_EQ(parameter_count(llama), 2 * v * c + 16 * per_layer + c);
   EXPECT_NE(config_error_of([] { preset("llama-7b"); }).find("llama-tiny"), std::string::npos);
+  // Meta-Llama-3-8B's parameter count.
+  EXPECT_EQ(parameter_count(preset("llama3-8b-like")), 8030261248);
 }
 
 TEST(ModelConfig, ReadsTransformersV4RopeScaling) {
