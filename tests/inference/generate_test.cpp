@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <map>
 #include <numeric>
 
 namespace colossus::inference {
@@ -30,85 +32,108 @@ std::string join(const std::vector<int64_t>& ids) {
   return text;
 }
 
-std::string hf_flags(const SamplingParams& p) {
-  std::string flags = fmt::format(" --repetition_penalty {}", p.repetition_penalty);
-  if (p.do_sample) {
-    flags += fmt::format(" --sample --seed {} --temperature {} --top_k {} --top_p {}", p.seed, p.temperature, p.top_k,
-                         p.top_p);
-  }
-  return flags;
-}
-
-HfResult hf_generate(const std::string& dir, const std::vector<int64_t>& prompt, int64_t new_tokens,
-                     const SamplingParams& params) {
-  auto result = testing::run_oracle(
-      fmt::format("generate '{}' --prompt {} --new {}{}", dir, join(prompt), new_tokens, hf_flags(params)));
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  if (result.exit_code != 0) return {};
-  // The JSON is the last line; transformers may warn before it.
-  const auto start = result.output.rfind("{\"ids\"");
-  if (start == std::string::npos) {
-    ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
-    return {};
-  }
-  const auto json = nlohmann::json::parse(result.output.substr(start));
-  return {json["ids"].get<std::vector<int64_t>>(), json["margin"].get<double>()};
-}
-
 struct ParityCase {
   std::string name;
   std::string model;  // "gpt2", "llama" or a family preset ("qwen2-tiny", ...)
   SamplingParams params;
 };
 
+const std::vector<ParityCase>& parity_cases() {
+  static const std::vector<ParityCase> cases{
+      {"gpt2_greedy", "gpt2", {.do_sample = false}},
+      {"llama_greedy", "llama", {.do_sample = false}},
+      {"qwen2_greedy", "qwen2-tiny", {.do_sample = false}},
+      {"qwen3_greedy", "qwen3-tiny", {.do_sample = false}},
+      {"mistral_greedy", "mistral-tiny", {.do_sample = false}},
+      {"gemma2_greedy", "gemma2-tiny", {.do_sample = false}},
+      {"gemma3_greedy", "gemma3-tiny", {.do_sample = false}},
+      {"phi3_greedy", "phi3-tiny", {.do_sample = false}},
+      {"phi3_longrope_crossing_greedy", "phi3-crossing", {.do_sample = false}},
+      {"phi3_partial_rope_greedy", "phi3-partial", {.do_sample = false}},
+      {"gpt2_greedy_penalty", "gpt2", {.do_sample = false, .repetition_penalty = 1.5}},
+      {"llama_sample", "llama", {.temperature = 0.8, .top_k = 20, .top_p = 0.9, .repetition_penalty = 1.3, .seed = 1234}},
+      {"gpt2_sample", "gpt2", {.temperature = 1.3, .seed = 99}}};
+  return cases;
+}
+
+// "phi3-crossing": longrope over 16 original positions, so the 8-token prompt
+// crosses into long_factor at the 9th new token (transformers then recomputes
+// the whole sequence with it; generate() recomputes every step).
+std::shared_ptr<models::CausalLM> parity_model(const std::string& name) {
+  if (name == "gpt2") return testing::tiny_gpt2();
+  if (name == "llama") return testing::tiny_llama();
+  if (name == "phi3-partial") return testing::tiny_phi3_partial();
+  if (name == "phi3-crossing") {
+    return testing::tiny_family_with(
+        "phi3-tiny", [](models::LlamaConfig& config) { config.rope_scaling.original_max_position_embeddings = 16; });
+  }
+  return testing::tiny_family(name);
+}
+
+const std::vector<int64_t> kParityPrompt{5, 17, 3, 88, 41, 41, 2, 60};
+constexpr int64_t kParityNew = 20;
+
+// transformers' generate() for every parity case, in one oracle process
+// (importing transformers is most of a call's time): case name -> result.
+const std::map<std::string, HfResult>& hf_parity_results() {
+  static const std::map<std::string, HfResult> results = [] {
+    std::map<std::string, HfResult> by_name;
+    nlohmann::json jobs = nlohmann::json::array();
+    for (const ParityCase& c : parity_cases()) {
+      const std::string dir = (scratch_dir() / ("parity_" + c.name)).string();
+      models::save_pretrained(*parity_model(c.model), dir);
+      std::vector<std::string> job{"generate", dir, "--prompt", join(kParityPrompt), "--new", std::to_string(kParityNew),
+                                   "--repetition_penalty", fmt::format("{}", c.params.repetition_penalty)};
+      if (c.params.do_sample) {
+        job.insert(job.end(), {"--sample", "--seed", std::to_string(c.params.seed), "--temperature",
+                               fmt::format("{}", c.params.temperature), "--top_k", std::to_string(c.params.top_k),
+                               "--top_p", fmt::format("{}", c.params.top_p)});
+      }
+      jobs.push_back(job);
+    }
+    const auto jobs_file = scratch_dir() / "parity_jobs.json";
+    std::ofstream(jobs_file) << jobs.dump();
+    const auto result = testing::run_oracle(fmt::format("batch '{}'", jobs_file.string()));
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    // The JSON is the last line; transformers may warn before it.
+    const auto start = result.output.rfind("{\"outputs\"");
+    if (start == std::string::npos) {
+      ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
+      return by_name;
+    }
+    const auto outputs = nlohmann::json::parse(result.output.substr(start))["outputs"];
+    for (size_t i = 0; i < parity_cases().size() && i < outputs.size(); ++i) {
+      const auto line = outputs[i].get<std::string>();
+      if (line.rfind("{\"ids\"", 0) != 0) continue;  // the case's test reports it missing
+      const auto json = nlohmann::json::parse(line);
+      by_name[parity_cases()[i].name] = {json["ids"].get<std::vector<int64_t>>(), json["margin"].get<double>()};
+    }
+    return by_name;
+  }();
+  return results;
+}
+
 class HfGenerateParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(HfGenerateParity, SameTokensAsTransformers) {
   const ParityCase& c = GetParam();
-  // "phi3-crossing": longrope over 16 original positions, so the 8-token
-  // prompt crosses into long_factor at the 9th new token (transformers then
-  // recomputes the whole sequence with it; generate() recomputes every step).
-  auto model = c.model == "gpt2"            ? testing::tiny_gpt2()
-               : c.model == "llama"         ? testing::tiny_llama()
-               : c.model == "phi3-partial"  ? testing::tiny_phi3_partial()
-               : c.model == "phi3-crossing" ? testing::tiny_family_with("phi3-tiny",
-                                                                        [](models::LlamaConfig& config) {
-                                                                          config.rope_scaling.original_max_position_embeddings = 16;
-                                                                        })
-                                            : testing::tiny_family(c.model);
-  const std::string dir = (scratch_dir() / ("parity_" + c.name)).string();
-  models::save_pretrained(*model, dir);
-  const std::vector<int64_t> prompt{5, 17, 3, 88, 41, 41, 2, 60};
-  constexpr int64_t kNew = 20;
-  const HfResult hf = hf_generate(dir, prompt, kNew, c.params);
-  ASSERT_EQ(hf.ids.size(), prompt.size() + kNew);
+  const auto& results = hf_parity_results();
+  const auto found = results.find(c.name);
+  ASSERT_NE(found, results.end()) << "transformers gave no result for " << c.name;
+  const HfResult& hf = found->second;
+  ASSERT_EQ(hf.ids.size(), kParityPrompt.size() + kParityNew);
   // A margin near float rounding would make a greedy mismatch meaningless.
   if (!c.params.do_sample) {
     EXPECT_GT(hf.margin, 1e-3) << "the model's logits are too flat for a greedy comparison";
   }
-  const std::vector<int64_t> ours = generate(*model, prompt, {.max_new_tokens = kNew, .sampling = c.params});
+  // The same weights the oracle read: every model here is built from a fixed seed.
+  const std::vector<int64_t> ours =
+      generate(*parity_model(c.model), kParityPrompt, {.max_new_tokens = kParityNew, .sampling = c.params});
   EXPECT_EQ(ours, hf.ids);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, HfGenerateParity,
-    ::testing::Values(ParityCase{"gpt2_greedy", "gpt2", {.do_sample = false}},
-                      ParityCase{"llama_greedy", "llama", {.do_sample = false}},
-                      ParityCase{"qwen2_greedy", "qwen2-tiny", {.do_sample = false}},
-                      ParityCase{"qwen3_greedy", "qwen3-tiny", {.do_sample = false}},
-                      ParityCase{"mistral_greedy", "mistral-tiny", {.do_sample = false}},
-                      ParityCase{"gemma2_greedy", "gemma2-tiny", {.do_sample = false}},
-                      ParityCase{"gemma3_greedy", "gemma3-tiny", {.do_sample = false}},
-                      ParityCase{"phi3_greedy", "phi3-tiny", {.do_sample = false}},
-                      ParityCase{"phi3_longrope_crossing_greedy", "phi3-crossing", {.do_sample = false}},
-                      ParityCase{"phi3_partial_rope_greedy", "phi3-partial", {.do_sample = false}},
-                      ParityCase{"gpt2_greedy_penalty", "gpt2", {.do_sample = false, .repetition_penalty = 1.5}},
-                      ParityCase{
-                          "llama_sample",
-                          "llama",
-                          {.temperature = 0.8, .top_k = 20, .top_p = 0.9, .repetition_penalty = 1.3, .seed = 1234}},
-                      ParityCase{"gpt2_sample", "gpt2", {.temperature = 1.3, .seed = 99}}),
-    [](const ::testing::TestParamInfo<ParityCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Models, HfGenerateParity, ::testing::ValuesIn(parity_cases()),
+                         [](const ::testing::TestParamInfo<ParityCase>& info) { return info.param.name; });
 
 TEST(Generate, StopsAfterEosAndStreamsEachToken) {
   auto model = testing::tiny_gpt2();

@@ -16,12 +16,19 @@
       [generated ids per prompt]}: the best beam's new tokens, ending at eos
       when it ended there. Without --eos the model has no eos.
 
+  hf_generate.py batch JOBS.json
+      JOBS.json is a list of argument lists, each one of the commands above;
+      runs them all in this one process (transformers is imported once) and
+      prints {"outputs": [each command's printed line], "exit_codes": [...]}.
+
   hf_generate.py logprobs MODEL_DIR --ids 1,2,3 --top 3
       One forward over the ids in fp32; prints {"logprobs": [...], "top":
       [[[id, logprob], ...], ...]}: for each position i >= 1, log_softmax of
       the logits at i - 1 at ids[i], and the --top most likely tokens there.
 """
 import argparse
+import contextlib
+import io
 import json
 import sys
 
@@ -115,10 +122,25 @@ def main() -> int:
     lp.add_argument("model_dir")
     lp.add_argument("--ids", required=True)
     lp.add_argument("--top", type=int, default=1)
+    bt = sub.add_parser("batch")
+    bt.add_argument("jobs")
     args = parser.parse_args()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    return {"beam": beam, "logprobs": logprobs}.get(args.command, generate)(args)
+    commands = {"beam": beam, "logprobs": logprobs, "generate": generate}
+    if args.command != "batch":
+        return commands[args.command](args)
+    with open(args.jobs) as f:
+        jobs = json.load(f)
+    outputs, exit_codes = [], []
+    for job in jobs:
+        job_args = parser.parse_args(job)
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exit_codes.append(commands[job_args.command](job_args))
+        outputs.append(printed.getvalue().strip())
+    print(json.dumps({"outputs": outputs, "exit_codes": exit_codes}))
+    return 0 if all(code == 0 for code in exit_codes) else 1
 
 
 if __name__ == "__main__":
