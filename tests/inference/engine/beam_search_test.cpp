@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <map>
 #include <optional>
 
 namespace colossus::inference {
@@ -31,21 +33,16 @@ const std::vector<std::vector<int64_t>> kPrompts = {{5, 17, 3, 88, 41}, {7}, {60
 constexpr int64_t kNew = 12;
 constexpr int64_t kEmitted = -1;
 
-std::vector<std::vector<int64_t>> hf_beams(const std::string& dir, const BeamCase& c) {
+// The oracle's arguments for one case (its model saved under `dir`).
+std::vector<std::string> beam_job(const std::string& dir, const BeamCase& c) {
   std::vector<std::string> prompts;
   for (const auto& p : kPrompts) prompts.push_back(fmt::format("{}", fmt::join(p, ",")));
-  std::string flags = fmt::format(" --num_beams {} --length_penalty {}", c.width, c.length_penalty);
-  if (c.eos) flags += fmt::format(" --eos {}", *c.eos);
-  if (c.early_stopping) flags += " --early_stopping";
-  auto result = testing::run_oracle(
-      fmt::format("beam '{}' --prompts '{}' --new {}{}", dir, fmt::join(prompts, ";"), kNew, flags));
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  const auto start = result.output.rfind("{\"outputs\"");
-  if (result.exit_code != 0 || start == std::string::npos) {
-    ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
-    return {};
-  }
-  return nlohmann::json::parse(result.output.substr(start))["outputs"].get<std::vector<std::vector<int64_t>>>();
+  std::vector<std::string> job{"beam", dir, "--prompts", fmt::format("{}", fmt::join(prompts, ";")), "--new",
+                               std::to_string(kNew), "--num_beams", std::to_string(c.width), "--length_penalty",
+                               fmt::format("{}", c.length_penalty)};
+  if (c.eos) job.insert(job.end(), {"--eos", std::to_string(*c.eos)});
+  if (c.early_stopping) job.push_back("--early_stopping");
+  return job;
 }
 
 InferenceConfig beam_config(const BeamCase& c) {
@@ -54,22 +51,72 @@ InferenceConfig beam_config(const BeamCase& c) {
           .early_stopping = c.early_stopping};
 }
 
-class BeamSearchParity : public ::testing::TestWithParam<BeamCase> {};
+const std::vector<BeamCase>& beam_cases() {
+  // kEmitted: eos is the 4th token of the first prompt's best beam without
+  // eos, so some beams end early and the finished hypotheses are exercised.
+  static const std::vector<BeamCase> cases{{"gpt2_w4", false, 4, std::nullopt, 1.0, false},
+                                           {"gpt2_w3_eos", false, 3, kEmitted, 1.0, false},
+                                           {"llama_w4_eos_lp", true, 4, kEmitted, 0.6, true},
+                                           {"llama_w2", true, 2, std::nullopt, 1.0, false}};
+  return cases;
+}
 
-TEST_P(BeamSearchParity, SameBestBeamAsTransformers) {
-  BeamCase c = GetParam();
-  auto model = c.llama ? testing::tiny_llama() : testing::tiny_gpt2();
+std::shared_ptr<models::CausalLM> beam_model(const BeamCase& c) {
+  return c.llama ? testing::tiny_llama() : testing::tiny_gpt2();
+}
+
+// The case with kEmitted replaced by the token our engine emits there.
+BeamCase resolved(BeamCase c) {
   if (c.eos == kEmitted) {
     BeamCase free_run = c;
     free_run.eos.reset();
-    InferenceEngine engine(model, nullptr, beam_config(free_run));
+    InferenceEngine engine(beam_model(c), nullptr, beam_config(free_run));
     c.eos = engine.generate({kPrompts[0]}, {.max_new_tokens = kNew})[0].at(3);
   }
-  const std::string dir = (testing::scratch_dir() / ("beam_" + c.name)).string();
-  models::save_pretrained(*model, dir);
-  const auto expected = hf_beams(dir, c);
+  return c;
+}
+
+// transformers' beams for every case in one oracle process (importing
+// transformers is most of a call's time): case name -> per-prompt outputs.
+const std::map<std::string, std::vector<std::vector<int64_t>>>& hf_beams() {
+  static const std::map<std::string, std::vector<std::vector<int64_t>>> results = [] {
+    std::map<std::string, std::vector<std::vector<int64_t>>> by_name;
+    nlohmann::json jobs = nlohmann::json::array();
+    for (const BeamCase& c : beam_cases()) {
+      const std::string dir = (testing::scratch_dir() / ("beam_" + c.name)).string();
+      models::save_pretrained(*beam_model(c), dir);
+      jobs.push_back(beam_job(dir, resolved(c)));
+    }
+    const auto jobs_file = testing::scratch_dir() / "beam_jobs.json";
+    std::ofstream(jobs_file) << jobs.dump();
+    auto result = testing::run_oracle(fmt::format("batch '{}'", jobs_file.string()));
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    const auto start = result.output.rfind("{\"outputs\"");
+    if (start == std::string::npos) {
+      ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
+      return by_name;
+    }
+    const auto outputs = nlohmann::json::parse(result.output.substr(start))["outputs"];
+    for (size_t i = 0; i < beam_cases().size() && i < outputs.size(); ++i) {
+      const auto line = outputs[i].get<std::string>();
+      if (line.rfind("{\"outputs\"", 0) != 0) continue;  // the case's test reports it missing
+      by_name[beam_cases()[i].name] =
+          nlohmann::json::parse(line)["outputs"].get<std::vector<std::vector<int64_t>>>();
+    }
+    return by_name;
+  }();
+  return results;
+}
+
+class BeamSearchParity : public ::testing::TestWithParam<BeamCase> {};
+
+TEST_P(BeamSearchParity, SameBestBeamAsTransformers) {
+  const BeamCase c = resolved(GetParam());
+  const auto found = hf_beams().find(c.name);
+  ASSERT_NE(found, hf_beams().end()) << "transformers gave no beams for " << c.name;
+  const auto& expected = found->second;
   ASSERT_EQ(expected.size(), kPrompts.size());
-  InferenceEngine engine(model, nullptr, beam_config(c));
+  InferenceEngine engine(beam_model(c), nullptr, beam_config(c));
   const auto ours = engine.generate(kPrompts, {.max_new_tokens = kNew});
   bool ended_early = false;
   for (size_t i = 0; i < kPrompts.size(); ++i) {
@@ -82,15 +129,8 @@ TEST_P(BeamSearchParity, SameBestBeamAsTransformers) {
   EXPECT_EQ(engine.stats().running, 0);
 }
 
-// kEmitted: eos is the 4th token of the first prompt's best beam without
-// eos, so some beams end early and the finished hypotheses are exercised.
-INSTANTIATE_TEST_SUITE_P(
-    Engine, BeamSearchParity,
-    ::testing::Values(BeamCase{"gpt2_w4", false, 4, std::nullopt, 1.0, false},
-                      BeamCase{"gpt2_w3_eos", false, 3, kEmitted, 1.0, false},
-                      BeamCase{"llama_w4_eos_lp", true, 4, kEmitted, 0.6, true},
-                      BeamCase{"llama_w2", true, 2, std::nullopt, 1.0, false}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Engine, BeamSearchParity, ::testing::ValuesIn(beam_cases()),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(BeamSearch, PreemptedSearchesRestartAndGiveTheSameBeams) {
   const BeamCase c{"tiny_pool", true, 3, std::nullopt, 1.0, false};
