@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 namespace colossus::inference {
@@ -28,17 +30,31 @@ struct Oracle {
   std::vector<std::vector<std::pair<int64_t, double>>> top;
 };
 
-Oracle hf_logprobs(const std::string& dir, const std::vector<int64_t>& ids, int64_t top) {
-  auto result = testing::run_oracle(fmt::format("logprobs '{}' --ids {} --top {}", dir, fmt::join(ids, ","), top));
+// transformers' logprobs for each id sequence, in one oracle process.
+std::vector<Oracle> hf_logprobs(const std::string& dir, const std::vector<std::vector<int64_t>>& sequences,
+                                int64_t top) {
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const auto& ids : sequences) {
+    jobs.push_back(std::vector<std::string>{"logprobs", dir, "--ids", fmt::format("{}", fmt::join(ids, ",")), "--top",
+                                            std::to_string(top)});
+  }
+  const auto jobs_file = std::filesystem::path(dir) / "logprobs_jobs.json";
+  std::ofstream(jobs_file) << jobs.dump();
+  auto result = testing::run_oracle(fmt::format("batch '{}'", jobs_file.string()));
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  const auto start = result.output.rfind("{\"logprobs\"");
+  const auto start = result.output.rfind("{\"outputs\"");
   if (start == std::string::npos) {
     ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
     return {};
   }
-  const auto j = nlohmann::json::parse(result.output.substr(start));
-  return {j["logprobs"].get<std::vector<double>>(),
-          j["top"].get<std::vector<std::vector<std::pair<int64_t, double>>>>()};
+  const auto outputs = nlohmann::json::parse(result.output.substr(start))["outputs"];
+  std::vector<Oracle> oracles;
+  for (const auto& line : outputs) {
+    const auto j = nlohmann::json::parse(line.get<std::string>());
+    oracles.push_back({j["logprobs"].get<std::vector<double>>(),
+                       j["top"].get<std::vector<std::vector<std::pair<int64_t, double>>>>()});
+  }
+  return oracles;
 }
 
 // `ours` are the logprobs of positions first, first + 1, ... of `ids`.
@@ -101,11 +117,19 @@ TEST(EngineLogprobs, DrawnAndPromptLogprobsMatchTransformers) {
       {a, first, 3, 2, "greedy, 3 alternatives, prompt logprobs with 2"},
       {b, second, 1, 0, "after the cached prefix, prompt logprobs with none"},
       {c, third, 2, 0, "sampled at temperature 0.7 (raw logprobs)"}};
+  std::vector<std::vector<int64_t>> sequences;
   for (const auto& [id, prompt, top, prompt_top, what] : cases) {
-    const Collected& r = got.at(id);
     std::vector<int64_t> ids = prompt;
-    ids.insert(ids.end(), r.tokens.begin(), r.tokens.end());
-    const Oracle oracle = hf_logprobs(dir, ids, 3);
+    ids.insert(ids.end(), got.at(id).tokens.begin(), got.at(id).tokens.end());
+    sequences.push_back(ids);
+  }
+  const std::vector<Oracle> oracles = hf_logprobs(dir, sequences, 3);
+  ASSERT_EQ(oracles.size(), cases.size());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const auto& [id, prompt, top, prompt_top, what] = cases[k];
+    const Collected& r = got.at(id);
+    const std::vector<int64_t>& ids = sequences[k];
+    const Oracle& oracle = oracles[k];
     ASSERT_EQ(r.logprobs.size(), r.tokens.size()) << what;
     expect_logprobs(r.logprobs, oracle, ids, prompt.size(), top, what + ": drawn");
     if (id == c) {
