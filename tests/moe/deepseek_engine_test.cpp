@@ -13,6 +13,7 @@
 
 #include <iostream>
 #include <random>
+#include <sstream>
 
 namespace colossus::inference {
 namespace {
@@ -22,17 +23,24 @@ struct HfGreedy {
   double margin = 0;
 };
 
-HfGreedy hf_greedy(const std::string& dir, const std::vector<int64_t>& prompt, int64_t new_tokens) {
+// Greedy generate() of each prompt alone, in one oracle process.
+std::vector<HfGreedy> hf_greedy(const std::string& dir, const std::vector<std::vector<int64_t>>& prompts,
+                                int64_t new_tokens) {
+  std::vector<std::string> joined;
+  for (const auto& p : prompts) joined.push_back(fmt::format("{}", fmt::join(p, ",")));
   auto result = models::testing::run_oracle(
-      fmt::format("generate '{}' --prompt {} --new {}", dir, fmt::join(prompt, ","), new_tokens));
+      fmt::format("generate '{}' --prompt '{}' --new {}", dir, fmt::join(joined, ";"), new_tokens));
   EXPECT_EQ(result.exit_code, 0) << result.output;
-  const auto start = result.output.rfind("{\"ids\"");
-  if (result.exit_code != 0 || start == std::string::npos) {
-    ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
-    return {};
+  // One JSON line a prompt, last; transformers may warn before them.
+  std::vector<HfGreedy> out;
+  std::istringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("{\"ids\"", 0) != 0) continue;
+    const auto json = nlohmann::json::parse(line);
+    out.push_back({json["ids"].get<std::vector<int64_t>>(), json["margin"].get<double>()});
   }
-  const auto json = nlohmann::json::parse(result.output.substr(start));
-  return {json["ids"].get<std::vector<int64_t>>(), json["margin"].get<double>()};
+  if (out.size() != prompts.size()) ADD_FAILURE() << "expected " << prompts.size() << " results:\n" << result.output;
+  return out;
 }
 
 class DeepseekEngine : public ::testing::TestWithParam<std::string> {};
@@ -54,8 +62,10 @@ TEST_P(DeepseekEngine, GreedyMatchesTransformersGenerate) {
   InferenceEngine engine(model, nullptr, {.max_batch_size = 2, .max_input_len = 16, .max_output_len = kNew, .block_size = 4});
   const auto outputs = engine.generate(prompts, {.max_new_tokens = kNew});
   ASSERT_EQ(outputs.size(), prompts.size());
+  const std::vector<HfGreedy> hf_all = hf_greedy(dir, prompts, kNew);
+  ASSERT_EQ(hf_all.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    const HfGreedy hf = hf_greedy(dir, prompts[i], kNew);
+    const HfGreedy& hf = hf_all[i];
     ASSERT_EQ(hf.ids.size(), prompts[i].size() + kNew);
     const std::vector<int64_t> hf_new(hf.ids.begin() + std::ssize(prompts[i]), hf.ids.end());
     EXPECT_EQ(outputs[i], hf_new) << GetParam() << " prompt " << i << " (smallest top-2 logit gap " << hf.margin << ")";

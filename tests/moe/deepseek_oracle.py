@@ -14,7 +14,7 @@ Colossus' DeepSeek models (tests only).
       (input_ids, logits). Requires a clean from_pretrained load and logits
       within TOLERANCE. Exit 1 if not.
 
-  deepseek_oracle.py generate DIR --prompt 1,2,3 --new N
+  deepseek_oracle.py generate DIR --prompt 1,2,3[;4,5...] --new N
       Greedy generate() (its own MLA cache) in fp32; prints {"ids": prompt +
       N new tokens, "margin": smallest top-2 logit gap over the steps}.
 """
@@ -117,12 +117,15 @@ def generate(args) -> int:
     model.generation_config.eos_token_id = None
     model.generation_config.bos_token_id = None
     model.generation_config.pad_token_id = 0
-    prompt = torch.tensor([[int(i) for i in args.prompt.split(",")]])
-    with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=args.new, do_sample=False, temperature=None, top_k=None,
-                             top_p=None, output_scores=True, return_dict_in_generate=True)
-    margins = [(lambda t: (t[0] - t[1]).item())(torch.topk(s[0].float(), 2).values) for s in out.scores]
-    print(json.dumps({"ids": out.sequences[0].tolist(), "margin": min(margins)}))
+    # Several prompts (";"-separated) each alone, one JSON line each: one
+    # process and one model load for all of them.
+    for text in args.prompt.split(";"):
+        prompt = torch.tensor([[int(i) for i in text.split(",")]])
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=args.new, do_sample=False, temperature=None, top_k=None,
+                                 top_p=None, output_scores=True, return_dict_in_generate=True)
+        margins = [(lambda t: (t[0] - t[1]).item())(torch.topk(s[0].float(), 2).values) for s in out.scores]
+        print(json.dumps({"ids": out.sequences[0].tolist(), "margin": min(margins)}))
     return 0
 
 
