@@ -12,7 +12,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 #include <numeric>
 
@@ -78,7 +77,7 @@ constexpr int64_t kParityNew = 20;
 const std::map<std::string, HfResult>& hf_parity_results() {
   static const std::map<std::string, HfResult> results = [] {
     std::map<std::string, HfResult> by_name;
-    nlohmann::json jobs = nlohmann::json::array();
+    std::vector<std::vector<std::string>> jobs;
     for (const ParityCase& c : parity_cases()) {
       const std::string dir = (scratch_dir() / ("parity_" + c.name)).string();
       models::save_pretrained(*parity_model(c.model), dir);
@@ -91,19 +90,9 @@ const std::map<std::string, HfResult>& hf_parity_results() {
       }
       jobs.push_back(job);
     }
-    const auto jobs_file = scratch_dir() / "parity_jobs.json";
-    std::ofstream(jobs_file) << jobs.dump();
-    const auto result = testing::run_oracle(fmt::format("batch '{}'", jobs_file.string()));
-    EXPECT_EQ(result.exit_code, 0) << result.output;
-    // The JSON is the last line; transformers may warn before it.
-    const auto start = result.output.rfind("{\"outputs\"");
-    if (start == std::string::npos) {
-      ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
-      return by_name;
-    }
-    const auto outputs = nlohmann::json::parse(result.output.substr(start))["outputs"];
+    const std::vector<std::string> outputs = testing::run_oracle_batch(jobs, "parity");
     for (size_t i = 0; i < parity_cases().size() && i < outputs.size(); ++i) {
-      const auto line = outputs[i].get<std::string>();
+      const std::string& line = outputs[i];
       if (line.rfind("{\"ids\"", 0) != 0) continue;  // the case's test reports it missing
       const auto json = nlohmann::json::parse(line);
       by_name[parity_cases()[i].name] = {json["ids"].get<std::vector<int64_t>>(), json["margin"].get<double>()};

@@ -5,11 +5,14 @@
 #include "colossus/models/pretrained.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
 #include <unistd.h>
 #include <array>
 #include <cstdio>
+#include <fstream>
 
 namespace colossus::inference::testing {
 
@@ -19,6 +22,20 @@ const fs::path& scratch_dir() { return colossus::testing::scratch_dir("inference
 
 CommandResult run_oracle(const std::string& arguments) {
   return run_command(fmt::format("'{}' '{}' {} 2>&1", COLOSSUS_PYTHON, COLOSSUS_GENERATE_ORACLE, arguments));
+}
+
+std::vector<std::string> run_oracle_batch(const std::vector<std::vector<std::string>>& jobs, const std::string& name) {
+  const auto jobs_file = scratch_dir() / (name + "_jobs.json");
+  std::ofstream(jobs_file) << nlohmann::json(jobs).dump();
+  const auto result = run_oracle(fmt::format("batch '{}'", jobs_file.string()));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  // The JSON is the last line; transformers may warn before it.
+  const auto start = result.output.rfind("{\"outputs\"");
+  if (start == std::string::npos) {
+    ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
+    return {};
+  }
+  return nlohmann::json::parse(result.output.substr(start))["outputs"].get<std::vector<std::string>>();
 }
 
 std::shared_ptr<models::CausalLM> tiny_gpt2(int64_t vocab, int64_t n_positions) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace colossus::inference::testing {
 
@@ -20,6 +21,11 @@ using colossus::testing::run_command;
 
 // Runs tests/inference/hf_generate.py with the venv's Python.
 CommandResult run_oracle(const std::string& arguments);
+// hf_generate.py's batch command: each job (an argument list of one of its
+// commands) in one oracle process; returns each job's printed line, in order
+// (fewer on failure, which is reported through gtest). `name` names the jobs
+// file in scratch_dir().
+std::vector<std::string> run_oracle_batch(const std::vector<std::vector<std::string>>& jobs, const std::string& name);
 
 // A tiny GPT-2 (n_positions 32) or LLaMA (GQA) with seeded weights of a
 // larger scale than HF's default, so the logits have clear maxima and greedy

@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <map>
 #include <optional>
 
@@ -81,24 +80,15 @@ BeamCase resolved(BeamCase c) {
 const std::map<std::string, std::vector<std::vector<int64_t>>>& hf_beams() {
   static const std::map<std::string, std::vector<std::vector<int64_t>>> results = [] {
     std::map<std::string, std::vector<std::vector<int64_t>>> by_name;
-    nlohmann::json jobs = nlohmann::json::array();
+    std::vector<std::vector<std::string>> jobs;
     for (const BeamCase& c : beam_cases()) {
       const std::string dir = (testing::scratch_dir() / ("beam_" + c.name)).string();
       models::save_pretrained(*beam_model(c), dir);
       jobs.push_back(beam_job(dir, resolved(c)));
     }
-    const auto jobs_file = testing::scratch_dir() / "beam_jobs.json";
-    std::ofstream(jobs_file) << jobs.dump();
-    auto result = testing::run_oracle(fmt::format("batch '{}'", jobs_file.string()));
-    EXPECT_EQ(result.exit_code, 0) << result.output;
-    const auto start = result.output.rfind("{\"outputs\"");
-    if (start == std::string::npos) {
-      ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
-      return by_name;
-    }
-    const auto outputs = nlohmann::json::parse(result.output.substr(start))["outputs"];
+    const std::vector<std::string> outputs = testing::run_oracle_batch(jobs, "beam");
     for (size_t i = 0; i < beam_cases().size() && i < outputs.size(); ++i) {
-      const auto line = outputs[i].get<std::string>();
+      const std::string& line = outputs[i];
       if (line.rfind("{\"outputs\"", 0) != 0) continue;  // the case's test reports it missing
       by_name[beam_cases()[i].name] =
           nlohmann::json::parse(line)["outputs"].get<std::vector<std::vector<int64_t>>>();

@@ -13,8 +13,6 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
-#include <fstream>
 #include <map>
 
 namespace colossus::inference {
@@ -33,24 +31,14 @@ struct Oracle {
 // transformers' logprobs for each id sequence, in one oracle process.
 std::vector<Oracle> hf_logprobs(const std::string& dir, const std::vector<std::vector<int64_t>>& sequences,
                                 int64_t top) {
-  nlohmann::json jobs = nlohmann::json::array();
+  std::vector<std::vector<std::string>> jobs;
   for (const auto& ids : sequences) {
     jobs.push_back(std::vector<std::string>{"logprobs", dir, "--ids", fmt::format("{}", fmt::join(ids, ",")), "--top",
                                             std::to_string(top)});
   }
-  const auto jobs_file = std::filesystem::path(dir) / "logprobs_jobs.json";
-  std::ofstream(jobs_file) << jobs.dump();
-  auto result = testing::run_oracle(fmt::format("batch '{}'", jobs_file.string()));
-  EXPECT_EQ(result.exit_code, 0) << result.output;
-  const auto start = result.output.rfind("{\"outputs\"");
-  if (start == std::string::npos) {
-    ADD_FAILURE() << "no JSON in the oracle's output:\n" << result.output;
-    return {};
-  }
-  const auto outputs = nlohmann::json::parse(result.output.substr(start))["outputs"];
   std::vector<Oracle> oracles;
-  for (const auto& line : outputs) {
-    const auto j = nlohmann::json::parse(line.get<std::string>());
+  for (const std::string& line : testing::run_oracle_batch(jobs, "logprobs")) {
+    const auto j = nlohmann::json::parse(line);
     oracles.push_back({j["logprobs"].get<std::vector<double>>(),
                        j["top"].get<std::vector<std::vector<std::pair<int64_t, double>>>>()});
   }
