@@ -6,6 +6,7 @@
 // their owners.
 #pragma once
 #include "colossus/cluster/process_group.h"
+#include "colossus/parallel/sequence/block_kernel.h"
 #include "colossus/parallel/sequence/layout.h"
 
 #include <ATen/core/Tensor.h>
@@ -13,14 +14,6 @@
 #include <cstdint>
 
 namespace colossus::parallel::sequence {
-
-// How each (query shard, key block) pair is computed: Fused runs one SDPA
-// kernel that returns the log-sum-exp (flash on CUDA for half/bfloat16, the
-// CPU flash kernel on CPU) wherever the block is unmasked or a rank's own
-// causal block, and matmuls elsewhere (packed documents, padding, float32 on
-// CUDA); Math always uses matmuls (the reference the fused path is tested
-// and benchmarked against).
-enum class BlockKernel { Fused, Math };
 
 struct RingAttentionOptions {
   bool causal = true;

@@ -4,8 +4,8 @@
 // helpers shared by the communicating ring (ring_attention.cpp) and its
 // one-process simulation and reference (blockwise_attention.cpp).
 #pragma once
+#include "colossus/parallel/sequence/block_kernel.h"
 #include "colossus/parallel/sequence/layout.h"
-#include "colossus/parallel/sequence/ring_attention.h"
 
 #include <ATen/core/Tensor.h>
 
