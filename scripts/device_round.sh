@@ -88,7 +88,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
                   --model.gradient_checkpointing_ratio=1.0 --model.gradient_checkpointing_granularity=$g \
                   --train.steps=6 --train.log_every=1 --train.save=false --train.output_dir=/tmp/train8b_$g \
                   || exit $?
-                echo "granularity $g: $(tail -1 /tmp/train8b_$g/metrics.jsonl)"
+                echo "granularity $g: $(grep tokens_per_s /tmp/train8b_$g/metrics.jsonl | tail -1)"
               done' ;;
     ring) run_stage ring "${RING_LIMIT_S:-240}" bash -c "build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' \
             --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \

@@ -341,6 +341,23 @@ TEST(Trainer, SequenceParallelModesTrainAsPlainTensorParallel) {
 // The gemini plugin from the TOML keys: ZeRO-3 chunks with the optimizer side
 // offloaded train DDP's loss curve (fp32, accumulation 2, dropout off), and a
 // run stopped at step 4 resumes from its checkpoint onto the same curve exactly.
+// train.deterministic turns on ATen's deterministic algorithms for the run
+// (on the GPU it is what makes two runs, or two layouts, comparable bit for
+// bit); on CPU ranks the curve is the one without it, exactly.
+TEST(Trainer, DeterministicKeyTrainsTheSameCurveWithDeterministicKernels) {
+  auto& context = at::globalContext();
+  context.setDeterministicAlgorithms(false, /*warn_only=*/false);
+  const auto plain = losses_of(apps::train(tiny_config(job_dir("plain"), {"train.steps=3"})));
+  EXPECT_FALSE(context.deterministicAlgorithms());
+  const auto fixed = losses_of(
+      apps::train(tiny_config(job_dir("deterministic"), {"train.steps=3", "train.deterministic=true"})));
+  EXPECT_TRUE(context.deterministicAlgorithms());
+  EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
+  context.setDeterministicAlgorithms(false, /*warn_only=*/false);
+  ASSERT_EQ(fixed.size(), 3u);
+  EXPECT_EQ(fixed, plain);
+}
+
 TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
   const std::vector<std::string> base{"train.steps=8", "model.config.resid_pdrop=0.0", "model.config.embd_pdrop=0.0"};
   auto with = [&](std::vector<std::string> extra) {

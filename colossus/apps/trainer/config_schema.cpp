@@ -429,6 +429,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("steps", "optimizer steps in all (a resumed run continues to this)", train.steps),
         COLOSSUS_KEY("grad_accum", "micro-batches per optimizer step", train.grad_accum),
         COLOSSUS_KEY("seed", "seed of the data order and dropout", train.seed),
+        COLOSSUS_KEY("deterministic", "deterministic kernels only: a run repeats bit for bit on the same GPU (torch.use_deterministic_algorithms)", train.deterministic),
         COLOSSUS_KEY("output_dir", "run directory: checkpoints/, metrics.jsonl, tensorboard/, loss.svg", train.output_dir),
         COLOSSUS_KEY("log_every", "steps between progress lines and metric records", train.log_every),
         COLOSSUS_KEY("eval_every", "steps between eval losses (0: only at the end)", train.eval_every),

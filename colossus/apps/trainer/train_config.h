@@ -125,6 +125,10 @@ struct TrainSection {
   int64_t steps = 1000;       // optimizer steps in all (a resumed run continues to this)
   int64_t grad_accum = 1;     // micro-batches per optimizer step
   uint64_t seed = 42;         // data order, dropout
+  // Deterministic kernels only (torch.use_deterministic_algorithms, cuBLAS's
+  // fixed workspace): a run repeats bit for bit on the same GPU and software;
+  // an op without a deterministic kernel stops the run naming itself.
+  bool deterministic = false;
   std::string output_dir = "runs/colossus";
   int64_t log_every = 10;     // JSONL/TensorBoard record and a progress line
   int64_t eval_every = 0;     // 0: only at the end

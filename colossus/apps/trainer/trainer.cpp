@@ -47,6 +47,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -251,6 +252,14 @@ void Trainer::build() {
   // Every rank checks, before anything is written, so all of them stop alike.
   if (fresh) dirs_.require_no_checkpoints();
   at::manual_seed(config_.train.seed);
+  if (config_.train.deterministic) {
+    // cuBLAS reads this when it makes its first handle (no GEMM has run
+    // yet); a value the user set is kept.
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(false);
+  }
   if (world_->rank() == 0) {
     fs::create_directories(config_.train.output_dir);
     // Debris of crashed saves; nothing of this run is being written yet.
