@@ -42,6 +42,12 @@ class GeminiModel : public ModelWrapper {
   at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {}) override {
     return ddp_->forward(input_ids, layout);
   }
+  // The head fused into the loss, as DDP's and ZeRO's: the same curve to the bit.
+  at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                          std::optional<int64_t> num_items = std::nullopt,
+                          const models::TokenLayout& layout = {}) override {
+    return ddp_->forward_loss(input_ids, labels, num_items, layout);
+  }
   models::CausalLM& unwrap() override { return ddp_->model(); }
   void set_grad_sync(bool enabled) override { ddp_->set_grad_sync(enabled); }
   zero::gemini::GeminiDDP& ddp() { return *ddp_; }

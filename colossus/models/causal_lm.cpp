@@ -70,7 +70,10 @@ at::Tensor CausalLM::forward_loss(const at::Tensor& input_ids, const at::Tensor&
                                   const TokenLayout& layout) {
   at::Tensor hidden = embed_layout(input_ids, layout);
   BlockContext context = layout_context(hidden, layout);
-  hidden = final_norm(forward_blocks(hidden, context, 0, blocks_.size()));
+  return head_loss(final_norm(forward_blocks(hidden, context, 0, blocks_.size())), labels, num_items);
+}
+
+at::Tensor CausalLM::head_loss(const at::Tensor& hidden, const at::Tensor& labels, std::optional<int64_t> num_items) {
   const at::Tensor* weight = nullptr;
   if (Layer* projection = lm_head()) {
     auto* linear = dynamic_cast<Linear*>(projection);

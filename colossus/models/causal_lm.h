@@ -143,6 +143,12 @@ class CausalLM : public LayerHost {
   // when the head is not a bias-free projection of this model's own.
   at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
                           std::optional<int64_t> num_items = std::nullopt, const TokenLayout& layout = {});
+  // forward_loss's last part: hidden (B, T, C), final_norm already applied
+  // -> the loss with the head fused into it. For wrappers that run the
+  // model's parts themselves (Gemini gathers chunks around each), so their
+  // loss is the same arithmetic as forward_loss's.
+  at::Tensor head_loss(const at::Tensor& hidden, const at::Tensor& labels,
+                       std::optional<int64_t> num_items = std::nullopt);
 
   const std::vector<std::shared_ptr<TransformerBlock>>& blocks() const { return blocks_; }
   // Puts `block` (e.g. a wrapper that gathers ZeRO-3 shards) at index i, under

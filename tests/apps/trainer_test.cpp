@@ -373,7 +373,15 @@ TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
   const auto ddp = losses_of(apps::train(tiny_config(job_dir("gemini_ddp"), with({}))));
   const auto full = losses_of(apps::train(tiny_config(job_dir("gemini_full"), with(gemini))));
   ASSERT_EQ(full.size(), ddp.size());
-  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_NEAR(full[i], ddp[i], 1e-5 * std::abs(ddp[i])) << "step " << i + 1;
+  // On one rank bit for bit: Gemini's forward ends in the same fused head +
+  // loss as DDP's. On more, Gemini reduces each micro-batch and sums the
+  // reduced shards where DDP reduces the summed gradients: another rounding
+  // order, so a tolerance.
+  const bool one_rank = ct::world()->size() == 1;
+  for (size_t i = 0; i < ddp.size(); ++i) {
+    if (one_rank) EXPECT_EQ(full[i], ddp[i]) << "step " << i + 1;
+    else EXPECT_NEAR(full[i], ddp[i], 1e-5 * std::abs(ddp[i])) << "step " << i + 1;
+  }
   const auto split_dir = job_dir("gemini_split");
   auto first_steps = gemini;
   first_steps.push_back("train.steps=4");

@@ -363,6 +363,19 @@ void GeminiDDP::pre_backward(size_t segment) {
 }
 
 at::Tensor GeminiDDP::forward(const at::Tensor& input_ids, const models::TokenLayout& layout) {
+  return run_segments(input_ids, layout, [this](const at::Tensor& hidden) { return model_->head(hidden); });
+}
+
+at::Tensor GeminiDDP::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                                   std::optional<int64_t> num_items, const models::TokenLayout& layout) {
+  const at::Tensor device_labels = labels.to(device_);
+  return run_segments(input_ids, layout, [&](const at::Tensor& hidden) {
+    return model_->head_loss(hidden, device_labels, num_items);
+  });
+}
+
+at::Tensor GeminiDDP::run_segments(const at::Tensor& input_ids, const models::TokenLayout& layout,
+                                   const std::function<at::Tensor(const at::Tensor&)>& head) {
   models::check_input_ids(input_ids);
   const size_t last = segment_chunks_.size() - 1;
   pre_forward(0);
@@ -371,10 +384,10 @@ at::Tensor GeminiDDP::forward(const at::Tensor& input_ids, const models::TokenLa
   const models::BlockContext context = model_->layout_context(hidden, layout);
   hidden = model_->forward_blocks(hidden, context, 0, model_->blocks().size());
   pre_forward(last);
-  at::Tensor logits = model_->head(model_->final_norm(hidden));
-  post_forward(last, logits);
+  at::Tensor output = head(model_->final_norm(hidden));
+  post_forward(last, output);
   release_all();
-  return logits;
+  return output;
 }
 
 void GeminiDDP::start_backward() {

@@ -140,6 +140,11 @@ class GeminiDDP {
   // input_ids: (B, T) int64 -> logits (B, T, V); every chunk released
   // afterwards.
   at::Tensor forward(const at::Tensor& input_ids, const models::TokenLayout& layout = {});
+  // The loss with the head fused into it (CausalLM::head_loss), through the
+  // same chunk schedule: what DDP's and ZeRO's forward_loss compute, to the
+  // bit, and no (B, T, V) logits.
+  at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels, std::optional<int64_t> num_items,
+                          const models::TokenLayout& layout);
   models::CausalLM& model() { return *model_; }
 
   // Segment boundaries (GeminiBlock calls them for segments 1..L).
@@ -234,6 +239,10 @@ class GeminiDDP {
   int64_t max_gathered() const { return max_gathered_; }
 
  private:
+  // Embedding, blocks and final norm under the chunk schedule, then `head`
+  // on the normed hidden states (logits or the fused loss) as the last segment.
+  at::Tensor run_segments(const at::Tensor& input_ids, const models::TokenLayout& layout,
+                          const std::function<at::Tensor(const at::Tensor&)>& head);
   // in_fp8: the training gathers under fp8_communication; checkpoints and
   // loads gather in the parameters' dtype.
   void gather(size_t chunk, bool in_fp8 = false);
