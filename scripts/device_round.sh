@@ -20,8 +20,11 @@
 #             fused block kernel against one SDPA call, and the matmul blocks
 #             beside it at 8K (issue 28's long-context point); exits 3 when
 #             the ring's output or gradients leave SDPA's
-# STAGES="offload gemini fp8 decode" picks and orders them. A stage's log is in
-# $OUT/<stage>.log; the summary table is printed last with every exit code.
+# STAGES="offload gemini fp8 decode" picks and orders them. A stage's log is
+# $OUT/<stage>.log, packed at the end with every other output into
+# $OUT/all_logs.tar.gz (the device returns 8 files); the summary table is
+# printed last with every exit code. FP8_PROFILE_STEPS=N adds the Kineto
+# kernel breakdown of the FP8 step.
 # A later call on the same warm machine skips the build (ninja is a no-op).
 # Usage (device): bash scripts/device_round.sh   (needs .devdeps carried)
 set -uo pipefail
@@ -69,7 +72,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
   case $stage in
     offload) run_stage offload 200 env COLOSSUS_BIN=build-gpu/bin/colossus bash scripts/device_offload_numerics.sh ;;
     fp8) run_stage fp8 200 build-gpu/bin/bench_train_gpt2 --model llama-1b-like --batch 8 --no-python \
-           --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps 0 \
+           --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps ${FP8_PROFILE_STEPS:-0} \
            --fp8 "${FP8_RECIPE:-tensorwise}" --json "$out/bench_train_fp8.json" ;;
     gemini) run_stage gemini "${GEMINI_LIMIT_S:-170}" build-gpu/bin/bench_gemini_capacity --parts throughput \
               --modes adamw,gemini_offload --budget-s $(( ${GEMINI_LIMIT_S:-170} - 10 )) --try-timeout-s 120 \
@@ -107,6 +110,14 @@ echo "=== results ==="
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
 [[ -n ${rc[train8b]+x} ]] && grep -E "^granularity|error|Error" "$out/train8b.log"
 [[ -n ${rc[ring]+x} ]] && grep -E "^\||disagree" "$out/ring.log"
+# The device returns at most 8 files: everything in one archive, beside the
+# few a reader opens first.
+for run in /tmp/train8b_full /tmp/train8b_mlp; do
+  [[ -f $run/metrics.jsonl ]] && cp "$run/metrics.jsonl" "$out/$(basename "$run")_metrics.jsonl"
+done
+(cd "$out" && tar czf all_logs.tar.gz --exclude=all_logs.tar.gz . && \
+  find . -maxdepth 1 -type f ! -name all_logs.tar.gz ! -name check.txt ! -name nvidia-smi.csv \
+    ! -name '*.json' -delete; find . -mindepth 1 -type d -exec rm -rf {} +) 2>/dev/null
 failed=0
 for name in "${!rc[@]}"; do
   echo "stage $name: exit ${rc[$name]}"
