@@ -33,7 +33,8 @@
 // --fp8 (issue 28): one more Colossus run with FP8 linear layers in the middle
 // blocks (models::enable_fp8, e5m2 gradients; first/last block in bf16), the
 // same init and batches: its tok/s beside our bf16 step and its first losses
-// against bf16's.
+// against bf16's; on CUDA also with the fused quantise kernel
+// (Fp8Recipe::fused_quantize), whose losses must equal the ATen-quantise run's.
 // --profile-steps N (CUDA): N more steps under the Kineto profiler, ours and
 // each peer's; prints device time per kernel category and the top kernels.
 // --cuda-graph (CUDA; default both): our step captured in a CUDA graph after 3
@@ -43,6 +44,7 @@
 #include "colossus/amp/graphed_train_step.h"
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
+#include "colossus/kernels/cuda_slots.h"
 #include "colossus/models/fp8_linear.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/hybrid_adam.h"
@@ -437,7 +439,7 @@ int main(int argc, char** argv) try {
     ours = train_colossus(cfg, model_config, device, data, init_dir, /*graphed=*/cfg.cuda_graph != "off");
   }
   // FP8 linear layers, same init and batches, the same kind of step as `ours`.
-  std::optional<Result> fp8;
+  std::optional<Result> fp8, fp8_fused;
   if (!cfg.fp8.empty()) {
     if (device.is_cuda()) at::accelerator::emptyCache();
     const at::Tensor data = tokens.to(device);
@@ -452,6 +454,16 @@ int main(int argc, char** argv) try {
                "diff to bf16 over the first {} steps {:.2e}; last loss {:.4f} vs {:.4f}\n",
                cfg.fp8, fp8->tokens_per_s, fp8->ms_per_step, fp8->tokens_per_s / ours.tokens_per_s,
                fp8->peak_allocated_gib, steps, worst, fp8->losses.back(), ours.losses.back());
+    if (device.is_cuda() && kernels::cuda_slots().fp8_quantize != nullptr) {
+      at::accelerator::emptyCache();
+      fp8_fused = train_colossus(cfg, model_config, device, data, fs::path(), /*graphed=*/cfg.cuda_graph != "off",
+                                 models::Fp8Recipe{.rowwise = cfg.fp8 == "rowwise", .fused_quantize = true});
+      fmt::print("colossus fp8 ({}, fused quantise): {:.0f} tok/s, {:.1f} ms/step = {:.3f}x the bf16 step, {:.3f}x the "
+                 "ATen-quantise fp8 step; losses {} the ATen-quantise run's\n",
+                 cfg.fp8, fp8_fused->tokens_per_s, fp8_fused->ms_per_step, fp8_fused->tokens_per_s / ours.tokens_per_s,
+                 fp8_fused->tokens_per_s / fp8->tokens_per_s,
+                 fp8_fused->losses == fp8->losses ? "equal to" : "DIFFER from");
+    }
   }
   // Our cached blocks go back to the driver, so the peers' processes have the card.
   if (device.is_cuda()) at::accelerator::emptyCache();
@@ -549,6 +561,12 @@ int main(int argc, char** argv) try {
                fmt::format("colossus, fp8 {} (vs bf16 {:.3f}x)", cfg.fp8, fp8->tokens_per_s / ours.tokens_per_s),
                fp8->tokens_per_s, fp8->ms_per_step, 100 * mfu(fp8->tokens_per_s), fp8->peak_allocated_gib, "");
   }
+  if (fp8_fused) {
+    fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:>15} |\n", workload,
+               fmt::format("colossus, fp8 {} fused quantise ({:.3f}x)", cfg.fp8, fp8_fused->tokens_per_s / ours.tokens_per_s),
+               fp8_fused->tokens_per_s, fp8_fused->ms_per_step, 100 * mfu(fp8_fused->tokens_per_s),
+               fp8_fused->peak_allocated_gib, "");
+  }
   for (const auto& [variant, p] : peers) {
     const double tps = p.at("tokens_per_s").get<double>();
     fmt::print("| {:<28} | {:<38} | {:9.0f} | {:8.1f} | {:5.1f}% | {:9.2f} | {:15.2f} |\n", workload,
@@ -567,6 +585,8 @@ int main(int argc, char** argv) try {
                       {"colossus", result_json(ours, mfu(ours.tokens_per_s))},
                       {"colossus_eager", eager ? result_json(*eager, mfu(eager->tokens_per_s)) : json()},
                       {"colossus_fp8", fp8 ? result_json(*fp8, mfu(fp8->tokens_per_s)) : json()},
+                      {"colossus_fp8_fused_quantize",
+                       fp8_fused ? result_json(*fp8_fused, mfu(fp8_fused->tokens_per_s)) : json()},
                       {"fp8_recipe", cfg.fp8},
                       {"cuda_graph", cfg.cuda_graph}, {"peers", peers_json},
                       {"loss_check", check}};

@@ -6,6 +6,7 @@
 #include "colossus/kernels/adam.h"
 #include "colossus/kernels/cross_entropy.h"
 #include "colossus/kernels/device_graph.h"
+#include "colossus/kernels/fp8_quantize.h"
 #include "colossus/kernels/gemv.h"
 #include "colossus/kernels/moe_permute.h"
 #include "colossus/kernels/nf4.h"
@@ -89,6 +90,11 @@ using CudaMoeRowDotFn = bool (*)(const MoeRowDotArgs& args, int device_index);
 using CudaNf4DequantizeFn = bool (*)(const Nf4DequantizeArgs& args, int device_index);
 using CudaNf4GemvFn = bool (*)(const Nf4GemvArgs& args, int device_index);
 
+// FP8 quantisation of a matmul operand (fp8_quantize.h) on CUDA device
+// `device_index`, on its current stream (asynchronous). False, launching
+// nothing, when the kernel does not take the arguments.
+using CudaFp8QuantizeFn = bool (*)(const Fp8QuantizeArgs& args, int device_index);
+
 // The decode GEMV (gemv.h) on CUDA device `device_index`, on its current
 // stream (asynchronous). False, launching nothing, when the kernel does not
 // take the arguments.
@@ -121,6 +127,7 @@ struct CudaSlots {
   CudaNf4DequantizeFn nf4_dequantize = nullptr;
   CudaNf4GemvFn nf4_gemv = nullptr;
   CudaGemvFn gemv = nullptr;
+  CudaFp8QuantizeFn fp8_quantize = nullptr;
 };
 
 CudaSlots& cuda_slots();

@@ -1,6 +1,7 @@
 #include "colossus/models/fp8_linear.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/kernels/cuda_slots.h"
 #include "colossus/models/causal_lm.h"
 
 #include <ATen/ATen.h>
@@ -8,6 +9,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <optional>
 #include <typeinfo>
 #include <vector>
 
@@ -28,7 +30,37 @@ double format_max(at::ScalarType format) { return format == at::kFloat8_e5m2 ? 5
 
 // Scaled so that the largest magnitude (of the tensor, or of each row) lands
 // on the format's largest value; an all-zero tensor or row gets scale 1.
-Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise) {
+// The fused kernel's form of the same (kernels/fp8_quantize.h); nullopt where
+// it does not apply (not CUDA, not a contiguous 2-D float tensor, no kernel).
+std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType format, bool rowwise) {
+  const auto slot = kernels::cuda_slots().fp8_quantize;
+  if (slot == nullptr || !x.is_cuda() || x.dim() != 2 || !x.is_contiguous() || x.numel() == 0) return std::nullopt;
+  const auto dtype = x.scalar_type();
+  if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) return std::nullopt;
+  const auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor q = at::empty(x.sizes(), x.options().dtype(format));
+  at::Tensor scale = rowwise ? at::empty({x.size(0), 1}, f32) : at::empty({}, f32);
+  at::Tensor scratch = rowwise ? at::Tensor() : at::empty({1}, f32);
+  const kernels::Fp8QuantizeArgs args{
+      .dtype = dtype == at::kFloat ? kernels::ElementDtype::kFloat32
+               : dtype == at::kHalf ? kernels::ElementDtype::kFloat16
+                                    : kernels::ElementDtype::kBFloat16,
+      .format = format == at::kFloat8_e5m2 ? kernels::Fp8Format::kE5M2 : kernels::Fp8Format::kE4M3,
+      .rowwise = rowwise,
+      .rows = x.size(0),
+      .cols = x.size(1),
+      .x = x.data_ptr(),
+      .q = q.data_ptr(),
+      .scale = scale.data_ptr<float>(),
+      .amax_scratch = rowwise ? nullptr : scratch.data_ptr<float>()};
+  if (!slot(args, x.get_device())) return std::nullopt;
+  return Quantized{q, scale};
+}
+
+Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise, bool fused) {
+  if (fused) {
+    if (auto q = quantize_fused(x, format, rowwise)) return *q;
+  }
   const at::Tensor x32 = x.to(at::kFloat);
   at::Tensor amax = rowwise ? x32.abs().amax({-1}, /*keepdim=*/true) : x32.abs().max();
   const double top = format_max(format);
@@ -64,10 +96,12 @@ at::Tensor scaled_matmul(const Quantized& a, const Quantized& b_t, at::ScalarTyp
 
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const std::optional<at::Tensor>& bias, bool rowwise, int64_t grad_format_code) {
+                            const std::optional<at::Tensor>& bias, bool rowwise, int64_t grad_format_code,
+                            bool fused) {
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor x2 = x.reshape({-1, in});
-    const Quantized xq = quantize(x2, at::kFloat8_e4m3fn, rowwise), wq = quantize(weight, at::kFloat8_e4m3fn, rowwise);
+    const Quantized xq = quantize(x2, at::kFloat8_e4m3fn, rowwise, fused),
+                    wq = quantize(weight, at::kFloat8_e4m3fn, rowwise, fused);
     at::Tensor y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
     if (bias && bias->defined()) y = y + bias->to(y.scalar_type());
     // The backward quantises x and W per tensor again (its contractions run
@@ -75,6 +109,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     // what a plain linear saves.
     ctx->save_for_backward({x2, weight});
     ctx->saved_data["grad_format"] = grad_format_code;
+    ctx->saved_data["fused"] = fused;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = out;
@@ -88,8 +123,10 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor dy = grad_outputs[0].reshape({-1, out});
     const auto format = ctx->saved_data["grad_format"].toInt() == 1 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
-    const Quantized dyq = quantize(dy, format, false);
-    const Quantized wq = quantize(weight, at::kFloat8_e4m3fn, false), xq = quantize(x2, at::kFloat8_e4m3fn, false);
+    const bool fused = ctx->saved_data["fused"].toBool();
+    const Quantized dyq = quantize(dy, format, false, fused);
+    const Quantized wq = quantize(weight, at::kFloat8_e4m3fn, false, fused),
+                    xq = quantize(x2, at::kFloat8_e4m3fn, false, fused);
     // dx (M, K) = dy (M, N) W (N, K): W as the transposed view of W^T.
     const at::Tensor dx = scaled_matmul(dyq, {wq.q.t().contiguous().t(), wq.scale}, x2.scalar_type());
     // dW (N, K) = dy^T (N, M) x (M, K).
@@ -99,7 +136,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0).to(weight.scalar_type());
     std::vector<int64_t> sizes = grad_outputs[0].sizes().vec();
     sizes.back() = in;
-    return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor()};
+    return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -116,7 +153,7 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   TORCH_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "fp8_linear: x ", x.sizes(), " does not fit weight ",
               weight.sizes());
   return Fp8LinearFunction::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
-                                  recipe.rowwise, recipe.grad_format == "e4m3" ? 1 : 0);
+                                  recipe.rowwise, recipe.grad_format == "e4m3" ? 1 : 0, recipe.fused_quantize);
 }
 
 Fp8Linear::Fp8Linear(const Linear& base, Fp8Recipe recipe) : Linear(base.weight, base.bias), recipe_(std::move(recipe)) {

@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 using namespace colossus;
 using namespace colossus::models;
@@ -66,6 +67,25 @@ TEST(Fp8Linear, ForwardAndGradientsAreTheFp8ValuesMultiplied) {
       EXPECT_LT(rel_err(x.grad(), at::matmul(dy, w.detach())), grad_bound);
       EXPECT_GT(rel_err(y.detach(), exact), 1e-4) << "the forward did not quantise";
     }
+  }
+}
+
+// fused_quantize asks for the CUDA kernel (kernels/fp8_quantize.h, checked
+// to the bit against this formula by `colossus check`'s fp8_quantize); off
+// CUDA it falls back to the ATen formula, so the results are the same bits.
+TEST(Fp8Linear, FusedQuantizeOffCudaIsTheAtenPath) {
+  at::manual_seed(1);
+  for (bool rowwise : {false, true}) {
+    const at::Tensor x = at::randn({4, 16, 64});
+    const at::Tensor w = at::randn({32, 64}) * 0.1, dy = at::randn({4, 16, 32});
+    std::vector<at::Tensor> results;
+    for (bool fused : {false, true}) {
+      const at::Tensor xi = x.clone().requires_grad_(true), wi = w.clone().requires_grad_(true);
+      const at::Tensor y = fp8_linear(xi, wi, at::Tensor(), {.rowwise = rowwise, .fused_quantize = fused});
+      y.backward(dy);
+      results.insert(results.end(), {y.detach(), xi.grad(), wi.grad()});
+    }
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(results[i], results[i + 3])) << "rowwise " << rowwise << " " << i;
   }
 }
 
