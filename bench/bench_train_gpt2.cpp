@@ -454,7 +454,7 @@ int main(int argc, char** argv) try {
                "diff to bf16 over the first {} steps {:.2e}; last loss {:.4f} vs {:.4f}\n",
                cfg.fp8, fp8->tokens_per_s, fp8->ms_per_step, fp8->tokens_per_s / ours.tokens_per_s,
                fp8->peak_allocated_gib, steps, worst, fp8->losses.back(), ours.losses.back());
-    if (device.is_cuda() && kernels::cuda_slots().fp8_quantize != nullptr) {
+    if (device.is_cuda() && colossus::kernels::cuda_slots().fp8_quantize != nullptr) {
       at::accelerator::emptyCache();
       fp8_fused = train_colossus(cfg, model_config, device, data, fs::path(), /*graphed=*/cfg.cuda_graph != "off",
                                  models::Fp8Recipe{.rowwise = cfg.fp8 == "rowwise", .fused_quantize = true});
