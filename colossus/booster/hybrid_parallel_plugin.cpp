@@ -267,6 +267,15 @@ at::Tensor HybridParallelModel::forward(const at::Tensor& input_ids, const model
   return parallel::tensor::gather_last_dim(logits, *sharded_.tp_group).narrow(-1, 0, sharded_.vocab.true_vocab);
 }
 
+at::Tensor HybridParallelModel::forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                                             std::optional<int64_t> num_items, const models::TokenLayout& layout) {
+  const bool whole_model = !pipeline_ && !sp_group_ && sharded_.sequence == parallel::tensor::SequenceSharding::None &&
+                           !sharded_.vocab_parallel_logits && !sharded_.tied_head &&
+                           (!sharded_.tp_group || sharded_.tp_group->size() == 1);
+  if (!whole_model) return ModelWrapper::forward_loss(input_ids, labels, num_items, layout);
+  return model_->forward_loss(input_ids, labels, num_items, layout);
+}
+
 at::Tensor HybridParallelModel::loss(const at::Tensor& logits, const at::Tensor& labels,
                                      std::optional<int64_t> num_items) {
   if (sp_group_) {

@@ -122,6 +122,12 @@ class HybridParallelModel : public ModelWrapper {
   // With sequence parallelism labels are the full (B, T) on every sp rank.
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
                   std::optional<int64_t> num_items = std::nullopt) override;
+  // Where the model runs whole on this rank (no tp, sp or pp), the model's
+  // head fused into the loss, as DDP's: no (B, T, V) logits, the same bits;
+  // otherwise loss(forward(...)).
+  at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
+                          std::optional<int64_t> num_items = std::nullopt,
+                          const models::TokenLayout& layout = {}) override;
   models::CausalLM& unwrap() override { return *model_; }
   // Without ZeRO the dp reducers follow it; with ZeRO (no pipeline) the zero
   // optimizer's reduce-scatter does.

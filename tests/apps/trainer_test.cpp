@@ -341,6 +341,24 @@ TEST(Trainer, SequenceParallelModesTrainAsPlainTensorParallel) {
 // The gemini plugin from the TOML keys: ZeRO-3 chunks with the optimizer side
 // offloaded train DDP's loss curve (fp32, accumulation 2, dropout off), and a
 // run stopped at step 4 resumes from its checkpoint onto the same curve exactly.
+// hybrid_parallel without tp, sp or pp runs the whole model on each rank and
+// takes the model's fused head + loss, as ddp does (no logits tensor). The
+// first losses are the same bits; its step rounds unlike ddp's in the last
+// place from step 2, so the curve is held to 1e-5.
+TEST(Trainer, HybridParallelWithoutTpTrainsTheDdpCurve) {
+  const std::vector<std::string> base{"train.steps=6", "model.config.resid_pdrop=0.0", "model.config.embd_pdrop=0.0"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    return extra;
+  };
+  const auto ddp = losses_of(apps::train(tiny_config(job_dir("hybrid_ddp"), with({}))));
+  const auto hybrid = losses_of(apps::train(
+      tiny_config(job_dir("hybrid_tp1"), with({"plugin.name=\"hybrid_parallel\"", "plugin.precision=\"fp32\""}))));
+  ASSERT_EQ(hybrid.size(), ddp.size());
+  EXPECT_EQ(hybrid[0], ddp[0]);
+  for (size_t i = 0; i < ddp.size(); ++i) EXPECT_NEAR(hybrid[i], ddp[i], 1e-5 * std::abs(ddp[i])) << "step " << i + 1;
+}
+
 // train.deterministic turns on ATen's deterministic algorithms for the run
 // (on the GPU it is what makes two runs, or two layouts, comparable bit for
 // bit); on CPU ranks the curve is the one without it, exactly.
