@@ -123,8 +123,8 @@ class HybridParallelModel : public ModelWrapper {
   at::Tensor loss(const at::Tensor& logits, const at::Tensor& labels,
                   std::optional<int64_t> num_items = std::nullopt) override;
   // Where the model runs whole on this rank (no tp, sp or pp), the model's
-  // head fused into the loss, as DDP's: no (B, T, V) logits, the same bits;
-  // otherwise loss(forward(...)).
+  // head fused into the loss, as DDP's (no (B, T, V) logits); otherwise
+  // loss(forward(...)).
   at::Tensor forward_loss(const at::Tensor& input_ids, const at::Tensor& labels,
                           std::optional<int64_t> num_items = std::nullopt,
                           const models::TokenLayout& layout = {}) override;

@@ -1,6 +1,7 @@
 #include "colossus/models/fp8_linear.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/kernels/aten_element_dtype.h"
 #include "colossus/kernels/cuda_slots.h"
 #include "colossus/models/causal_lm.h"
 
@@ -28,23 +29,19 @@ struct Quantized {
 
 double format_max(at::ScalarType format) { return format == at::kFloat8_e5m2 ? 57344.0 : 448.0; }
 
-// Scaled so that the largest magnitude (of the tensor, or of each row) lands
-// on the format's largest value; an all-zero tensor or row gets scale 1.
-// The fused kernel's form of the same (kernels/fp8_quantize.h); nullopt where
+// The fused kernel's form of quantize (kernels/fp8_quantize.h); nullopt where
 // it does not apply (not CUDA, not a contiguous 2-D float tensor, no kernel).
 std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType format, bool rowwise) {
   const auto slot = kernels::cuda_slots().fp8_quantize;
   if (slot == nullptr || !x.is_cuda() || x.dim() != 2 || !x.is_contiguous() || x.numel() == 0) return std::nullopt;
-  const auto dtype = x.scalar_type();
-  if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) return std::nullopt;
+  const auto dtype = kernels::element_dtype_of(x.scalar_type());
+  if (!dtype) return std::nullopt;
   const auto f32 = x.options().dtype(at::kFloat);
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(format));
   at::Tensor scale = rowwise ? at::empty({x.size(0), 1}, f32) : at::empty({}, f32);
   at::Tensor scratch = rowwise ? at::Tensor() : at::empty({1}, f32);
   const kernels::Fp8QuantizeArgs args{
-      .dtype = dtype == at::kFloat ? kernels::ElementDtype::kFloat32
-               : dtype == at::kHalf ? kernels::ElementDtype::kFloat16
-                                    : kernels::ElementDtype::kBFloat16,
+      .dtype = *dtype,
       .format = format == at::kFloat8_e5m2 ? kernels::Fp8Format::kE5M2 : kernels::Fp8Format::kE4M3,
       .rowwise = rowwise,
       .rows = x.size(0),
@@ -57,6 +54,8 @@ std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType form
   return Quantized{q, scale};
 }
 
+// Scaled so that the largest magnitude (of the tensor, or of each row) lands
+// on the format's largest value; an all-zero tensor or row gets scale 1.
 Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise, bool fused) {
   if (fused) {
     if (auto q = quantize_fused(x, format, rowwise)) return *q;
