@@ -71,7 +71,7 @@ run_stage() {  # name, limit in seconds, command...
 for stage in ${STAGES:-offload gemini fp8 decode}; do
   case $stage in
     offload) run_stage offload 200 env COLOSSUS_BIN=build-gpu/bin/colossus bash scripts/device_offload_numerics.sh ;;
-    fp8) run_stage fp8 200 build-gpu/bin/bench_train_gpt2 --model llama-1b-like --batch 8 --no-python \
+    fp8) run_stage fp8 "${FP8_LIMIT_S:-200}" build-gpu/bin/bench_train_gpt2 --model llama-1b-like --batch 8 --no-python \
            --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps ${FP8_PROFILE_STEPS:-0} \
            --fp8 "${FP8_RECIPE:-tensorwise}" --json "$out/bench_train_fp8.json" ;;
     gemini) run_stage gemini "${GEMINI_LIMIT_S:-170}" build-gpu/bin/bench_gemini_capacity --parts throughput \
