@@ -16,6 +16,9 @@ constexpr double kWeights = 2, kGrads = 2, kOptimizer = 12;
 // The host step (HybridAdam with bf16 parameters and fp32 masters) keeps the
 // reduced bf16 gradient on the host, not an fp32 copy.
 constexpr double kHostStep = kOptimizer + 2;
+// Gemini's host step with gradient accumulation also sums the micro-batches'
+// gradients on the host in fp32.
+constexpr double kHostStepAccumulating = kHostStep + 4;
 // Gemini's device chunks: bf16 parameter shard, fp32 gradient shard, fp32
 // master and moments; its auto policy's share of what is left for optimizer
 // shards (GeminiOptions' defaults).
@@ -27,7 +30,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
   for (const auto& [value, name] : {std::pair{in.parameters, "parameters"}, {in.layers, "layers"}, {in.hidden, "hidden"},
-                                    {in.seq_len, "seq_len"}, {in.micro_batch, "micro_batch"}, {in.gpus, "gpus"}}) {
+                                    {in.seq_len, "seq_len"}, {in.micro_batch, "micro_batch"}, {in.gpus, "gpus"},
+                                    {in.grad_accum, "grad_accum"}}) {
     if (value < 1) throw ConfigError(fmt::format("plan --memory: {} = {} must be >= 1", name, value));
   }
   if (!(in.gpu_bytes > 0) || !(in.host_bytes > 0)) {
@@ -56,11 +60,12 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
   // Gemini auto: parameter shards on the device, and optimizer shards there
   // while they fit in gpu_margin_mem_ratio of the margin the cap leaves after
   // the parameters and the activations; the rest steps on the host.
+  const double gemini_host_step = in.grad_accum > 1 ? kHostStepAccumulating : kHostStep;
   const auto gemini_auto = [&](double non_model) {
     const double margin = kSteadyCudaCapRatio * in.gpu_bytes - non_model - p * kWeights / n;
     const double optim = p * (kGeminiDevice - kWeights) / n;
     const double on_device = std::clamp(kGpuMarginMemRatio * margin / optim, 0.0, 1.0);
-    return Place{p * kWeights / n + on_device * optim, (1.0 - on_device) * p * kHostStep};
+    return Place{p * kWeights / n + on_device * optim, (1.0 - on_device) * p * gemini_host_step};
   };
   const std::vector<Setting> settings = {
       fixed("ddp", p * (kWeights + kGrads + kOptimizer), 0),
@@ -71,7 +76,7 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
       fixed("gemini placement_policy = \"static\"", p * kGeminiDevice / n, 0),
       // Gemini's host step: the device keeps the parameter shards (gradients
       // pass through two chunk buffers on their way down).
-      fixed("gemini offload_optim_frac = 1.0", p * kWeights / n, p * kHostStep),
+      fixed("gemini offload_optim_frac = 1.0", p * kWeights / n, p * gemini_host_step),
       {"gemini placement_policy = \"auto\"", gemini_auto(activations), gemini_auto(checkpointed)},
   };
   const double usable = in.gpu_bytes * (1.0 - in.margin);
@@ -112,7 +117,8 @@ std::string format_memory_plan(const MemoryPlanInput& in, const std::vector<Memo
       "\nModel states: 2 (bf16 weights) + 2 (gradients) + 12 (fp32 masters, AdamW moments) bytes per parameter, "
       "split over the GPUs as each setting shards them (Gemini's gradient shards are fp32: 18 bytes); offloaded "
       "optimizers step on the host with optimizer.name = \"hybrid_adam\", which keeps the bf16 gradient there (14 "
-      "bytes per parameter; another optimizer keeps an fp32 copy: 16). Gemini auto puts optimizer shards on the GPU "
+      "bytes per parameter; another optimizer keeps an fp32 copy: 16; Gemini with gradient accumulation also an fp32 "
+      "sum: 18). Gemini auto puts optimizer shards on the GPU "
       "in gpu_margin_mem_ratio (0.5) of what 90% of it leaves after parameters and activations, the rest on the "
       "host. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
       "count with dropout masks, an upper bound for our fused LLaMA blocks; checkpointing keeps 2 per layer plus "

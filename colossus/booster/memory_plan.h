@@ -24,6 +24,7 @@ struct MemoryPlanInput {
   double gpu_bytes = 0;           // memory of one GPU
   double host_bytes = 0;          // host memory of the machine (all its GPUs' ranks share it)
   double margin = 0.05;           // share of GPU and host memory kept free for what the estimate leaves out
+  int64_t grad_accum = 1;         // micro-batches a step (Gemini's host step then keeps an fp32 gradient sum)
 };
 
 struct MemoryPlanRow {

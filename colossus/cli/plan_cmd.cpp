@@ -36,6 +36,7 @@ struct PlanArgs {
   double gpu_memory_gib = 0;    // 0: probed
   double host_memory_gib = 0;   // 0: /proc/meminfo
   double margin = 0.05;
+  int64_t grad_accum = 1;
   CLI::Option* pp_option = nullptr;
   CLI::Option* microbatches_option = nullptr;
 };
@@ -131,6 +132,7 @@ int run_memory_plan(const PlanArgs& args) {
                       "79.1 for an H100) and --gpus");
   }
   in.margin = args.margin;
+  in.grad_accum = args.grad_accum;
   std::cout << booster::format_memory_plan(in, booster::plan_memory(in), args.model);
   return 0;
 }
@@ -171,6 +173,8 @@ Command add_plan_command(CLI::App& app) {
   sub->add_option("--host-memory-gib,--host_memory_gib", args->host_memory_gib,
                   "--memory: host memory in GiB (default: /proc/meminfo)");
   sub->add_option("--margin", args->margin, "--memory: share of GPU and host memory kept free")->capture_default_str();
+  sub->add_option("--grad-accum,--grad_accum", args->grad_accum, "--memory: micro-batches a step (train.grad_accum)")
+      ->capture_default_str();
   return {sub, [args] { return run_plan(*args); }};
 }
 

@@ -97,6 +97,20 @@ void adam_step_mixed_cpu(const AdamMixedPtrs* tensors, int64_t count, const Adam
 // One element of it (tests and the check compare the threaded kernel with it).
 void adam_step_mixed_reference(const AdamMixedPtrs& t, const AdamHyper& h, float grad_scale);
 
+// The same step from an fp32 gradient (Gemini's host accumulator under
+// gradient accumulation): float(grad) is grad itself; nothing aliases.
+struct AdamMixedFp32GradPtrs {
+  float* param;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* param_bf16;
+  int64_t numel;
+};
+void adam_step_mixed_cpu(const AdamMixedFp32GradPtrs* tensors, int64_t count, const AdamHyper& h, float grad_scale,
+                         int num_threads, CpuIsa isa);
+void adam_step_mixed_reference(const AdamMixedFp32GradPtrs& t, const AdamHyper& h, float grad_scale);
+
 #ifdef COLOSSUS_WITH_CUDA
 // Same update on device memory, one launch per table of up to 32 tensors and
 // 320 chunks of 64K elements (usually one launch for a whole model's group).

@@ -200,9 +200,14 @@ void HybridAdam::step_from_low_precision(const std::vector<at::Tensor>& low_prec
 
 void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std::vector<at::Tensor>& grads_in_out,
                                  float grad_scale) {
-  if (indices.size() != grads_in_out.size()) {
-    throw ConfigError(fmt::format("HybridAdam: step_host_mixed got {} indices and {} gradients", indices.size(),
-                                  grads_in_out.size()));
+  step_host_mixed(indices, grads_in_out, grads_in_out, grad_scale);
+}
+
+void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std::vector<at::Tensor>& grads,
+                                 const std::vector<at::Tensor>& params_bf16, float grad_scale) {
+  if (indices.size() != grads.size() || indices.size() != params_bf16.size()) {
+    throw ConfigError(fmt::format("HybridAdam: step_host_mixed got {} indices, {} gradients and {} bf16 outputs",
+                                  indices.size(), grads.size(), params_bf16.size()));
   }
   if (device_step_) throw ConfigError("HybridAdam: step_host_mixed in device-step mode (CUDA graphs)");
   // Group g holds flat indices [group_end[g - 1], group_end[g]).
@@ -210,8 +215,10 @@ void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std:
   for (const ParamGroup& group : groups_)
     group_end.push_back((group_end.empty() ? 0 : group_end.back()) + static_cast<int64_t>(group.params.size()));
   const int64_t params = group_end.empty() ? 0 : group_end.back();
-  // Batched by (group, step count): the constants depend on both.
-  std::map<std::pair<size_t, int64_t>, std::vector<kernels::AdamMixedPtrs>> batches;
+  // Batched by (group, step count): the constants depend on both; one table
+  // a gradient dtype.
+  std::map<std::pair<size_t, int64_t>, std::vector<kernels::AdamMixedPtrs>> bf16_batches;
+  std::map<std::pair<size_t, int64_t>, std::vector<kernels::AdamMixedFp32GradPtrs>> fp32_batches;
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < indices.size(); ++i) {
     const int64_t index = indices[i];
@@ -221,23 +228,39 @@ void HybridAdam::step_host_mixed(const std::vector<int64_t>& indices, const std:
     const auto after = std::upper_bound(group_end.begin(), group_end.end(), index);
     const size_t g = static_cast<size_t>(after - group_end.begin());
     const at::Tensor& master = groups_[g].params[static_cast<size_t>(index - (g == 0 ? 0 : group_end[g - 1]))];
-    const at::Tensor& io = grads_in_out[i];
-    if (!master.is_cpu() || master.scalar_type() != at::kFloat || !master.is_contiguous() || !io.is_cpu() ||
-        io.scalar_type() != at::kBFloat16 || !io.is_contiguous() || io.numel() != master.numel()) {
-      throw ConfigError(fmt::format("HybridAdam: step_host_mixed needs a contiguous fp32 CPU master and a bf16 CPU "
-                                    "gradient of its size; parameter {} is {} on {} with a {} gradient of {} values",
-                                    index, c10::toString(master.scalar_type()), master.device().str(),
-                                    c10::toString(io.scalar_type()), io.numel()));
+    const at::Tensor& grad = grads[i];
+    const at::Tensor& out = params_bf16[i];
+    const bool fp32_grad = grad.scalar_type() == at::kFloat;
+    const bool aliased = grad.data_ptr() == out.data_ptr();
+    if (!master.is_cpu() || master.scalar_type() != at::kFloat || !master.is_contiguous() || !grad.is_cpu() ||
+        (grad.scalar_type() != at::kBFloat16 && !fp32_grad) || !grad.is_contiguous() ||
+        grad.numel() != master.numel() || !out.is_cpu() || out.scalar_type() != at::kBFloat16 ||
+        !out.is_contiguous() || out.numel() != master.numel() || (!fp32_grad && !aliased)) {
+      throw ConfigError(fmt::format(
+          "HybridAdam: step_host_mixed needs a contiguous fp32 CPU master, a bf16 CPU gradient of its size that "
+          "the bf16 parameter is written over or an fp32 one beside a bf16 output; parameter {} is {} on {} with a "
+          "{} gradient of {} values on {} and a {} output of {} values",
+          index, c10::toString(master.scalar_type()), master.device().str(), c10::toString(grad.scalar_type()),
+          grad.numel(), grad.device().str(), c10::toString(out.scalar_type()), out.numel()));
     }
     ParamState& st = state_at(index);
     st.step += 1;
     const auto [m, v] = fused_moments(st, master);
-    batches[{g, st.step}].push_back({master.data_ptr<float>(), io.data_ptr(), m, v, io.data_ptr(), master.numel()});
+    if (fp32_grad) {
+      fp32_batches[{g, st.step}].push_back(
+          {master.data_ptr<float>(), grad.data_ptr<float>(), m, v, out.data_ptr(), master.numel()});
+    } else {
+      bf16_batches[{g, st.step}].push_back({master.data_ptr<float>(), grad.data_ptr(), m, v, out.data_ptr(),
+                                            master.numel()});
+    }
   }
-  for (const auto& [key, table] : batches) {
-    const auto hyper = hyper_of(groups_[key.first], key.second);
-    kernels::adam_step_mixed_cpu(table.data(), static_cast<int64_t>(table.size()), hyper, grad_scale, num_threads_,
-                                 isa_);
+  for (const auto& [key, table] : bf16_batches) {
+    kernels::adam_step_mixed_cpu(table.data(), static_cast<int64_t>(table.size()), hyper_of(groups_[key.first], key.second),
+                                 grad_scale, num_threads_, isa_);
+  }
+  for (const auto& [key, table] : fp32_batches) {
+    kernels::adam_step_mixed_cpu(table.data(), static_cast<int64_t>(table.size()), hyper_of(groups_[key.first], key.second),
+                                 grad_scale, num_threads_, isa_);
   }
 }
 

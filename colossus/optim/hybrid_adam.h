@@ -47,6 +47,11 @@ class HybridAdam : public StatefulOptimizer {
   // fp32 gradient copy. Each index steps once per call.
   void step_host_mixed(const std::vector<int64_t>& indices, const std::vector<at::Tensor>& grads_in_out,
                        float grad_scale);
+  // The same, each gradient either bf16 and the same tensor as its output
+  // (the call above) or fp32 (a host accumulator, kept as it is) with the
+  // bf16 parameters written into params_bf16[i].
+  void step_host_mixed(const std::vector<int64_t>& indices, const std::vector<at::Tensor>& grads,
+                       const std::vector<at::Tensor>& params_bf16, float grad_scale);
   // Device-step mode (Optimizer::enable_device_step): needs the CUDA build,
   // every parameter an fp32 CUDA tensor on one device, and one step count
   // shared by all of them. Then only step_from_low_precision steps.

@@ -54,6 +54,13 @@ TEST(MemoryPlan, ZeroAccountingPerSettingAndWhatFits) {
   big_rows = plan_memory(big);
   EXPECT_FALSE(big_rows[5].fits);
   EXPECT_FALSE(big_rows[5].fits_checkpointed);
+  // Gemini's host step sums accumulated gradients on the host in fp32 (the
+  // ZeRO rows keep theirs on the GPU).
+  MemoryPlanInput accumulating = in;
+  accumulating.grad_accum = 4;
+  const auto accumulating_rows = plan_memory(accumulating);
+  EXPECT_DOUBLE_EQ(accumulating_rows[5].host, 18 * p);
+  EXPECT_DOUBLE_EQ(accumulating_rows[3].host, 14 * p);
 
   // Checkpointing decides for long sequences.
   MemoryPlanInput longer = in;

@@ -1,5 +1,5 @@
-// The CPU mixed-precision Adam step (adam.h: adam_step_mixed_cpu): bf16
-// gradient in, fp32 master and moments updated, bf16 parameter out. One scalar
+// The CPU mixed-precision Adam step (adam.h: adam_step_mixed_cpu): bf16 (or
+// fp32) gradient in, fp32 master and moments updated, bf16 parameter out. One scalar
 // body, inlined into a baseline, an AVX2 and an AVX-512 function so the
 // compiler vectorises it for each ISA; the float operations are the
 // reference's in the reference's order (no FMA contraction: this file is
@@ -27,19 +27,25 @@ inline uint16_t float_to_bf16(float value) {
   return std::isnan(value) ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
 }
 
-template <int kMode>
-__attribute__((always_inline)) inline void mixed_body(const AdamMixedPtrs& t, int64_t begin, int64_t end,
-                                                     const AdamHyper& h, float grad_scale) {
+// The gradient as float: widened from bf16, or read as it is.
+inline float grad_at(const AdamMixedPtrs& t, int64_t i) {
+  return bf16_to_float(static_cast<const uint16_t*>(t.grad_bf16)[i]);
+}
+inline float grad_at(const AdamMixedFp32GradPtrs& t, int64_t i) { return t.grad[i]; }
+
+template <int kMode, typename Ptrs>
+__attribute__((always_inline)) inline void mixed_body(const Ptrs& t, int64_t begin, int64_t end, const AdamHyper& h,
+                                                     float grad_scale) {
   float* __restrict param = t.param;
   float* __restrict exp_avg = t.exp_avg;
   float* __restrict exp_avg_sq = t.exp_avg_sq;
-  // grad and param_bf16 may alias (read, then written, per element): no __restrict.
-  const uint16_t* grad = static_cast<const uint16_t*>(t.grad_bf16);
+  // The bf16 gradient and param_bf16 may alias (read, then written, per
+  // element): no __restrict.
   uint16_t* low = static_cast<uint16_t*>(t.param_bf16);
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     float p = param[i];
-    float g = bf16_to_float(grad[i]) * grad_scale;
+    float g = grad_at(t, i) * grad_scale;
     if constexpr (kMode == kL2) g = g + h.weight_decay * p;
     if constexpr (kMode == kDecoupled) p = p * h.decay_factor;
     float m = h.beta1 * exp_avg[i] + h.one_minus_beta1 * g;
@@ -58,9 +64,11 @@ int mode_of(const AdamHyper& h) {
   return h.decoupled ? kDecoupled : kL2;
 }
 
-using RangeFn = void (*)(const AdamMixedPtrs&, int64_t, int64_t, const AdamHyper&, float);
+template <typename Ptrs>
+using RangeFn = void (*)(const Ptrs&, int64_t, int64_t, const AdamHyper&, float);
 
-void range_scalar(const AdamMixedPtrs& t, int64_t begin, int64_t end, const AdamHyper& h, float s) {
+template <typename Ptrs>
+void range_scalar(const Ptrs& t, int64_t begin, int64_t end, const AdamHyper& h, float s) {
   switch (mode_of(h)) {
     case kL2: return mixed_body<kL2>(t, begin, end, h, s);
     case kDecoupled: return mixed_body<kDecoupled>(t, begin, end, h, s);
@@ -68,8 +76,9 @@ void range_scalar(const AdamMixedPtrs& t, int64_t begin, int64_t end, const Adam
   }
 }
 
-__attribute__((target("avx2"))) void range_avx2(const AdamMixedPtrs& t, int64_t begin, int64_t end,
-                                                const AdamHyper& h, float s) {
+template <typename Ptrs>
+__attribute__((target("avx2"))) void range_avx2(const Ptrs& t, int64_t begin, int64_t end, const AdamHyper& h,
+                                                float s) {
   switch (mode_of(h)) {
     case kL2: return mixed_body<kL2>(t, begin, end, h, s);
     case kDecoupled: return mixed_body<kDecoupled>(t, begin, end, h, s);
@@ -77,7 +86,8 @@ __attribute__((target("avx2"))) void range_avx2(const AdamMixedPtrs& t, int64_t 
   }
 }
 
-__attribute__((target("avx512f,avx512bw"))) void range_avx512(const AdamMixedPtrs& t, int64_t begin, int64_t end,
+template <typename Ptrs>
+__attribute__((target("avx512f,avx512bw"))) void range_avx512(const Ptrs& t, int64_t begin, int64_t end,
                                                               const AdamHyper& h, float s) {
   switch (mode_of(h)) {
     case kL2: return mixed_body<kL2>(t, begin, end, h, s);
@@ -86,12 +96,22 @@ __attribute__((target("avx512f,avx512bw"))) void range_avx512(const AdamMixedPtr
   }
 }
 
-RangeFn range_fn(CpuIsa isa) {
+template <typename Ptrs>
+RangeFn<Ptrs> range_fn(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::kAvx512: return range_avx512;
-    case CpuIsa::kAvx2: return range_avx2;
-    default: return range_scalar;
+    case CpuIsa::kAvx512: return range_avx512<Ptrs>;
+    case CpuIsa::kAvx2: return range_avx2<Ptrs>;
+    default: return range_scalar<Ptrs>;
   }
+}
+
+template <typename Ptrs>
+void step_threaded(const Ptrs* tensors, int64_t count, const AdamHyper& h, float grad_scale, int num_threads,
+                   CpuIsa isa) {
+  detail::check_cpu_adam_call(isa, num_threads);
+  const RangeFn<Ptrs> fn = range_fn<Ptrs>(isa);
+  auto range = [fn, &h, grad_scale](const Ptrs& t, int64_t lo, int64_t hi) { fn(t, lo, hi, h, grad_scale); };
+  detail::split_over_threads(tensors, count, num_threads, range);
 }
 
 }  // namespace
@@ -100,12 +120,18 @@ void adam_step_mixed_reference(const AdamMixedPtrs& t, const AdamHyper& h, float
   range_scalar(t, 0, t.numel, h, grad_scale);
 }
 
+void adam_step_mixed_reference(const AdamMixedFp32GradPtrs& t, const AdamHyper& h, float grad_scale) {
+  range_scalar(t, 0, t.numel, h, grad_scale);
+}
+
 void adam_step_mixed_cpu(const AdamMixedPtrs* tensors, int64_t count, const AdamHyper& h, float grad_scale,
                          int num_threads, CpuIsa isa) {
-  detail::check_cpu_adam_call(isa, num_threads);
-  const RangeFn fn = range_fn(isa);
-  auto range = [fn, &h, grad_scale](const AdamMixedPtrs& t, int64_t lo, int64_t hi) { fn(t, lo, hi, h, grad_scale); };
-  detail::split_over_threads(tensors, count, num_threads, range);
+  step_threaded(tensors, count, h, grad_scale, num_threads, isa);
+}
+
+void adam_step_mixed_cpu(const AdamMixedFp32GradPtrs* tensors, int64_t count, const AdamHyper& h, float grad_scale,
+                         int num_threads, CpuIsa isa) {
+  step_threaded(tensors, count, h, grad_scale, num_threads, isa);
 }
 
 }  // namespace colossus::kernels

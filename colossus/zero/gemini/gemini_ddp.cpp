@@ -20,6 +20,7 @@
 #include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/zero/gemini/chunk_storage.h"
+#include "colossus/zero/gemini/host_accumulator.h"
 
 namespace colossus::zero::gemini {
 

@@ -35,6 +35,8 @@
 
 namespace colossus::zero::gemini {
 
+class HostAccumulator;  // host_accumulator.h
+
 struct GeminiOptions {
   std::string placement_policy = "static";  // "static" or "auto"
   // static: fraction of chunks sharded (the rest stay gathered), and of the
@@ -104,6 +106,10 @@ struct Chunk {
   // the CPU Adam writes the new parameters over it, which go back to `shard`.
   at::Tensor host_io;
   std::optional<c10::Event> host_io_landed;  // CUDA: recorded after the copy into host_io
+  // The host step with gradient accumulation: (shard_numel) fp32 on the host,
+  // the sum of the micro-batches' gradients (HostAccumulator adds each
+  // host_io into it as it lands).
+  at::Tensor host_grad;
   at::Tensor gather_send;  // the all-gather's input in flight
   cluster::Work gather_work, reduce_work;
   enum class State { Released, Gathering, Gathered } state = State::Released;
@@ -180,13 +186,16 @@ class GeminiDDP {
   void shards_from_masters();
   // ZeRO-Offload's step for chunks whose optimizer side is on the host, with
   // bf16 parameters and fp32 masters (GeminiOptimizer turns it on for
-  // HybridAdam without gradient accumulation): no fp32 gradient shard on the
-  // host (2 bytes a parameter there, not 4). During backward, one chunk
-  // behind its reduce, each chunk's gradient norm term and finiteness are
-  // taken on the device and its reduced bf16 gradient is copied into
-  // host_io; the statistics follow at the end of backward. The optimizer
-  // updates chunk i as soon as its copy landed and sends it back while
-  // chunk i + 1 updates.
+  // HybridAdam): no fp32 gradient shard on the host (2 bytes a parameter
+  // there, not 4). During backward, one chunk behind its reduce, each
+  // chunk's gradient norm term and finiteness are taken on the device and
+  // its reduced bf16 gradient is copied into host_io; the statistics follow
+  // at the end of backward. The optimizer updates chunk i as soon as its
+  // copy landed and sends it back while chunk i + 1 updates.
+  // With enable_gradient_accumulation each landed copy is summed into the
+  // chunk's fp32 host_grad by a worker thread (6 bytes a parameter on the
+  // host, the sums off the GPU's path), the statistics of those chunks are
+  // taken on the host from the sums, and the CPU Adam reads them.
   void enable_host_step();
   bool host_step_enabled() const { return host_step_; }
   bool host_steps(const Chunk& chunk) const {
@@ -200,7 +209,8 @@ class GeminiDDP {
     std::vector<bool> finite;
   };
   GradStats grad_stats();
-  // Waits until chunk c's reduced gradient is in host_io.
+  // Waits until chunk c's reduced gradient is in host_io (with gradient
+  // accumulation: summed into host_grad).
   void wait_host_gradient(size_t chunk);
   // Queues the copy of host_io (the new bf16 parameters) into the chunk's
   // shard; the next forward's work is ordered after it.
@@ -297,6 +307,9 @@ class GeminiDDP {
   at::Tensor grad_stats_device_;   // (2 x chunks) fp32: norms, then finite flags
   at::Tensor grad_stats_host_;     // its copy, pinned on CUDA
   std::optional<c10::Event> grad_stats_landed_;
+  // The host step with gradient accumulation; after chunks_, so it is
+  // destroyed (its queue drained) before them.
+  std::unique_ptr<HostAccumulator> host_accumulator_;
   int64_t peak_non_model_bytes_ = 0;
   int64_t gathers_ = 0, max_gathered_ = 0;
 };

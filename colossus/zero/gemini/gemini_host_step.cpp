@@ -9,6 +9,11 @@
 // and at the end the statistics' small copy. The optimizer waits for the
 // statistics, then for chunk i's event, updates chunk i on the CPU and queues
 // its copy back; the next forward's kernels queue behind those copies.
+//
+// With gradient accumulation a landed copy is handed, with its event, to the
+// HostAccumulator, whose worker sums it into host_grad; a chunk's next copy
+// into host_io waits for that sum (a whole forward later, so it has long
+// finished). The statistics of those chunks come from the sums at the step.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <fmt/format.h>
@@ -16,6 +21,7 @@
 #include "colossus/amp/clip_grad.h"
 #include "colossus/core/errors.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
+#include "colossus/zero/gemini/host_accumulator.h"
 
 namespace colossus::zero::gemini {
 
@@ -32,14 +38,11 @@ void GeminiDDP::enable_host_step() {
     throw ConfigError(fmt::format("gemini: the host step needs bf16 parameters with fp32 masters, not {} with {}",
                                   c10::toString(dtype_), c10::toString(master_dtype_)));
   }
-  if (options_.enable_gradient_accumulation) {
-    throw ConfigError("gemini: the host step keeps no gradient between backwards; it cannot take "
-                      "enable_gradient_accumulation = true");
-  }
   if (grads_pending_step_ || in_backward_) {
     throw DistError("gemini: enable_host_step() between a backward and its step; call it before training");
   }
   host_step_ = true;
+  if (options_.enable_gradient_accumulation) host_accumulator_ = std::make_unique<HostAccumulator>(chunks_.size());
   arrange_host_io();
 }
 
@@ -47,25 +50,39 @@ void GeminiDDP::arrange_host_io() {
   if (!host_step_) return;
   at::NoGradGuard no_grad;
   const bool pin = device_.is_cuda();
+  const bool accumulating = host_accumulator_ != nullptr;
+  bool stats_changed = false;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Chunk& chunk = chunks_[c];
     if (host_steps(chunk) && !chunk.host_io.defined()) {
       chunk.host_io = at::empty({chunk.layout.shard_numel},
                                 at::TensorOptions().dtype(at::kBFloat16).device(c10::kCPU).pinned_memory(pin));
-      // A pending gradient was reduced in bf16, so it is exact in bf16.
-      if (grads_pending_step_) chunk.host_io.copy_(chunk.grad_shard);
+      if (accumulating) {
+        // The sum so far moves as it is (fp32); the next micro-batch adds.
+        chunk.host_grad = at::empty({chunk.layout.shard_numel}, at::TensorOptions().dtype(at::kFloat));
+        if (grads_pending_step_) chunk.host_grad.copy_(chunk.grad_shard);
+      } else if (grads_pending_step_) {
+        // A pending gradient was reduced in bf16, so it is exact in bf16.
+        chunk.host_io.copy_(chunk.grad_shard);
+      }
       chunk.grad_shard.reset();
     } else if (!host_steps(chunk) && chunk.host_io.defined()) {
       if (grads_pending_step_) wait_host_gradient(c);
       chunk.grad_shard = at::empty({chunk.layout.shard_numel}, at::TensorOptions().dtype(master_dtype_).device(
                                                                    chunk.master.device()));
       if (grads_pending_step_) {
-        chunk.grad_shard.copy_(chunk.host_io);
+        chunk.grad_shard.copy_(accumulating ? chunk.host_grad : chunk.host_io);
+        // Its statistics were taken from host_grad's side (or not at all).
+        if (accumulating) {
+          record_chunk_stats(c, chunk.grad_shard);
+          stats_changed = true;
+        }
       } else {
         chunk.grad_shard.zero_();
       }
       chunk.host_io.reset();
       chunk.host_io_landed.reset();
+      chunk.host_grad.reset();
     }
     point_views(c);
   }
@@ -74,6 +91,7 @@ void GeminiDDP::arrange_host_io() {
     grad_stats_device_ = at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(device_));
     grad_stats_host_ = at::zeros({n}, at::TensorOptions().dtype(at::kFloat).device(c10::kCPU).pinned_memory(pin));
   }
+  if (stats_changed) send_grad_stats();
 }
 
 void GeminiDDP::record_chunk_stats(size_t c, const at::Tensor& grad) {
@@ -87,14 +105,26 @@ void GeminiDDP::record_chunk_stats(size_t c, const at::Tensor& grad) {
 
 void GeminiDDP::send_to_host(size_t c) {
   Chunk& chunk = chunks_[c];
-  // The bf16 gradient widened to fp32, so the norm is the one the fp32
-  // gradient shard would give (bit for bit: the host step replaces that path).
-  record_chunk_stats(c, chunk.reduced.to(at::kFloat));
+  if (host_accumulator_) {
+    host_accumulator_->wait(c);  // host_io is free: the last micro-batch's sum has read it
+  } else {
+    // The bf16 gradient widened to fp32, so the norm is the one the fp32
+    // gradient shard would give (bit for bit: the host step replaces that
+    // path).
+    record_chunk_stats(c, chunk.reduced.to(at::kFloat));
+  }
   const bool cuda = device_.is_cuda();
   chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/cuda);
   if (cuda) {
     chunk.host_io_landed.emplace(device_.type());
     chunk.host_io_landed->record(current_stream(device_));
+  }
+  if (host_accumulator_) {
+    // The first backward since the step starts the sum, as the gradient
+    // shard path's copy_ does.
+    host_accumulator_->enqueue(c, chunk.host_grad, chunk.host_io, std::move(chunk.host_io_landed),
+                               /*first=*/!grads_pending_step_);
+    chunk.host_io_landed.reset();
   }
   // `reduced` is freed by the caller: later work on this stream, which may
   // reuse its memory, runs after the copy.
@@ -119,10 +149,26 @@ GeminiDDP::GradStats GeminiDDP::grad_stats() {
   GradStats stats;
   stats.norms.assign(values, values + n);
   for (int64_t c = 0; c < n; ++c) stats.finite.push_back(values[n + c] != 0.0f);
+  if (host_accumulator_) {
+    // The summed chunks' statistics, from the sums: the norm as
+    // clip_grad_norm takes it from an fp32 gradient shard on the host.
+    host_accumulator_->wait_all();
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      if (!host_steps(chunks_[c])) continue;
+      stats.finite[c] = host_accumulator_->finite(c);
+      if (options_.max_norm > 0.0) {
+        stats.norms[c] = amp::vector_norm(chunks_[c].host_grad, options_.norm_type).item<float>();
+      }
+    }
+  }
   return stats;
 }
 
 void GeminiDDP::wait_host_gradient(size_t c) {
+  if (host_accumulator_) {
+    host_accumulator_->wait(c);
+    return;
+  }
   auto& landed = chunks_.at(c).host_io_landed;
   if (landed) landed->synchronize();
 }

@@ -87,7 +87,7 @@ GeminiMemory GeminiDDP::memory_bytes() const {
       (chunk.placement.param_on_host ? m.params_host : m.params_device) += chunk_bytes(chunk.shard);
     m.grads_device += chunk_bytes(chunk.grad_full) + chunk_bytes(chunk.reduced);
     (chunk.placement.optim_on_host ? m.grads_host : m.grads_device) += chunk_bytes(chunk.grad_shard);
-    m.grads_host += chunk_bytes(chunk.host_io);
+    m.grads_host += chunk_bytes(chunk.host_io) + chunk_bytes(chunk.host_grad);
     if (!chunk.master.is_same(chunk.shard)) {
       (chunk.placement.optim_on_host ? m.masters_host : m.masters_device) += chunk_bytes(chunk.master);
     }

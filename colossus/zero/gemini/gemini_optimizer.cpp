@@ -84,7 +84,7 @@ GeminiOptimizer::GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, Gemini
   setup_nvme();
   // ZeRO-Offload's bf16 host step wherever the optimizer side is on the host.
   if (dynamic_cast<optim::HybridAdam*>(inner_.get()) && ddp_.dtype() == at::kBFloat16 &&
-      ddp_.master_dtype() == at::kFloat && !ddp_.options().enable_gradient_accumulation && nvme_chunks_.empty()) {
+      ddp_.master_dtype() == at::kFloat && nvme_chunks_.empty()) {
     ddp_.enable_host_step();
     rebind_masters();  // the host-step chunks' master views no longer carry gradients
   }
@@ -210,7 +210,7 @@ void GeminiOptimizer::step_host() {
     Chunk& chunk = chunks[c];
     if (!ddp_.host_steps(chunk)) continue;
     std::vector<int64_t> indices;
-    std::vector<at::Tensor> io;
+    std::vector<at::Tensor> grads, io;
     for (size_t k : chunk.layout.params) {
       const auto& slot = slots[k];
       // A parameter with no elements on this rank steps too, as in the inner
@@ -218,9 +218,13 @@ void GeminiOptimizer::step_host() {
       if (inner_index_[k] < 0) continue;
       indices.push_back(inner_index_[k]);
       io.push_back(chunk.host_io.narrow(0, slot.own_offset, slot.own_numel));
+      // The gradient: the landed bf16 copy, which the new parameters
+      // overwrite, or with accumulation the fp32 sum beside it.
+      grads.push_back(chunk.host_grad.defined() ? chunk.host_grad.narrow(0, slot.own_offset, slot.own_numel)
+                                                : io.back());
     }
     ddp_.wait_host_gradient(c);
-    if (!indices.empty()) adam.step_host_mixed(indices, io, grad_scale);
+    if (!indices.empty()) adam.step_host_mixed(indices, grads, io, grad_scale);
     // Padding carries zero gradients, so it goes back as the zeros it held.
     ddp_.upload_host_step(c);
   }
