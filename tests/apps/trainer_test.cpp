@@ -419,7 +419,8 @@ TEST(Trainer, GeminiTrainsTheDdpCurveAndResumes) {
 }
 
 // The offloaded host steps from the TOML keys (bf16, hybrid_adam): Gemini
-// with its optimizer side offloaded and ZeRO-2 with cpu_offload learn, and a
+// with its optimizer side offloaded (with and without gradient accumulation)
+// and ZeRO-2 with cpu_offload learn, and a
 // run stopped at step 3 resumes from its checkpoint onto the same curve
 // exactly (on 2 ranks, a rank holding none of a parameter still counts its
 // steps).
@@ -431,6 +432,11 @@ TEST(Trainer, OffloadedHostStepsTrainAndResume) {
       {"gemini",
        {"plugin.name=\"gemini\"", "plugin.precision=\"bf16\"", "plugin.offload_optim_frac=1.0", "plugin.max_norm=1.0",
         "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}},
+      // Gradient accumulation: the micro-batches' gradients summed on the host.
+      {"gemini_accumulating",
+       {"plugin.name=\"gemini\"", "plugin.precision=\"bf16\"", "plugin.offload_optim_frac=1.0", "plugin.max_norm=1.0",
+        "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02", "plugin.enable_gradient_accumulation=true",
+        "train.grad_accum=2"}},
       {"zero", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"bf16\"", "plugin.cpu_offload=true",
                 "plugin.max_norm=1.0"}}};
   for (const auto& [name, options] : plugins) {
