@@ -307,6 +307,9 @@ class GeminiDDP {
   at::Tensor grad_stats_device_;   // (2 x chunks) fp32: norms, then finite flags
   at::Tensor grad_stats_host_;     // its copy, pinned on CUDA
   std::optional<c10::Event> grad_stats_landed_;
+  // CUDA: the stream the host step's gradient copies run on, so backward's
+  // kernels do not queue behind them.
+  std::optional<c10::Stream> copy_stream_;
   // The host step with gradient accumulation; after chunks_, so it is
   // destroyed (its queue drained) before them.
   std::unique_ptr<HostAccumulator> host_accumulator_;

@@ -3,12 +3,17 @@
 // statistics taken on the device at the end of backward, and the ordered
 // copies that let the optimizer pipeline chunk by chunk.
 //
-// Ordering on CUDA: everything is queued on the current stream, so no other
-// stream needs synchronising. During backward each chunk's statistics and its
-// gradient's copy (an event after it) are queued one chunk behind its reduce,
-// and at the end the statistics' small copy. The optimizer waits for the
+// Ordering on CUDA: during backward each chunk's statistics are queued on the
+// current stream one chunk behind its reduce; its gradient's copy to the host
+// runs on a side stream (copy_stream_) after an event on the current one, so
+// backward's kernels do not wait for the PCIe transfer (on an H100 they did:
+// 44 ms of a 1B model's backward), with an event after it; `reduced` is
+// recorded on the side stream so its memory is not reused before the copy
+// read it. At the end the statistics' small copy. The optimizer waits for the
 // statistics, then for chunk i's event, updates chunk i on the CPU and queues
-// its copy back; the next forward's kernels queue behind those copies.
+// its copy back on the current stream; the next forward's kernels queue
+// behind those copies, and the next backward's copies into host_io behind
+// them (through the event each copy waits for).
 //
 // With gradient accumulation a landed copy is handed, with its event, to the
 // HostAccumulator, whose worker sums it into host_grad; a chunk's next copy
@@ -16,6 +21,8 @@
 // finished). The statistics of those chunks come from the sums at the step.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
 #include "colossus/amp/clip_grad.h"
@@ -43,6 +50,10 @@ void GeminiDDP::enable_host_step() {
   }
   host_step_ = true;
   if (options_.enable_gradient_accumulation) host_accumulator_ = std::make_unique<HostAccumulator>(chunks_.size());
+  if (device_.is_cuda()) {
+    const c10::Device device(device_.type(), device_.has_index() ? device_.index() : at::accelerator::getDeviceIndex());
+    copy_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
+  }
   arrange_host_io();
 }
 
@@ -113,11 +124,19 @@ void GeminiDDP::send_to_host(size_t c) {
     // path).
     record_chunk_stats(c, chunk.reduced.to(at::kFloat));
   }
-  const bool cuda = device_.is_cuda();
-  chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/cuda);
-  if (cuda) {
+  if (copy_stream_) {
+    c10::Event reduced_ready(device_.type());
+    reduced_ready.record(current_stream(device_));
+    reduced_ready.block(*copy_stream_);
+    {
+      c10::StreamGuard on_copy_stream(*copy_stream_);
+      chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/true);
+    }
+    chunk.reduced.record_stream(*copy_stream_);
     chunk.host_io_landed.emplace(device_.type());
-    chunk.host_io_landed->record(current_stream(device_));
+    chunk.host_io_landed->record(*copy_stream_);
+  } else {
+    chunk.host_io.copy_(chunk.reduced);
   }
   if (host_accumulator_) {
     // The first backward since the step starts the sum, as the gradient
