@@ -382,7 +382,7 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
 }
 
 // The host step with gradient accumulation: each micro-batch's bf16 gradient
-// is summed on the host into an fp32 host_grad by HostAccumulator's worker,
+// is summed on the host into an fp32 host_grad by HostWorker's thread,
 // the statistics come from those sums and the CPU Adam reads them. It must
 // train as the fp32 gradient-shard path does (every chunk on the device),
 // bit for bit, with and without clipping, for half and all of the chunks on

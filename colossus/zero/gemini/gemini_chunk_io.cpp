@@ -53,6 +53,7 @@ void GeminiDDP::refresh_chunk(size_t c) {
 }
 
 void GeminiDDP::refresh_from_params() {
+  finish_host_updates();
   for (size_t c = 0; c < chunks_.size(); ++c) {
     TORCH_CHECK(chunks_[c].state == Chunk::State::Gathered, "gemini: refresh_from_params needs every chunk gathered");
     refresh_chunk(c);
@@ -60,6 +61,7 @@ void GeminiDDP::refresh_from_params() {
 }
 
 void GeminiDDP::load_params(const std::function<at::Tensor(const std::string&)>& whole) {
+  finish_host_updates();
   at::NoGradGuard no_grad;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Chunk& chunk = chunks_[c];

@@ -20,7 +20,7 @@
 #include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/lazy_init.h"
 #include "colossus/zero/gemini/chunk_storage.h"
-#include "colossus/zero/gemini/host_accumulator.h"
+#include "colossus/zero/gemini/host_worker.h"
 
 namespace colossus::zero::gemini {
 
@@ -86,6 +86,16 @@ GeminiDDP::GeminiDDP(std::shared_ptr<models::CausalLM> model, cluster::ProcessGr
   const size_t n = layout_.buckets.size();
 
   segment_chunks_ = plan_segments(*model_, params_, layout_);
+  std::vector<bool> listed(n, false);
+  for (const auto& segment : segment_chunks_) {
+    for (size_t c : segment) {
+      if (!listed.at(c)) forward_order_.push_back(c);
+      listed[c] = true;
+    }
+  }
+  for (size_t c = 0; c < n; ++c) {
+    if (!listed[c]) forward_order_.push_back(c);
+  }
   const std::vector<ChunkPlacement> placement = initial_placement(n, dp);
 
   at::NoGradGuard no_grad;
@@ -276,6 +286,7 @@ void GeminiDDP::point_views(size_t c) {
 void GeminiDDP::gather(size_t c, bool in_fp8) {
   Chunk& chunk = chunks_[c];
   if (chunk.state != Chunk::State::Released) return;
+  finish_host_update(c);  // its new parameters up first (the host step)
   alloc_storage(chunk.full);
   // A separate send buffer on the device (the shard may be on the host).
   chunk.gather_send = chunk.shard.device() == device_ ? chunk.shard
@@ -500,7 +511,10 @@ void GeminiDDP::after_step() {
   grads_pending_step_ = false;
 }
 
-void GeminiDDP::shards_from_masters() { copy_shards_from_masters(/*skip_host_step=*/false); }
+void GeminiDDP::shards_from_masters() {
+  finish_host_updates();
+  copy_shards_from_masters(/*skip_host_step=*/false);
+}
 
 void GeminiDDP::copy_shards_from_masters(bool skip_host_step) {
   at::NoGradGuard no_grad;

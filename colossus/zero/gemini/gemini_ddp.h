@@ -35,7 +35,7 @@
 
 namespace colossus::zero::gemini {
 
-class HostAccumulator;  // host_accumulator.h
+class HostWorker;  // host_worker.h
 
 struct GeminiOptions {
   std::string placement_policy = "static";  // "static" or "auto"
@@ -107,8 +107,8 @@ struct Chunk {
   at::Tensor host_io;
   std::optional<c10::Event> host_io_landed;  // CUDA: recorded after the copy into host_io
   // The host step with gradient accumulation: (shard_numel) fp32 on the host,
-  // the sum of the micro-batches' gradients (HostAccumulator adds each
-  // host_io into it as it lands).
+  // the sum of the micro-batches' gradients (HostWorker adds each host_io
+  // into it as it lands).
   at::Tensor host_grad;
   at::Tensor gather_send;  // the all-gather's input in flight
   cluster::Work gather_work, reduce_work;
@@ -196,6 +196,9 @@ class GeminiDDP {
   // chunk's fp32 host_grad by a worker thread (6 bytes a parameter on the
   // host, the sums off the GPU's path), the statistics of those chunks are
   // taken on the host from the sums, and the CPU Adam reads them.
+  // The CPU Adam runs on that worker too (queue_host_update), chunk by chunk
+  // in the order the next forward needs them; the forward waits for a chunk
+  // only when it gathers it, so the update overlaps the forward.
   void enable_host_step();
   bool host_step_enabled() const { return host_step_; }
   bool host_steps(const Chunk& chunk) const {
@@ -212,9 +215,20 @@ class GeminiDDP {
   // Waits until chunk c's reduced gradient is in host_io (with gradient
   // accumulation: summed into host_grad).
   void wait_host_gradient(size_t chunk);
-  // Queues the copy of host_io (the new bf16 parameters) into the chunk's
-  // shard; the next forward's work is ordered after it.
-  void upload_host_step(size_t chunk);
+  // The host step's CPU update of a chunk (the optimizer's), run by the
+  // worker once the chunk's gradient has landed; it writes the new bf16
+  // parameters into host_io. They go up when something next needs the chunk:
+  // its gather (the next forward), its next gradient copy, a checkpoint or
+  // finish_host_updates().
+  void queue_host_update(size_t chunk, std::function<void()> update);
+  // Waits for the chunk's host work and queues the copy of its new
+  // parameters into its shard (the work after it on the stream is ordered
+  // behind); every chunk's.
+  void finish_host_update(size_t chunk);
+  void finish_host_updates();
+  // Chunks in the order the forward first gathers them (the order to update
+  // them in), then any it never gathers.
+  const std::vector<size_t>& forward_order() const { return forward_order_; }
 
   // Auto policy: ends the warm-up at the first step (places chunks by the
   // traced peak); no-op after.
@@ -285,6 +299,9 @@ class GeminiDDP {
   void record_chunk_stats(size_t chunk, const at::Tensor& grad);
   void send_to_host(size_t chunk);
   void send_grad_stats();
+  // Queues the copy of host_io (the new bf16 parameters) into the chunk's
+  // shard; the work after it on the stream is ordered behind.
+  void upload_host_step(size_t chunk);
   void copy_shards_from_masters(bool skip_host_step);
 
   std::shared_ptr<models::CausalLM> model_;
@@ -310,9 +327,11 @@ class GeminiDDP {
   // CUDA: the stream the host step's gradient copies run on, so backward's
   // kernels do not queue behind them.
   std::optional<c10::Stream> copy_stream_;
-  // The host step with gradient accumulation; after chunks_, so it is
-  // destroyed (its queue drained) before them.
-  std::unique_ptr<HostAccumulator> host_accumulator_;
+  std::vector<size_t> forward_order_;
+  std::vector<char> upload_pending_;  // per chunk: an update whose parameters have not gone up
+  // The host step's worker; after chunks_, so it is destroyed (its queue
+  // drained) before them.
+  std::unique_ptr<HostWorker> host_worker_;
   int64_t peak_non_model_bytes_ = 0;
   int64_t gathers_ = 0, max_gathered_ = 0;
 };

@@ -1,7 +1,7 @@
 // GeminiDDP's side of the host step (see enable_host_step in gemini_ddp.h):
 // which chunks hold a bf16 host_io in place of their fp32 gradient shard, the
-// statistics taken on the device at the end of backward, and the ordered
-// copies that let the optimizer pipeline chunk by chunk.
+// statistics taken on the device at the end of backward, the ordered copies,
+// and the worker thread (host_worker.h) that does the host's part.
 //
 // Ordering on CUDA: during backward each chunk's statistics are queued on the
 // current stream one chunk behind its reduce; its gradient's copy to the host
@@ -10,15 +10,16 @@
 // 44 ms of a 1B model's backward), with an event after it; `reduced` is
 // recorded on the side stream so its memory is not reused before the copy
 // read it. At the end the statistics' small copy. The optimizer waits for the
-// statistics, then for chunk i's event, updates chunk i on the CPU and queues
-// its copy back on the current stream; the next forward's kernels queue
-// behind those copies, and the next backward's copies into host_io behind
-// them (through the event each copy waits for).
+// statistics and queues each host chunk's CPU Adam on the worker, which waits
+// for that chunk's event first. When the next forward gathers chunk i, the
+// main thread waits for chunk i's update alone and queues its copy up on the
+// current stream ahead of the gather; the next backward's copy into host_io
+// is ordered behind it through the event it waits for.
 //
 // With gradient accumulation a landed copy is handed, with its event, to the
-// HostAccumulator, whose worker sums it into host_grad; a chunk's next copy
-// into host_io waits for that sum (a whole forward later, so it has long
-// finished). The statistics of those chunks come from the sums at the step.
+// worker, which sums it into host_grad; a chunk's next copy into host_io
+// waits for that sum (a whole forward later, so it has long finished). The
+// statistics of those chunks come from the sums at the step.
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <c10/core/StreamGuard.h>
@@ -28,7 +29,7 @@
 #include "colossus/amp/clip_grad.h"
 #include "colossus/core/errors.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
-#include "colossus/zero/gemini/host_accumulator.h"
+#include "colossus/zero/gemini/host_worker.h"
 
 namespace colossus::zero::gemini {
 
@@ -49,7 +50,8 @@ void GeminiDDP::enable_host_step() {
     throw DistError("gemini: enable_host_step() between a backward and its step; call it before training");
   }
   host_step_ = true;
-  if (options_.enable_gradient_accumulation) host_accumulator_ = std::make_unique<HostAccumulator>(chunks_.size());
+  host_worker_ = std::make_unique<HostWorker>(chunks_.size());
+  upload_pending_.assign(chunks_.size(), 0);
   if (device_.is_cuda()) {
     const c10::Device device(device_.type(), device_.has_index() ? device_.index() : at::accelerator::getDeviceIndex());
     copy_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
@@ -60,8 +62,9 @@ void GeminiDDP::enable_host_step() {
 void GeminiDDP::arrange_host_io() {
   if (!host_step_) return;
   at::NoGradGuard no_grad;
+  finish_host_updates();
   const bool pin = device_.is_cuda();
-  const bool accumulating = host_accumulator_ != nullptr;
+  const bool accumulating = options_.enable_gradient_accumulation;
   bool stats_changed = false;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Chunk& chunk = chunks_[c];
@@ -116,9 +119,11 @@ void GeminiDDP::record_chunk_stats(size_t c, const at::Tensor& grad) {
 
 void GeminiDDP::send_to_host(size_t c) {
   Chunk& chunk = chunks_[c];
-  if (host_accumulator_) {
-    host_accumulator_->wait(c);  // host_io is free: the last micro-batch's sum has read it
-  } else {
+  // host_io is free: the last step's parameters have gone up from it and the
+  // last micro-batch's sum has read it.
+  finish_host_update(c);
+  const bool accumulating = options_.enable_gradient_accumulation;
+  if (!accumulating) {
     // The bf16 gradient widened to fp32, so the norm is the one the fp32
     // gradient shard would give (bit for bit: the host step replaces that
     // path).
@@ -138,11 +143,11 @@ void GeminiDDP::send_to_host(size_t c) {
   } else {
     chunk.host_io.copy_(chunk.reduced);
   }
-  if (host_accumulator_) {
+  if (accumulating) {
     // The first backward since the step starts the sum, as the gradient
     // shard path's copy_ does.
-    host_accumulator_->enqueue(c, chunk.host_grad, chunk.host_io, std::move(chunk.host_io_landed),
-                               /*first=*/!grads_pending_step_);
+    host_worker_->enqueue_sum(c, chunk.host_grad, chunk.host_io, std::move(chunk.host_io_landed),
+                              /*first=*/!grads_pending_step_);
     chunk.host_io_landed.reset();
   }
   // `reduced` is freed by the caller: later work on this stream, which may
@@ -168,13 +173,13 @@ GeminiDDP::GradStats GeminiDDP::grad_stats() {
   GradStats stats;
   stats.norms.assign(values, values + n);
   for (int64_t c = 0; c < n; ++c) stats.finite.push_back(values[n + c] != 0.0f);
-  if (host_accumulator_) {
+  if (options_.enable_gradient_accumulation) {
     // The summed chunks' statistics, from the sums: the norm as
     // clip_grad_norm takes it from an fp32 gradient shard on the host.
-    host_accumulator_->wait_all();
+    host_worker_->wait_all();
     for (size_t c = 0; c < chunks_.size(); ++c) {
       if (!host_steps(chunks_[c])) continue;
-      stats.finite[c] = host_accumulator_->finite(c);
+      stats.finite[c] = host_worker_->finite(c);
       if (options_.max_norm > 0.0) {
         stats.norms[c] = amp::vector_norm(chunks_[c].host_grad, options_.norm_type).item<float>();
       }
@@ -184,12 +189,38 @@ GeminiDDP::GradStats GeminiDDP::grad_stats() {
 }
 
 void GeminiDDP::wait_host_gradient(size_t c) {
-  if (host_accumulator_) {
-    host_accumulator_->wait(c);
+  if (options_.enable_gradient_accumulation) {
+    host_worker_->wait(c);
     return;
   }
   auto& landed = chunks_.at(c).host_io_landed;
   if (landed) landed->synchronize();
+}
+
+void GeminiDDP::queue_host_update(size_t c, std::function<void()> update) {
+  if (!host_step_ || !host_steps(chunks_.at(c))) {
+    throw DistError(fmt::format("gemini: queue_host_update({}) for a chunk the host step does not cover", c));
+  }
+  // Without accumulation the update waits for the gradient's copy; with it,
+  // the worker's queue already orders it after the chunk's sums.
+  std::optional<c10::Event> landed = std::move(chunks_[c].host_io_landed);
+  chunks_[c].host_io_landed.reset();
+  host_worker_->enqueue(c, std::move(landed), std::move(update));
+  upload_pending_[c] = 1;
+}
+
+void GeminiDDP::finish_host_update(size_t c) {
+  if (!host_worker_) return;
+  host_worker_->wait(c);
+  if (upload_pending_[c]) {
+    upload_pending_[c] = 0;
+    upload_host_step(c);
+  }
+}
+
+void GeminiDDP::finish_host_updates() {
+  if (!host_worker_) return;
+  for (size_t c = 0; c < chunks_.size(); ++c) finish_host_update(c);
 }
 
 void GeminiDDP::upload_host_step(size_t c) {

@@ -49,6 +49,7 @@ void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
 void GeminiDDP::apply_placement(const std::vector<ChunkPlacement>& placement) {
   TORCH_CHECK(placement.size() == chunks_.size(), "gemini: placement for ", placement.size(), " chunks, have ",
               chunks_.size());
+  finish_host_updates();
   at::NoGradGuard no_grad;
   for (size_t c = 0; c < chunks_.size(); ++c) {
     Chunk& chunk = chunks_[c];

@@ -110,6 +110,7 @@ void GeminiOptimizer::nvme_evict_all() const {
 }
 
 GeminiMemory GeminiOptimizer::memory_bytes() const {
+  ddp_.finish_host_updates();  // the first step creates the moments on the host worker
   GeminiMemory m = ddp_.memory_bytes();
   const auto& stateful = dynamic_cast<const optim::StatefulOptimizer*>(inner_.get());
   for (size_t i = 0; i < inner_order_.size(); ++i) {

@@ -117,8 +117,17 @@ at::Tensor GeminiOptimizer::scale_loss(const at::Tensor& loss) const {
   return scaler_ ? loss * scaler_->scale() : loss;
 }
 
+GeminiOptimizer::~GeminiOptimizer() {
+  // The host worker's queued updates step this optimizer's inner state.
+  try {
+    ddp_.finish_host_updates();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the step already failed
+  }
+}
+
 void GeminiOptimizer::step() {
   at::NoGradGuard no_grad;
+  ddp_.finish_host_updates();  // the last step's (the forward usually did)
   if (ddp_.warming_up()) {
     ddp_.end_warmup(kOptimBytesPerElement);
     rebind_masters();
@@ -204,9 +213,11 @@ void GeminiOptimizer::step_host() {
   // Chunks on the device (or not host-stepped) first: their master views
   // hold the gradients; host-step chunks' views have none, so it skips them.
   inner_->step();
+  // Host-step chunks: each one's CPU Adam on the host worker, in the order
+  // the next forward gathers them, which waits only for the chunk it needs.
   auto& adam = dynamic_cast<optim::HybridAdam&>(*inner_);
   const auto& slots = ddp_.layout().slots;
-  for (size_t c = 0; c < chunks.size(); ++c) {
+  for (size_t c : ddp_.forward_order()) {
     Chunk& chunk = chunks[c];
     if (!ddp_.host_steps(chunk)) continue;
     std::vector<int64_t> indices;
@@ -223,10 +234,11 @@ void GeminiOptimizer::step_host() {
       grads.push_back(chunk.host_grad.defined() ? chunk.host_grad.narrow(0, slot.own_offset, slot.own_numel)
                                                 : io.back());
     }
-    ddp_.wait_host_gradient(c);
-    if (!indices.empty()) adam.step_host_mixed(indices, grads, io, grad_scale);
     // Padding carries zero gradients, so it goes back as the zeros it held.
-    ddp_.upload_host_step(c);
+    ddp_.queue_host_update(c, [&adam, indices = std::move(indices), grads = std::move(grads), io = std::move(io),
+                               grad_scale] {
+      if (!indices.empty()) adam.step_host_mixed(indices, grads, io, grad_scale);
+    });
   }
   ddp_.after_step();
 }

@@ -30,6 +30,7 @@ class GeminiOptimizer : public optim::Optimizer {
   // `inner` must hold exactly the trainable parameters of ddp's model and not
   // have stepped.
   GeminiOptimizer(std::unique_ptr<optim::Optimizer> inner, GeminiDDP& ddp);
+  ~GeminiOptimizer() override;
 
   void step() override;
   std::string name() const override { return "Gemini[" + inner_->name() + "]"; }
@@ -63,7 +64,9 @@ class GeminiOptimizer : public optim::Optimizer {
   void step_inner();  // inner step; NVMe chunks one by one with their state read in
   // The step under GeminiDDP's host step: statistics from the device,
   // chunks on the device through the inner step, then each host chunk's
-  // fused bf16 CPU Adam as soon as its gradient landed, sent back at once.
+  // fused bf16 CPU Adam queued on the host worker (it runs once the chunk's
+  // gradient landed, and the next forward waits for a chunk when it gathers
+  // it).
   void step_host();
   // Sums (max for inf) a rank's norm term over dp; empty with one rank.
   amp::NormReducer norm_reducer() const;

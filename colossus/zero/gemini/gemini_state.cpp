@@ -35,15 +35,18 @@ optim::OptimizerState GeminiOptimizer::state_for(const std::function<bool(size_t
 }
 
 optim::OptimizerState GeminiOptimizer::state_dict() const {
+  ddp_.finish_host_updates();  // the host worker's queued steps are part of it
   return state_for([](size_t) { return true; });
 }
 
 std::optional<optim::OptimizerState> GeminiOptimizer::rank_state_dict() const {
+  ddp_.finish_host_updates();
   const int rank = ddp_.dp_group()->rank(), dp = ddp_.dp_group()->size();
   return state_for([&](size_t k) { return writer_rank(ddp_.layout(), k, dp) == rank; });
 }
 
 void GeminiOptimizer::load_state_dict(const optim::OptimizerState& state) {
+  ddp_.finish_host_updates();
   if (ddp_.warming_up()) {
     // Loaded state lands where the chunks will live: place them now (the
     // warm-up placement).

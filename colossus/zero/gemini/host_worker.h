@@ -1,9 +1,11 @@
-// HostAccumulator: Gemini's host step under gradient accumulation sums each
-// micro-batch's reduced bf16 gradient, once its copy has landed in pinned
-// host memory, into the chunk's fp32 host gradient. One worker thread does
-// the sums in the order they were queued (the kernel itself spreads over
-// every core), so neither backward nor the next micro-batch waits for the
-// host; the optimizer waits before it reads the sums.
+// HostWorker: the host side of Gemini's host step, off the thread that
+// drives the GPU. One worker thread runs, in the order they were queued, each
+// chunk's work once the copy it reads has landed (a CUDA event): under
+// gradient accumulation the sum of a micro-batch's bf16 gradient into the
+// chunk's fp32 host gradient (kernels::accumulate_bf16_cpu), and after the
+// step's statistics the chunk's CPU Adam update. The kernels spread over every
+// core themselves. Neither backward nor the next forward waits for the host
+// except where it needs a chunk: GeminiDDP waits for that chunk alone.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
@@ -12,6 +14,7 @@
 #include <cstddef>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -19,17 +22,19 @@
 
 namespace colossus::zero::gemini {
 
-class HostAccumulator {
+class HostWorker {
  public:
-  explicit HostAccumulator(size_t chunks);
-  ~HostAccumulator();  // finishes what is queued
-  HostAccumulator(const HostAccumulator&) = delete;
-  HostAccumulator& operator=(const HostAccumulator&) = delete;
+  explicit HostWorker(size_t chunks);
+  ~HostWorker();  // finishes what is queued
+  HostWorker(const HostWorker&) = delete;
+  HostWorker& operator=(const HostWorker&) = delete;
 
   // Once `landed` (if any) has completed: sum = grad when `first`, else
   // sum += grad. sum: fp32, grad: bf16, both contiguous host tensors of one
   // size; both must stay unchanged until wait(chunk).
-  void enqueue(size_t chunk, at::Tensor sum, at::Tensor grad, std::optional<c10::Event> landed, bool first);
+  void enqueue_sum(size_t chunk, at::Tensor sum, at::Tensor grad, std::optional<c10::Event> landed, bool first);
+  // Once `landed` (if any) has completed, runs `work`.
+  void enqueue(size_t chunk, std::optional<c10::Event> landed, std::function<void()> work);
   // Until everything queued for `chunk` (or for every chunk) is done;
   // rethrows the first error the worker met.
   void wait(size_t chunk);
@@ -41,9 +46,8 @@ class HostAccumulator {
  private:
   struct Task {
     size_t chunk;
-    at::Tensor sum, grad;
     std::optional<c10::Event> landed;
-    bool first;
+    std::function<void()> work;
   };
   void run();
   void rethrow_locked();
