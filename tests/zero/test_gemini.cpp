@@ -323,6 +323,14 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
   const double expected_norm = optimizer_of(on_device).last_grad_norm();
   const int64_t device_grad_bytes = optimizer_of(on_device).memory_bytes().grads_device;
   EXPECT_TRUE(ddp_of(on_device).host_step_enabled());
+  // The last step's host updates run on the worker after step() returned: a
+  // forward right after it must see them (its gathers wait for them).
+  const at::Tensor ids = bt::global_batch(bt::tiny_llama(), 0).narrow(0, 0, 2);
+  const auto logits_after = [&](ZeroRun& run) {
+    at::NoGradGuard no_grad;
+    return run.boosted().model->forward(ids);
+  };
+  const at::Tensor expected_logits = logits_after(on_device);
   for (double frac : {0.5, 1.0}) {
     RunSpec spec = base;
     spec.offload_optim_frac = frac;
@@ -343,6 +351,7 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
       EXPECT_EQ(losses[step], expected[step]) << "offload_optim_frac " << frac << ", step " << step;
     }
     EXPECT_EQ(optimizer_of(offloaded).last_grad_norm(), expected_norm) << "offload_optim_frac " << frac;
+    EXPECT_TRUE(at::equal(logits_after(offloaded), expected_logits)) << "offload_optim_frac " << frac;
     EXPECT_LT(losses.back(), losses.front());
     if (frac == 1.0) {
       const auto bytes = optimizer_of(offloaded).memory_bytes();

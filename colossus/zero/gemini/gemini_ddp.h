@@ -226,6 +226,8 @@ class GeminiDDP {
   // behind); every chunk's.
   void finish_host_update(size_t chunk);
   void finish_host_updates();
+  // Waits for the worker alone (the copies up stay pending).
+  void wait_host_work();
   // Chunks in the order the forward first gathers them (the order to update
   // them in), then any it never gathers.
   const std::vector<size_t>& forward_order() const { return forward_order_; }

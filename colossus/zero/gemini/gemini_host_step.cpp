@@ -218,6 +218,10 @@ void GeminiDDP::finish_host_update(size_t c) {
   }
 }
 
+void GeminiDDP::wait_host_work() {
+  if (host_worker_) host_worker_->wait_all();
+}
+
 void GeminiDDP::finish_host_updates() {
   if (!host_worker_) return;
   for (size_t c = 0; c < chunks_.size(); ++c) finish_host_update(c);

@@ -118,9 +118,10 @@ at::Tensor GeminiOptimizer::scale_loss(const at::Tensor& loss) const {
 }
 
 GeminiOptimizer::~GeminiOptimizer() {
-  // The host worker's queued updates step this optimizer's inner state.
+  // The host worker's queued updates step this optimizer's inner state; their
+  // parameters still go up when the model next gathers the chunks.
   try {
-    ddp_.finish_host_updates();
+    ddp_.wait_host_work();
   } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the step already failed
   }
 }
