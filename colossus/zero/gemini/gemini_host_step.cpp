@@ -150,8 +150,9 @@ void GeminiDDP::send_to_host(size_t c) {
                               /*first=*/!grads_pending_step_);
     chunk.host_io_landed.reset();
   }
-  // `reduced` is freed by the caller: later work on this stream, which may
-  // reuse its memory, runs after the copy.
+  // `reduced` is freed by the caller: on CUDA the allocator holds its memory
+  // until the copy stream's work recorded above has run; on the CPU the copy
+  // is done.
 }
 
 void GeminiDDP::send_grad_stats() {
