@@ -85,6 +85,14 @@ struct GeminiOptions {
   // gathered (shard_param_frac < 1) and checkpoint gathers stay in the
   // parameters' dtype. Not with fp16 (GeminiPluginOptions::validate).
   bool fp8_communication = false;
+  // The host step (bf16, hybrid_adam, optimizer on the host): step() returns
+  // as soon as every host chunk's CPU Adam is queued on the host worker, and
+  // the next forward waits for a chunk's update only when it gathers it; on
+  // CUDA the gradients' copies to the host run on a side stream beside
+  // backward. Exact either way (test_gemini); off until bench_gemini_capacity
+  // has timed it on a GPU: then step() waits for the updates, sending each
+  // chunk up as soon as it is done.
+  bool overlap_host_step = false;
 };
 
 // One chunk on this rank.

@@ -5,16 +5,19 @@
 //
 // Ordering on CUDA: during backward each chunk's statistics are queued on the
 // current stream one chunk behind its reduce; its gradient's copy to the host
-// runs on a side stream (copy_stream_) after an event on the current one, so
+// runs there too, or with overlap_host_step on a side stream (copy_stream_)
+// after an event on the current one, so
 // backward's kernels do not wait for the PCIe transfer (on an H100 they did:
 // 44 ms of a 1B model's backward), with an event after it; `reduced` is
 // recorded on the side stream so its memory is not reused before the copy
 // read it. At the end the statistics' small copy. The optimizer waits for the
 // statistics and queues each host chunk's CPU Adam on the worker, which waits
-// for that chunk's event first. When the next forward gathers chunk i, the
-// main thread waits for chunk i's update alone and queues its copy up on the
-// current stream ahead of the gather; the next backward's copy into host_io
-// is ordered behind it through the event it waits for.
+// for that chunk's event first, then waits for each chunk in turn and queues
+// its copy up on the current stream while the worker updates the next. With
+// overlap_host_step it returns at once: when the next forward gathers chunk
+// i, the main thread waits for chunk i's update alone and queues its copy up
+// ahead of the gather. The next backward's copy into host_io is ordered
+// behind it through the current stream (or the event it waits for).
 //
 // With gradient accumulation a landed copy is handed, with its event, to the
 // worker, which sums it into host_grad; a chunk's next copy into host_io
@@ -52,7 +55,7 @@ void GeminiDDP::enable_host_step() {
   host_step_ = true;
   host_worker_ = std::make_unique<HostWorker>(chunks_.size());
   upload_pending_.assign(chunks_.size(), 0);
-  if (device_.is_cuda()) {
+  if (device_.is_cuda() && options_.overlap_host_step) {
     const c10::Device device(device_.type(), device_.has_index() ? device_.index() : at::accelerator::getDeviceIndex());
     copy_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
   }
@@ -141,7 +144,13 @@ void GeminiDDP::send_to_host(size_t c) {
     chunk.host_io_landed.emplace(device_.type());
     chunk.host_io_landed->record(*copy_stream_);
   } else {
-    chunk.host_io.copy_(chunk.reduced);
+    // On the current stream (CUDA: its later kernels queue behind the copy).
+    const bool cuda = device_.is_cuda();
+    chunk.host_io.copy_(chunk.reduced, /*non_blocking=*/cuda);
+    if (cuda) {
+      chunk.host_io_landed.emplace(device_.type());
+      chunk.host_io_landed->record(current_stream(device_));
+    }
   }
   if (accumulating) {
     // The first backward since the step starts the sum, as the gradient
@@ -225,7 +234,9 @@ void GeminiDDP::wait_host_work() {
 
 void GeminiDDP::finish_host_updates() {
   if (!host_worker_) return;
-  for (size_t c = 0; c < chunks_.size(); ++c) finish_host_update(c);
+  // In the order they were queued: each copy up goes while the worker
+  // updates the next chunk.
+  for (size_t c : forward_order_) finish_host_update(c);
 }
 
 void GeminiDDP::upload_host_step(size_t c) {

@@ -215,7 +215,9 @@ void GeminiOptimizer::step_host() {
   // hold the gradients; host-step chunks' views have none, so it skips them.
   inner_->step();
   // Host-step chunks: each one's CPU Adam on the host worker, in the order
-  // the next forward gathers them, which waits only for the chunk it needs.
+  // the next forward gathers them; with overlap_host_step that forward waits
+  // only for the chunk it needs, else the step waits here, sending each chunk
+  // up while the next one updates.
   auto& adam = dynamic_cast<optim::HybridAdam&>(*inner_);
   const auto& slots = ddp_.layout().slots;
   for (size_t c : ddp_.forward_order()) {
@@ -241,6 +243,7 @@ void GeminiOptimizer::step_host() {
       if (!indices.empty()) adam.step_host_mixed(indices, grads, io, grad_scale);
     });
   }
+  if (!ddp_.options().overlap_host_step) ddp_.finish_host_updates();
   ddp_.after_step();
 }
 
