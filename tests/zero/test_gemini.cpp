@@ -95,6 +95,23 @@ std::function<std::optional<metrics::DeviceMemory>()> probe_of(FakeDevice& devic
   };
 }
 
+// Sizes `device` so that, after the auto policy's warm-up (bf16 parameter
+// shards, two segments' gathered chunks and their gradients), the optimizer
+// sides of half of ddp's chunks fit on it (16 bytes an element each), and
+// attaches the probe to ddp.
+void fit_half_the_optimizer_sides(FakeDevice& device, gm::GeminiDDP& ddp) {
+  const int64_t n = static_cast<int64_t>(ddp.chunks().size());
+  const int64_t shard_numel = ddp.chunk_numel() / ct::world()->size();
+  size_t widest = 0;
+  for (const auto& segment : ddp.segment_chunks()) widest = std::max(widest, segment.size());
+  const int64_t working = static_cast<int64_t>(2 * widest) * ddp.chunk_numel() * 2;
+  device.capacity = static_cast<int64_t>(static_cast<double>(working + n * shard_numel * 2 + n / 2 * shard_numel * 16 +
+                                                             shard_numel + device.non_model) /
+                                         0.9) +
+                    1;
+  device.ddp = &ddp;
+}
+
 }  // namespace
 
 TEST(GeminiChunks, SearchPicksTheLeastWastefulSize) {
@@ -375,15 +392,7 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
   ZeroRun placed(auto_spec);
   auto& ddp = ddp_of(placed);
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());
-  const int64_t shard_numel = ddp.chunk_numel() / ct::world()->size();
-  size_t widest = 0;
-  for (const auto& segment : ddp.segment_chunks()) widest = std::max(widest, segment.size());
-  const int64_t working = static_cast<int64_t>(2 * widest) * ddp.chunk_numel() * 2;
-  device.capacity = static_cast<int64_t>(static_cast<double>(working + n * shard_numel * 2 + n / 2 * shard_numel * 16 +
-                                                             shard_numel + device.non_model) /
-                                         0.9) +
-                    1;
-  device.ddp = &ddp;
+  fit_half_the_optimizer_sides(device, ddp);
   const auto placed_losses = placed.train(0, bt::kSteps);
   int64_t device_chunks = 0;
   for (const auto& chunk : ddp.chunks()) {
@@ -445,16 +454,7 @@ TEST(Gemini, Bf16HostStepAccumulatesOnTheHostBitForBit) {
     ZeroRun placed(auto_spec);
     auto& ddp = ddp_of(placed);
     const int64_t n = static_cast<int64_t>(ddp.chunks().size());
-    const int64_t shard_numel = ddp.chunk_numel() / ct::world()->size();
-    size_t widest = 0;
-    for (const auto& segment : ddp.segment_chunks()) widest = std::max(widest, segment.size());
-    const int64_t working = static_cast<int64_t>(2 * widest) * ddp.chunk_numel() * 2;
-    device.capacity = static_cast<int64_t>(static_cast<double>(working + n * shard_numel * 2 +
-                                                               n / 2 * shard_numel * 16 + shard_numel +
-                                                               device.non_model) /
-                                           0.9) +
-                      1;
-    device.ddp = &ddp;
+    fit_half_the_optimizer_sides(device, ddp);
     const auto placed_losses = placed.train(0, bt::kSteps);
     int64_t device_chunks = 0;
     for (const auto& chunk : ddp.chunks()) {
