@@ -13,6 +13,10 @@
 #             the NVMe tier)
 #   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
 #             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
+#   fp8curve  `colossus train` on llama-1b-like, bf16 then use_fp8, same seed
+#             and built-in corpus, FP8CURVE_STEPS (500) steps each, compared by
+#             scripts/compare_loss_curves.py (issue 28: within 1% of bf16's
+#             curve; windows of 50 steps) with both runs' tokens/s
 #   decode    bench_gemv + bench_inference's decode table (issue 26)
 #   train8b   `colossus train` on llama3-8b-like (8.03B) under Gemini auto,
 #             bf16, T=4096, every block checkpointed, granularity full then
@@ -95,11 +99,21 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
                   || exit $?
                 echo "granularity $g: $(grep tokens_per_s /tmp/train8b_$g/metrics.jsonl | tail -1)"
               done' ;;
+    fp8curve) run_stage fp8curve "${FP8CURVE_LIMIT_S:-300}" bash -c '
+              for run in bf16 fp8; do
+                build-gpu/bin/colossus train examples/configs/plugins/ddp.toml --model.preset=llama-1b-like \
+                  --data.seq_len=1024 --data.batch_size=8 --model.use_fp8=$([[ $run == fp8 ]] && echo true || echo false) \
+                  --train.steps=${FP8CURVE_STEPS:-500} --train.log_every=1 --train.eval_every=${FP8CURVE_STEPS:-500} \
+                  --train.save=false --train.output_dir=/tmp/fp8curve_$run > /tmp/fp8curve_$run.log 2>&1 \
+                  || { tail -20 /tmp/fp8curve_$run.log; exit 4; }
+              done
+              python3 scripts/compare_loss_curves.py /tmp/fp8curve_bf16/metrics.jsonl /tmp/fp8curve_fp8/metrics.jsonl \
+                --labels bf16,fp8' ;;
     ring) run_stage ring "${RING_LIMIT_S:-240}" bash -c "build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' \
             --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \
             build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' --batches 1 --heads 32 \
             --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --iters 3" ;;
-    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, decode, ring, train8b)"; exit 2 ;;
+    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, fp8curve, decode, ring, train8b)"; exit 2 ;;
   esac
 done
 
@@ -111,10 +125,11 @@ echo "=== results ==="
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
 [[ -n ${rc[train8b]+x} ]] && grep -E "^granularity|error|Error" "$out/train8b.log"
+[[ -n ${rc[fp8curve]+x} ]] && tail -16 "$out/fp8curve.log"
 [[ -n ${rc[ring]+x} ]] && grep -E "^\||disagree" "$out/ring.log"
 # The device returns at most 8 files: everything in one archive, beside the
 # few a reader opens first.
-for run in /tmp/train8b_full /tmp/train8b_mlp; do
+for run in /tmp/train8b_full /tmp/train8b_mlp /tmp/fp8curve_bf16 /tmp/fp8curve_fp8; do
   [[ -f $run/metrics.jsonl ]] && cp "$run/metrics.jsonl" "$out/$(basename "$run")_metrics.jsonl"
 done
 (cd "$out" && tar czf all_logs.tar.gz --exclude=all_logs.tar.gz . && \
