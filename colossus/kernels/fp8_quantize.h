@@ -1,5 +1,6 @@
 // FP8 quantisation of a matmul operand in two passes over it: the largest
-// magnitude (of the whole tensor, or of each row), then scale and cast. The
+// magnitude (of the whole tensor, or of each row), then scale and cast,
+// optionally writing the transposed bytes beside (tensorwise). The
 // reference is `quantize` in colossus/models/fp8_linear.cpp, six ATen passes
 // in fp32; the result is the same to the bit:
 //   amax  = max |x|                          (exact)
@@ -24,10 +25,16 @@ struct Fp8QuantizeArgs {
   void* q = nullptr;            // (rows, cols) fp8 bytes, contiguous
   float* scale = nullptr;       // (rows) rowwise, else (1)
   float* amax_scratch = nullptr;  // tensorwise: one fp32 the kernel zeroes and fills
+  // Optional, tensorwise only: also the transposed bytes, (cols, rows)
+  // contiguous, written by the same pass (the FP8 GEMMs of a backward take
+  // each operand in both layouts). Needs rows and cols multiples of 8.
+  void* q_t = nullptr;
 };
 
 #ifdef COLOSSUS_WITH_CUDA
-// Returns false, launching nothing, when an operand is missing. Runs on
+// Returns false, launching nothing, when an operand is missing or q_t is
+// asked for where it is not made (rowwise, rows or cols not a multiple of
+// 8, x not 16-byte or q / q_t not 8-byte aligned). Runs on
 // `stream` (a cudaStream_t), asynchronously.
 bool fp8_quantize_cuda(const Fp8QuantizeArgs& args, void* stream);
 #endif

@@ -25,13 +25,15 @@ using torch::autograd::tensor_list;
 struct Quantized {
   at::Tensor q;      // float8_e4m3fn or float8_e5m2, same shape
   at::Tensor scale;  // fp32: () per tensor, (rows, 1) per row
+  at::Tensor q_t;    // where asked for: q transposed, contiguous (per tensor only)
 };
 
 double format_max(at::ScalarType format) { return format == at::kFloat8_e5m2 ? 57344.0 : 448.0; }
 
 // The fused kernel's form of quantize (kernels/fp8_quantize.h); nullopt where
 // it does not apply (not CUDA, not a contiguous 2-D float tensor, no kernel).
-std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType format, bool rowwise) {
+std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType format, bool rowwise,
+                                        bool transposed = false) {
   const auto slot = kernels::cuda_slots().fp8_quantize;
   if (slot == nullptr || !x.is_cuda() || x.dim() != 2 || !x.is_contiguous() || x.numel() == 0) return std::nullopt;
   const auto dtype = kernels::element_dtype_of(x.scalar_type());
@@ -40,6 +42,7 @@ std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType form
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(format));
   at::Tensor scale = rowwise ? at::empty({x.size(0), 1}, f32) : at::empty({}, f32);
   at::Tensor scratch = rowwise ? at::Tensor() : at::empty({1}, f32);
+  at::Tensor q_t = transposed ? at::empty({x.size(1), x.size(0)}, x.options().dtype(format)) : at::Tensor();
   const kernels::Fp8QuantizeArgs args{
       .dtype = *dtype,
       .format = format == at::kFloat8_e5m2 ? kernels::Fp8Format::kE5M2 : kernels::Fp8Format::kE4M3,
@@ -49,9 +52,10 @@ std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType form
       .x = x.data_ptr(),
       .q = q.data_ptr(),
       .scale = scale.data_ptr<float>(),
-      .amax_scratch = rowwise ? nullptr : scratch.data_ptr<float>()};
+      .amax_scratch = rowwise ? nullptr : scratch.data_ptr<float>(),
+      .q_t = transposed ? q_t.data_ptr() : nullptr};
   if (!slot(args, x.get_device())) return std::nullopt;
-  return Quantized{q, scale};
+  return Quantized{q, scale, q_t};
 }
 
 // Scaled so that the largest magnitude (of the tensor, or of each row) lands
@@ -65,6 +69,17 @@ Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise, boo
   const double top = format_max(format);
   const at::Tensor scale = at::where(amax > 0, amax / top, at::ones_like(amax));
   return {(x32 / scale).clamp(-top, top).to(format), scale};
+}
+
+// Per tensor, with the transposed bytes too: one kernel pass where it
+// applies, else the bytes above and a transposing copy (the same values).
+Quantized quantize_both_layouts(const at::Tensor& x, at::ScalarType format, bool fused) {
+  if (fused) {
+    if (auto q = quantize_fused(x, format, /*rowwise=*/false, /*transposed=*/true)) return *q;
+  }
+  Quantized q = quantize(x, format, /*rowwise=*/false, fused);
+  q.q_t = q.q.t().contiguous();
+  return q;
 }
 
 bool fits_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {
@@ -99,14 +114,27 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
                             bool fused) {
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor x2 = x.reshape({-1, in});
-    const Quantized xq = quantize(x2, at::kFloat8_e4m3fn, rowwise, fused),
-                    wq = quantize(weight, at::kFloat8_e4m3fn, rowwise, fused);
-    at::Tensor y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
+    at::Tensor y;
+    if (rowwise) {
+      const Quantized xq = quantize(x2, at::kFloat8_e4m3fn, true, fused), wq = quantize(weight, at::kFloat8_e4m3fn, true, fused);
+      y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
+      // The backward quantises x and W per tensor (its contractions run over
+      // the dims a forward row scale spans); the tensors themselves are what
+      // a plain linear saves.
+      ctx->save_for_backward({x2, weight});
+    } else {
+      // Per tensor the backward's operands are the forward's: kept in FP8 in
+      // the layouts the backward's GEMMs take (x^T and W^T, one byte an
+      // element), so nothing is quantised or transposed twice.
+      const Quantized xq = quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused),
+                      wq = quantize_both_layouts(weight, at::kFloat8_e4m3fn, fused);
+      y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
+      ctx->save_for_backward({xq.q_t, xq.scale, wq.q_t, wq.scale});
+      ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+      ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    }
     if (bias && bias->defined()) y = y + bias->to(y.scalar_type());
-    // The backward quantises x and W per tensor again (its contractions run
-    // over the dims a forward row scale spans); the tensors themselves are
-    // what a plain linear saves.
-    ctx->save_for_backward({x2, weight});
+    ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["grad_format"] = grad_format_code;
     ctx->saved_data["fused"] = fused;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -117,22 +145,31 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x2 = saved[0];
-    const at::Tensor& weight = saved[1];
-    const int64_t in = weight.size(1), out = weight.size(0);
+    const bool fused = ctx->saved_data["fused"].toBool();
+    // x^T (K, M) and W^T (K, N) in e4m3 with their scales, and the dtypes of
+    // dx and dW.
+    at::Tensor x_t, w_t, x_scale, w_scale;
+    at::ScalarType x_dtype, w_dtype;
+    if (ctx->saved_data["rowwise"].toBool()) {
+      const Quantized xq = quantize_both_layouts(saved[0], at::kFloat8_e4m3fn, fused),
+                      wq = quantize_both_layouts(saved[1], at::kFloat8_e4m3fn, fused);
+      x_t = xq.q_t, x_scale = xq.scale, w_t = wq.q_t, w_scale = wq.scale;
+      x_dtype = saved[0].scalar_type(), w_dtype = saved[1].scalar_type();
+    } else {
+      x_t = saved[0], x_scale = saved[1], w_t = saved[2], w_scale = saved[3];
+      x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+      w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    }
+    const int64_t in = w_t.size(0), out = w_t.size(1);
     const at::Tensor dy = grad_outputs[0].reshape({-1, out});
     const auto format = ctx->saved_data["grad_format"].toInt() == 1 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
-    const bool fused = ctx->saved_data["fused"].toBool();
-    const Quantized dyq = quantize(dy, format, false, fused);
-    const Quantized wq = quantize(weight, at::kFloat8_e4m3fn, false, fused),
-                    xq = quantize(x2, at::kFloat8_e4m3fn, false, fused);
+    const Quantized dyq = quantize_both_layouts(dy.is_contiguous() ? dy : dy.contiguous(), format, fused);
     // dx (M, K) = dy (M, N) W (N, K): W as the transposed view of W^T.
-    const at::Tensor dx = scaled_matmul(dyq, {wq.q.t().contiguous().t(), wq.scale}, x2.scalar_type());
+    const at::Tensor dx = scaled_matmul({dyq.q, dyq.scale}, {w_t.t(), w_scale}, x_dtype);
     // dW (N, K) = dy^T (N, M) x (M, K).
-    const at::Tensor dw = scaled_matmul({dyq.q.t().contiguous(), dyq.scale}, {xq.q.t().contiguous().t(), xq.scale},
-                                        weight.scalar_type());
+    const at::Tensor dw = scaled_matmul({dyq.q_t, dyq.scale}, {x_t.t(), x_scale}, w_dtype);
     at::Tensor db;
-    if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0).to(weight.scalar_type());
+    if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0).to(w_dtype);
     std::vector<int64_t> sizes = grad_outputs[0].sizes().vec();
     sizes.back() = in;
     return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};

@@ -10,7 +10,11 @@
 //   - clamp keeps NaN; the cast rounds to nearest even (in range after the
 //     clamp, saturation never applies).
 // Tensorwise: one grid-stride pass reduces into a zeroed fp32 scratch with
-// atomicMax, a second scales and casts. Rowwise: one block a row, both
+// atomicMax, a second scales and casts; both read 16 bytes a thread where x
+// is 16-byte aligned (a bf16 operand at one element a thread reads at a
+// fraction of the bandwidth). With q_t the cast pass goes by 64 x 64 tiles
+// and writes each tile's bytes transposed too, through shared memory, so
+// the backward needs no transposing copies. Rowwise: one block a row, both
 // passes over its row.
 #include "colossus/kernels/cuda/fused_common.cuh"
 #include "colossus/kernels/fp8_quantize.h"
@@ -74,6 +78,106 @@ __device__ __forceinline__ unsigned char quantize_one(float v, float scale) {
   return to_fp8<kFormat>(s);
 }
 
+constexpr int kVec = 8;  // elements a thread loads at once on the vector paths
+constexpr int kTile = 64;
+static_assert(kThreads == 256, "tensorwise_transpose_kernel maps 256 threads onto a tile");
+
+// kVec consecutive elements as floats; p 16-byte aligned.
+template <typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[kVec]) {
+  if constexpr (sizeof(T) == 2) {
+    fused::Vec<T> a;
+    a.load(p);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = a.v[i];
+  } else {
+    fused::Vec<T> a, b;
+    a.load(p);
+    b.load(p + 4);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = a.v[i], v[i + 4] = b.v[i];
+  }
+}
+
+template <Fp8Format kFormat>
+__device__ __forceinline__ uint2 quantize_vec(const float (&v)[kVec], float scale) {
+  uint2 out;
+  auto* bytes = reinterpret_cast<unsigned char*>(&out);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) bytes[i] = quantize_one<kFormat>(v[i], scale);
+  return out;
+}
+
+// amax_kernel over vectors (x 16-byte aligned), the last n % kVec one by one.
+template <typename T>
+__global__ void amax_vec_kernel(const T* __restrict__ x, int64_t n, int* __restrict__ amax_bits) {
+  int bits = 0;
+  const int64_t vecs = n / kVec, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int64_t i = first; i < vecs; i += stride) {
+    float v[kVec];
+    load_vec(x + i * kVec, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) bits = max(bits, __float_as_int(fabsf(v[k])));
+  }
+  for (int64_t i = vecs * kVec + first; i < n; i += stride) bits = max(bits, magnitude_bits(x[i]));
+  bits = block_max(bits);
+  if (threadIdx.x == 0) atomicMax(amax_bits, bits);
+}
+
+// tensorwise_kernel over vectors (x 16-byte, q 8-byte aligned).
+template <typename T, Fp8Format kFormat>
+__global__ void tensorwise_vec_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ amax,
+                                      unsigned char* __restrict__ q, float* __restrict__ scale_out) {
+  const float scale = scale_of<kFormat>(*amax);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = scale;
+  const int64_t vecs = n / kVec, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (int64_t i = first; i < vecs; i += stride) {
+    float v[kVec];
+    load_vec(x + i * kVec, v);
+    *reinterpret_cast<uint2*>(q + i * kVec) = quantize_vec<kFormat>(v, scale);
+  }
+  for (int64_t i = vecs * kVec + first; i < n; i += stride) q[i] = quantize_one<kFormat>(to_float(x[i]), scale);
+}
+
+// The cast pass by kTile x kTile tiles, writing q and its transpose q_t
+// (cols, rows). rows and cols are multiples of kVec, so a vector of a tile
+// at the edge is wholly inside or wholly outside. 256 threads: kTile / kVec
+// a tile row, 32 tile rows a pass.
+template <typename T, Fp8Format kFormat>
+__global__ void tensorwise_transpose_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
+                                            const float* __restrict__ amax, unsigned char* __restrict__ q,
+                                            unsigned char* __restrict__ q_t, float* __restrict__ scale_out) {
+  __shared__ __align__(8) unsigned char tile[kTile][kTile + kVec];
+  const float scale = scale_of<kFormat>(*amax);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_out = scale;
+  constexpr int kLanes = kTile / kVec, kRowsPerPass = 256 / kLanes;
+  const int lane = threadIdx.x % kLanes, sub = threadIdx.x / kLanes;
+  const int64_t row0 = int64_t{blockIdx.y} * kTile, col0 = int64_t{blockIdx.x} * kTile;
+  for (int r = sub; r < kTile; r += kRowsPerPass) {
+    const int64_t row = row0 + r, col = col0 + lane * kVec;
+    if (row < rows && col < cols) {
+      float v[kVec];
+      load_vec(x + row * cols + col, v);
+      const uint2 bytes = quantize_vec<kFormat>(v, scale);
+      *reinterpret_cast<uint2*>(q + row * cols + col) = bytes;
+      *reinterpret_cast<uint2*>(&tile[r][lane * kVec]) = bytes;
+    }
+  }
+  __syncthreads();
+  for (int c = sub; c < kTile; c += kRowsPerPass) {
+    const int64_t out_row = col0 + c, out_col = row0 + lane * kVec;
+    if (out_row < cols && out_col < rows) {
+      uint2 packed;
+      auto* bytes = reinterpret_cast<unsigned char*>(&packed);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) bytes[i] = tile[lane * kVec + i][c];
+      *reinterpret_cast<uint2*>(q_t + out_row * rows + out_col) = packed;
+    }
+  }
+}
+
 template <typename T>
 __global__ void amax_kernel(const T* __restrict__ x, int64_t n, int* __restrict__ amax_bits) {
   int bits = 0;
@@ -109,6 +213,8 @@ __global__ void rowwise_kernel(const T* __restrict__ x, int64_t cols, unsigned c
 
 int64_t blocks_for(int64_t n) { return std::max<int64_t>(1, std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
 
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 template <typename T, Fp8Format kFormat>
 void launch(const Fp8QuantizeArgs& a, cudaStream_t stream) {
   const T* x = static_cast<const T*>(a.x);
@@ -118,9 +224,24 @@ void launch(const Fp8QuantizeArgs& a, cudaStream_t stream) {
     return;
   }
   const int64_t n = a.rows * a.cols;
+  const bool vec = aligned(x, 16) && aligned(q, 8);
+  auto* amax_bits = reinterpret_cast<int*>(a.amax_scratch);
   cudaMemsetAsync(a.amax_scratch, 0, sizeof(float), stream);
-  amax_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(x, n, reinterpret_cast<int*>(a.amax_scratch));
-  tensorwise_kernel<T, kFormat><<<blocks_for(n), kThreads, 0, stream>>>(x, n, a.amax_scratch, q, a.scale);
+  if (vec) {
+    amax_vec_kernel<T><<<blocks_for((n + kVec - 1) / kVec), kThreads, 0, stream>>>(x, n, amax_bits);
+  } else {
+    amax_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(x, n, amax_bits);
+  }
+  if (a.q_t != nullptr) {  // checked by fp8_quantize_cuda: aligned, rows and cols multiples of kVec
+    const dim3 grid(static_cast<unsigned>((a.cols + kTile - 1) / kTile), static_cast<unsigned>((a.rows + kTile - 1) / kTile));
+    tensorwise_transpose_kernel<T, kFormat><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.amax_scratch, q,
+                                                                          static_cast<unsigned char*>(a.q_t), a.scale);
+  } else if (vec) {
+    tensorwise_vec_kernel<T, kFormat><<<blocks_for((n + kVec - 1) / kVec), kThreads, 0, stream>>>(x, n, a.amax_scratch,
+                                                                                                 q, a.scale);
+  } else {
+    tensorwise_kernel<T, kFormat><<<blocks_for(n), kThreads, 0, stream>>>(x, n, a.amax_scratch, q, a.scale);
+  }
 }
 
 template <typename T>
@@ -138,6 +259,13 @@ bool fp8_quantize_cuda(const Fp8QuantizeArgs& a, void* stream) {
   if (a.rows < 0 || a.cols < 0 || a.rows > INT32_MAX) return false;
   if (a.x == nullptr || a.q == nullptr || a.scale == nullptr || (!a.rowwise && a.amax_scratch == nullptr)) return false;
   if (a.rows == 0 || a.cols == 0) return false;  // the caller's fallback defines an empty tensor's scale
+  if (a.q_t != nullptr) {
+    const bool tiles_fit = (a.rows + kTile - 1) / kTile <= 65535 && (a.cols + kTile - 1) / kTile <= INT32_MAX;
+    if (a.rowwise || a.rows % kVec != 0 || a.cols % kVec != 0 || !tiles_fit || !aligned(a.x, 16) ||
+        !aligned(a.q, 8) || !aligned(a.q_t, 8)) {
+      return false;
+    }
+  }
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.dtype) {
     case ElementDtype::kFloat32: launch_format<float>(a, s); break;
