@@ -7,9 +7,8 @@
 // optimizer side too: gpu_margin_mem_ratio's default 0.5); on request (d)
 // gemini_nvme, (b) with every host chunk's moments in NVMe offload files
 // under --nvme-dir between steps (what the NVMe tier costs in speed and saves
-// in host bytes on this machine's disk), and (e) gemini_overlap, (b) with
-// overlap_host_step (the CPU Adam overlapping the next forward, the gradient
-// copies beside backward).
+// in host bytes on this machine's disk). (b)'s CPU Adam overlaps the next
+// forward and its gradient copies run beside backward.
 //
 // Every try runs in its own process (`--probe`), so an out-of-memory error,
 // CUDA's or the host's OOM killer, cannot poison the next try. The driver:
@@ -153,9 +152,9 @@ Options parse(int argc, char** argv) {
     else throw std::runtime_error("unknown argument '" + a + "' (see the usage at the top of bench_gemini_capacity.cpp)");
   }
   for (const auto& m : o.modes) {
-    if (m != "adamw" && m != "gemini_offload" && m != "gemini_auto" && m != "gemini_nvme" && m != "gemini_overlap")
+    if (m != "adamw" && m != "gemini_offload" && m != "gemini_auto" && m != "gemini_nvme")
       throw std::runtime_error("mode '" + m +
-                               "' is not one of adamw, gemini_offload, gemini_auto, gemini_nvme, gemini_overlap");
+                               "' is not one of adamw, gemini_offload, gemini_auto, gemini_nvme");
   }
   if (o.device != "cuda" && o.device != "cpu") throw std::runtime_error("--device is '" + o.device + "'; use cuda or cpu");
   return o;
@@ -262,10 +261,7 @@ int probe(const Options& o) {
     } else {
       booster::GeminiPluginOptions g{
           .gemini = {.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
-                     .offload_optim_frac = o.probe_mode == "gemini_offload" || o.probe_mode == "gemini_nvme" ||
-                                                   o.probe_mode == "gemini_overlap"
-                                               ? 1.0
-                                               : 0.0,
+                     .offload_optim_frac = o.probe_mode == "gemini_offload" || o.probe_mode == "gemini_nvme" ? 1.0 : 0.0,
                      // auto: gpu_margin_mem_ratio's default (0.5 of the device margin
                      // for optimizer shards), what a user gets.
                      .precision = "bf16",
@@ -274,7 +270,6 @@ int probe(const Options& o) {
           .hidden_dim = s.hidden};
       if (!device.is_cuda()) g.search_range_m = g.min_chunk_size_m = 1.0;
       if (o.probe_mode == "gemini_auto" && o.margin_ratio >= 0.0) g.gemini.gpu_margin_mem_ratio = o.margin_ratio;
-      g.gemini.overlap_host_step = o.probe_mode == "gemini_overlap";
       if (o.probe_mode == "gemini_nvme") {
         g.gemini.nvme_offload_fraction = 1.0;
         g.gemini.nvme_offload_dir = (fs::path(o.nvme_dir) / fmt::format("probe_{}", ::getpid())).string();

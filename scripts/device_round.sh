@@ -8,9 +8,8 @@
 #   fp8       bench_train_gpt2 on llama-1b-like with --fp8 (issue 28: the FP8
 #             step against the bf16 step of the same run; no Python peers)
 #   gemini    bench_gemini_capacity's throughput part (issue 27 point 3: full
-#             optimizer offload against plain AdamW on llama-1b-like, and with
-#             overlap_host_step; GEMINI_FLAGS="--modes ...,gemini_nvme" adds
-#             the NVMe tier)
+#             optimizer offload against plain AdamW on llama-1b-like;
+#             GEMINI_FLAGS="--modes ...,gemini_nvme" adds the NVMe tier)
 #   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
 #             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
 #   fp8curve  `colossus train` on llama-1b-like, bf16 then use_fp8, same seed
@@ -81,7 +80,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
            --cuda-graph off --steps 20 --warmup 5 --check-steps 20 --phase-steps 0 --profile-steps ${FP8_PROFILE_STEPS:-0} \
            --fp8 "${FP8_RECIPE:-tensorwise}" --json "$out/bench_train_fp8.json" ;;
     gemini) run_stage gemini "${GEMINI_LIMIT_S:-170}" build-gpu/bin/bench_gemini_capacity --parts throughput \
-              --modes adamw,gemini_offload,gemini_overlap --budget-s $(( ${GEMINI_LIMIT_S:-170} - 10 )) --try-timeout-s 120 \
+              --modes adamw,gemini_offload --budget-s $(( ${GEMINI_LIMIT_S:-170} - 10 )) --try-timeout-s 120 \
               --no-record ${GEMINI_FLAGS:-} ;;
     capacity) run_stage capacity "${CAPACITY_LIMIT_S:-400}" build-gpu/bin/bench_gemini_capacity --parts capacity \
               --modes gemini_auto --start gemini_auto=66 --layer-step 4 --margin-ratio 0.9 \

@@ -433,12 +433,12 @@ TEST(Trainer, OffloadedHostStepsTrainAndResume) {
        {"plugin.name=\"gemini\"", "plugin.precision=\"bf16\"", "plugin.offload_optim_frac=1.0", "plugin.max_norm=1.0",
         "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}},
       // Gradient accumulation: the micro-batches' gradients summed on the
-      // host; the CPU Adam overlapping the next forward, so checkpoints are
+      // host; the CPU Adam overlaps the next forward, so checkpoints are
       // taken with host updates still queued.
       {"gemini_accumulating",
        {"plugin.name=\"gemini\"", "plugin.precision=\"bf16\"", "plugin.offload_optim_frac=1.0", "plugin.max_norm=1.0",
         "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02", "plugin.enable_gradient_accumulation=true",
-        "plugin.overlap_host_step=true", "train.grad_accum=2"}},
+        "train.grad_accum=2"}},
       {"zero", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"bf16\"", "plugin.cpu_offload=true",
                 "plugin.max_norm=1.0"}}};
   for (const auto& [name, options] : plugins) {

@@ -48,7 +48,6 @@ struct RunSpec {
   bool lazy_init = false;
   double nvme_offload_fraction = 0.0;  // gemini NVMe offload of optimizer state
   std::string nvme_offload_dir;
-  bool overlap_host_step = false;  // gemini
 };
 
 std::vector<double> reference_losses(const RunSpec& spec, int64_t steps);

@@ -343,10 +343,6 @@ const std::vector<Section>& sections() {
                        "gradients reduce-scattered and sharded chunks all-gathered in "
                        "FP8 e4m3 with per-chunk scales (bf16/fp32; shards stay exact)",
                        plugin.gemini.gemini.fp8_communication),
-          COLOSSUS_KEY("overlap_host_step",
-                       "the host step's CPU Adam overlaps the next forward and its gradient copies run beside "
-                       "backward (exact; off until timed on a GPU)",
-                       plugin.gemini.gemini.overlap_host_step),
           COLOSSUS_KEY("lazy_init",
                        "seeded init on the meta device too, each rank materialising "
                        "only its shards (model.pretrained always loads lazily)",

@@ -85,14 +85,6 @@ struct GeminiOptions {
   // gathered (shard_param_frac < 1) and checkpoint gathers stay in the
   // parameters' dtype. Not with fp16 (GeminiPluginOptions::validate).
   bool fp8_communication = false;
-  // The host step (bf16, hybrid_adam, optimizer on the host): step() returns
-  // as soon as every host chunk's CPU Adam is queued on the host worker, and
-  // the next forward waits for a chunk's update only when it gathers it; on
-  // CUDA the gradients' copies to the host run on a side stream beside
-  // backward. Exact either way (test_gemini); off until bench_gemini_capacity
-  // has timed it on a GPU: then step() waits for the updates, sending each
-  // chunk up as soon as it is done.
-  bool overlap_host_step = false;
 };
 
 // One chunk on this rank.
@@ -198,8 +190,8 @@ class GeminiDDP {
   // there, not 4). During backward, one chunk behind its reduce, each
   // chunk's gradient norm term and finiteness are taken on the device and
   // its reduced bf16 gradient is copied into host_io; the statistics follow
-  // at the end of backward. The optimizer updates chunk i as soon as its
-  // copy landed and sends it back while chunk i + 1 updates.
+  // at the end of backward. The optimizer queues chunk i's update behind its
+  // copy; the new shard goes back up when the next forward gathers chunk i.
   // With enable_gradient_accumulation each landed copy is summed into the
   // chunk's fp32 host_grad by a worker thread (6 bytes a parameter on the
   // host, the sums off the GPU's path), the statistics of those chunks are

@@ -5,16 +5,13 @@
 //
 // Ordering on CUDA: during backward each chunk's statistics are queued on the
 // current stream one chunk behind its reduce; its gradient's copy to the host
-// runs there too, or with overlap_host_step on a side stream (copy_stream_)
-// after an event on the current one, so
+// runs on a side stream (copy_stream_) after an event on the current one, so
 // backward's kernels do not wait for the PCIe transfer (on an H100 they did:
 // 44 ms of a 1B model's backward), with an event after it; `reduced` is
 // recorded on the side stream so its memory is not reused before the copy
 // read it. At the end the statistics' small copy. The optimizer waits for the
 // statistics and queues each host chunk's CPU Adam on the worker, which waits
-// for that chunk's event first, then waits for each chunk in turn and queues
-// its copy up on the current stream while the worker updates the next. With
-// overlap_host_step it returns at once: when the next forward gathers chunk
+// for that chunk's event first, and returns: when the next forward gathers chunk
 // i, the main thread waits for chunk i's update alone and queues its copy up
 // ahead of the gather. The next backward's copy into host_io is ordered
 // behind it through the current stream (or the event it waits for).
@@ -55,7 +52,7 @@ void GeminiDDP::enable_host_step() {
   host_step_ = true;
   host_worker_ = std::make_unique<HostWorker>(chunks_.size());
   upload_pending_.assign(chunks_.size(), 0);
-  if (device_.is_cuda() && options_.overlap_host_step) {
+  if (device_.is_cuda()) {
     const c10::Device device(device_.type(), device_.has_index() ? device_.index() : at::accelerator::getDeviceIndex());
     copy_stream_ = c10::impl::getDeviceGuardImpl(device.type())->getStreamFromGlobalPool(device);
   }

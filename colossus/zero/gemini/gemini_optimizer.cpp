@@ -215,9 +215,10 @@ void GeminiOptimizer::step_host() {
   // hold the gradients; host-step chunks' views have none, so it skips them.
   inner_->step();
   // Host-step chunks: each one's CPU Adam on the host worker, in the order
-  // the next forward gathers them; with overlap_host_step that forward waits
-  // only for the chunk it needs, else the step waits here, sending each chunk
-  // up while the next one updates.
+  // the next forward gathers them; step() returns at once and that forward
+  // waits only for the chunk it gathers, so the CPU Adam of the later chunks
+  // runs beside the forward of the earlier ones (on an H100 1.15x the step
+  // that waited here for each chunk, bench/RESULTS.md).
   auto& adam = dynamic_cast<optim::HybridAdam&>(*inner_);
   const auto& slots = ddp_.layout().slots;
   for (size_t c : ddp_.forward_order()) {
@@ -243,7 +244,6 @@ void GeminiOptimizer::step_host() {
       if (!indices.empty()) adam.step_host_mixed(indices, grads, io, grad_scale);
     });
   }
-  if (!ddp_.options().overlap_host_step) ddp_.finish_host_updates();
   ddp_.after_step();
 }
 
