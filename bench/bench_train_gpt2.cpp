@@ -64,6 +64,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -336,10 +337,13 @@ json result_json(const Result& r, double mfu) {
           {"kernels", bench::kernels_json(r.kernels)}};
 }
 
-// Device ms per step by kernel category, ours beside each profiled peer, then
-// our top kernels and the fastest peer's.
-void print_kernel_breakdown(const Result& ours, const std::map<std::string, json>& peers) {
+// Device ms per step by kernel category, ours (and our FP8 step's, with
+// --fp8) beside each profiled peer, then our top kernels and the fastest
+// peer's.
+void print_kernel_breakdown(const Result& ours, const std::map<std::string, json>& peers,
+                            const std::optional<Result>& fp8) {
   std::map<std::string, std::vector<bench::KernelStat>> runs = {{"colossus", ours.kernels}};
+  if (fp8 && !fp8->kernels.empty()) runs["colossus-fp8"] = fp8->kernels;
   for (const auto& [variant, p] : peers) {
     if (p.contains("kernels")) runs[variant] = bench::kernels_from_json(p["kernels"]);
   }
@@ -380,7 +384,7 @@ void print_kernel_breakdown(const Result& ours, const std::map<std::string, json
   };
   top("colossus", ours.kernels);
   for (const auto& [run, kernels] : runs) {
-    if (run.starts_with("compile")) top(run, kernels);
+    if (run.starts_with("compile") || run == "colossus-fp8") top(run, kernels);
   }
 }
 
@@ -553,7 +557,7 @@ int main(int argc, char** argv) try {
     fmt::print("\n");
   }
 
-  if (cfg.profile_steps > 0) print_kernel_breakdown(ours, peers);
+  if (cfg.profile_steps > 0) print_kernel_breakdown(ours, peers, fp8_fused ? fp8_fused : fp8);
 
   const std::string workload = fmt::format("{} B={} T={} bf16", cfg.model, cfg.batch, cfg.seq);
   fmt::print("\n| {:<28} | {:<38} | {:>9} | {:>8} | {:>6} | {:>9} | {:>15} |\n", "workload", "impl", "tok/s",
