@@ -10,8 +10,9 @@
 #   gemini    bench_gemini_capacity's throughput part (issue 27 point 3: full
 #             optimizer offload against plain AdamW on llama-1b-like;
 #             GEMINI_FLAGS="--modes ...,gemini_nvme" adds the NVMe tier)
-#   capacity  bench_gemini_capacity's ladder for gemini_auto from 66 layers of
-#             the LLaMA-7B shape (13.6B; issue 27 point 2), CAPACITY_FLAGS more
+#   capacity  bench_gemini_capacity's ladder for gemini_auto (default ratios)
+#             from 66 layers of the LLaMA-7B shape (13.6B; issue 27 point 2),
+#             CAPACITY_FLAGS more
 #   fp8curve  `colossus train` on llama-1b-like, bf16 then use_fp8, same seed
 #             and built-in corpus, FP8CURVE_STEPS (500) steps each, compared by
 #             scripts/compare_loss_curves.py (issue 28: within 1% of bf16's
@@ -83,7 +84,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
               --modes adamw,gemini_offload --budget-s $(( ${GEMINI_LIMIT_S:-170} - 10 )) --try-timeout-s 120 \
               --no-record ${GEMINI_FLAGS:-} ;;
     capacity) run_stage capacity "${CAPACITY_LIMIT_S:-400}" build-gpu/bin/bench_gemini_capacity --parts capacity \
-              --modes gemini_auto --start gemini_auto=66 --layer-step 4 --margin-ratio 0.9 \
+              --modes gemini_auto --start gemini_auto=66 --layer-step 4 \
               --budget-s $(( ${CAPACITY_LIMIT_S:-400} - 150 )) --try-timeout-s 150 --no-record ${CAPACITY_FLAGS:-} ;;
     decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out"
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \

@@ -24,6 +24,9 @@ constexpr double kHostStepAccumulating = kHostStep + 4;
 // shards (GeminiOptions' defaults).
 constexpr double kGeminiDevice = kWeights + 4 + kOptimizer;
 constexpr double kSteadyCudaCapRatio = 0.9, kGpuMarginMemRatio = 0.5;
+// The share of the host the auto policy lets optimizer sides use before it
+// takes more of the device margin (GeminiOptions::host_budget_probe's default).
+constexpr double kAutoHostShare = 0.85;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
@@ -59,12 +62,18 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
   };
   // Gemini auto: parameter shards on the device, and optimizer shards there
   // while they fit in gpu_margin_mem_ratio of the margin the cap leaves after
-  // the parameters and the activations; the rest steps on the host.
+  // the parameters and the activations; the rest steps on the host, and
+  // where the host cannot hold it, more of the margin takes optimizer
+  // shards (zero/gemini/placement.h).
   const double gemini_host_step = in.grad_accum > 1 ? kHostStepAccumulating : kHostStep;
   const auto gemini_auto = [&](double non_model) {
-    const double margin = kSteadyCudaCapRatio * in.gpu_bytes - non_model - p * kWeights / n;
+    const double margin = std::max(0.0, kSteadyCudaCapRatio * in.gpu_bytes - non_model - p * kWeights / n);
     const double optim = p * (kGeminiDevice - kWeights) / n;
-    const double on_device = std::clamp(kGpuMarginMemRatio * margin / optim, 0.0, 1.0);
+    double on_device = std::clamp(kGpuMarginMemRatio * margin / optim, 0.0, 1.0);
+    const double host_per_gpu = p * gemini_host_step / n, host_budget = kAutoHostShare * in.host_bytes / n;
+    if ((1.0 - on_device) * host_per_gpu > host_budget) {
+      on_device = std::clamp(1.0 - host_budget / host_per_gpu, on_device, std::clamp(margin / optim, 0.0, 1.0));
+    }
     return Place{p * kWeights / n + on_device * optim, (1.0 - on_device) * p * gemini_host_step};
   };
   const std::vector<Setting> settings = {
@@ -120,7 +129,7 @@ std::string format_memory_plan(const MemoryPlanInput& in, const std::vector<Memo
       "bytes per parameter; another optimizer keeps an fp32 copy: 16; Gemini with gradient accumulation also an fp32 "
       "sum: 18). Gemini auto puts optimizer shards on the GPU "
       "in gpu_margin_mem_ratio (0.5) of what 90% of it leaves after parameters and activations, the rest on the "
-      "host. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
+      "host, and more of what is left on the GPU where the host would hold over 85% of its memory. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
       "count with dropout masks, an upper bound for our fused LLaMA blocks; checkpointing keeps 2 per layer plus "
       "one layer's rerun (model.gradient_checkpointing_ratio = 1). Measured on one H200 (bench/RESULTS.md "
       "gemini_capacity): plain bf16 AdamW trained 9.17B parameters at 138.5 GiB peak (estimate: 136.6 GiB of "

@@ -178,6 +178,30 @@ TEST(GeminiChunks, StaticAndAutoPlacement) {
   for (const auto& c : d) EXPECT_FALSE(c.param_on_host);
   EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const gm::ChunkPlacement& c) { return !c.optim_on_host; }),
             static_cast<std::ptrdiff_t>(std::floor(100 * default_ratio / 16)));
+  // A host that cannot hold the rest: optimizer sides move to the device, in
+  // order, into the whole margin (100 after the parameters), until the rest
+  // fits the host (14 bytes a side there) or the margin is full.
+  const auto on_device = [](const std::vector<gm::ChunkPlacement>& p) {
+    std::vector<bool> where;
+    for (const auto& c : p) where.push_back(!c.optim_on_host);
+    return where;
+  };
+  const gm::AutoPlacementInput tight{.device_budget_bytes = 200,  // margin 60; half of it holds one side of 16
+                                     .param_shard_bytes = 30,
+                                     .optim_shard_bytes = 16,
+                                     .working_bytes = 20,
+                                     .gpu_margin_mem_ratio = 0.5,
+                                     .host_optim_shard_bytes = 14};
+  EXPECT_EQ(on_device(gm::auto_placement(4, tight)), (std::vector<bool>{true, false, false, false})) << "no host limit";
+  auto roomy = tight;
+  roomy.host_budget_bytes = 42;  // the three left fit
+  EXPECT_EQ(on_device(gm::auto_placement(4, roomy)), (std::vector<bool>{true, false, false, false}));
+  auto host_20 = tight;
+  host_20.host_budget_bytes = 20;  // one side fits the host: two more move
+  EXPECT_EQ(on_device(gm::auto_placement(4, host_20)), (std::vector<bool>{true, true, true, false}));
+  auto host_5 = tight;
+  host_5.host_budget_bytes = 5;  // nothing fits the host, but the margin holds only three sides
+  EXPECT_EQ(on_device(gm::auto_placement(4, host_5)), (std::vector<bool>{true, true, true, false}));
 }
 
 // model, micro-batches, max_norm, variant
@@ -306,6 +330,38 @@ TEST(Gemini, AutoPolicyPlacesByTracedWarmup) {
   auto losses = first;
   for (double loss : run.train(1, bt::kSteps)) losses.push_back(loss);
   EXPECT_LE(worst_rel_diff(losses, reference), 1e-5);
+}
+
+// The auto policy's host limit end to end: with gpu_margin_mem_ratio 0 every
+// optimizer side would stay on the host; a host budget of one byte moves as
+// many to the device as its margin holds (half here), a roomy one none, and
+// both train as the optimizer on the device does, bit for bit (the host step
+// is exact: Bf16HostStepEqualsTheGradientShardPathBitForBit).
+TEST(Gemini, AutoPolicyMovesOptimizerSidesOffAFullHost) {
+  const RunSpec base{.model = "llama", .plugin = "gemini", .max_norm = 0.5, .optimizer = "hybrid_adam",
+                     .precision = "bf16"};
+  ZeroRun on_device(base);
+  const auto expected = on_device.train(0, bt::kSteps);
+  for (const int64_t host_budget : {int64_t{1}, int64_t{1} << 40}) {
+    FakeDevice device{.non_model = 4096};
+    RunSpec spec = base;
+    spec.placement_policy = "auto";
+    spec.gpu_margin_mem_ratio = 0.0;
+    spec.memory_probe = probe_of(device);
+    spec.host_budget_probe = [host_budget] { return host_budget; };
+    ZeroRun placed(spec);
+    auto& ddp = ddp_of(placed);
+    const int64_t n = static_cast<int64_t>(ddp.chunks().size());
+    fit_half_the_optimizer_sides(device, ddp);
+    const auto losses = placed.train(0, bt::kSteps);
+    int64_t device_sides = 0;
+    for (const auto& chunk : ddp.chunks()) device_sides += chunk.placement.optim_on_host ? 0 : 1;
+    EXPECT_EQ(device_sides, host_budget == 1 ? n / 2 : 0) << "host budget " << host_budget;
+    ASSERT_EQ(losses.size(), expected.size());
+    for (size_t step = 0; step < losses.size(); ++step) {
+      EXPECT_EQ(losses[step], expected[step]) << "host budget " << host_budget << ", step " << step;
+    }
+  }
 }
 
 TEST(Gemini, CpuAdamStepsOffloadedChunksAndBf16Trains) {

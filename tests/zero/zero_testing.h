@@ -43,6 +43,7 @@ struct RunSpec {
   double min_chunk_size_m = 0.001;
   double search_range_m = 0.004;
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  std::function<int64_t()> host_budget_probe = {};  // gemini auto
   // The model is built on the meta device and each rank materialises what its
   // plugin keeps from the seeded init (models::seeded_source).
   bool lazy_init = false;

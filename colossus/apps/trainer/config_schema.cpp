@@ -316,7 +316,7 @@ const std::vector<Section>& sections() {
                        plugin.gemini.gemini.warmup_non_model_data_ratio),
           COLOSSUS_KEY("steady_cuda_cap_ratio", "auto: share of device capacity chunks may use after warm-up",
                        plugin.gemini.gemini.steady_cuda_cap_ratio),
-          COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the device margin (after the measured non-model peak, the working set and the parameter shards) optimizer shards may take; Colossal-AI's default is 0.0 (all on the host)",
+          COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the device margin (after the measured non-model peak, the working set and the parameter shards) optimizer shards may take; more of it where the host would otherwise hold over 85% of its memory; Colossal-AI's default is 0.0 (all on the host)",
                        plugin.gemini.gemini.gpu_margin_mem_ratio),
           COLOSSUS_KEY("precision",
                        "fp16 (loss-scaled) | bf16 | fp32; replaces "

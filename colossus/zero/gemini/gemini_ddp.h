@@ -68,6 +68,11 @@ struct GeminiOptions {
   // Device memory figures for the auto policy (default:
   // metrics::device_memory()).
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  // auto: the host bytes this rank's optimizer sides may use (0: no limit);
+  // where the ratio above would leave more than that on the host, more go to
+  // the device (placement.h). Default: 85% of the machine's memory (the rest
+  // for the system, the process and its data) over the ranks on this host.
+  std::function<int64_t()> host_budget_probe = {};
   // Lazy init: the whole values of a parameter the model holds on the meta
   // device (models::seeded_source / checkpoint_source); each rank copies only
   // its shard out of them, one parameter at a time.

@@ -3,8 +3,12 @@
 // device and host, and the byte accounting by place (see gemini_ddp.h).
 #include <ATen/ATen.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 
+#include "colossus/cluster/launch.h"
+#include "colossus/core/env.h"
 #include "colossus/core/errors.h"
 #include "colossus/zero/gemini/gemini_ddp.h"
 
@@ -14,6 +18,17 @@ namespace {
 
 int64_t chunk_bytes(const at::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// GeminiOptions::host_budget_probe's default.
+int64_t default_host_budget() {
+  const double physical = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  int ranks_here = 1;
+  try {
+    ranks_here = std::max(1, cluster::read_launch_info(process_env()).local_world_size);
+  } catch (const std::exception&) {  // contradictory launch variables: the launch itself reports them
+  }
+  return physical > 0 ? static_cast<int64_t>(0.85 * physical / ranks_here) : 0;
 }
 
 }  // namespace
@@ -34,6 +49,10 @@ void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
   const int64_t elem = c10::elementSize(dtype_);
   const int64_t shard = chunk_numel_ / dp_group_->size();
   const double cap = options_.steady_cuda_cap_ratio * static_cast<double>(memory->total_bytes);
+  // On the host an optimizer side is the host step's 14 bytes an element (18
+  // accumulating: host_step.cpp), else the same as on the device.
+  const int64_t host_bytes_per_element =
+      host_step_ ? (options_.enable_gradient_accumulation ? 18 : 14) : optim_bytes_per_element;
   const auto placement = auto_placement(
       chunks_.size(), {.device_budget_bytes = static_cast<int64_t>(cap) - peak_non_model_bytes_,
                        .param_shard_bytes = shard * elem,
@@ -42,7 +61,10 @@ void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
                        // buffers.
                        .working_bytes = static_cast<int64_t>(2 * widest + static_cast<size_t>(options_.max_prefetch)) *
                                         chunk_numel_ * elem,
-                       .gpu_margin_mem_ratio = options_.gpu_margin_mem_ratio});
+                       .gpu_margin_mem_ratio = options_.gpu_margin_mem_ratio,
+                       .host_budget_bytes = options_.host_budget_probe ? options_.host_budget_probe()
+                                                                        : default_host_budget(),
+                       .host_optim_shard_bytes = shard * host_bytes_per_element});
   apply_placement(placement);
 }
 

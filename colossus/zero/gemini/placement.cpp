@@ -45,13 +45,25 @@ std::vector<ChunkPlacement> auto_placement(size_t chunks, const AutoPlacementInp
   int64_t margin =
       static_cast<int64_t>(std::floor(static_cast<double>(std::max<int64_t>(left, 0)) * input.gpu_margin_mem_ratio));
   full = false;
+  int64_t on_device = 0;
   for (auto& chunk : placement) {
     full = full || margin < input.optim_shard_bytes;
     if (full) {
       chunk.optim_on_host = true;
     } else {
       margin -= input.optim_shard_bytes;
+      ++on_device;
     }
+  }
+  if (input.host_budget_bytes <= 0) return placement;
+  int64_t host_need = (static_cast<int64_t>(chunks) - on_device) * input.host_optim_shard_bytes;
+  int64_t spare = std::max<int64_t>(left, 0) - on_device * input.optim_shard_bytes;
+  for (auto& chunk : placement) {
+    if (host_need <= input.host_budget_bytes || spare < input.optim_shard_bytes) break;
+    if (!chunk.optim_on_host) continue;
+    chunk.optim_on_host = false;
+    spare -= input.optim_shard_bytes;
+    host_need -= input.host_optim_shard_bytes;
   }
   return placement;
 }

@@ -31,12 +31,19 @@ struct AutoPlacementInput {
   int64_t optim_shard_bytes = 0;      // one chunk's master + gradient shard + optimizer state (estimate)
   int64_t working_bytes = 0;          // gathered chunks in use at once (device memory the schedule needs)
   double gpu_margin_mem_ratio = 0.0;  // share of what is left after the parameters for optimizer shards
+  int64_t host_budget_bytes = 0;      // what optimizer sides may use on the host; 0: no limit
+  int64_t host_optim_shard_bytes = 0;  // one chunk's optimizer side on the host
 };
 
 // The auto policy: parameter shards stay on the device in chunk order while
 // they fit the budget (after the working set), the rest go to the host; the
 // optimizer side goes to the device, again in order, only into
-// gpu_margin_mem_ratio of the margin left after the parameters.
+// gpu_margin_mem_ratio of the margin left after the parameters. Where the
+// host cannot hold the rest (host_budget_bytes), more optimizer sides go to
+// the device, in order, into the whole margin, until the rest fits the host
+// or the margin is full: the ratio's slack gives way before the host runs
+// out, so a model that fits the two memories together trains with the
+// default ratio.
 std::vector<ChunkPlacement> auto_placement(size_t chunks, const AutoPlacementInput& input);
 
 }  // namespace colossus::zero::gemini
