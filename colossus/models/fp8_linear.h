@@ -57,6 +57,7 @@ class Fp8Conv1D : public Conv1D {
  public:
   Fp8Conv1D(const Conv1D& base, Fp8Recipe recipe);
   at::Tensor forward(const at::Tensor& x) override;
+  const Fp8Recipe& recipe() const { return recipe_; }
 
  private:
   Fp8Recipe recipe_;
@@ -70,7 +71,9 @@ class CausalLM;
 // keep_first_last (the default, as the recipes that train in FP8 do), the
 // first and the last block too. Returns how many layers were replaced.
 // MoE experts and routers (run from packed buffers), LoRA and tensor-parallel
-// layers are not plain leaves and stay as they are.
+// layers are not plain leaves and stay as they are; tensor parallelism's
+// sharder carries an FP8 leaf's recipe into the parallel layer it makes
+// (parallel/tensor/layers.h), so enable_fp8 runs before sharding.
 int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_last = true);
 
 }  // namespace colossus::models

@@ -513,10 +513,21 @@ TEST(Trainer, Fp8LinearLayersTrackTheFullPrecisionCurve) {
   EXPECT_LE(max_rel, 3e-2);
   EXPECT_GT(max_rel, 0.0) << "FP8 changed nothing: the layers were not replaced";
   EXPECT_LT(fp8.back(), fp8.front()) << "the FP8 run does not learn";
+  // hybrid_parallel takes use_fp8 too (its tensor-parallel layers keep the
+  // FP8 recipe: test_tensor_parallel's Fp8LayersAndShardedModels on 1, 2 and
+  // 4 ranks); on one rank it follows the ddp FP8 curve.
+  auto hybrid_options = fp8_options;
+  hybrid_options.push_back("plugin.name=\"hybrid_parallel\"");
+  const auto hybrid = losses_of(apps::train(tiny_config(job_dir("fp8_linear_hybrid"), hybrid_options)));
+  ASSERT_EQ(hybrid.size(), fp8.size());
+  for (size_t i = 0; i < fp8.size(); ++i) EXPECT_NEAR(hybrid[i], fp8[i], 1e-3 * std::abs(fp8[i])) << "step " << i + 1;
   for (const auto& [overrides, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"model.use_fp8=true", "model.fp8_scaling=\"blockwise\""}, "model.fp8_scaling is \"blockwise\""},
            {{"model.use_fp8=true", "model.fp8_grad_format=\"e3m4\""}, "grad_format is \"e3m4\""},
-           {{"model.use_fp8=true", "plugin.name=\"hybrid_parallel\""}, "use_fp8 with plugin hybrid_parallel"}}) {
+           {{"model.use_fp8=true", "plugin.name=\"moe_hybrid_parallel\""}, "use_fp8 with plugin moe_hybrid_parallel"},
+           {{"model.use_fp8=true", "plugin.name=\"hybrid_parallel\"", "plugin.enable_sequence_parallelism=true",
+             "plugin.sequence_parallelism_mode=\"ring\""},
+            "sequence_parallelism_mode \"ring\""}}) {
     try {
       tiny_config(job_dir("fp8_refused"), overrides);
       ADD_FAILURE() << "expected a ConfigError for " << expected;

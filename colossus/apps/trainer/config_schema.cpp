@@ -215,7 +215,7 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("init_seed", "seed of the Hugging Face-style initialisation (ignored with pretrained)", model.init_seed),
         COLOSSUS_KEY("gradient_checkpointing_ratio", "activation checkpointing under any plugin: share of blocks that rerun their forward in backward (hybrid_parallel: plugin.gradient_checkpointing_ratio)", model.gradient_checkpointing_ratio),
         COLOSSUS_KEY("gradient_checkpointing_granularity", "what a checkpointed block reruns: \"full\" (the whole block, only its input kept) or \"mlp\" (selective: only its MLP, attention's activations kept; dense blocks)", model.gradient_checkpointing_granularity),
-        COLOSSUS_KEY("use_fp8", "FP8 matmuls (e4m3 forward, at::_scaled_mm) in the decoder blocks' linear layers; ddp, low_level_zero and gemini", model.use_fp8),
+        COLOSSUS_KEY("use_fp8", "FP8 matmuls (e4m3 forward, at::_scaled_mm) in the decoder blocks' linear layers; ddp, low_level_zero, gemini and hybrid_parallel (not with sp mode ring)", model.use_fp8),
         COLOSSUS_KEY("fp8_scaling", "\"tensorwise\" or \"rowwise\": one FP8 scale per tensor, or per row of x and W, in the forward", model.fp8_scaling),
         COLOSSUS_KEY("fp8_grad_format", "\"e5m2\" (range) or \"e4m3\" (precision): the output gradient's FP8 format", model.fp8_grad_format),
         COLOSSUS_KEY("fp8_keep_first_last", "keep the first and last blocks in the model's dtype (with use_fp8)", model.fp8_keep_first_last)}});

@@ -248,11 +248,15 @@ void TrainConfig::validate() const {
       throw ConfigError(fmt::format("model.fp8_scaling is \"{}\"; valid: \"tensorwise\", \"rowwise\"", model.fp8_scaling));
     }
     models::Fp8Recipe{.grad_format = model.fp8_grad_format}.validate();
-    if (plugin.name == "hybrid_parallel" || plugin.name == "moe_hybrid_parallel") {
-      // Their tensor-parallel layers are not plain Linear leaves.
-      throw ConfigError(fmt::format("model.use_fp8 with plugin {} is not supported yet; train in FP8 under ddp, "
-                                    "low_level_zero or gemini",
-                                    plugin.name));
+    if (plugin.name == "moe_hybrid_parallel") {
+      // Its experts run from packed buffers, not Linear leaves.
+      throw ConfigError("model.use_fp8 with plugin moe_hybrid_parallel is not supported yet; train in FP8 under ddp, "
+                        "low_level_zero, gemini or hybrid_parallel");
+    }
+    if (plugin.name == "hybrid_parallel" && plugin.hybrid_parallel.enable_sequence_parallelism &&
+        plugin.hybrid_parallel.sequence_parallelism_mode == "ring") {
+      throw ConfigError("model.use_fp8 with sequence_parallelism_mode \"ring\" is not supported (the ring fuses its "
+                        "matmuls with its communication); use \"split_gather\", \"ring_attn\" or \"all_to_all\"");
     }
   }
   require_positive("data.seq_len", data.seq_len, "128");

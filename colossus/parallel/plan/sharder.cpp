@@ -70,26 +70,36 @@ class Sharder {
     return **found;
   }
 
-  // The (weight, bias, layout) of a Linear or Conv1D leaf.
-  std::tuple<at::Tensor, at::Tensor, tensor::WeightLayout> linear_at(const std::string& path, const char* style) {
+  // The (weight, bias, layout) of a Linear or Conv1D leaf, and the FP8
+  // recipe of an FP8 one (models::enable_fp8), which its parallel form keeps.
+  struct LinearLeaf {
+    at::Tensor weight, bias;
+    tensor::WeightLayout layout;
+    std::optional<models::Fp8Recipe> fp8;
+  };
+  LinearLeaf linear_at(const std::string& path, const char* style) {
     auto& module = module_at(path);
     if (auto* linear = dynamic_cast<models::Linear*>(&module)) {
-      return {linear->weight, linear->bias, tensor::WeightLayout::OutIn};
+      const auto* fp8 = dynamic_cast<models::Fp8Linear*>(linear);
+      return {linear->weight, linear->bias, tensor::WeightLayout::OutIn,
+              fp8 ? std::optional(fp8->recipe()) : std::nullopt};
     }
-    if (auto* conv = dynamic_cast<models::Conv1D*>(&module))
-      return {conv->weight, conv->bias, tensor::WeightLayout::InOut};
+    if (auto* conv = dynamic_cast<models::Conv1D*>(&module)) {
+      const auto* fp8 = dynamic_cast<models::Fp8Conv1D*>(conv);
+      return {conv->weight, conv->bias, tensor::WeightLayout::InOut, fp8 ? std::optional(fp8->recipe()) : std::nullopt};
+    }
     throw ConfigError(
         fmt::format("sharding plan: {} needs a Linear or Conv1D at '{}', found {}", style, path, module.name()));
   }
 
   void colwise(const std::string& path, const Style& style) {
-    auto [weight, bias, layout] = linear_at(path, "Colwise");
+    auto [weight, bias, layout, fp8] = linear_at(path, "Colwise");
     const int64_t out_dim = layout == tensor::WeightLayout::OutIn ? 0 : 1;
     const int64_t out = weight.size(out_dim);
     const Shape shape = shape_of(model_.config());
     ShardSpec spec;
     tensor::ColumnParallelOptions options{
-        .layout = layout, .gather_output = style.gather_output, .sequence = options_.sequence};
+        .layout = layout, .gather_output = style.gather_output, .sequence = options_.sequence, .fp8 = fp8};
     if (style.gather_output && options_.sequence != tensor::SequenceSharding::None) {
       throw ConfigError(fmt::format("sharding plan: '{}' is Colwise with gather_output, which sequence parallelism "
                                     "(split_gather / ring) cannot shard along the sequence; drop gather_output",
@@ -128,7 +138,7 @@ class Sharder {
   }
 
   void rowwise(const std::string& path, const Style& style) {
-    auto [weight, bias, layout] = linear_at(path, "Rowwise");
+    auto [weight, bias, layout, fp8] = linear_at(path, "Rowwise");
     const int64_t in_dim = layout == tensor::WeightLayout::OutIn ? 1 : 0;
     const int64_t in = weight.size(in_dim);
     if (in % tp_ != 0) {
@@ -148,7 +158,8 @@ class Sharder {
         std::make_shared<tensor::RowParallelLinear>(
             weight, bias, group_,
             tensor::RowParallelOptions{
-                .layout = layout, .input_is_parallel = style.input_is_parallel, .sequence = options_.sequence}));
+                .layout = layout, .input_is_parallel = style.input_is_parallel, .sequence = options_.sequence,
+                .fp8 = fp8}));
   }
 
   ShardSpec vocab_spec(int64_t vocab) {
@@ -176,9 +187,14 @@ class Sharder {
   }
 
   void head(const std::string& path) {
-    auto [weight, bias, layout] = linear_at(path, "VocabParallelHead");
+    auto [weight, bias, layout, fp8] = linear_at(path, "VocabParallelHead");
     if (bias.defined() || layout != tensor::WeightLayout::OutIn) {
       throw ConfigError(fmt::format("sharding plan: VocabParallelHead needs a bias-free nn.Linear at '{}'", path));
+    }
+    if (fp8) {  // enable_fp8 leaves the head in its dtype; a custom policy must too
+      throw ConfigError(fmt::format("sharding plan: the head at '{}' is an FP8 layer; VocabParallelHead runs in the "
+                                    "model's dtype",
+                                    path));
     }
     ShardSpec spec = vocab_spec(weight.size(0));
     narrow_param(weight, spec, rank_);

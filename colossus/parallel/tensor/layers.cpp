@@ -1,18 +1,30 @@
 #include "colossus/parallel/tensor/layers.h"
 
+#include "colossus/core/errors.h"
 #include "colossus/parallel/tensor/comm.h"
 
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
+#include <fmt/format.h>
 
 namespace colossus::parallel::tensor {
 
 namespace {
 
-at::Tensor linear_with(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout) {
-  return at::linear(x, layout == WeightLayout::OutIn ? weight : weight.t(), bias);
+at::Tensor linear_with(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout,
+                       const std::optional<models::Fp8Recipe>& fp8) {
+  const at::Tensor w = layout == WeightLayout::OutIn ? weight : weight.t();
+  return fp8 ? models::fp8_linear(x, w, bias, *fp8) : at::linear(x, w, bias);
+}
+
+void refuse_fp8_ring(const std::optional<models::Fp8Recipe>& fp8, SequenceSharding sequence, const char* layer) {
+  if (fp8 && sequence == SequenceSharding::Ring) {
+    throw ConfigError(fmt::format("{}: FP8 matmuls with ring sequence parallelism are not supported (the ring fuses "
+                                  "its matmul with its communication); use sp_mode split_gather, or drop use_fp8",
+                                  layer));
+  }
 }
 
 }  // namespace
@@ -20,6 +32,7 @@ at::Tensor linear_with(const at::Tensor& x, const at::Tensor& weight, const at::
 ColumnParallelLinear::ColumnParallelLinear(at::Tensor weight_, at::Tensor bias_, cluster::ProcessGroupPtr group,
                                            ColumnParallelOptions options)
     : Layer("ColumnParallelLinear"), group_(std::move(group)), options_(options) {
+  refuse_fp8_ring(options_.fp8, options_.sequence, "ColumnParallelLinear");
   weight = register_parameter("weight", std::move(weight_));
   if (bias_.defined()) bias = register_parameter("bias", std::move(bias_));
 }
@@ -33,10 +46,10 @@ at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) {
   at::Tensor y;
   switch (options_.sequence) {
     case SequenceSharding::None:
-      y = linear_with(copy_to_region(x, *group_), w, b, options_.layout);
+      y = linear_with(copy_to_region(x, *group_), w, b, options_.layout, options_.fp8);
       break;
     case SequenceSharding::SplitGather:
-      y = linear_with(sequence::gather_sequence(x, *group_), w, b, options_.layout);
+      y = linear_with(sequence::gather_sequence(x, *group_), w, b, options_.layout, options_.fp8);
       break;
     case SequenceSharding::Ring:
       y = sequence::ring_gather_linear(x, options_.layout == WeightLayout::OutIn ? w : w.t(), b, *group_);
@@ -48,6 +61,7 @@ at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) {
 RowParallelLinear::RowParallelLinear(at::Tensor weight_, at::Tensor bias_, cluster::ProcessGroupPtr group,
                                      RowParallelOptions options)
     : Layer("RowParallelLinear"), group_(std::move(group)), options_(options) {
+  refuse_fp8_ring(options_.fp8, options_.sequence, "RowParallelLinear");
   weight = register_parameter("weight", std::move(weight_));
   if (bias_.defined()) bias = register_parameter("bias", std::move(bias_));
 }
@@ -60,10 +74,11 @@ at::Tensor RowParallelLinear::forward(const at::Tensor& x) {
   at::Tensor y;
   switch (options_.sequence) {
     case SequenceSharding::None:
-      y = reduce_from_region(linear_with(local, weight, at::Tensor(), options_.layout), *group_);
+      y = reduce_from_region(linear_with(local, weight, at::Tensor(), options_.layout, options_.fp8), *group_);
       break;
     case SequenceSharding::SplitGather:
-      y = sequence::reduce_scatter_sequence(linear_with(local, weight, at::Tensor(), options_.layout), *group_);
+      y = sequence::reduce_scatter_sequence(linear_with(local, weight, at::Tensor(), options_.layout, options_.fp8),
+                                            *group_);
       break;
     case SequenceSharding::Ring:
       y = sequence::ring_linear_reduce_scatter(local, options_.layout == WeightLayout::OutIn ? weight : weight.t(),

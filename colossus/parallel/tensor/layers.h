@@ -10,6 +10,7 @@
 // and does its communication through the autograd functions of comm.h.
 #pragma once
 #include "colossus/cluster/process_group.h"
+#include "colossus/models/fp8_linear.h"
 #include "colossus/models/layers.h"
 #include "colossus/parallel/sequence/split_gather.h"
 
@@ -35,6 +36,10 @@ struct ColumnParallelOptions {
   // Not None: the input is this rank's (B, T/tp, in) sequence shard, gathered
   // along the sequence before the matmul (gather_output is then refused).
   SequenceSharding sequence = SequenceSharding::None;
+  // The local matmul in FP8 (models::fp8_linear: this rank's x and W shard
+  // scaled on their own); not with ring sequence parallelism, whose matmul is
+  // fused with its communication.
+  std::optional<models::Fp8Recipe> fp8 = std::nullopt;
 };
 
 // y = x W_local^T + b_local: each rank computes out/tp of the output features.
@@ -46,6 +51,7 @@ class ColumnParallelLinear : public models::Layer {
   // x: (..., in) replicated -> (..., out/tp), or (..., out) with gather_output.
   // With sequence sharding: x (B, T/tp, in) -> (B, T, out/tp).
   at::Tensor forward(const at::Tensor& x) override;
+  const ColumnParallelOptions& options() const { return options_; }
   at::Tensor weight;
   at::Tensor bias;
 
@@ -60,6 +66,7 @@ struct RowParallelOptions {
   // Not None: the partial sums are reduce-scattered along the sequence, so the
   // output is this rank's (B, T/tp, out) shard (the bias is added to it).
   SequenceSharding sequence = SequenceSharding::None;
+  std::optional<models::Fp8Recipe> fp8 = std::nullopt;  // as ColumnParallelOptions::fp8
 };
 
 // y = all_reduce(x_local W_local^T) + b: each rank holds in/tp input features.
@@ -70,6 +77,7 @@ class RowParallelLinear : public models::Layer {
   // x: (..., in/tp) (or (..., in) without input_is_parallel) -> (..., out) replicated.
   // With sequence sharding: x (B, T, in/tp) -> (B, T/tp, out).
   at::Tensor forward(const at::Tensor& x) override;
+  const RowParallelOptions& options() const { return options_; }
   at::Tensor weight;
   at::Tensor bias;
 
