@@ -82,6 +82,23 @@ Quantized quantize_both_layouts(const at::Tensor& x, at::ScalarType format, bool
   return q;
 }
 
+// Delayed scaling: the scale from the largest of `history`'s past maxima
+// (the current maximum where there are none yet), values beyond it
+// saturated, then the current maximum recorded, newest first.
+Quantized quantize_delayed(const at::Tensor& x, at::ScalarType format, at::Tensor& history, int64_t len) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor amax = x32.abs().max();
+  if (!history.defined()) history = at::zeros({len}, x32.options());
+  const at::Tensor past = history.max();
+  const at::Tensor basis = at::where(past > 0, past, amax);
+  const double top = format_max(format);
+  const at::Tensor scale = at::where(basis > 0, basis / top, at::ones_like(basis));
+  Quantized q{(x32 / scale).clamp(-top, top).to(format), scale, at::Tensor()};
+  q.q_t = q.q.t().contiguous();
+  history.copy_(at::cat({amax.reshape({1}), history.narrow(0, 0, len - 1)}));
+  return q;
+}
+
 bool fits_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {
   if (a.is_cuda()) {
     // Hopper's FP8 GEMM: every dimension a multiple of 16; not e5m2 x e5m2.
@@ -109,9 +126,12 @@ at::Tensor scaled_matmul(const Quantized& a, const Quantized& b_t, at::ScalarTyp
 }
 
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+  // history: the layer's Fp8AmaxHistory as an integer (saved_data holds
+  // IValues), 0 without delayed scaling; len its length.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, bool rowwise, int64_t grad_format_code,
-                            bool fused) {
+                            bool fused, int64_t history_address, int64_t history_len) {
+    auto* history = reinterpret_cast<Fp8AmaxHistory*>(history_address);
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor x2 = x.reshape({-1, in});
     at::Tensor y;
@@ -126,8 +146,10 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       // Per tensor the backward's operands are the forward's: kept in FP8 in
       // the layouts the backward's GEMMs take (x^T and W^T, one byte an
       // element), so nothing is quantised or transposed twice.
-      const Quantized xq = quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused),
-                      wq = quantize_both_layouts(weight, at::kFloat8_e4m3fn, fused);
+      const Quantized xq = history ? quantize_delayed(x2, at::kFloat8_e4m3fn, history->x, history_len)
+                                   : quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused),
+                      wq = history ? quantize_delayed(weight, at::kFloat8_e4m3fn, history->w, history_len)
+                                   : quantize_both_layouts(weight, at::kFloat8_e4m3fn, fused);
       y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
       ctx->save_for_backward({xq.q_t, xq.scale, wq.q_t, wq.scale});
       ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
@@ -138,6 +160,8 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     ctx->saved_data["grad_format"] = grad_format_code;
     ctx->saved_data["fused"] = fused;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["history"] = history_address;
+    ctx->saved_data["history_len"] = history_len;
     std::vector<int64_t> sizes = x.sizes().vec();
     sizes.back() = out;
     return y.view(sizes);
@@ -163,7 +187,10 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const int64_t in = w_t.size(0), out = w_t.size(1);
     const at::Tensor dy = grad_outputs[0].reshape({-1, out});
     const auto format = ctx->saved_data["grad_format"].toInt() == 1 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
-    const Quantized dyq = quantize_both_layouts(dy.is_contiguous() ? dy : dy.contiguous(), format, fused);
+    auto* history = reinterpret_cast<Fp8AmaxHistory*>(ctx->saved_data["history"].toInt());
+    const Quantized dyq =
+        history ? quantize_delayed(dy, format, history->dy, ctx->saved_data["history_len"].toInt())
+                : quantize_both_layouts(dy.is_contiguous() ? dy : dy.contiguous(), format, fused);
     // dx (M, K) = dy (M, N) W (N, K): W as the transposed view of W^T.
     const at::Tensor dx = scaled_matmul({dyq.q, dyq.scale}, {w_t.t(), w_scale}, x_dtype);
     // dW (N, K) = dy^T (N, M) x (M, K).
@@ -172,7 +199,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0).to(w_dtype);
     std::vector<int64_t> sizes = grad_outputs[0].sizes().vec();
     sizes.back() = in;
-    return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -183,26 +210,40 @@ void Fp8Recipe::validate() const {
     throw ConfigError(fmt::format("fp8 grad_format is \"{}\"; use \"e5m2\" (the default: range for gradients) or \"e4m3\"",
                                   grad_format));
   }
+  if (amax_history_len < 0) {
+    throw ConfigError(fmt::format("fp8 amax_history_len is {}; use 0 (current scaling) or a positive length",
+                                  amax_history_len));
+  }
+  if (amax_history_len > 0 && rowwise) {
+    throw ConfigError(fmt::format("fp8 amax_history_len = {} needs tensorwise scaling (delayed scaling keeps one "
+                                  "maximum a tensor); set fp8_scaling = \"tensorwise\" or amax_history_len = 0",
+                                  amax_history_len));
+  }
 }
 
-at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Recipe& recipe) {
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Recipe& recipe,
+                      Fp8AmaxHistory* history) {
   TORCH_CHECK(weight.dim() == 2 && x.size(-1) == weight.size(1), "fp8_linear: x ", x.sizes(), " does not fit weight ",
               weight.sizes());
+  TORCH_CHECK(recipe.amax_history_len == 0 || history != nullptr,
+              "fp8_linear: amax_history_len > 0 needs the layer's Fp8AmaxHistory");
+  const bool delayed = recipe.amax_history_len > 0 && !recipe.rowwise;
   return Fp8LinearFunction::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
-                                  recipe.rowwise, recipe.grad_format == "e4m3" ? 1 : 0, recipe.fused_quantize);
+                                  recipe.rowwise, recipe.grad_format == "e4m3" ? 1 : 0, recipe.fused_quantize,
+                                  delayed ? reinterpret_cast<int64_t>(history) : int64_t{0}, recipe.amax_history_len);
 }
 
 Fp8Linear::Fp8Linear(const Linear& base, Fp8Recipe recipe) : Linear(base.weight, base.bias), recipe_(std::move(recipe)) {
   recipe_.validate();
 }
 
-at::Tensor Fp8Linear::forward(const at::Tensor& x) { return fp8_linear(x, weight, bias, recipe_); }
+at::Tensor Fp8Linear::forward(const at::Tensor& x) { return fp8_linear(x, weight, bias, recipe_, history_.get()); }
 
 Fp8Conv1D::Fp8Conv1D(const Conv1D& base, Fp8Recipe recipe) : Conv1D(base.weight, base.bias), recipe_(std::move(recipe)) {
   recipe_.validate();
 }
 
-at::Tensor Fp8Conv1D::forward(const at::Tensor& x) { return fp8_linear(x, weight.t(), bias, recipe_); }
+at::Tensor Fp8Conv1D::forward(const at::Tensor& x) { return fp8_linear(x, weight.t(), bias, recipe_, history_.get()); }
 
 int64_t enable_fp8(CausalLM& model, const Fp8Recipe& recipe, bool keep_first_last) {
   recipe.validate();

@@ -13,6 +13,12 @@
 // Where _scaled_mm does not take the operands (rowwise scales on the CPU, a
 // CUDA size not a multiple of 16), the same FP8 values are multiplied after
 // dequantising them to fp32: slower, same numbers up to summation order.
+// Delayed scaling (Transformer Engine's amax history; `amax_history_len`):
+// per tensor, each operand's scale comes from the largest of its last N
+// absolute maxima instead of its current one (the first use, with no
+// history yet, takes its current one), values beyond it saturate, and each
+// use records its own maximum. The history lives in the layer, not in
+// checkpoints: a resumed run starts it afresh.
 #pragma once
 #include "colossus/models/layers.h"
 
@@ -33,12 +39,25 @@ struct Fp8Recipe {
   // (bench/RESULTS.md). false: the ATen formula, the reference
   // bench_train_gpt2 --fp8 times beside it.
   bool fused_quantize = true;
+  // > 0: delayed scaling over this many past maxima (per tensor only; the
+  // ATen path, not the fused quantise); 0: each operand scaled by its
+  // current maximum.
+  int64_t amax_history_len = 0;
   void validate() const;             // ConfigError naming a bad value
 };
 
+// Delayed scaling's state of one FP8 layer: the last maxima of x, W and dy,
+// newest first, (amax_history_len) fp32 each, made at the first use.
+struct Fp8AmaxHistory {
+  at::Tensor x, w, dy;
+};
+
 // y = x W^T + bias with FP8 matmuls (above); x (..., in), weight (out, in),
-// bias (out) or undefined; differentiable in x, weight and bias.
-at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Recipe& recipe);
+// bias (out) or undefined; differentiable in x, weight and bias. `history`:
+// the layer's state, required when recipe.amax_history_len > 0; it must
+// outlive the backward.
+at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const Fp8Recipe& recipe,
+                      Fp8AmaxHistory* history = nullptr);
 
 // A Linear whose matmuls run in FP8; the same parameters under the same
 // names (weight, bias), so it replaces a Linear in place.
@@ -47,9 +66,11 @@ class Fp8Linear : public Linear {
   Fp8Linear(const Linear& base, Fp8Recipe recipe);
   at::Tensor forward(const at::Tensor& x) override;
   const Fp8Recipe& recipe() const { return recipe_; }
+  const Fp8AmaxHistory& amax_history() const { return *history_; }
 
  private:
   Fp8Recipe recipe_;
+  std::shared_ptr<Fp8AmaxHistory> history_ = std::make_shared<Fp8AmaxHistory>();
 };
 
 // GPT-2's Conv1D (weight stored (in, out)) with its matmuls in FP8.
@@ -61,6 +82,7 @@ class Fp8Conv1D : public Conv1D {
 
  private:
   Fp8Recipe recipe_;
+  std::shared_ptr<Fp8AmaxHistory> history_ = std::make_shared<Fp8AmaxHistory>();
 };
 
 class CausalLM;

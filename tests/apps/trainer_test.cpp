@@ -521,9 +521,23 @@ TEST(Trainer, Fp8LinearLayersTrackTheFullPrecisionCurve) {
   const auto hybrid = losses_of(apps::train(tiny_config(job_dir("fp8_linear_hybrid"), hybrid_options)));
   ASSERT_EQ(hybrid.size(), fp8.size());
   for (size_t i = 0; i < fp8.size(); ++i) EXPECT_NEAR(hybrid[i], fp8[i], 1e-3 * std::abs(fp8[i])) << "step " << i + 1;
+  // Delayed scaling (per tensor, 16 past maxima) tracks the fp32 curve too.
+  auto delayed_options = base;
+  delayed_options.insert(delayed_options.end(), {"model.use_fp8=true", "model.fp8_amax_history_len=16"});
+  const auto delayed = losses_of(apps::train(tiny_config(job_dir("fp8_linear_delayed"), delayed_options)));
+  ASSERT_EQ(delayed.size(), plain.size());
+  double delayed_rel = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    delayed_rel = std::max(delayed_rel, std::abs(delayed[i] - plain[i]) / std::abs(plain[i]));
+  }
+  EXPECT_LE(delayed_rel, 3e-2);
+  EXPECT_GT(delayed_rel, 0.0);
+  EXPECT_LT(delayed.back(), delayed.front());
   for (const auto& [overrides, expected] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"model.use_fp8=true", "model.fp8_scaling=\"blockwise\""}, "model.fp8_scaling is \"blockwise\""},
            {{"model.use_fp8=true", "model.fp8_grad_format=\"e3m4\""}, "grad_format is \"e3m4\""},
+           {{"model.use_fp8=true", "model.fp8_scaling=\"rowwise\"", "model.fp8_amax_history_len=8"},
+            "needs tensorwise scaling"},
            {{"model.use_fp8=true", "plugin.name=\"moe_hybrid_parallel\""}, "use_fp8 with plugin moe_hybrid_parallel"},
            {{"model.use_fp8=true", "plugin.name=\"hybrid_parallel\"", "plugin.enable_sequence_parallelism=true",
              "plugin.sequence_parallelism_mode=\"ring\""},

@@ -34,6 +34,13 @@ at::Tensor fp8_values(const at::Tensor& x, at::ScalarType format, bool rowwise) 
   return (x64 / scale).clamp(-top, top).to(at::kFloat).to(format).to(at::kDouble) * scale;
 }
 
+// x in e4m3 per tensor, scaled by a given maximum (delayed scaling).
+at::Tensor fp8_values_with_amax(const at::Tensor& x, double amax) {
+  const double top = 448.0;
+  const double scale = static_cast<double>(static_cast<float>(amax) / static_cast<float>(top));
+  return (x.to(at::kDouble) / scale).clamp(-top, top).to(at::kFloat).to(at::kFloat8_e4m3fn).to(at::kDouble) * scale;
+}
+
 }  // namespace
 
 TEST(Fp8Linear, ForwardAndGradientsAreTheFp8ValuesMultiplied) {
@@ -102,6 +109,50 @@ TEST(Fp8Linear, RowwiseScalesHelpRowsOfDifferentSizes) {
   const double small_rowwise = rel_err(rowwise.narrow(0, 0, 2), exact.narrow(0, 0, 2));
   EXPECT_LT(small_rowwise, 0.05);
   EXPECT_LT(small_rowwise, small_tensorwise / 2) << small_rowwise << " vs " << small_tensorwise;
+}
+
+// Delayed scaling: the first use (no history) scales x and W by their
+// current maxima, exactly as current scaling does; each use records its
+// maximum, newest first; a later, smaller input is scaled by the largest
+// past maximum (so it is not the current-scaling result), and one beyond
+// the history saturates at the format's largest value.
+TEST(Fp8Linear, DelayedScalingUsesTheLargestPastMaximum) {
+  const models::Fp8Recipe delayed{.amax_history_len = 4};
+  at::manual_seed(3);
+  auto base = std::make_shared<models::Linear>(at::randn({24, 16}).requires_grad_(true), at::Tensor());
+  models::Fp8Linear layer(*base, delayed);
+  const at::Tensor x1 = at::randn({8, 16}) * 4;
+  const at::Tensor y1 = layer.forward(x1);
+  EXPECT_TRUE(at::equal(y1, fp8_linear(x1, base->weight, at::Tensor(), {})))
+      << "no history yet: the current maximum";
+  y1.sum().backward();
+  const auto& history = layer.amax_history();
+  ASSERT_TRUE(history.x.defined() && history.w.defined() && history.dy.defined());
+  EXPECT_EQ(history.x.numel(), 4);
+  EXPECT_FLOAT_EQ(history.x[0].item<float>(), x1.abs().max().item<float>());
+  EXPECT_EQ(history.x[1].item<float>(), 0.0f);
+  EXPECT_FLOAT_EQ(history.dy[0].item<float>(), 1.0f) << "d(sum)/dy is all ones";
+
+  const at::Tensor x2 = x1 / 3;  // smaller: scaled by x1's maximum, coarser than its own (not a power of 2)
+  const at::Tensor y2 = layer.forward(x2).detach();
+  const at::Tensor want2 = at::matmul(fp8_values_with_amax(x2, x1.abs().max().item<double>()),
+                                      fp8_values(base->weight.detach(), at::kFloat8_e4m3fn, false).t());
+  EXPECT_LT(rel_err(y2, want2), 1e-6);
+  EXPECT_GT(rel_err(y2, fp8_linear(x2, base->weight, at::Tensor(), {}).detach()), 1e-4)
+      << "a smaller input must not be scaled by its own maximum";
+  EXPECT_FLOAT_EQ(history.x[0].item<float>(), x2.abs().max().item<float>());
+  EXPECT_FLOAT_EQ(history.x[1].item<float>(), x1.abs().max().item<float>());
+
+  const at::Tensor x3 = x1 * 4;  // beyond the history: saturates at 448 x the past scale
+  const at::Tensor y3 = layer.forward(x3).detach();
+  const at::Tensor want3 = at::matmul(fp8_values_with_amax(x3, x1.abs().max().item<double>()),
+                                      fp8_values(base->weight.detach(), at::kFloat8_e4m3fn, false).t());
+  EXPECT_LT(rel_err(y3, want3), 1e-6);
+
+  for (const models::Fp8Recipe& bad : {models::Fp8Recipe{.amax_history_len = -1},
+                                      models::Fp8Recipe{.rowwise = true, .amax_history_len = 8}}) {
+    EXPECT_THROW(bad.validate(), ConfigError);
+  }
 }
 
 TEST(Fp8Linear, RefusesAnUnknownGradFormat) {

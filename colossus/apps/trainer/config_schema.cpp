@@ -218,7 +218,8 @@ const std::vector<Section>& sections() {
         COLOSSUS_KEY("use_fp8", "FP8 matmuls (e4m3 forward, at::_scaled_mm) in the decoder blocks' linear layers; ddp, low_level_zero, gemini and hybrid_parallel (not with sp mode ring)", model.use_fp8),
         COLOSSUS_KEY("fp8_scaling", "\"tensorwise\" or \"rowwise\": one FP8 scale per tensor, or per row of x and W, in the forward", model.fp8_scaling),
         COLOSSUS_KEY("fp8_grad_format", "\"e5m2\" (range) or \"e4m3\" (precision): the output gradient's FP8 format", model.fp8_grad_format),
-        COLOSSUS_KEY("fp8_keep_first_last", "keep the first and last blocks in the model's dtype (with use_fp8)", model.fp8_keep_first_last)}});
+        COLOSSUS_KEY("fp8_keep_first_last", "keep the first and last blocks in the model's dtype (with use_fp8)", model.fp8_keep_first_last),
+        COLOSSUS_KEY("fp8_amax_history_len", "> 0: delayed scaling, each operand's scale from the largest of its last N maxima (tensorwise only; not in checkpoints); 0: its current maximum", model.fp8_amax_history_len)}});
     s.push_back({"data", "", {
         COLOSSUS_KEY("source", "\"builtin\" (generated corpus), a UTF-8 text file, a directory of *.txt, or a directory of token shards", data.source),
         COLOSSUS_KEY("tokenizer", "\"byte\", a Hugging Face tokenizer directory or file; empty: model.pretrained's own (byte without one)", data.tokenizer),

@@ -247,7 +247,10 @@ void TrainConfig::validate() const {
     if (model.fp8_scaling != "tensorwise" && model.fp8_scaling != "rowwise") {
       throw ConfigError(fmt::format("model.fp8_scaling is \"{}\"; valid: \"tensorwise\", \"rowwise\"", model.fp8_scaling));
     }
-    models::Fp8Recipe{.grad_format = model.fp8_grad_format}.validate();
+    models::Fp8Recipe{.rowwise = model.fp8_scaling == "rowwise",
+                      .grad_format = model.fp8_grad_format,
+                      .amax_history_len = model.fp8_amax_history_len}
+        .validate();
     if (plugin.name == "moe_hybrid_parallel") {
       // Its experts run from packed buffers, not Linear leaves.
       throw ConfigError("model.use_fp8 with plugin moe_hybrid_parallel is not supported yet; train in FP8 under ddp, "

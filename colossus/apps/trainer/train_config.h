@@ -45,6 +45,7 @@ struct ModelSection {
   std::string fp8_scaling = "tensorwise";
   std::string fp8_grad_format = "e5m2";
   bool fp8_keep_first_last = true;
+  int64_t fp8_amax_history_len = 0;  // > 0: delayed scaling (tensorwise)
 };
 
 struct DataSection {

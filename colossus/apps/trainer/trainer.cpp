@@ -344,10 +344,17 @@ void Trainer::build() {
   }
   if (config_.model.use_fp8) {
     const int64_t fp8 = models::enable_fp8(
-        *model, {.rowwise = config_.model.fp8_scaling == "rowwise", .grad_format = config_.model.fp8_grad_format},
+        *model,
+        {.rowwise = config_.model.fp8_scaling == "rowwise",
+         .grad_format = config_.model.fp8_grad_format,
+         .amax_history_len = config_.model.fp8_amax_history_len},
         config_.model.fp8_keep_first_last);
-    log.info(fmt::format("fp8: {} linear layers run their matmuls in FP8 ({}, gradients in {})", fp8,
-                         config_.model.fp8_scaling, config_.model.fp8_grad_format));
+    log.info(fmt::format("fp8: {} linear layers run their matmuls in FP8 ({}{}, gradients in {})", fp8,
+                         config_.model.fp8_scaling,
+                         config_.model.fp8_amax_history_len > 0
+                             ? fmt::format(", delayed over {} maxima", config_.model.fp8_amax_history_len)
+                             : "",
+                         config_.model.fp8_grad_format));
   }
   if (config_.model.gradient_checkpointing_ratio > 0.0) {
     const auto granularity = models::parse_checkpoint_granularity(config_.model.gradient_checkpointing_granularity);

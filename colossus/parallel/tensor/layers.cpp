@@ -14,9 +14,9 @@ namespace colossus::parallel::tensor {
 namespace {
 
 at::Tensor linear_with(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, WeightLayout layout,
-                       const std::optional<models::Fp8Recipe>& fp8) {
+                       const std::optional<models::Fp8Recipe>& fp8, models::Fp8AmaxHistory* history) {
   const at::Tensor w = layout == WeightLayout::OutIn ? weight : weight.t();
-  return fp8 ? models::fp8_linear(x, w, bias, *fp8) : at::linear(x, w, bias);
+  return fp8 ? models::fp8_linear(x, w, bias, *fp8, history) : at::linear(x, w, bias);
 }
 
 void refuse_fp8_ring(const std::optional<models::Fp8Recipe>& fp8, SequenceSharding sequence, const char* layer) {
@@ -46,10 +46,10 @@ at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) {
   at::Tensor y;
   switch (options_.sequence) {
     case SequenceSharding::None:
-      y = linear_with(copy_to_region(x, *group_), w, b, options_.layout, options_.fp8);
+      y = linear_with(copy_to_region(x, *group_), w, b, options_.layout, options_.fp8, fp8_history_.get());
       break;
     case SequenceSharding::SplitGather:
-      y = linear_with(sequence::gather_sequence(x, *group_), w, b, options_.layout, options_.fp8);
+      y = linear_with(sequence::gather_sequence(x, *group_), w, b, options_.layout, options_.fp8, fp8_history_.get());
       break;
     case SequenceSharding::Ring:
       y = sequence::ring_gather_linear(x, options_.layout == WeightLayout::OutIn ? w : w.t(), b, *group_);
@@ -74,11 +74,12 @@ at::Tensor RowParallelLinear::forward(const at::Tensor& x) {
   at::Tensor y;
   switch (options_.sequence) {
     case SequenceSharding::None:
-      y = reduce_from_region(linear_with(local, weight, at::Tensor(), options_.layout, options_.fp8), *group_);
+      y = reduce_from_region(
+          linear_with(local, weight, at::Tensor(), options_.layout, options_.fp8, fp8_history_.get()), *group_);
       break;
     case SequenceSharding::SplitGather:
-      y = sequence::reduce_scatter_sequence(linear_with(local, weight, at::Tensor(), options_.layout, options_.fp8),
-                                            *group_);
+      y = sequence::reduce_scatter_sequence(
+          linear_with(local, weight, at::Tensor(), options_.layout, options_.fp8, fp8_history_.get()), *group_);
       break;
     case SequenceSharding::Ring:
       y = sequence::ring_linear_reduce_scatter(local, options_.layout == WeightLayout::OutIn ? weight : weight.t(),

@@ -58,6 +58,7 @@ class ColumnParallelLinear : public models::Layer {
  private:
   cluster::ProcessGroupPtr group_;
   ColumnParallelOptions options_;
+  std::shared_ptr<models::Fp8AmaxHistory> fp8_history_ = std::make_shared<models::Fp8AmaxHistory>();
 };
 
 struct RowParallelOptions {
@@ -84,6 +85,7 @@ class RowParallelLinear : public models::Layer {
  private:
   cluster::ProcessGroupPtr group_;
   RowParallelOptions options_;
+  std::shared_ptr<models::Fp8AmaxHistory> fp8_history_ = std::make_shared<models::Fp8AmaxHistory>();
 };
 
 // Each rank holds rows [vocab_start, vocab_start + local_rows) of the (padded)
