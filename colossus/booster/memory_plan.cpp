@@ -19,6 +19,9 @@ constexpr double kHostStep = kOptimizer + 2;
 // Gemini's host step with gradient accumulation also sums the micro-batches'
 // gradients on the host in fp32.
 constexpr double kHostStepAccumulating = kHostStep + 4;
+// Gemini's NVMe tier: the moments (8 bytes) in files; the host keeps the fp32
+// master and the fp32 gradient shard (measured: 8.4 bytes, bench/RESULTS.md).
+constexpr double kNvmeHost = 8, kNvmeDisk = 8;
 // Gemini's device chunks: bf16 parameter shard, fp32 gradient shard, fp32
 // master and moments; its auto policy's share of what is left for optimizer
 // shards (GeminiOptions' defaults).
@@ -87,6 +90,7 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
       // pass through two chunk buffers on their way down).
       fixed("gemini offload_optim_frac = 1.0", p * kWeights / n, p * gemini_host_step),
       {"gemini placement_policy = \"auto\"", gemini_auto(activations), gemini_auto(checkpointed)},
+      fixed("gemini offload_optim_frac = 1.0, nvme_offload_fraction = 1.0", p * kWeights / n, p * kNvmeHost),
   };
   const double usable = in.gpu_bytes * (1.0 - in.margin);
   const double host_usable = in.host_bytes * (1.0 - in.margin);
@@ -122,19 +126,22 @@ std::string format_memory_plan(const MemoryPlanInput& in, const std::vector<Memo
                        gib(r.model_states), gib(r.activations), gib(r.activations_checkpointed), gib(r.host),
                        r.fits ? "yes" : "no", r.fits_checkpointed ? "yes" : "no");
   }
-  out +=
+  out += fmt::format(
       "\nModel states: 2 (bf16 weights) + 2 (gradients) + 12 (fp32 masters, AdamW moments) bytes per parameter, "
       "split over the GPUs as each setting shards them (Gemini's gradient shards are fp32: 18 bytes); offloaded "
       "optimizers step on the host with optimizer.name = \"hybrid_adam\", which keeps the bf16 gradient there (14 "
       "bytes per parameter; another optimizer keeps an fp32 copy: 16; Gemini with gradient accumulation also an fp32 "
       "sum: 18). Gemini auto puts optimizer shards on the GPU "
       "in gpu_margin_mem_ratio (0.5) of what 90% of it leaves after parameters and activations, the rest on the "
-      "host, and more of what is left on the GPU where the host would hold over 85% of its memory. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
+      "host, and more of what is left on the GPU where the host would hold over 85% of its memory. The NVMe tier "
+      "keeps the moments in files (8 bytes per parameter on disk: {:.1f} GiB here) and the fp32 master and gradient "
+      "shard on the host. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
       "count with dropout masks, an upper bound for our fused LLaMA blocks; checkpointing keeps 2 per layer plus "
       "one layer's rerun (model.gradient_checkpointing_ratio = 1). Measured on one H200 (bench/RESULTS.md "
       "gemini_capacity): plain bf16 AdamW trained 9.17B parameters at 138.5 GiB peak (estimate: 136.6 GiB of "
-      "model states); Gemini with the optimizer offloaded used 94.6 GiB of host memory at 5.12B (18.5 bytes per "
-      "parameter against the 16 estimated: pinned staging).\n";
+      "model states); Gemini with the optimizer offloaded used 14.3 host bytes per parameter (18.5 accumulating) "
+      "on an H100, and the NVMe tier 8.4.\n",
+      gib(kNvmeDisk * static_cast<double>(in.parameters)));
   return out;
 }
 

@@ -17,7 +17,7 @@ TEST(MemoryPlan, ZeroAccountingPerSettingAndWhatFits) {
   const MemoryPlanInput in{.parameters = 1'000'000'000, .layers = 16, .hidden = 2048, .seq_len = 2048,
                            .micro_batch = 8, .gpus = 8, .gpu_bytes = 80 * kGiB, .host_bytes = 500 * kGiB};
   const auto rows = plan_memory(in);
-  ASSERT_EQ(rows.size(), 7u);
+  ASSERT_EQ(rows.size(), 8u);
   const double p = 1e9, n = 8;
   EXPECT_EQ(rows[0].setting, "ddp");
   EXPECT_DOUBLE_EQ(rows[0].model_states, 16 * p);
@@ -31,6 +31,9 @@ TEST(MemoryPlan, ZeroAccountingPerSettingAndWhatFits) {
   EXPECT_EQ(rows[6].setting, "gemini placement_policy = \"auto\"");
   EXPECT_DOUBLE_EQ(rows[6].model_states, 18 * p / n) << "room for everything: auto keeps it on the GPU";
   EXPECT_DOUBLE_EQ(rows[6].host, 0);
+  EXPECT_EQ(rows[7].setting, "gemini offload_optim_frac = 1.0, nvme_offload_fraction = 1.0");
+  EXPECT_DOUBLE_EQ(rows[7].model_states, 2 * p / n);
+  EXPECT_DOUBLE_EQ(rows[7].host, 8 * p) << "fp32 master and gradient shard; the moments in files";
   const double sbh = 2048.0 * 8 * 2048;
   EXPECT_DOUBLE_EQ(rows[0].activations, 34 * sbh * 16);
   EXPECT_DOUBLE_EQ(rows[0].activations_checkpointed, 2 * sbh * 16 + 34 * sbh);
