@@ -22,6 +22,8 @@ namespace {
 // Nested backwards (checkpoint reruns) running on this thread, and the
 // callbacks queued inside them, waiting for the enclosing backward.
 thread_local int rerun_depth = 0;
+// Reruns of a forward in progress on this thread (in_checkpoint_rerun).
+thread_local int rerun_forward_depth = 0;
 thread_local std::vector<std::function<void()>> deferred_callbacks;
 
 using torch::autograd::AutogradContext;
@@ -57,7 +59,14 @@ at::Tensor rerun_and_backward(AutogradContext* ctx, const at::Tensor& saved_inpu
   at::Tensor output;
   {
     at::AutoGradMode grad(true);
-    output = rerun(input);
+    ++rerun_forward_depth;
+    try {
+      output = rerun(input);
+    } catch (...) {
+      --rerun_forward_depth;
+      throw;
+    }
+    --rerun_forward_depth;
   }
   generator.set_state(now);
   if (device_generator) device_generator->set_state(device_now);
@@ -142,6 +151,8 @@ struct CheckpointCallFunction : public torch::autograd::Function<CheckpointCallF
 };
 
 }  // namespace
+
+bool in_checkpoint_rerun() { return rerun_forward_depth > 0; }
 
 void queue_outer_backward_callback(std::function<void()> callback) {
   if (rerun_depth > 0) {

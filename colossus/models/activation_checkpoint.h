@@ -38,6 +38,10 @@ class CheckpointedBlock : public TransformerBlock {
 // enclosing backward. Must be called while a backward runs.
 void queue_outer_backward_callback(std::function<void()> callback);
 
+// True while a checkpointed block reruns its forward inside backward (on
+// this thread): layers with per-call state (FP8 delayed scaling) refuse it.
+bool in_checkpoint_rerun();
+
 // Runs fn(input) keeping only `input`: backward reruns fn with the forward's
 // CPU and device RNG states (dropout draws the same masks) and backpropagates
 // through the rerun, so parameters used in fn get their gradients there. fn

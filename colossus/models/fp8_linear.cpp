@@ -3,6 +3,7 @@
 #include "colossus/core/errors.h"
 #include "colossus/kernels/aten_element_dtype.h"
 #include "colossus/kernels/cuda_slots.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/causal_lm.h"
 
 #include <ATen/ATen.h>
@@ -85,7 +86,8 @@ Quantized quantize_both_layouts(const at::Tensor& x, at::ScalarType format, bool
 // Delayed scaling: the scale from the largest of `history`'s past maxima
 // (the current maximum where there are none yet), values beyond it
 // saturated, then the current maximum recorded, newest first.
-Quantized quantize_delayed(const at::Tensor& x, at::ScalarType format, at::Tensor& history, int64_t len) {
+Quantized quantize_delayed(const at::Tensor& x, at::ScalarType format, at::Tensor& history, int64_t len,
+                           bool record) {
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor amax = x32.abs().max();
   if (!history.defined()) history = at::zeros({len}, x32.options());
@@ -95,8 +97,15 @@ Quantized quantize_delayed(const at::Tensor& x, at::ScalarType format, at::Tenso
   const at::Tensor scale = at::where(basis > 0, basis / top, at::ones_like(basis));
   Quantized q{(x32 / scale).clamp(-top, top).to(format), scale, at::Tensor()};
   q.q_t = q.q.t().contiguous();
-  history.copy_(at::cat({amax.reshape({1}), history.narrow(0, 0, len - 1)}));
+  if (record) history.copy_(at::cat({amax.reshape({1}), history.narrow(0, 0, len - 1)}));
   return q;
+}
+
+// W^T in e4m3 at a given scale (the forward's): the backward's weight operand
+// where the forward did not keep it.
+at::Tensor quantize_transposed_at(const at::Tensor& w, const at::Tensor& scale) {
+  const double top = format_max(at::kFloat8_e4m3fn);
+  return (w.to(at::kFloat) / scale).clamp(-top, top).to(at::kFloat8_e4m3fn).t().contiguous();
 }
 
 bool fits_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {
@@ -127,10 +136,13 @@ at::Tensor scaled_matmul(const Quantized& a, const Quantized& b_t, at::ScalarTyp
 
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // history: the layer's Fp8AmaxHistory as an integer (saved_data holds
-  // IValues), 0 without delayed scaling; len its length.
+  // IValues), 0 without delayed scaling; len its length; record: the call's
+  // maxima go into it (training, not evaluation). keep_weight: the FP8 W^T
+  // is kept for the backward, else W itself (Gemini releases it between).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, bool rowwise, int64_t grad_format_code,
-                            bool fused, int64_t history_address, int64_t history_len) {
+                            bool fused, int64_t history_address, int64_t history_len, bool record,
+                            bool keep_weight) {
     auto* history = reinterpret_cast<Fp8AmaxHistory*>(history_address);
     const int64_t in = weight.size(1), out = weight.size(0);
     const at::Tensor x2 = x.reshape({-1, in});
@@ -146,12 +158,15 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       // Per tensor the backward's operands are the forward's: kept in FP8 in
       // the layouts the backward's GEMMs take (x^T and W^T, one byte an
       // element), so nothing is quantised or transposed twice.
-      const Quantized xq = history ? quantize_delayed(x2, at::kFloat8_e4m3fn, history->x, history_len)
+      const Quantized xq = history ? quantize_delayed(x2, at::kFloat8_e4m3fn, history->x, history_len, record)
                                    : quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused),
-                      wq = history ? quantize_delayed(weight, at::kFloat8_e4m3fn, history->w, history_len)
+                      wq = history ? quantize_delayed(weight, at::kFloat8_e4m3fn, history->w, history_len, record)
                                    : quantize_both_layouts(weight, at::kFloat8_e4m3fn, fused);
       y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
-      ctx->save_for_backward({xq.q_t, xq.scale, wq.q_t, wq.scale});
+      // W^T costs a byte a parameter from here to the backward; without
+      // keep_weight the backward quantises W again at the same scale.
+      ctx->save_for_backward({xq.q_t, xq.scale, keep_weight ? wq.q_t : weight, wq.scale});
+      ctx->saved_data["keep_weight"] = keep_weight;
       ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
       ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     }
@@ -181,6 +196,12 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       x_dtype = saved[0].scalar_type(), w_dtype = saved[1].scalar_type();
     } else {
       x_t = saved[0], x_scale = saved[1], w_t = saved[2], w_scale = saved[3];
+      if (!ctx->saved_data["keep_weight"].toBool()) {
+        // Current scaling recomputes the forward's scale from W (the fused
+        // kernel where it applies); delayed scaling quantises at the saved one.
+        w_t = ctx->saved_data["history"].toInt() == 0 ? quantize_both_layouts(w_t, at::kFloat8_e4m3fn, fused).q_t
+                                                       : quantize_transposed_at(w_t, w_scale);
+      }
       x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
       w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
     }
@@ -189,7 +210,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const auto format = ctx->saved_data["grad_format"].toInt() == 1 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
     auto* history = reinterpret_cast<Fp8AmaxHistory*>(ctx->saved_data["history"].toInt());
     const Quantized dyq =
-        history ? quantize_delayed(dy, format, history->dy, ctx->saved_data["history_len"].toInt())
+        history ? quantize_delayed(dy, format, history->dy, ctx->saved_data["history_len"].toInt(), /*record=*/true)
                 : quantize_both_layouts(dy.is_contiguous() ? dy : dy.contiguous(), format, fused);
     // dx (M, K) = dy (M, N) W (N, K): W as the transposed view of W^T.
     const at::Tensor dx = scaled_matmul({dyq.q, dyq.scale}, {w_t.t(), w_scale}, x_dtype);
@@ -199,7 +220,8 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     if (ctx->saved_data["has_bias"].toBool()) db = dy.sum(0).to(w_dtype);
     std::vector<int64_t> sizes = grad_outputs[0].sizes().vec();
     sizes.back() = in;
-    return {dx.view(sizes), dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dx.view(sizes), dw,          db,          at::Tensor(), at::Tensor(),
+            at::Tensor(),   at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -228,9 +250,17 @@ at::Tensor fp8_linear(const at::Tensor& x, const at::Tensor& weight, const at::T
   TORCH_CHECK(recipe.amax_history_len == 0 || history != nullptr,
               "fp8_linear: amax_history_len > 0 needs the layer's Fp8AmaxHistory");
   const bool delayed = recipe.amax_history_len > 0 && !recipe.rowwise;
+  if (delayed && in_checkpoint_rerun()) {
+    // The rerun would quantise at scales the forward's own maxima have since
+    // moved, so its gradients would not be the forward's.
+    throw ConfigError(
+        "fp8: delayed scaling (amax_history_len > 0) cannot run inside activation checkpointing's rerun; turn one "
+        "of them off");
+  }
   return Fp8LinearFunction::apply(x, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
                                   recipe.rowwise, recipe.grad_format == "e4m3" ? 1 : 0, recipe.fused_quantize,
-                                  delayed ? reinterpret_cast<int64_t>(history) : int64_t{0}, recipe.amax_history_len);
+                                  delayed ? reinterpret_cast<int64_t>(history) : int64_t{0}, recipe.amax_history_len,
+                                  /*record=*/at::GradMode::is_enabled(), recipe.keep_weight_for_backward);
 }
 
 Fp8Linear::Fp8Linear(const Linear& base, Fp8Recipe recipe) : Linear(base.weight, base.bias), recipe_(std::move(recipe)) {

@@ -17,8 +17,9 @@
 // per tensor, each operand's scale comes from the largest of its last N
 // absolute maxima instead of its current one (the first use, with no
 // history yet, takes its current one), values beyond it saturate, and each
-// use records its own maximum. The history lives in the layer, not in
-// checkpoints: a resumed run starts it afresh.
+// training use records its own maximum (evaluation under no-grad does not);
+// not inside activation checkpointing's rerun. The history lives in the
+// layer, not in checkpoints: a resumed run starts it afresh.
 #pragma once
 #include "colossus/models/layers.h"
 
@@ -43,6 +44,10 @@ struct Fp8Recipe {
   // ATen path, not the fused quantise); 0: each operand scaled by its
   // current maximum.
   int64_t amax_history_len = 0;
+  // Per tensor: the forward's FP8 W^T kept for the backward (a byte a
+  // parameter until then), else W quantised again there; Gemini's trainer
+  // path sets false, since it releases gathered weights between the two.
+  bool keep_weight_for_backward = true;
   void validate() const;             // ConfigError naming a bad value
 };
 

@@ -538,6 +538,8 @@ TEST(Trainer, Fp8LinearLayersTrackTheFullPrecisionCurve) {
            {{"model.use_fp8=true", "model.fp8_grad_format=\"e3m4\""}, "grad_format is \"e3m4\""},
            {{"model.use_fp8=true", "model.fp8_scaling=\"rowwise\"", "model.fp8_amax_history_len=8"},
             "needs tensorwise scaling"},
+           {{"model.use_fp8=true", "model.fp8_amax_history_len=8", "model.gradient_checkpointing_ratio=0.5"},
+            "with activation checkpointing"},
            {{"model.use_fp8=true", "plugin.name=\"moe_hybrid_parallel\""}, "use_fp8 with plugin moe_hybrid_parallel"},
            {{"model.use_fp8=true", "plugin.name=\"hybrid_parallel\"", "plugin.enable_sequence_parallelism=true",
              "plugin.sequence_parallelism_mode=\"ring\""},

@@ -6,6 +6,7 @@
 // every parameter name and tensor (the training curve against fp32 is
 // trainer_test's Fp8LinearLayersTrackTheFullPrecisionCurve).
 #include "colossus/core/errors.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/fp8_linear.h"
 #include "colossus/models/pretrained.h"
 
@@ -149,9 +150,44 @@ TEST(Fp8Linear, DelayedScalingUsesTheLargestPastMaximum) {
                                       fp8_values(base->weight.detach(), at::kFloat8_e4m3fn, false).t());
   EXPECT_LT(rel_err(y3, want3), 1e-6);
 
+  // Evaluation (no grad) reads the history but does not add to it.
+  const at::Tensor before = history.x.clone();
+  {
+    at::NoGradGuard no_grad;
+    layer.forward(x1 * 100);
+  }
+  EXPECT_TRUE(at::equal(history.x, before));
+
   for (const models::Fp8Recipe& bad : {models::Fp8Recipe{.amax_history_len = -1},
                                       models::Fp8Recipe{.rowwise = true, .amax_history_len = 8}}) {
     EXPECT_THROW(bad.validate(), ConfigError);
+  }
+}
+
+// keep_weight_for_backward = false (Gemini's trainer path: W quantised again
+// in the backward at the forward's scale instead of its FP8 W^T kept) gives
+// the same output and gradients, bit for bit, with current and with delayed
+// scaling.
+TEST(Fp8Linear, RequantisingTheWeightInBackwardChangesNothing) {
+  at::manual_seed(5);
+  const at::Tensor w0 = at::randn({24, 16}), x0 = at::randn({2, 8, 16});
+  for (const int64_t history_len : {int64_t{0}, int64_t{4}}) {
+    std::vector<at::Tensor> results;
+    for (const bool keep : {true, false}) {
+      auto base = std::make_shared<models::Linear>(w0.clone().requires_grad_(true), at::Tensor());
+      models::Fp8Linear layer(*base, {.amax_history_len = history_len, .keep_weight_for_backward = keep});
+      for (int call = 0; call < 2; ++call) {  // the second call scales from the history when delayed
+        at::Tensor x = (x0 * (call + 1)).requires_grad_(true);
+        at::Tensor y = layer.forward(x);
+        (y * y).sum().backward();
+        results.insert(results.end(), {y.detach(), x.grad(), base->weight.grad().clone()});
+        base->weight.mutable_grad().zero_();
+      }
+    }
+    const size_t half = results.size() / 2;
+    for (size_t i = 0; i < half; ++i) {
+      EXPECT_TRUE(at::equal(results[i], results[i + half])) << "history " << history_len << ", tensor " << i;
+    }
   }
 }
 
@@ -174,6 +210,28 @@ ModelConfig tiny_llama() {
 }
 
 }  // namespace
+
+// Delayed scaling inside activation checkpointing's rerun is refused by name
+// (the rerun would quantise at moved scales); current scaling reruns fine.
+TEST(Fp8Linear, DelayedScalingRefusesTheCheckpointRerun) {
+  for (const int64_t history_len : {int64_t{0}, int64_t{4}}) {
+    auto model = create_model(tiny_llama(), {.seed = 7});
+    enable_fp8(*model, {.amax_history_len = history_len}, /*keep_first_last=*/false);
+    enable_activation_checkpointing(*model, 1.0);
+    const at::Tensor ids = at::randint(0, 64, {2, 8});
+    const at::Tensor loss = model->loss(model->forward(ids), ids);
+    if (history_len == 0) {
+      EXPECT_NO_THROW(loss.backward());
+    } else {
+      try {
+        loss.backward();
+        ADD_FAILURE() << "expected the rerun to be refused";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("activation checkpointing"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
 
 TEST(Fp8Linear, EnableFp8KeepsNamesAndTensors) {
   auto model = create_model(tiny_llama(), {.seed = 7});

@@ -251,6 +251,14 @@ void TrainConfig::validate() const {
                       .grad_format = model.fp8_grad_format,
                       .amax_history_len = model.fp8_amax_history_len}
         .validate();
+    const double checkpointing = plugin.name == "hybrid_parallel" ? plugin.hybrid_parallel.gradient_checkpointing_ratio
+                                                                 : model.gradient_checkpointing_ratio;
+    if (model.fp8_amax_history_len > 0 && checkpointing > 0.0) {
+      throw ConfigError(fmt::format(
+          "model.fp8_amax_history_len = {} (delayed scaling) with activation checkpointing (ratio {}): the rerun "
+          "would quantise at scales the forward's maxima have moved; set one of them to 0",
+          model.fp8_amax_history_len, checkpointing));
+    }
     if (plugin.name == "moe_hybrid_parallel") {
       // Its experts run from packed buffers, not Linear leaves.
       throw ConfigError("model.use_fp8 with plugin moe_hybrid_parallel is not supported yet; train in FP8 under ddp, "

@@ -347,7 +347,10 @@ void Trainer::build() {
         *model,
         {.rowwise = config_.model.fp8_scaling == "rowwise",
          .grad_format = config_.model.fp8_grad_format,
-         .amax_history_len = config_.model.fp8_amax_history_len},
+         .amax_history_len = config_.model.fp8_amax_history_len,
+         // Gemini releases gathered weights between forward and backward;
+         // keeping their FP8 copies would hold a byte a parameter.
+         .keep_weight_for_backward = config_.plugin.name != "gemini"},
         config_.model.fp8_keep_first_last);
     log.info(fmt::format("fp8: {} linear layers run their matmuls in FP8 ({}{}, gradients in {})", fp8,
                          config_.model.fp8_scaling,

@@ -122,7 +122,9 @@ GeminiOptimizer::~GeminiOptimizer() {
   // parameters still go up when the model next gathers the chunks.
   try {
     ddp_.wait_host_work();
-  } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the step already failed
+  } catch (const std::exception& e) {  // a destructor must not throw; say what the last update hit
+    fmt::print(stderr, "gemini: the last step's host update failed: {}\n", e.what());
+  } catch (...) {  // NOLINT(bugprone-empty-catch): as above, with nothing to say
   }
 }
 
