@@ -134,6 +134,30 @@ at::Tensor scaled_matmul(const Quantized& a, const Quantized& b_t, at::ScalarTyp
   return at::matmul(a.q.to(at::kFloat) * a.scale, b.to(at::kFloat) * sb).to(out_dtype);
 }
 
+// The last input quantised per tensor at its current maximum, on this
+// thread: q/k/v_proj (and gate/up_proj) read the same x, so it is quantised
+// once for all of them, and its FP8 x^T saved once. Keyed by the tensor
+// itself and its version (an in-place change is a new input); cleared when
+// a backward starts, so it holds nothing through the backward.
+struct LastInput {
+  at::Tensor source;
+  int64_t version = 0;
+  bool fused = false;
+  Quantized quantized;
+};
+thread_local std::optional<LastInput> last_input;
+
+Quantized quantize_input(const at::Tensor& x, const at::Tensor& x2, bool fused) {
+  if (last_input && last_input->source.is_same(x) && last_input->version == x._version() &&
+      last_input->fused == fused) {
+    return last_input->quantized;
+  }
+  last_input.reset();  // free the previous one before making the next
+  Quantized q = quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused);
+  last_input = LastInput{x, x._version(), fused, q};
+  return q;
+}
+
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   // history: the layer's Fp8AmaxHistory as an integer (saved_data holds
   // IValues), 0 without delayed scaling; len its length; record: the call's
@@ -159,7 +183,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       // the layouts the backward's GEMMs take (x^T and W^T, one byte an
       // element), so nothing is quantised or transposed twice.
       const Quantized xq = history ? quantize_delayed(x2, at::kFloat8_e4m3fn, history->x, history_len, record)
-                                   : quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused),
+                                   : quantize_input(x, x2, fused),
                       wq = history ? quantize_delayed(weight, at::kFloat8_e4m3fn, history->w, history_len, record)
                                    : quantize_both_layouts(weight, at::kFloat8_e4m3fn, fused);
       y = scaled_matmul(xq, {wq.q.t(), wq.scale}, x.scalar_type());
@@ -183,6 +207,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
+    last_input.reset();
     const auto saved = ctx->get_saved_variables();
     const bool fused = ctx->saved_data["fused"].toBool();
     // x^T (K, M) and W^T (K, N) in e4m3 with their scales, and the dtypes of

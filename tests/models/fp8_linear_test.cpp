@@ -191,6 +191,38 @@ TEST(Fp8Linear, RequantisingTheWeightInBackwardChangesNothing) {
   }
 }
 
+// Layers reading the same x (q/k/v_proj) share its quantisation: each one's
+// output and gradients are what it computes alone, and an x changed in place
+// between two layers is quantised again (a stale FP8 copy would not follow).
+TEST(Fp8Linear, LayersOnTheSameInputShareItsQuantisationButNotAStaleOne) {
+  at::manual_seed(9);
+  const at::Tensor w1 = at::randn({24, 16}), w2 = at::randn({8, 16});
+  const at::Tensor x0 = at::randn({2, 8, 16});
+  const auto run = [&](bool shared, bool change_between) {
+    auto a = std::make_shared<models::Linear>(w1.clone().requires_grad_(true), at::Tensor());
+    auto b = std::make_shared<models::Linear>(w2.clone().requires_grad_(true), at::Tensor());
+    models::Fp8Linear fa(*a, {}), fb(*b, {});
+    at::Tensor leaf = x0.clone().requires_grad_(true);
+    at::Tensor x = leaf * 1.0;  // a non-leaf, as a norm's output
+    const at::Tensor ya = fa.forward(shared ? x : x.clone());
+    if (change_between) {
+      at::NoGradGuard no_grad;
+      x.mul_(3.0);
+    }
+    const at::Tensor yb = fb.forward(x);
+    if (!change_between) (ya.sum() + (yb * yb).sum()).backward();
+    return std::vector<at::Tensor>{ya.detach(), yb.detach(),
+                                   change_between ? at::Tensor() : leaf.grad(),
+                                   change_between ? at::Tensor() : a->weight.grad(),
+                                   change_between ? at::Tensor() : b->weight.grad()};
+  };
+  const auto shared = run(true, false), separate = run(false, false);
+  for (size_t i = 0; i < shared.size(); ++i) EXPECT_TRUE(at::equal(shared[i], separate[i])) << "tensor " << i;
+  const auto changed = run(true, true);
+  const at::Tensor want = fp8_linear(x0 * 3.0, w2, at::Tensor(), {});
+  EXPECT_TRUE(at::equal(changed[1], want.detach())) << "the second layer read a stale FP8 copy";
+}
+
 TEST(Fp8Linear, RefusesAnUnknownGradFormat) {
   try {
     Fp8Recipe{.grad_format = "e3m4"}.validate();
