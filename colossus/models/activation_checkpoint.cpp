@@ -62,8 +62,10 @@ at::Tensor rerun_and_backward(AutogradContext* ctx, const at::Tensor& saved_inpu
     ++rerun_forward_depth;
     try {
       output = rerun(input);
-    } catch (...) {
+    } catch (...) {  // leave the depth and the random streams as they were
       --rerun_forward_depth;
+      generator.set_state(now);
+      if (device_generator) device_generator->set_state(device_now);
       throw;
     }
     --rerun_forward_depth;

@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <typeinfo>
 #include <vector>
@@ -134,20 +135,24 @@ at::Tensor scaled_matmul(const Quantized& a, const Quantized& b_t, at::ScalarTyp
   return at::matmul(a.q.to(at::kFloat) * a.scale, b.to(at::kFloat) * sb).to(out_dtype);
 }
 
-// The last input quantised per tensor at its current maximum, on this
-// thread: q/k/v_proj (and gate/up_proj) read the same x, so it is quantised
-// once for all of them, and its FP8 x^T saved once. Keyed by the tensor
-// itself and its version (an in-place change is a new input); cleared when
-// a backward starts, so it holds nothing through the backward.
+// The last input quantised per tensor at its current maximum: q/k/v_proj
+// (and gate/up_proj) read the same x, so it is quantised once for all of
+// them, and its FP8 x^T saved once. Keyed by the tensor itself (held, so its
+// identity cannot be reused) and its version (an in-place change is a new
+// input). Process-wide, not per thread: the first backward clears it, and
+// on CUDA the backward runs on the autograd engine's device thread, so a
+// per-thread copy would keep the last input through the whole backward.
 struct LastInput {
   at::Tensor source;
   int64_t version = 0;
   bool fused = false;
   Quantized quantized;
 };
-thread_local std::optional<LastInput> last_input;
+std::mutex last_input_mutex;
+std::optional<LastInput> last_input;
 
 Quantized quantize_input(const at::Tensor& x, const at::Tensor& x2, bool fused) {
+  std::lock_guard lock(last_input_mutex);
   if (last_input && last_input->source.is_same(x) && last_input->version == x._version() &&
       last_input->fused == fused) {
     return last_input->quantized;
@@ -156,6 +161,11 @@ Quantized quantize_input(const at::Tensor& x, const at::Tensor& x2, bool fused) 
   Quantized q = quantize_both_layouts(x2, at::kFloat8_e4m3fn, fused);
   last_input = LastInput{x, x._version(), fused, q};
   return q;
+}
+
+void forget_last_input() {
+  std::lock_guard lock(last_input_mutex);
+  last_input.reset();
 }
 
 struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
@@ -207,7 +217,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_outputs) {
-    last_input.reset();
+    forget_last_input();
     const auto saved = ctx->get_saved_variables();
     const bool fused = ctx->saved_data["fused"].toBool();
     // x^T (K, M) and W^T (K, N) in e4m3 with their scales, and the dtypes of
@@ -224,8 +234,12 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       if (!ctx->saved_data["keep_weight"].toBool()) {
         // Current scaling recomputes the forward's scale from W (the fused
         // kernel where it applies); delayed scaling quantises at the saved one.
-        w_t = ctx->saved_data["history"].toInt() == 0 ? quantize_both_layouts(w_t, at::kFloat8_e4m3fn, fused).q_t
-                                                       : quantize_transposed_at(w_t, w_scale);
+        if (ctx->saved_data["history"].toInt() == 0) {
+          const Quantized wq = quantize_both_layouts(w_t, at::kFloat8_e4m3fn, fused);
+          w_t = wq.q_t, w_scale = wq.scale;  // the pair from one quantisation
+        } else {
+          w_t = quantize_transposed_at(w_t, w_scale);
+        }
       }
       x_dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
       w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());

@@ -255,9 +255,9 @@ void TrainConfig::validate() const {
                                                                  : model.gradient_checkpointing_ratio;
     if (model.fp8_amax_history_len > 0 && checkpointing > 0.0) {
       throw ConfigError(fmt::format(
-          "model.fp8_amax_history_len = {} (delayed scaling) with activation checkpointing (ratio {}): the rerun "
-          "would quantise at scales the forward's maxima have moved; set one of them to 0",
-          model.fp8_amax_history_len, checkpointing));
+          "model.fp8_amax_history_len = {} (delayed scaling) with activation checkpointing ({}gradient_checkpointing_ratio "
+          "= {}): the rerun would quantise at scales the forward's maxima have moved; set one of them to 0",
+          model.fp8_amax_history_len, plugin.name == "hybrid_parallel" ? "plugin." : "model.", checkpointing));
     }
     if (plugin.name == "moe_hybrid_parallel") {
       // Its experts run from packed buffers, not Linear leaves.
