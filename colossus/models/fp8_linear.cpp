@@ -60,6 +60,17 @@ std::optional<Quantized> quantize_fused(const at::Tensor& x, at::ScalarType form
   return Quantized{q, scale, q_t};
 }
 
+// The scale that puts `amax` on the format's largest value; 1 for 0.
+at::Tensor scale_for(const at::Tensor& amax, at::ScalarType format) {
+  return at::where(amax > 0, amax / format_max(format), at::ones_like(amax));
+}
+
+// x (fp32) divided by `scale`, clamped to the format's range, in the format.
+at::Tensor cast_at(const at::Tensor& x32, const at::Tensor& scale, at::ScalarType format) {
+  const double top = format_max(format);
+  return (x32 / scale).clamp(-top, top).to(format);
+}
+
 // Scaled so that the largest magnitude (of the tensor, or of each row) lands
 // on the format's largest value; an all-zero tensor or row gets scale 1.
 Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise, bool fused) {
@@ -67,10 +78,8 @@ Quantized quantize(const at::Tensor& x, at::ScalarType format, bool rowwise, boo
     if (auto q = quantize_fused(x, format, rowwise)) return *q;
   }
   const at::Tensor x32 = x.to(at::kFloat);
-  at::Tensor amax = rowwise ? x32.abs().amax({-1}, /*keepdim=*/true) : x32.abs().max();
-  const double top = format_max(format);
-  const at::Tensor scale = at::where(amax > 0, amax / top, at::ones_like(amax));
-  return {(x32 / scale).clamp(-top, top).to(format), scale};
+  const at::Tensor scale = scale_for(rowwise ? x32.abs().amax({-1}, /*keepdim=*/true) : x32.abs().max(), format);
+  return {cast_at(x32, scale, format), scale};
 }
 
 // Per tensor, with the transposed bytes too: one kernel pass where it
@@ -93,10 +102,8 @@ Quantized quantize_delayed(const at::Tensor& x, at::ScalarType format, at::Tenso
   const at::Tensor amax = x32.abs().max();
   if (!history.defined()) history = at::zeros({len}, x32.options());
   const at::Tensor past = history.max();
-  const at::Tensor basis = at::where(past > 0, past, amax);
-  const double top = format_max(format);
-  const at::Tensor scale = at::where(basis > 0, basis / top, at::ones_like(basis));
-  Quantized q{(x32 / scale).clamp(-top, top).to(format), scale, at::Tensor()};
+  const at::Tensor scale = scale_for(at::where(past > 0, past, amax), format);
+  Quantized q{cast_at(x32, scale, format), scale, at::Tensor()};
   q.q_t = q.q.t().contiguous();
   if (record) history.copy_(at::cat({amax.reshape({1}), history.narrow(0, 0, len - 1)}));
   return q;
@@ -105,8 +112,7 @@ Quantized quantize_delayed(const at::Tensor& x, at::ScalarType format, at::Tenso
 // W^T in e4m3 at a given scale (the forward's): the backward's weight operand
 // where the forward did not keep it.
 at::Tensor quantize_transposed_at(const at::Tensor& w, const at::Tensor& scale) {
-  const double top = format_max(at::kFloat8_e4m3fn);
-  return (w.to(at::kFloat) / scale).clamp(-top, top).to(at::kFloat8_e4m3fn).t().contiguous();
+  return cast_at(w.to(at::kFloat), scale, at::kFloat8_e4m3fn).t().contiguous();
 }
 
 bool fits_scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa, const at::Tensor& sb) {

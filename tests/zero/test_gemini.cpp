@@ -112,6 +112,30 @@ void fit_half_the_optimizer_sides(FakeDevice& device, gm::GeminiDDP& ddp) {
   device.ddp = &ddp;
 }
 
+// `spec` under the auto policy on a FakeDevice that, after the warm-up, holds
+// the optimizer sides of half the chunks (fit_half_the_optimizer_sides).
+struct HalfFitAutoRun {
+  FakeDevice device{.non_model = 4096};
+  std::unique_ptr<ZeroRun> run;
+
+  explicit HalfFitAutoRun(RunSpec spec) {
+    spec.placement_policy = "auto";
+    spec.memory_probe = probe_of(device);  // by reference: not copyable or movable
+    run = std::make_unique<ZeroRun>(spec);
+    fit_half_the_optimizer_sides(device, ddp());
+  }
+  HalfFitAutoRun(const HalfFitAutoRun&) = delete;
+  HalfFitAutoRun& operator=(const HalfFitAutoRun&) = delete;
+
+  gm::GeminiDDP& ddp() { return ddp_of(*run); }
+  int64_t chunks() { return static_cast<int64_t>(ddp().chunks().size()); }
+  int64_t device_sides() {
+    int64_t n = 0;
+    for (const auto& chunk : ddp().chunks()) n += chunk.placement.optim_on_host ? 0 : 1;
+    return n;
+  }
+};
+
 }  // namespace
 
 TEST(GeminiChunks, SearchPicksTheLeastWastefulSize) {
@@ -343,20 +367,12 @@ TEST(Gemini, AutoPolicyMovesOptimizerSidesOffAFullHost) {
   ZeroRun on_device(base);
   const auto expected = on_device.train(0, bt::kSteps);
   for (const int64_t host_budget : {int64_t{1}, int64_t{1} << 40}) {
-    FakeDevice device{.non_model = 4096};
     RunSpec spec = base;
-    spec.placement_policy = "auto";
     spec.gpu_margin_mem_ratio = 0.0;
-    spec.memory_probe = probe_of(device);
     spec.host_budget_probe = [host_budget] { return host_budget; };
-    ZeroRun placed(spec);
-    auto& ddp = ddp_of(placed);
-    const int64_t n = static_cast<int64_t>(ddp.chunks().size());
-    fit_half_the_optimizer_sides(device, ddp);
-    const auto losses = placed.train(0, bt::kSteps);
-    int64_t device_sides = 0;
-    for (const auto& chunk : ddp.chunks()) device_sides += chunk.placement.optim_on_host ? 0 : 1;
-    EXPECT_EQ(device_sides, host_budget == 1 ? n / 2 : 0) << "host budget " << host_budget;
+    HalfFitAutoRun placed(spec);
+    const auto losses = placed.run->train(0, bt::kSteps);
+    EXPECT_EQ(placed.device_sides(), host_budget == 1 ? placed.chunks() / 2 : 0) << "host budget " << host_budget;
     ASSERT_EQ(losses.size(), expected.size());
     for (size_t step = 0; step < losses.size(); ++step) {
       EXPECT_EQ(losses[step], expected[step]) << "host budget " << host_budget << ", step " << step;
@@ -435,22 +451,12 @@ TEST(Gemini, Bf16HostStepEqualsTheGradientShardPathBitForBit) {
   }
   // auto: the warm-up steps every chunk on the host; then about half the
   // optimizer sides move to the device, their gradients with them.
-  FakeDevice device{.non_model = 4096};
   RunSpec auto_spec = base;
-  auto_spec.placement_policy = "auto";
   auto_spec.gpu_margin_mem_ratio = 1.0;
-  auto_spec.memory_probe = probe_of(device);
-  ZeroRun placed(auto_spec);
-  auto& ddp = ddp_of(placed);
-  const int64_t n = static_cast<int64_t>(ddp.chunks().size());
-  fit_half_the_optimizer_sides(device, ddp);
-  const auto placed_losses = placed.train(0, bt::kSteps);
-  int64_t device_chunks = 0;
-  for (const auto& chunk : ddp.chunks()) {
-    device_chunks += chunk.placement.optim_on_host ? 0 : 1;
-    EXPECT_EQ(chunk.host_io.defined(), chunk.placement.optim_on_host);
-  }
-  EXPECT_EQ(device_chunks, n / 2);
+  HalfFitAutoRun placed(auto_spec);
+  const auto placed_losses = placed.run->train(0, bt::kSteps);
+  for (const auto& chunk : placed.ddp().chunks()) EXPECT_EQ(chunk.host_io.defined(), chunk.placement.optim_on_host);
+  EXPECT_EQ(placed.device_sides(), placed.chunks() / 2);
   for (size_t step = 0; step < placed_losses.size(); ++step) {
     EXPECT_EQ(placed_losses[step], expected[step]) << "auto, step " << step;
   }
@@ -495,23 +501,15 @@ TEST(Gemini, Bf16HostStepAccumulatesOnTheHostBitForBit) {
         EXPECT_EQ(bytes.grads_host * 4, device_grad_bytes * 6) << "bf16 host_io + fp32 host_grad a parameter";
       }
     }
-    FakeDevice device{.non_model = 4096};
     RunSpec auto_spec = base;
-    auto_spec.placement_policy = "auto";
     auto_spec.gpu_margin_mem_ratio = 1.0;
-    auto_spec.memory_probe = probe_of(device);
-    ZeroRun placed(auto_spec);
-    auto& ddp = ddp_of(placed);
-    const int64_t n = static_cast<int64_t>(ddp.chunks().size());
-    fit_half_the_optimizer_sides(device, ddp);
-    const auto placed_losses = placed.train(0, bt::kSteps);
-    int64_t device_chunks = 0;
-    for (const auto& chunk : ddp.chunks()) {
-      device_chunks += chunk.placement.optim_on_host ? 0 : 1;
+    HalfFitAutoRun placed(auto_spec);
+    const auto placed_losses = placed.run->train(0, bt::kSteps);
+    for (const auto& chunk : placed.ddp().chunks()) {
       EXPECT_EQ(chunk.host_grad.defined(), chunk.placement.optim_on_host);
     }
-    EXPECT_GT(device_chunks, 0);
-    EXPECT_LT(device_chunks, n);
+    EXPECT_GT(placed.device_sides(), 0);
+    EXPECT_LT(placed.device_sides(), placed.chunks());
     for (size_t step = 0; step < placed_losses.size(); ++step) {
       EXPECT_EQ(placed_losses[step], expected[step]) << "auto, max_norm " << max_norm << ", step " << step;
     }

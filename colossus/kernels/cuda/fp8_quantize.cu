@@ -108,11 +108,12 @@ __device__ __forceinline__ uint2 quantize_vec(const float (&v)[kVec], float scal
   return out;
 }
 
-// amax_kernel over vectors (x 16-byte aligned), the last n % kVec one by one.
+// The largest |x| into a zeroed scratch: by vectors where `vectorized` (x
+// 16-byte aligned), the last n % kVec (or all of x) one by one.
 template <typename T>
-__global__ void amax_vec_kernel(const T* __restrict__ x, int64_t n, int* __restrict__ amax_bits) {
+__global__ void amax_kernel(const T* __restrict__ x, int64_t n, bool vectorized, int* __restrict__ amax_bits) {
   int bits = 0;
-  const int64_t vecs = n / kVec, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t vecs = vectorized ? n / kVec : 0, stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   for (int64_t i = first; i < vecs; i += stride) {
     float v[kVec];
@@ -125,13 +126,13 @@ __global__ void amax_vec_kernel(const T* __restrict__ x, int64_t n, int* __restr
   if (threadIdx.x == 0) atomicMax(amax_bits, bits);
 }
 
-// tensorwise_kernel over vectors (x 16-byte, q 8-byte aligned).
+// Scale and cast, as amax_kernel goes (vectors need q 8-byte aligned too).
 template <typename T, Fp8Format kFormat>
-__global__ void tensorwise_vec_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ amax,
-                                      unsigned char* __restrict__ q, float* __restrict__ scale_out) {
+__global__ void tensorwise_kernel(const T* __restrict__ x, int64_t n, bool vectorized, const float* __restrict__ amax,
+                                  unsigned char* __restrict__ q, float* __restrict__ scale_out) {
   const float scale = scale_of<kFormat>(*amax);
   if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = scale;
-  const int64_t vecs = n / kVec, stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t vecs = vectorized ? n / kVec : 0, stride = int64_t{gridDim.x} * blockDim.x;
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   for (int64_t i = first; i < vecs; i += stride) {
     float v[kVec];
@@ -178,26 +179,6 @@ __global__ void tensorwise_transpose_kernel(const T* __restrict__ x, int64_t row
   }
 }
 
-template <typename T>
-__global__ void amax_kernel(const T* __restrict__ x, int64_t n, int* __restrict__ amax_bits) {
-  int bits = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    bits = max(bits, magnitude_bits(x[i]));
-  }
-  bits = block_max(bits);
-  if (threadIdx.x == 0) atomicMax(amax_bits, bits);
-}
-
-template <typename T, Fp8Format kFormat>
-__global__ void tensorwise_kernel(const T* __restrict__ x, int64_t n, const float* __restrict__ amax,
-                                  unsigned char* __restrict__ q, float* __restrict__ scale_out) {
-  const float scale = scale_of<kFormat>(*amax);
-  if (blockIdx.x == 0 && threadIdx.x == 0) *scale_out = scale;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    q[i] = quantize_one<kFormat>(to_float(x[i]), scale);
-  }
-}
-
 template <typename T, Fp8Format kFormat>
 __global__ void rowwise_kernel(const T* __restrict__ x, int64_t cols, unsigned char* __restrict__ q,
                                float* __restrict__ scales) {
@@ -225,22 +206,15 @@ void launch(const Fp8QuantizeArgs& a, cudaStream_t stream) {
   }
   const int64_t n = a.rows * a.cols;
   const bool vec = aligned(x, 16) && aligned(q, 8);
-  auto* amax_bits = reinterpret_cast<int*>(a.amax_scratch);
+  const int64_t blocks = blocks_for(vec ? (n + kVec - 1) / kVec : n);
   cudaMemsetAsync(a.amax_scratch, 0, sizeof(float), stream);
-  if (vec) {
-    amax_vec_kernel<T><<<blocks_for((n + kVec - 1) / kVec), kThreads, 0, stream>>>(x, n, amax_bits);
-  } else {
-    amax_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(x, n, amax_bits);
-  }
+  amax_kernel<T><<<blocks, kThreads, 0, stream>>>(x, n, vec, reinterpret_cast<int*>(a.amax_scratch));
   if (a.q_t != nullptr) {  // checked by fp8_quantize_cuda: aligned, rows and cols multiples of kVec
     const dim3 grid(static_cast<unsigned>((a.cols + kTile - 1) / kTile), static_cast<unsigned>((a.rows + kTile - 1) / kTile));
     tensorwise_transpose_kernel<T, kFormat><<<grid, kThreads, 0, stream>>>(x, a.rows, a.cols, a.amax_scratch, q,
                                                                           static_cast<unsigned char*>(a.q_t), a.scale);
-  } else if (vec) {
-    tensorwise_vec_kernel<T, kFormat><<<blocks_for((n + kVec - 1) / kVec), kThreads, 0, stream>>>(x, n, a.amax_scratch,
-                                                                                                 q, a.scale);
   } else {
-    tensorwise_kernel<T, kFormat><<<blocks_for(n), kThreads, 0, stream>>>(x, n, a.amax_scratch, q, a.scale);
+    tensorwise_kernel<T, kFormat><<<blocks, kThreads, 0, stream>>>(x, n, vec, a.amax_scratch, q, a.scale);
   }
 }
 
