@@ -88,8 +88,8 @@ int main(int argc, char** argv) try {
                                      {"down + residual", 2048, 8192, "residual"},
                                      {"lm_head", 32000, 2048, "none"}};
   std::vector<std::string> lines = {
-      "| matrix (out x in) | rows | GEMV us | cuBLAS path us | GEMV / cuBLAS speed | GEMV GB/s | % of copy BW | max rel err |",
-      "|---|---|---|---|---|---|---|---|"};
+      "| matrix (out x in) | rows | K split | GEMV us | cuBLAS path us | GEMV / cuBLAS speed | GEMV GB/s | % of copy BW | max rel err |",
+      "|---|---|---|---|---|---|---|---|---|"};
   std::string jsonl;
   const std::string date = bench::today(bench::kDateTimeUtc), machine = bench::machine_name(true);
   const std::string sha = bench::commit_or(commit, bench::repo_root(), "unknown (pass --commit)");
@@ -140,8 +140,11 @@ int main(int argc, char** argv) try {
       const double t_ours = graph_seconds(cycle(ours), iters);
       const double t_theirs = graph_seconds(cycle(theirs), iters);
       const double bytes = static_cast<double>(s.out * s.in * 2);
-      lines.push_back(fmt::format("| {} ({} x {}) | {} | {:.2f} | {:.2f} | {:.2f} | {:.0f} | {:.0f}% | {:.1e} |", s.name,
-                                  s.out, s.in, rows, t_ours * 1e6, t_theirs * 1e6, t_theirs / t_ours,
+      const int32_t split = kernels::gemv_k_split({.epilogue = epi == "gated" ? kernels::GemvEpilogue::kGated
+                                                                              : kernels::GemvEpilogue::kNone,
+                                                   .rows = rows, .in_features = s.in, .out_features = s.out});
+      lines.push_back(fmt::format("| {} ({} x {}) | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.0f} | {:.0f}% | {:.1e} |",
+                                  s.name, s.out, s.in, rows, split, t_ours * 1e6, t_theirs * 1e6, t_theirs / t_ours,
                                   bytes / t_ours / 1e9, 100.0 * bytes / t_ours / bandwidth, err));
       jsonl += nlohmann::json{{"date", date}, {"commit", sha}, {"machine", machine}, {"bench", "gemv"},
                               {"config", fmt::format("{} ({} x {}), {} rows, bf16, CUDA graph of 50 calls", s.name, s.out,

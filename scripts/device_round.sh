@@ -17,7 +17,12 @@
 #             and built-in corpus, FP8CURVE_STEPS (500) steps each, compared by
 #             scripts/compare_loss_curves.py (issue 28: within 1% of bf16's
 #             curve; windows of 50 steps) with both runs' tokens/s
-#   decode    bench_gemv + bench_inference's decode table (issue 26)
+#   decode    bench_gemv + bench_inference's decode table (issue 26);
+#             DECODE_FLAGS="" adds the 1000-request mix; COLOSSUS_PDL=0 in the
+#             environment launches the GEMVs plainly (A/B of pdl.cuh)
+#   serve     scripts/device_serve_bench.sh: `colossus serve` under
+#             bench/serve_bench.py at several request rates (issue 26),
+#             SERVE_LIMIT_S (300) in all, SERVE_BENCH_RATES to shorten it
 #   train8b   `colossus train` on llama3-8b-like (8.03B) under Gemini auto,
 #             bf16, T=4096, every block checkpointed, granularity full then
 #             mlp (issue 28's 8B point): tokens/s, MFU and peak memory from
@@ -53,6 +58,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
     gemini|capacity) targets+=(bench_gemini_capacity) ;;
     fp8) targets+=(bench_train_gpt2) ;;
     decode) targets+=(bench_inference bench_gemv) ;;
+    serve) targets+=(colossus_cli) ;;
     ring) targets+=(bench_ring_attention) ;;
   esac
 done
@@ -90,6 +96,8 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${DECODE_FLAGS:---mix-requests 0} ;;
+    serve) run_stage serve_bench "${SERVE_LIMIT_S:-300}" env SERVE_BENCH_BUDGET_S=$(( ${SERVE_LIMIT_S:-300} - 10 )) \
+             bash scripts/device_serve_bench.sh ;;
     train8b) run_stage train8b "${TRAIN8B_LIMIT_S:-300}" bash -c '
               for g in full mlp; do
                 build-gpu/bin/colossus train examples/configs/plugins/gemini.toml --model.preset=llama3-8b-like \
@@ -113,7 +121,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
             --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \
             build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' --batches 1 --heads 32 \
             --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --iters 3" ;;
-    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, fp8curve, decode, ring, train8b)"; exit 2 ;;
+    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, fp8curve, decode, serve, ring, train8b)"; exit 2 ;;
   esac
 done
 
@@ -124,6 +132,7 @@ echo "=== results ==="
 [[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
+[[ -n ${rc[serve_bench]+x} ]] && tail -30 "$out/serve_bench.log"
 [[ -n ${rc[train8b]+x} ]] && grep -E "^granularity|error|Error" "$out/train8b.log"
 [[ -n ${rc[fp8curve]+x} ]] && tail -16 "$out/fp8curve.log"
 [[ -n ${rc[ring]+x} ]] && grep -E "^\||disagree" "$out/ring.log"

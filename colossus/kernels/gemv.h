@@ -33,7 +33,26 @@ struct GemvArgs {
   const void* bias = nullptr;      // kNone only
   const void* residual = nullptr;  // kResidual
   void* y = nullptr;
+  // Warps sharing one output group's `in` (1, 2 or 4); 0 picks it from the
+  // shape (gemv_k_split). Set only to test or time a split.
+  int32_t k_split = 0;
 };
+
+// Output groups: feature pairs (the gated form: one feature and its partner).
+inline int64_t gemv_groups(const GemvArgs& a) {
+  return a.epilogue == GemvEpilogue::kGated ? a.out_features / 2 : (a.out_features + 1) / 2;
+}
+
+// Narrow projections split `in` over 2 or 4 warps so that the launch has
+// about 4,096 warps or more (an H100/H200 holds 64 a multiprocessor), as
+// long as each warp keeps at least 64 chunks of 16 bytes (2 a lane).
+inline int32_t gemv_k_split(const GemvArgs& a) {
+  if (a.k_split != 0) return a.k_split;
+  const int64_t groups = gemv_groups(a), chunks = a.in_features / 8;
+  int32_t split = 1;
+  while (split < 4 && groups * split < 4096 && chunks / (split * 2) >= 64) split *= 2;
+  return split;
+}
 
 // Whether the kernel takes these arguments (sizes, dtype, alignment).
 inline bool gemv_supported(const GemvArgs& a) {
@@ -44,6 +63,7 @@ inline bool gemv_supported(const GemvArgs& a) {
   if (a.epilogue == GemvEpilogue::kGated && a.out_features % 2 != 0) return false;
   if (a.epilogue == GemvEpilogue::kResidual && a.residual == nullptr) return false;
   if (a.epilogue != GemvEpilogue::kNone && a.bias != nullptr) return false;
+  if (a.k_split != 0 && a.k_split != 1 && a.k_split != 2 && a.k_split != 4) return false;
   return aligned16(a.x) && aligned16(a.weight);
 }
 

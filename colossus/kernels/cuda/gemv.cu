@@ -1,11 +1,19 @@
 // Dense decode GEMV (gemv.h); no torch headers here by design. A block of
-// kWarps warps; each warp owns kRowsPerWarp output features (in the gated
-// form, feature n and its partner n + F), its lanes stride over `in` in
-// 16-byte chunks of every owned weight row, holding kRows x-rows' partial
-// sums, then reduce across the warp. Four chunks are loaded per iteration
-// before any multiply, so each lane keeps several loads in flight (the kernel
-// is bound by streaming W once).
+// kWarps warps; a group of kSplit warps owns kRowsPerWarp output features (in
+// the gated form, feature n and its partner n + F) and splits `in` between
+// its warps: lanes stride over the group's 16-byte chunks of every owned
+// weight row, holding kRows x-rows' partial sums, reduce across the warp,
+// then across the group through shared memory in a fixed order. Four chunks
+// are loaded per iteration before any multiply, so each lane keeps several
+// loads in flight (the kernel is bound by streaming W once). The split
+// exists for the narrow, long projections (o_proj, down_proj: 1,024 warps
+// with one feature pair each left most of an H100's warp slots empty and
+// streamed at 1.9 TB/s against 2.9 for the wide gate/up). Launched as a
+// programmatic dependent (pdl.cuh): a warp's weight stripes are prefetched
+// into L2 while the kernel before it drains, and x, the residual and y are
+// touched only after pdl_wait().
 #include "colossus/kernels/cuda/fused_common.cuh"
+#include "colossus/kernels/cuda/pdl.cuh"
 #include "colossus/kernels/gemv.h"
 
 #include <cstdint>
@@ -23,52 +31,78 @@ constexpr int kUnroll = 4;
 
 __device__ __forceinline__ float silu(float v) { return v / (1.f + __expf(-v)); }
 
-template <typename T, int kRows, GemvEpilogue kEpilogue>
+template <typename T, int kRows, GemvEpilogue kEpilogue, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
-  // kGated: each warp's two weight rows are feature n and n + F.
+  static_assert(kWarps % kSplit == 0, "a block holds whole groups");
+  // kGated: each group's two weight rows are feature n and n + F.
   constexpr int kRowsPerWarp = 2;
+  constexpr int kGroups = kWarps / kSplit;
   constexpr int kPerVec = Vec<T>::kSize;
-  const int lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32, part = (threadIdx.x / 32) % kSplit, group_in_block = threadIdx.x / 32 / kSplit;
   const int64_t in = a.in_features;
   const int64_t features = kEpilogue == GemvEpilogue::kGated ? a.out_features / 2 : a.out_features;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  // `warp` names the group (one warp when kSplit == 1). Groups past the end
+  // stay alive for the block's barrier and write nothing.
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * kGroups + group_in_block;
+  const bool active = kEpilogue == GemvEpilogue::kGated ? warp < features : warp * kRowsPerWarp < features;
+  if (!active && kSplit == 1) return;
   int64_t w_rows[kRowsPerWarp];
   if constexpr (kEpilogue == GemvEpilogue::kGated) {
-    if (warp >= features) return;
-    w_rows[0] = warp;
-    w_rows[1] = warp + features;
+    w_rows[0] = active ? warp : 0;
+    w_rows[1] = w_rows[0] + features;
   } else {
-    if (warp * kRowsPerWarp >= features) return;
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       // A past-the-end row recomputes the last one (no divergence) and is not written.
-      w_rows[r] = warp * kRowsPerWarp + r < features ? warp * kRowsPerWarp + r : features - 1;
+      w_rows[r] = active && warp * kRowsPerWarp + r < features ? warp * kRowsPerWarp + r : features - 1;
     }
   }
   const T* x = static_cast<const T*>(a.x);
   const T* w = static_cast<const T*>(a.weight);
+  const int64_t chunks = in / kPerVec;
+  // The group's warps interleave by 32-chunk stripes: warp `part` reads
+  // stripes part, part + kSplit, ...
+  constexpr int kStride = 32 * kSplit;
+  // The weights are constants of the step: pull this lane's first unrolled
+  // group of chunks into L2 before waiting on the kernel that writes x (8
+  // lanes share a 128-byte line; the warp's prefetches coalesce). Only the
+  // first group: hundreds of the gate/up projection's blocks are resident at
+  // once, and all of its 64 MiB would not fit in L2. After the wait everything
+  // reads or writes what neighbouring kernels touch.
+  if (active) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = lane + 32 * part + kStride * u;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(w + w_rows[r] * in + c * kPerVec));
+      }
+    }
+  }
+  pdl::pdl_wait();
+  pdl::pdl_launch_dependents();
   float acc[kRowsPerWarp][kRows];
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
     for (int m = 0; m < kRows; ++m) acc[r][m] = 0.f;
   }
-  const int64_t chunks = in / kPerVec;
-  int64_t c = lane;
+  int64_t c = lane + 32 * part;
   // Full groups of kUnroll chunks per lane, then the rest one by one.
-  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
+  for (; c + kStride * (kUnroll - 1) < chunks; c += kStride * kUnroll) {
     Vec<T> wv[kRowsPerWarp][kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) wv[r][u].load(w + w_rows[r] * in + (c + 32 * u) * kPerVec);
+      for (int r = 0; r < kRowsPerWarp; ++r) wv[r][u].load(w + w_rows[r] * in + (c + kStride * u) * kPerVec);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
         Vec<T> xv;
-        xv.load(x + m * in + (c + 32 * u) * kPerVec);
+        xv.load(x + m * in + (c + kStride * u) * kPerVec);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
 #pragma unroll
@@ -77,7 +111,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
       }
     }
   }
-  for (; c < chunks; c += 32) {
+  for (; c < chunks; c += kStride) {
     Vec<T> wv[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) wv[r].load(w + w_rows[r] * in + c * kPerVec);
@@ -98,6 +132,29 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
     for (int m = 0; m < kRows; ++m) {
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], offset);
+    }
+  }
+  if constexpr (kSplit > 1) {
+    // The group's partial sums, added by its first warp in part order.
+    __shared__ float partial[kGroups][kSplit][kRowsPerWarp][kRows];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+        for (int m = 0; m < kRows; ++m) partial[group_in_block][part][r][m] = acc[r][m];
+      }
+    }
+    __syncthreads();
+    if (part != 0 || !active) return;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        float sum = partial[group_in_block][0][r][m];
+#pragma unroll
+        for (int p = 1; p < kSplit; ++p) sum += partial[group_in_block][p][r][m];
+        acc[r][m] = sum;
+      }
     }
   }
   if (lane != 0) return;
@@ -123,16 +180,30 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
   }
 }
 
+template <typename T, int kRows, int kSplit>
+void launch_split(const GemvArgs& a, cudaStream_t stream) {
+  const int64_t groups = gemv_groups(a);
+  constexpr int kGroups = kWarps / kSplit;
+  const auto blocks = static_cast<unsigned>((groups + kGroups - 1) / kGroups);
+  switch (a.epilogue) {
+    case GemvEpilogue::kNone:
+      pdl::launch(gemv_kernel<T, kRows, GemvEpilogue::kNone, kSplit>, blocks, kWarps * 32, 0, stream, a);
+      break;
+    case GemvEpilogue::kResidual:
+      pdl::launch(gemv_kernel<T, kRows, GemvEpilogue::kResidual, kSplit>, blocks, kWarps * 32, 0, stream, a);
+      break;
+    case GemvEpilogue::kGated:
+      pdl::launch(gemv_kernel<T, kRows, GemvEpilogue::kGated, kSplit>, blocks, kWarps * 32, 0, stream, a);
+      break;
+  }
+}
+
 template <typename T, int kRows>
 void launch_epilogue(const GemvArgs& a, cudaStream_t stream) {
-  const int64_t warps = a.epilogue == GemvEpilogue::kGated ? a.out_features / 2 : (a.out_features + 1) / 2;
-  const auto blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-  switch (a.epilogue) {
-    case GemvEpilogue::kNone: gemv_kernel<T, kRows, GemvEpilogue::kNone><<<blocks, kWarps * 32, 0, stream>>>(a); break;
-    case GemvEpilogue::kResidual:
-      gemv_kernel<T, kRows, GemvEpilogue::kResidual><<<blocks, kWarps * 32, 0, stream>>>(a);
-      break;
-    case GemvEpilogue::kGated: gemv_kernel<T, kRows, GemvEpilogue::kGated><<<blocks, kWarps * 32, 0, stream>>>(a); break;
+  switch (gemv_k_split(a)) {
+    case 1: launch_split<T, kRows, 1>(a, stream); break;
+    case 2: launch_split<T, kRows, 2>(a, stream); break;
+    default: launch_split<T, kRows, 4>(a, stream); break;
   }
 }
 
