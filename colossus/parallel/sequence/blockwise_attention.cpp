@@ -69,7 +69,7 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
     ctx->saved_data["causal"] = g.causal;
     ctx->saved_data["zigzag"] = g.layout == SequenceLayout::ZigZag;
     ctx->saved_data["documents"] = g.documents;
-    ctx->saved_data["fused"] = g.kernel == BlockKernel::Fused;
+    ctx->saved_data["kernel"] = static_cast<int64_t>(g.kernel);
     ctx->save_for_backward({q, k, v, out, lse});
     return out.to(q.scalar_type());
   }
@@ -87,7 +87,7 @@ struct BlockwiseFn : torch::autograd::Function<BlockwiseFn> {
                ctx->saved_data["zigzag"].toBool() ? SequenceLayout::ZigZag : SequenceLayout::Contiguous,
                sp,
                ctx->saved_data["documents"].toTensor(),
-               ctx->saved_data["fused"].toBool() ? BlockKernel::Fused : BlockKernel::Math};
+               static_cast<BlockKernel>(ctx->saved_data["kernel"].toInt())};
     const auto ct = compute_type(q.scalar_type());
     const auto it = q.scalar_type();
     std::vector<at::Tensor> qs = shards(q, g, it), kvs = kv_shards(k, v, g), douts = shards(grads[0], g, it);

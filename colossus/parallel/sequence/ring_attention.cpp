@@ -179,7 +179,7 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     ctx->saved_data["zigzag"] = g.layout == SequenceLayout::ZigZag;
     ctx->saved_data["inner"] = g.inner;
     ctx->saved_data["documents"] = g.documents;
-    ctx->saved_data["fused"] = g.kernel == BlockKernel::Fused;
+    ctx->saved_data["kernel"] = static_cast<int64_t>(g.kernel);
     ctx->save_for_backward({q, k, v, out, lse});
     return result;
   }
@@ -196,7 +196,7 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
                ctx->saved_data["zigzag"].toBool() ? SequenceLayout::ZigZag : SequenceLayout::Contiguous,
                ctx->saved_data["inner"].toInt(),
                ctx->saved_data["documents"].toTensor(),
-               ctx->saved_data["fused"].toBool() ? BlockKernel::Fused : BlockKernel::Math};
+               static_cast<BlockKernel>(ctx->saved_data["kernel"].toInt())};
     variable_list d = ring_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], group, g);
     return {d[0].to(saved[0].scalar_type()), d[1].to(saved[1].scalar_type()), d[2].to(saved[2].scalar_type()),
             at::Tensor(), at::Tensor()};

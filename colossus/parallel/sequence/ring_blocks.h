@@ -90,14 +90,18 @@ struct BlockMath {
 // and its backward given the whole row's final out and lse, so every block's
 // gradient is already normalised by the global softmax. q, k, v are the
 // block's box; `causal` for a causal_square box, else no mask.
+// `cudnn`: cuDNN's kernel where cudnn_block_supported, flash elsewhere.
 std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                                                      bool causal, double scale);
+                                                      bool causal, double scale, bool cudnn = false);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Tensor &dout, const at::Tensor &q,
                                                                     const at::Tensor &k, const at::Tensor &v,
                                                                     const at::Tensor &out, const at::Tensor &lse,
-                                                                    bool causal, double scale);
+                                                                    bool causal, double scale, bool cudnn = false);
 // Whether the fused kernels take q of this device, dtype and head size.
 bool fused_block_supported(const at::Tensor &q);
+// Whether cuDNN's kernel takes the block (CUDA, half/bfloat16, k with q's
+// head count, head size a multiple of 8 up to 128).
+bool cudnn_block_supported(const at::Tensor &q, const at::Tensor &k);
 
 void add_block_grads(at::Tensor &dkv, const BlockPlan &plan, const std::pair<at::Tensor, at::Tensor> &grads);
 

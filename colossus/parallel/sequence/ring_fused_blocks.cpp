@@ -4,9 +4,14 @@
 // The backward of a block is the kernel's own backward given the row's final
 // output and log-sum-exp: it recomputes P = exp(S - lse) with the global lse
 // and takes rowsum(dO * O) from the global O, which is exactly this block's
-// share of the softmax gradient.
+// share of the softmax gradient. On CUDA the kernel is flash attention, or
+// cuDNN's (BlockKernel::FusedCudnn) where it takes the block: one SDPA call
+// over a whole sequence takes cuDNN's kernel on Hopper, and flash's is about
+// half its speed there.
 #include "colossus/parallel/sequence/ring_blocks.h"
 
+#include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
+#include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_backward.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu.h>
@@ -22,8 +27,25 @@ bool fused_block_supported(const at::Tensor &q) {
   return q.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && q.size(3) % 8 == 0 && q.size(3) <= 256;
 }
 
+bool cudnn_block_supported(const at::Tensor &q, const at::Tensor &k) {
+  const auto t = q.scalar_type();
+  return q.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && q.size(1) == k.size(1) && q.size(3) % 8 == 0 &&
+         q.size(3) <= 128;
+}
+
 std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                                                      bool causal, double scale) {
+                                                      bool causal, double scale, bool cudnn) {
+  if (cudnn && cudnn_block_supported(q, k)) {
+    // Its log-sum-exp is (B, H, Lq, 1) in fp32 (natural log, like flash's).
+    auto result = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, /*compute_log_sumexp=*/true, 0.0,
+                                                          causal, false, scale);
+    at::Tensor lse = std::get<1>(result);
+    if (lse.dim() == 4) lse = lse.squeeze(-1);
+    TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+                "ring attention: cuDNN's log-sum-exp has shape ", lse.sizes(), ", expected (B, H, Lq) = (", q.size(0),
+                ", ", q.size(1), ", ", q.size(2), ")");
+    return {std::get<0>(result), lse};
+  }
   if (q.is_cpu()) {
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, scale);
     return {out, lse};
@@ -36,7 +58,16 @@ std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Tensor &dout, const at::Tensor &q,
                                                                     const at::Tensor &k, const at::Tensor &v,
                                                                     const at::Tensor &out, const at::Tensor &lse,
-                                                                    bool causal, double scale) {
+                                                                    bool causal, double scale, bool cudnn) {
+  if (cudnn && cudnn_block_supported(q, k)) {
+    // The kernel takes dO in O's layout and the log-sum-exp as its forward
+    // returned it, (B, H, Lq, 1).
+    const at::Tensor placeholder = at::empty({}, at::kLong);
+    const at::Tensor o = out.contiguous();
+    return at::_scaled_dot_product_cudnn_attention_backward(
+        dout.contiguous(), q, k, v, o, lse.to(at::kFloat).contiguous().unsqueeze(-1), placeholder, placeholder,
+        at::Tensor(), at::Tensor(), at::Tensor(), q.size(2), k.size(2), 0.0, causal, scale);
+  }
   if (q.is_cpu()) {
     return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse.contiguous(), 0.0, causal, {}, scale);
   }
