@@ -40,6 +40,7 @@ timeout 120 build-gpu/bin/bench_inference --no-python --no-record --out-dir "$ou
 inf_rc=$?
 grep -E "^colossus|^\| |all kernels" "$out/bench_inference.log" | head -40
 stamp "bench_inference exit $inf_rc"
+mkdir -p "$out/no_pdl"
 COLOSSUS_PDL=0 timeout 90 build-gpu/bin/bench_inference --no-python --no-record --out-dir "$out/no_pdl" \
   --decode-batches "" --prefill-lens "" --mix-requests 0 --requests 32 "${commit_flag[@]}" \
   > "$out/bench_inference_no_pdl.log" 2>&1
