@@ -3,9 +3,7 @@
 # bench_gemv and bench_inference (sm_90, no tests), runs the decode kernels'
 # `colossus check` entries, bench_gemv, and bench_inference's batch-1 and
 # batch-8 decode with the kernel breakdown (no transformers peer, no
-# prefill / mix / throughput parts), then batch-1 decode again with
-# COLOSSUS_PDL=0 (the GEMVs launched plainly: the A/B of pdl.cuh). Writes
-# each result to $OUT as soon as it
+# prefill / mix / throughput parts). Writes each result to $OUT as soon as it
 # exists, so a call cut short still returns what ran.
 # Usage (device): COLOSSUS_COMMIT=<sha> bash scripts/device_decode_quick.sh
 set -uo pipefail
@@ -40,12 +38,4 @@ timeout 120 build-gpu/bin/bench_inference --no-python --no-record --out-dir "$ou
 inf_rc=$?
 grep -E "^colossus|^\| |all kernels" "$out/bench_inference.log" | head -40
 stamp "bench_inference exit $inf_rc"
-mkdir -p "$out/no_pdl"
-COLOSSUS_PDL=0 timeout 90 build-gpu/bin/bench_inference --no-python --no-record --out-dir "$out/no_pdl" \
-  --decode-batches "" --prefill-lens "" --mix-requests 0 --requests 32 "${commit_flag[@]}" \
-  > "$out/bench_inference_no_pdl.log" 2>&1
-no_pdl_rc=$?
-echo "=== COLOSSUS_PDL=0 ==="
-grep -E "^colossus|all kernels" "$out/bench_inference_no_pdl.log" | head -8
-stamp "bench_inference (COLOSSUS_PDL=0) exit $no_pdl_rc"
-[[ $check_rc -eq 0 && $gemv_rc -eq 0 && $inf_rc -eq 0 && $no_pdl_rc -eq 0 ]]
+[[ $check_rc -eq 0 && $gemv_rc -eq 0 && $inf_rc -eq 0 ]]

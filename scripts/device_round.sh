@@ -18,9 +18,7 @@
 #             scripts/compare_loss_curves.py (issue 28: within 1% of bf16's
 #             curve; windows of 50 steps) with both runs' tokens/s
 #   decode    bench_gemv + bench_inference's decode table (issue 26);
-#             DECODE_FLAGS="" adds the 1000-request mix; then batch-1 decode
-#             again with COLOSSUS_PDL=0 (the GEMVs launched plainly: the A/B
-#             of pdl.cuh)
+#             DECODE_FLAGS="" adds the 1000-request mix
 #   serve     scripts/device_serve_bench.sh: `colossus serve` under
 #             bench/serve_bench.py at several request rates (issue 26),
 #             SERVE_LIMIT_S (300) in all, SERVE_BENCH_RATES to shorten it
@@ -96,10 +94,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
     decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out"
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
-              ${DECODE_FLAGS:---mix-requests 0}
-            mkdir -p "$out/no_pdl"
-            run_stage decode_no_pdl 90 env COLOSSUS_PDL=0 build-gpu/bin/bench_inference --no-python --no-record \
-              --out-dir "$out/no_pdl" --decode-batches "" --prefill-lens "" --mix-requests 0 --requests 32 ;;
+              ${DECODE_FLAGS:---mix-requests 0} ;;
     serve) run_stage serve_bench "${SERVE_LIMIT_S:-300}" env SERVE_BENCH_BUDGET_S=$(( ${SERVE_LIMIT_S:-300} - 10 )) \
              bash scripts/device_serve_bench.sh ;;
     train8b) run_stage train8b "${TRAIN8B_LIMIT_S:-300}" bash -c '
@@ -136,7 +131,6 @@ echo "=== results ==="
 [[ -n ${rc[fp8]+x} ]] && grep -E "fp8|tok/s|^\|" "$out/fp8.log" | tail -20
 [[ -n ${rc[gemv]+x} ]] && tail -15 "$out/gemv.log"
 [[ -n ${rc[decode]+x} ]] && tail -40 "$out/decode.log"
-[[ -n ${rc[decode_no_pdl]+x} ]] && { echo "=== COLOSSUS_PDL=0 ==="; grep -E "^colossus|all kernels" "$out/decode_no_pdl.log" | head -8; }
 [[ -n ${rc[serve_bench]+x} ]] && tail -30 "$out/serve_bench.log"
 [[ -n ${rc[train8b]+x} ]] && grep -E "^granularity|error|Error" "$out/train8b.log"
 [[ -n ${rc[fp8curve]+x} ]] && tail -16 "$out/fp8curve.log"

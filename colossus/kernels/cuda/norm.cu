@@ -7,7 +7,6 @@
 // and go out as one partial row per block; column_sum_kernel adds those rows
 // in a fixed order (deterministic) and rounds once.
 #include "colossus/kernels/cuda/fused_common.cuh"
-#include "colossus/kernels/cuda/pdl.cuh"
 #include "colossus/kernels/norm.h"
 
 #include <cstdint>
@@ -25,9 +24,6 @@ constexpr int kThreads = 256;
 
 template <typename T, int kVecs, NormKind kKind>
 __global__ void __launch_bounds__(kThreads) norm_forward_kernel(NormForwardArgs a) {
-  // A decode GEMV after the norm may be scheduled now; it waits for this grid
-  // before reading its output (pdl.cuh).
-  pdl::pdl_launch_dependents();
   constexpr int kSize = Vec<T>::kSize;
   const int nvec = static_cast<int>(a.cols / kSize);
   const int64_t row = blockIdx.x;

@@ -17,7 +17,6 @@
 // per multiprocessor, so a batch of one long sequence still fills the GPU.
 // Under a sliding window the partitions tile only the window's span.
 #include "colossus/kernels/cuda/paged_attention_common.cuh"
-#include "colossus/kernels/cuda/pdl.cuh"
 
 #include <algorithm>
 
@@ -55,7 +54,6 @@ struct DecodeWork {
 
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAttentionArgs a, const DecodeWork w) {
-  pdl::pdl_launch_dependents();  // the output projection's GEMV may be scheduled (pdl.cuh)
   using L = RowLayout<T, D>;
   // logits [G][partition_size]; after the P.V pass the same space holds the
   // warps' partial outputs [kWarps][G][D].
@@ -311,7 +309,6 @@ __device__ float block_reduce(float v, float* red) {
 // partitions: out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) paged_decode_merge_kernel(const PagedAttentionArgs a, const DecodeWork w) {
-  pdl::pdl_launch_dependents();  // the output projection's GEMV may be scheduled (pdl.cuh)
   extern __shared__ float weight[];  // [partitions]
   __shared__ float red[kWarps];
   const int seq = blockIdx.x, head = blockIdx.y;
