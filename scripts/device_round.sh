@@ -18,7 +18,8 @@
 #             scripts/compare_loss_curves.py (issue 28: within 1% of bf16's
 #             curve; windows of 50 steps) with both runs' tokens/s
 #   decode    bench_gemv + bench_inference's decode table (issue 26);
-#             DECODE_FLAGS="" adds the 1000-request mix
+#             DECODE_FLAGS="" adds the 1000-request mix; DECODE_PEER=1 runs
+#             transformers beside it (greedy agreement, its decode speed)
 #   serve     scripts/device_serve_bench.sh: `colossus serve` under
 #             bench/serve_bench.py at several request rates (issue 26),
 #             SERVE_LIMIT_S (300) in all, SERVE_BENCH_RATES to shorten it
@@ -71,6 +72,10 @@ grep -E "FAIL" "$out/check.txt" | head -20
 tail -3 "$out/check.txt"
 stamp "build + check done"
 
+# COLOSSUS_COMMIT labels the benches' rows (the device copy's git metadata
+# can lag the tree it carries).
+commit_flag=()
+[[ -n ${COLOSSUS_COMMIT:-} ]] && commit_flag=(--commit "$COLOSSUS_COMMIT")
 declare -A rc
 run_stage() {  # name, limit in seconds, command...
   local name=$1 limit=$2; shift 2
@@ -91,10 +96,12 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
     capacity) run_stage capacity "${CAPACITY_LIMIT_S:-400}" build-gpu/bin/bench_gemini_capacity --parts capacity \
               --modes gemini_auto --start gemini_auto=66 --layer-step 4 \
               --budget-s $(( ${CAPACITY_LIMIT_S:-400} - 150 )) --try-timeout-s 150 --no-record ${CAPACITY_FLAGS:-} ;;
-    decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out"
+    decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out" ${commit_flag[@]+"${commit_flag[@]}"}
+            peer=(--no-python)
+            [[ -n ${DECODE_PEER:-} ]] && peer=(--python python3 --peer-variants dynamic --peer-max-seconds 10)
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
-              --out-dir "$out" --no-record --no-python --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
-              ${DECODE_FLAGS:---mix-requests 0} ;;
+              --out-dir "$out" --no-record "${peer[@]}" --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
+              ${commit_flag[@]+"${commit_flag[@]}"} ${DECODE_FLAGS:---mix-requests 0} ;;
     serve) run_stage serve_bench "${SERVE_LIMIT_S:-300}" env SERVE_BENCH_BUDGET_S=$(( ${SERVE_LIMIT_S:-300} - 10 )) \
              bash scripts/device_serve_bench.sh ;;
     train8b) run_stage train8b "${TRAIN8B_LIMIT_S:-300}" bash -c '
