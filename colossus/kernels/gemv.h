@@ -9,14 +9,10 @@
 //   gated:    W holds 2F rows (a merged gate/up projection) and
 //             y (rows, F) = silu(x @ W[:F]^T) * (x @ W[F:]^T), SwiGLU with
 //             one rounding.
-// and one prologue, which saves the norm's launch before q/k/v and gate/up:
-//   norm:     x is RMS-normalised first (norm_weight, norm_eps), each row as
-//             kernels/norm.h's RMSNorm forward writes it.
 // Raw pointers only; the reference is at::linear (+ the epilogue in fp32).
 #pragma once
 #include "colossus/kernels/element_dtype.h"
 
-#include <cstddef>
 #include <cstdint>
 
 namespace colossus::kernels {
@@ -40,16 +36,7 @@ struct GemvArgs {
   // Warps sharing one output group's `in` (1, 2 or 4); 0 picks it from the
   // shape (gemv_k_split). Set only to test or time a split.
   int32_t k_split = 0;
-  // Set: y = f(RMSNorm(x) @ W^T) with this weight (in) and epsilon; x's
-  // normalised rows live in shared memory (gemv_norm_bytes).
-  const void* norm_weight = nullptr;
-  float norm_eps = 0.f;
 };
-
-// Shared memory the norm prologue takes (0 without it).
-inline size_t gemv_norm_bytes(const GemvArgs& a) {
-  return a.norm_weight == nullptr ? 0 : static_cast<size_t>(a.rows * a.in_features) * 2;
-}
 
 // Output groups: feature pairs (the gated form: one feature and its partner).
 inline int64_t gemv_groups(const GemvArgs& a) {
@@ -77,7 +64,6 @@ inline bool gemv_supported(const GemvArgs& a) {
   if (a.epilogue == GemvEpilogue::kResidual && a.residual == nullptr) return false;
   if (a.epilogue != GemvEpilogue::kNone && a.bias != nullptr) return false;
   if (a.k_split != 0 && a.k_split != 1 && a.k_split != 2 && a.k_split != 4) return false;
-  if (a.norm_weight != nullptr && (!aligned16(a.norm_weight) || gemv_norm_bytes(a) > 48 * 1024)) return false;
   return aligned16(a.x) && aligned16(a.weight);
 }
 

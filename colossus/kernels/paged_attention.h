@@ -61,10 +61,6 @@ struct PagedAttentionArgs {
   int32_t num_sms = 132;       // multiprocessors, to size the decode split
   int32_t partition_size = 0;  // decode tokens per split-K partition (power of two >= 32); 0 = choose
   bool prefill_tensor_cores = true;  // bf16/fp16 prefill, head_dim <= 128, on mma.sync; false: CUDA cores
-  // Decode partitions combined by a merge kernel of their own instead of the
-  // last partition block (what a launch past the arrival counters takes; set
-  // by the self-test to check that path).
-  bool separate_merge = false;
   void* workspace = nullptr;   // paged_attention_workspace_bytes(args) bytes of device memory
 };
 

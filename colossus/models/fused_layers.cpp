@@ -282,20 +282,6 @@ std::optional<kernels::GemvArgs> gemv_args(const at::Tensor& x, const at::Tensor
   return args;
 }
 
-// The norm prologue's weight and epsilon on `args`; false (the caller gives
-// up) where the weight does not fit the kernel.
-bool add_norm(kernels::GemvArgs& args, const at::Tensor& x, const DecodeNorm* norm) {
-  if (norm == nullptr) return true;
-  const at::Tensor& w = norm->weight;
-  if (w.scalar_type() != x.scalar_type() || w.device() != x.device() || !w.is_contiguous() ||
-      w.numel() != x.size(-1)) {
-    return false;
-  }
-  args.norm_weight = w.data_ptr();
-  args.norm_eps = static_cast<float>(norm->eps);
-  return kernels::gemv_supported(args);
-}
-
 std::vector<int64_t> sizes_with_last(const at::Tensor& x, int64_t last) {
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes.back() = last;
@@ -307,10 +293,9 @@ std::vector<int64_t> sizes_with_last(const at::Tensor& x, int64_t last) {
 void set_decode_gemv(bool enabled) { decode_gemv_on.store(enabled); }
 bool decode_gemv_enabled() { return decode_gemv_on.load(); }
 
-std::optional<at::Tensor> decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                        const DecodeNorm* norm) {
+std::optional<at::Tensor> decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   auto args = gemv_args(x, weight, kernels::GemvEpilogue::kNone);
-  if (!args || !add_norm(*args, x, norm)) return std::nullopt;
+  if (!args) return std::nullopt;
   if (bias.defined()) {
     if (bias.scalar_type() != x.scalar_type() || bias.device() != x.device() || !bias.is_contiguous() ||
         bias.numel() != weight.size(0)) {
@@ -337,24 +322,9 @@ std::optional<at::Tensor> decode_linear_add(const at::Tensor& x, const at::Tenso
   return residual;
 }
 
-std::optional<at::Tensor> decode_linear_residual(const at::Tensor& x, const at::Tensor& weight,
-                                                 const at::Tensor& residual) {
-  auto args = gemv_args(x, weight, kernels::GemvEpilogue::kResidual);
-  if (!args || residual.scalar_type() != x.scalar_type() || residual.device() != x.device() ||
-      !residual.is_contiguous() || residual.numel() != args->rows * weight.size(0) ||
-      !kernels::aligned16(residual.data_ptr())) {
-    return std::nullopt;
-  }
-  at::Tensor y = at::empty(residual.sizes(), residual.options());
-  args->residual = residual.data_ptr();
-  args->y = y.data_ptr();
-  if (!kernels::cuda_slots().gemv(*args, x.device().index())) return std::nullopt;
-  return y;
-}
-
-std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& gate_up_weight, const DecodeNorm* norm) {
+std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& gate_up_weight) {
   auto args = gemv_args(x, gate_up_weight, kernels::GemvEpilogue::kGated);
-  if (!args || !add_norm(*args, x, norm)) return std::nullopt;
+  if (!args) return std::nullopt;
   at::Tensor y = at::empty(sizes_with_last(x, gate_up_weight.size(0) / 2), x.options());
   args->y = y.data_ptr();
   if (!kernels::cuda_slots().gemv(*args, x.device().index())) return std::nullopt;

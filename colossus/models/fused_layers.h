@@ -37,22 +37,11 @@ std::optional<at::Tensor> fused_swiglu(const at::Tensor& gate, const at::Tensor&
 // when it does not apply (or is switched off); the caller runs at::linear.
 //   decode_linear:     x (..., K) -> x W^T + bias (bias may be undefined)
 //   decode_linear_add: residual + x W^T, written into residual (contiguous)
-//   decode_linear_residual: residual + x W^T into a new tensor
 //   decode_gated:      gate_up_weight (2F, K), gate rows then up rows ->
 //                      silu(x Wg^T) * (x Wu^T) (..., F)
-// `norm` (decode_linear, decode_gated): x is an RMSNorm's input, normalised
-// in the GEMV's prologue exactly as RMSNorm::forward's CUDA kernel writes it.
-struct DecodeNorm {
-  const at::Tensor& weight;  // (K), x's dtype
-  double eps;
-};
-std::optional<at::Tensor> decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                        const DecodeNorm* norm = nullptr);
+std::optional<at::Tensor> decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 std::optional<at::Tensor> decode_linear_add(const at::Tensor& x, const at::Tensor& weight, at::Tensor& residual);
-std::optional<at::Tensor> decode_linear_residual(const at::Tensor& x, const at::Tensor& weight,
-                                                 const at::Tensor& residual);
-std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& gate_up_weight,
-                                       const DecodeNorm* norm = nullptr);
+std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& gate_up_weight);
 // On by default; benchmarks switch it off to measure the GEMM library's path.
 void set_decode_gemv(bool enabled);
 bool decode_gemv_enabled();

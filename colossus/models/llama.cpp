@@ -127,27 +127,6 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
   return layer("o_proj").forward(y.transpose(1, 2).reshape({batch, seq, -1}));
 }
 
-std::optional<at::Tensor> LlamaAttention::forward_decode(const at::Tensor& hidden, const RMSNorm& norm,
-                                                         const BlockContext& context) {
-  auto* o_proj = dynamic_cast<Linear*>(&layer("o_proj"));
-  if (!fused_qkv_.defined() || is_training() || at::GradMode::is_enabled() || !hidden.is_cuda() ||
-      context.attention == nullptr || has_layer("q_norm") || (sliding_layer_ && context.local_rope_cos.defined()) ||
-      !context.rope_sin_signed.defined() || context.rope_cos.size(-1) != head_dim_ || o_proj == nullptr ||
-      o_proj->bias.defined() || hidden.dim() != 3) {
-    return std::nullopt;
-  }
-  const DecodeNorm decode_norm{norm.weight, norm.eps};
-  const auto qkv = decode_linear(hidden, fused_qkv_, fused_qkv_bias_, &decode_norm);
-  if (!qkv) return std::nullopt;
-  const int64_t q_width = layer_as<Linear>("q_proj").weight.size(0);
-  const auto y = context.attention->attend_packed(context.layer, *qkv, q_width / head_dim_, context.rope_cos,
-                                                  context.rope_sin_signed, spec_);
-  if (!y) return std::nullopt;  // nothing written: the general path starts over
-  const at::Tensor heads = y->transpose(1, 2).reshape({hidden.size(0), hidden.size(1), -1});
-  if (auto h = decode_linear_residual(heads, o_proj->weight, hidden)) return *h;
-  return hidden + o_proj->forward(heads);
-}
-
 LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options)
     : LayerHost("LlamaMLP"), activation_(parse_activation(config.hidden_act)) {
   const int64_t c = config.hidden_size, f = config.intermediate_size;
@@ -179,22 +158,6 @@ at::Tensor LlamaMLP::forward_add(const at::Tensor& x, at::Tensor residual) {
     return residual;
   }
   return residual + forward(x);
-}
-
-at::Tensor LlamaMLP::forward_norm_add(RMSNorm& norm, at::Tensor residual) {
-  auto* down = dynamic_cast<Linear*>(&layer("down_proj"));
-  if (fused_gate_up_.defined() && !fused_gate_up_bias_.defined() && activation_ == Activation::Silu && !is_training() &&
-      !at::GradMode::is_enabled() && residual.is_cuda() && down != nullptr && !down->bias.defined() &&
-      residual.is_contiguous() && residual.dim() >= 2) {
-    const DecodeNorm decode_norm{norm.weight, norm.eps};
-    if (auto act = decode_gated(residual, fused_gate_up_, &decode_norm)) {
-      if (auto fused = decode_linear_add(*act, down->weight, residual)) return *fused;
-      const int64_t c = residual.size(-1);
-      residual.view({-1, c}).addmm_(act->reshape({-1, act->size(-1)}), down->weight.t());
-      return residual;
-    }
-  }
-  return forward_add(norm.forward(residual), residual);
 }
 
 void LlamaMLP::set_checkpointed() {
@@ -282,14 +245,6 @@ void LlamaDecoderLayer::fuse_projections() {
 
 at::Tensor LlamaDecoderLayer::forward(const at::Tensor& hidden, const BlockContext& context) {
   TORCH_CHECK(context.rope_cos.defined(), "LlamaDecoderLayer needs RoPE cos/sin in its BlockContext");
-  // Decode through the engine's cache: both norms ride in the GEMVs that
-  // read them and the attention's residual add in its output GEMV, so a
-  // layer is six launches (was nine with the norms and the add + norm).
-  auto* input_norm = dynamic_cast<RMSNorm*>(&layer("input_layernorm"));
-  auto* post_norm = dynamic_cast<RMSNorm*>(&layer("post_attention_layernorm"));
-  if (input_norm != nullptr && post_norm != nullptr && context.attention != nullptr) {
-    if (auto h = self_attn_->forward_decode(hidden, *input_norm, context)) return mlp_->forward_norm_add(*post_norm, *h);
-  }
   const at::Tensor attn = self_attn_->forward(layer("input_layernorm").forward(hidden), context);
   // The residual add and the second norm in one kernel each way on CUDA
   // (RMSNorm::forward_add); a replaced norm layer gets the plain sum.

@@ -17,7 +17,6 @@
 
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 
 namespace colossus::models {
@@ -30,12 +29,6 @@ class LlamaAttention : public LayerHost {
   // k_proj/v_proj (B, T, local_kv_heads * head_dim); local_heads must be a
   // multiple of local_kv_heads. context: RoPE cos/sin (T, head_dim).
   at::Tensor forward(const at::Tensor& x, const BlockContext& context);
-  // Inference decode on CUDA through the engine's paged cache with the fused
-  // projections: hidden + forward(norm(hidden)) in three launches, the norm
-  // in the q/k/v GEMV's prologue and the residual in the output GEMV's
-  // epilogue. nullopt, having changed nothing, where that path does not
-  // apply.
-  std::optional<at::Tensor> forward_decode(const at::Tensor& hidden, const RMSNorm& norm, const BlockContext& context);
   // Inference: q, k, v projected by one matmul (weights become row views of one tensor).
   void fuse_projections();
 
@@ -60,9 +53,6 @@ class LlamaMLP : public LayerHost {
   // intermediate) and writes it into `residual`, which must not be needed
   // elsewhere.
   at::Tensor forward_add(const at::Tensor& x, at::Tensor residual);
-  // residual + forward(norm(residual)), written into `residual`; on CUDA with
-  // the fused projections the norm runs in the gate/up GEMV's prologue.
-  at::Tensor forward_norm_add(RMSNorm& norm, at::Tensor residual);
   // Inference: gate and up projected by one matmul.
   void fuse_projections();
   // Selective checkpointing: forward keeps only x, backward reruns the MLP.

@@ -32,14 +32,12 @@ struct CountingSlots {
   std::atomic<int64_t> attention_launches{0};
   std::atomic<int64_t> cache_writes{0};
   std::atomic<bool> cuda_core_prefill{false};  // bf16/fp16 prefill on the CUDA-core kernel
-  std::atomic<bool> separate_merge{false};     // decode partitions merged by their own kernel
 };
 CountingSlots counting;
 
 bool counted_attention(const kernels::PagedAttentionArgs& args, int device_index) {
   kernels::PagedAttentionArgs a = args;
   if (counting.cuda_core_prefill.load()) a.prefill_tensor_cores = false;
-  if (counting.separate_merge.load()) a.separate_merge = true;
   const bool launched = counting.attention(a, device_index);
   if (launched) ++counting.attention_launches;
   return launched;
@@ -223,22 +221,14 @@ std::string check_paged_attention_cuda() {
   int cases = 0;
   uint64_t seed = 1;
   // bf16/fp16 prefill runs on tensor cores (head_dim <= 128) by default; each
-  // 16-bit layout runs again with the CUDA-core prefill kernel. Decode
-  // partitions are merged by their last block by default; bf16 layouts with
-  // decode rows run again with the separate merge kernel.
-  enum class Variant { kDefault, kCudaCorePrefill, kSeparateMerge };
+  // 16-bit layout runs again with the CUDA-core prefill kernel.
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
-    for (Variant variant : {Variant::kDefault, Variant::kCudaCorePrefill, Variant::kSeparateMerge}) {
-      const bool cuda_cores = variant == Variant::kCudaCorePrefill;
+    for (bool cuda_cores : {false, true}) {
       if (cuda_cores && dtype == at::kFloat) continue;
-      if (variant == Variant::kSeparateMerge && dtype != at::kBFloat16) continue;
       counting.cuda_core_prefill = cuda_cores;
-      counting.separate_merge = variant == Variant::kSeparateMerge;
       for (const Layout& l : layouts) {
         const bool prefill = std::any_of(l.query_lens.begin(), l.query_lens.end(), [](int64_t n) { return n > 1; });
-        const bool decode = std::any_of(l.query_lens.begin(), l.query_lens.end(), [](int64_t n) { return n == 1; });
         if (cuda_cores && !prefill) continue;
-        if (variant == Variant::kSeparateMerge && !decode) continue;
         ++cases;
         std::string error;
         try {
@@ -248,15 +238,12 @@ std::string check_paged_attention_cuda() {
         }
         if (!error.empty()) {
           const bool tensor_cores = dtype != at::kFloat && !cuda_cores && l.head_dim <= 128;
-          failures.push_back(fmt::format("[{} head_dim {} {}, prefill on {}, merge {}] {}", l.name, l.head_dim,
-                                         dtype_name(dtype), tensor_cores ? "tensor cores" : "CUDA cores",
-                                         variant == Variant::kSeparateMerge ? "kernel" : "in the last block", error));
+          failures.push_back(fmt::format("[{} head_dim {} {}, prefill on {}] {}", l.name, l.head_dim, dtype_name(dtype),
+                                         tensor_cores ? "tensor cores" : "CUDA cores", error));
         }
       }
     }
   }
-  counting.separate_merge = false;
-  counting.cuda_core_prefill = false;
   if (failures.empty()) return {};
   std::string report = fmt::format("{} of {} cases failed:", failures.size(), cases);
   for (size_t i = 0; i < failures.size() && i < 24; ++i) report += "\n      " + failures[i];

@@ -45,46 +45,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
   // stay alive for the block's barrier and write nothing.
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * kGroups + group_in_block;
   const bool active = kEpilogue == GemvEpilogue::kGated ? warp < features : warp * kRowsPerWarp < features;
-  const T* x = static_cast<const T*>(a.x);
-  const int64_t chunks = in / kPerVec;
-  if (a.norm_weight != nullptr) {
-    // RMSNorm prologue: the block normalises x's rows into shared memory as
-    // kernels/norm.h's forward writes them, round(round(x * rstd) * w), so
-    // the norm needs no launch of its own (x is 4 KiB a row at decode sizes,
-    // read from L2 by every block).
-    extern __shared__ __align__(16) unsigned char normed_bytes[];
-    T* normed = reinterpret_cast<T*>(normed_bytes);
-    const T* norm_w = static_cast<const T*>(a.norm_weight);
-    float squares[kRows];
-#pragma unroll
-    for (int m = 0; m < kRows; ++m) squares[m] = 0.f;
-    for (int64_t c = threadIdx.x; c < chunks; c += kWarps * 32) {
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        Vec<T> xv;
-        xv.load(x + m * in + c * kPerVec);
-#pragma unroll
-        for (int i = 0; i < kPerVec; ++i) squares[m] += xv.v[i] * xv.v[i];
-      }
-    }
-    fused::block_sum(squares);
-    const float inv_cols = 1.f / static_cast<float>(in);
-    for (int64_t c = threadIdx.x; c < chunks; c += kWarps * 32) {
-      Vec<T> nw;
-      nw.load(norm_w + c * kPerVec);
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        const float rstd = rsqrtf(squares[m] * inv_cols + a.norm_eps);
-        Vec<T> xv;
-        xv.load(x + m * in + c * kPerVec);
-#pragma unroll
-        for (int i = 0; i < kPerVec; ++i) xv.v[i] = fused::round_to<T>(xv.v[i] * rstd) * nw.v[i];
-        xv.store(normed + m * in + c * kPerVec);
-      }
-    }
-    __syncthreads();
-    x = normed;
-  }
   if (!active && kSplit == 1) return;
   int64_t w_rows[kRowsPerWarp];
   if constexpr (kEpilogue == GemvEpilogue::kGated) {
@@ -97,7 +57,9 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const GemvArgs a) {
       w_rows[r] = active && warp * kRowsPerWarp + r < features ? warp * kRowsPerWarp + r : features - 1;
     }
   }
+  const T* x = static_cast<const T*>(a.x);
   const T* w = static_cast<const T*>(a.weight);
+  const int64_t chunks = in / kPerVec;
   // The group's warps interleave by 32-chunk stripes: warp `part` reads
   // stripes part, part + kSplit, ...
   constexpr int kStride = 32 * kSplit;
@@ -204,16 +166,15 @@ void launch_split(const GemvArgs& a, cudaStream_t stream) {
   const int64_t groups = gemv_groups(a);
   constexpr int kGroups = kWarps / kSplit;
   const auto blocks = static_cast<unsigned>((groups + kGroups - 1) / kGroups);
-  const size_t smem = gemv_norm_bytes(a);
   switch (a.epilogue) {
     case GemvEpilogue::kNone:
-      gemv_kernel<T, kRows, GemvEpilogue::kNone, kSplit><<<blocks, kWarps * 32, smem, stream>>>(a);
+      gemv_kernel<T, kRows, GemvEpilogue::kNone, kSplit><<<blocks, kWarps * 32, 0, stream>>>(a);
       break;
     case GemvEpilogue::kResidual:
-      gemv_kernel<T, kRows, GemvEpilogue::kResidual, kSplit><<<blocks, kWarps * 32, smem, stream>>>(a);
+      gemv_kernel<T, kRows, GemvEpilogue::kResidual, kSplit><<<blocks, kWarps * 32, 0, stream>>>(a);
       break;
     case GemvEpilogue::kGated:
-      gemv_kernel<T, kRows, GemvEpilogue::kGated, kSplit><<<blocks, kWarps * 32, smem, stream>>>(a);
+      gemv_kernel<T, kRows, GemvEpilogue::kGated, kSplit><<<blocks, kWarps * 32, 0, stream>>>(a);
       break;
   }
 }

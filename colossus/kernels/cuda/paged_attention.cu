@@ -11,11 +11,8 @@
 // lanes by warp shuffles, the partition's logits stay in shared memory, its
 // softmax is exact (max, then exp2 and sum), and P.V accumulates in fp32
 // registers. A sequence that fits one partition writes its output directly;
-// longer ones write (max, sum, unnormalised output) per partition and
-// combine them with log-sum-exp rescaling: the last of a (sequence, head
-// group)'s partition blocks to finish does it (an arrival counter per group),
-// or, when the counters do not cover the launch, a merge kernel. At batch 1 the merge kernel was 2.5 us of a 9.3 us layer's
-// attention on an H100, most of it its launch. The partition size
+// longer ones write (max, sum, unnormalised output) per partition and the
+// merge kernel combines them with log-sum-exp rescaling. The partition size
 // shrinks from 512 towards 64 tokens until there are about two thread blocks
 // per multiprocessor, so a batch of one long sequence still fills the GPU.
 // Under a sliding window the partitions tile only the window's span.
@@ -47,67 +44,13 @@ struct RowLayout {
   static_assert(D % kVecT == 0, "rows must be whole 16-byte vectors");
 };
 
-// Arrival counters of the partition blocks, one per (sequence, head group),
-// zero at module load; the last arriving block sets its counter back to zero,
-// so they are zero between launches. Decode launches on one device must not
-// overlap in time (one engine stream a device), or they would share counters.
-constexpr int kMaxCounters = 1 << 16;
-__device__ unsigned int g_partition_arrivals[kMaxCounters];
-
 struct DecodeWork {
   int32_t partition_size = 0;
   int32_t max_partitions = 0;
-  bool merge_in_last_block = false;  // else the merge kernel runs after
   float* part_out = nullptr;  // (num_seqs, heads, max_partitions, head_dim): unnormalised P.V
   float* part_max = nullptr;  // (num_seqs, heads, max_partitions): max logit (log2 units)
   float* part_sum = nullptr;  // (num_seqs, heads, max_partitions): sum of exp2(logit - max)
 };
-
-// Sum (or max) of one float over the block; every thread gets the result.
-template <bool kMax>
-__device__ float block_reduce(float v, float* red) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float other = __shfl_xor_sync(0xffffffffu, v, offset);
-    v = kMax ? fmaxf(v, other) : v + other;
-  }
-  __syncthreads();  // red may still be read from a previous call
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = red[0];
-#pragma unroll
-  for (int i = 1; i < kWarps; ++i) v = kMax ? fmaxf(v, red[i]) : v + red[i];
-  return v;
-}
-
-// Combines sequence `seq`'s n partitions of one query head into its output
-// row: out = sum_p 2^(m_p - M) o_p / sum_p 2^(m_p - M) l_p. `weight` holds n
-// floats of shared memory, `red` kWarps; the whole block calls it.
-template <typename T>
-__device__ void merge_partitions(const PagedAttentionArgs& a, const DecodeWork& w, int seq, int q_row, int head,
-                                 int n, float* weight, float* red) {
-  const int64_t base = (static_cast<int64_t>(seq) * a.heads + head) * w.max_partitions;
-  float m = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += kThreads) m = fmaxf(m, __ldcg(w.part_max + base + i));
-  m = block_reduce<true>(m, red);
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float e = exp2f(__ldcg(w.part_max + base + i) - m);
-    weight[i] = e;
-    s += e * __ldcg(w.part_sum + base + i);
-  }
-  s = block_reduce<false>(s, red);  // its barriers also publish `weight`
-  const float inv = 1.0f / s;
-  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(q_row) * a.out_token_stride +
-           static_cast<int64_t>(head) * a.out_head_stride;
-  for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
-    float o = 0.0f;
-    for (int i = 0; i < n; ++i) o = fmaf(weight[i], __ldcg(w.part_out + (base + i) * a.head_dim + d), o);
-    out[d] = from_float<T>(o * inv);
-  }
-  __syncthreads();  // `weight` is read above; a next call may overwrite it
-}
 
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAttentionArgs a, const DecodeWork w) {
@@ -342,21 +285,24 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const PagedAtten
     w.part_max[slot] = row_max[tid];
     w.part_sum[slot] = row_sum[tid];
   }
-  if (num_partitions == 1 || !w.merge_in_last_block) return;
-  // Publish this partition, count it, and let the last one merge all of them
-  // (the threadfence-reduction pattern: fence, then the counter).
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    unsigned int* arrivals = g_partition_arrivals + static_cast<int64_t>(seq) * gridDim.y + blockIdx.y;
-    last = atomicAdd(arrivals, 1u) == static_cast<unsigned int>(num_partitions - 1);
-    if (last) *arrivals = 0;  // ready for the next launch
+}
+
+// Sum (or max) of one float over the block; every thread gets the result.
+template <bool kMax>
+__device__ float block_reduce(float v, float* red) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = kMax ? fmaxf(v, other) : v + other;
   }
+  __syncthreads();  // red may still be read from a previous call
+  if (lane == 0) red[warp] = v;
   __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int g = 0; g < G; ++g) merge_partitions<T>(a, w, seq, q_row, head0 + g, num_partitions, smem, &red[0][0]);
+  v = red[0];
+#pragma unroll
+  for (int i = 1; i < kWarps; ++i) v = kMax ? fmaxf(v, red[i]) : v + red[i];
+  return v;
 }
 
 // One thread block per (sequence, head) whose context spans several
@@ -371,7 +317,25 @@ __global__ void __launch_bounds__(kThreads) paged_decode_merge_kernel(const Page
   const int context = a.context_lens[seq];
   const int n = (context - window_start(a.window, context - 1) + w.partition_size - 1) / w.partition_size;
   if (n <= 1) return;
-  merge_partitions<T>(a, w, seq, q_row, head, n, weight, red);
+  const int64_t base = (static_cast<int64_t>(seq) * a.heads + head) * w.max_partitions;
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < n; i += kThreads) m = fmaxf(m, w.part_max[base + i]);
+  m = block_reduce<true>(m, red);
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float e = exp2f(w.part_max[base + i] - m);
+    weight[i] = e;
+    s += e * w.part_sum[base + i];
+  }
+  s = block_reduce<false>(s, red);  // its barriers also publish `weight`
+  const float inv = 1.0f / s;
+  T* out = static_cast<T*>(a.out) + static_cast<int64_t>(q_row) * a.out_token_stride +
+           static_cast<int64_t>(head) * a.out_head_stride;
+  for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
+    float o = 0.0f;
+    for (int i = 0; i < n; ++i) o = fmaf(weight[i], w.part_out[(base + i) * a.head_dim + d], o);
+    out[d] = from_float<T>(o * inv);
+  }
 }
 
 // Copies one token's K and V rows (all KV heads) into its slot; 16-byte
@@ -435,21 +399,13 @@ void launch_decode(const PagedAttentionArgs& a, cudaStream_t stream) {
     w.part_sum = w.part_max + rows;
   }
   const int g = decode_heads_per_block(a);
-  bool merged_in_kernel = false;
   dispatch_dtype(a.dtype, [&](auto t) {
     using T = decltype(t);
     dispatch_head_dim(a.head_dim, [&](auto d) {
       constexpr int D = decltype(d)::value;
       with_heads_per_block<kMaxHeadsPerBlock>(g, [&](auto gc) {
         constexpr int G = decltype(gc)::value;
-        // Room for the logits, the warps' partial outputs, and the merge's
-        // weight per partition.
-        const size_t smem = sizeof(float) * std::max({static_cast<size_t>(G) * partition, static_cast<size_t>(kWarps) * G * D,
-                                                      static_cast<size_t>(max_partitions)});
-        // The last partition block merges when the counters cover the grid.
-        w.merge_in_last_block = max_partitions > 1 && !a.separate_merge &&
-                                static_cast<int64_t>(a.num_seqs) * (a.heads / G) <= kMaxCounters;
-        merged_in_kernel = w.merge_in_last_block;
+        const size_t smem = sizeof(float) * std::max<size_t>(static_cast<size_t>(G) * partition, kWarps * G * D);
         if (smem > 48 * 1024) {
           cudaFuncSetAttribute(paged_decode_kernel<T, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(smem));
@@ -458,7 +414,7 @@ void launch_decode(const PagedAttentionArgs& a, cudaStream_t stream) {
         paged_decode_kernel<T, D, G><<<grid, kThreads, smem, stream>>>(a, w);
       });
     });
-    if (max_partitions > 1 && !merged_in_kernel) {
+    if (max_partitions > 1) {
       const dim3 grid(a.num_seqs, a.heads);
       paged_decode_merge_kernel<T><<<grid, kThreads, sizeof(float) * max_partitions, stream>>>(a, w);
     }

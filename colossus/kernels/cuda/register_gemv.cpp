@@ -2,8 +2,8 @@
 // registers its self-test for `colossus check`: every row count 1..8, bf16
 // and fp16, in_features with and without a full unrolled group, each
 // epilogue (bias, residual in place, gated SwiGLU), each K split (1, 2, 4
-// warps a group, and the shape's own choice), the RMSNorm prologue, against
-// at::linear and the epilogue in fp64; outputs poisoned with NaN.
+// warps a group, and the shape's own choice), against at::linear and the
+// epilogue in fp64; outputs poisoned with NaN.
 #include "colossus/kernels/cuda/fused_check.h"
 #include "colossus/kernels/cuda_slots.h"
 #include "colossus/kernels/gemv.h"
@@ -57,39 +57,6 @@ std::string check_gemv_cuda() {
               return fmt::format("{} rows {} in {} epilogue {} k_split {}: rel err {:.2e} (bound {:.0e})",
                                  c10::toString(dtype), rows, in, static_cast<int>(epilogue), k_split, err, bound);
             }
-          }
-        }
-      }
-    }
-  }
-  // The RMSNorm prologue: against the norm written out as kernels/norm.h's
-  // forward rounds it (fp32 rstd, x * rstd rounded, times the weight,
-  // rounded), then at::linear in fp64.
-  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
-    const auto cuda = at::TensorOptions().dtype(dtype).device(at::kCUDA, 0);
-    for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{8}}) {
-      for (GemvEpilogue epilogue : {GemvEpilogue::kNone, GemvEpilogue::kGated}) {
-        for (int32_t k_split : {0, 1, 4}) {
-          const int64_t in = 1024, out = 37 * 2;
-          const float eps = 1e-5f;
-          const at::Tensor x = at::randn({rows, in}, cuda) * 3, w = (at::randn({out, in}) * 0.05).to(cuda);
-          const at::Tensor norm_w = (1 + at::randn({in}) * 0.1).to(cuda);
-          const int64_t features = epilogue == GemvEpilogue::kGated ? out / 2 : out;
-          at::Tensor y = poisoned({rows, features}, cuda);
-          GemvArgs args{.dtype = element_dtype(dtype), .epilogue = epilogue, .rows = rows, .in_features = in,
-                        .out_features = out, .x = x.data_ptr(), .weight = w.data_ptr(), .y = y.data_ptr(),
-                        .k_split = k_split, .norm_weight = norm_w.data_ptr(), .norm_eps = eps};
-          if (!cuda_gemv(args, 0)) return fmt::format("norm rows {}: the kernel refused its arguments", rows);
-          const at::Tensor xf = x.cpu().to(at::kFloat);
-          const at::Tensor rstd = at::rsqrt(xf.pow(2).mean(-1, true) + eps);
-          const at::Tensor normed = ((xf * rstd).to(dtype).to(at::kFloat) * norm_w.cpu().to(at::kFloat)).to(dtype);
-          const at::Tensor h = at::linear(normed.to(at::kDouble), w.cpu().to(at::kDouble));
-          const at::Tensor ref =
-              epilogue == GemvEpilogue::kGated ? at::silu(h.narrow(1, 0, features)) * h.narrow(1, features, features) : h;
-          const double err = rel_err(y, ref), bound = bound_for(dtype);
-          if (!(err <= bound)) {
-            return fmt::format("{} norm prologue rows {} epilogue {} k_split {}: rel err {:.2e} (bound {:.0e})",
-                               c10::toString(dtype), rows, static_cast<int>(epilogue), k_split, err, bound);
           }
         }
       }
