@@ -15,12 +15,12 @@
 // [--heads 16,32]
 //                             [--seqs 2048,8192,32768] [--head-dim 128]
 //                             [--sp 2,4,8 (default: T/2048 in [2, 16])]
-//                             [--kernels fused,cudnn,math] [--iters N]
+//                             [--kernels fused,math] [--iters N]
 //                             [--out-dir DIR] [--commit SHA] [--no-record]
 // --kernels picks ring attention's block kernel (RingAttentionOptions::
-// block_kernel): fused (the flash SDPA kernel that returns the log-sum-exp,
-// the default), cudnn (cuDNN's kernel where it takes the block) and/or math
-// (block matmuls, the path before them), compared in one run.
+// block_kernel): fused (the SDPA kernel that returns the log-sum-exp: cuDNN's
+// where it takes the block, else flash's; the default) and/or math (block
+// matmuls, the path before it), compared in one run.
 #include "bench/bench_common.h"
 #include "colossus/parallel/sequence/ring_attention.h"
 
@@ -113,9 +113,9 @@ Config parse(int argc, char **argv) {
       std::stringstream in(next());
       std::string item;
       while (std::getline(in, item, ',')) {
-        if (item != "fused" && item != "cudnn" && item != "math")
+        if (item != "fused" && item != "math")
           throw std::runtime_error("--kernels: '" + item +
-                                   "' is not fused, cudnn or math");
+                                   "' is not fused or math");
         c.kernels.push_back(item);
       }
     }
@@ -189,9 +189,8 @@ Row measure(const Config &cfg, const c10::Device &device, at::ScalarType dtype,
       .causal = true,
       .scale = scale,
       .layout = ps::SequenceLayout::ZigZag,
-      .block_kernel = kernel == "math"    ? ps::BlockKernel::Math
-                      : kernel == "cudnn" ? ps::BlockKernel::FusedCudnn
-                                          : ps::BlockKernel::Fused};
+      .block_kernel = kernel == "math" ? ps::BlockKernel::Math
+                                       : ps::BlockKernel::Fused};
   auto ring = [&](const at::Tensor &q_, const at::Tensor &k_,
                   const at::Tensor &v_) {
     return ps::blockwise_ring_attention(q_, k_, v_, sp, ring_options);
@@ -331,9 +330,9 @@ int main(int argc, char **argv) try {
       "ring = blockwise_ring_attention: sp ranks "
       "simulated on one device (zig-zag shards, each shard's queries against "
       "every key block in ring order, online-softmax merge in fp32; block "
-      "kernel fused = one SDPA flash kernel per block returning its "
-      "log-sum-exp (backward: the kernel's backward given the row's final out "
-      "and lse), cudnn = the same with cuDNN's kernel (flash where cuDNN does not take the block), "
+      "kernel fused = one SDPA kernel per block returning its "
+      "log-sum-exp, cuDNN's (flash's where cuDNN does not take the block; backward: the kernel's backward given "
+      "the row's final out and lse), "
       "math = block matmul + logsumexp in fp32; the per-step work of "
       "ring_attn without communication); SDPA "
       "= at::scaled_dot_product_attention(is_causal) on the full sequence; fwd "

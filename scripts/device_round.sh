@@ -126,7 +126,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
     ring) run_stage ring "${RING_LIMIT_S:-240}" bash -c "build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' \
             --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \
             build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' --batches 1 --heads 32 \
-            --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --kernels ${RING_KERNELS:-fused,cudnn} --iters 3" ;;
+            --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --iters 3" ;;
     *) echo "unknown stage $stage (offload, gemini, capacity, fp8, fp8curve, decode, serve, ring, train8b)"; exit 2 ;;
   esac
 done

@@ -121,7 +121,7 @@ void merge_block(at::Tensor &out, at::Tensor &lse, int64_t q0, const at::Tensor 
 }  // namespace
 
 bool BlockMath::fused(const at::Tensor &q, const BlockPlan &plan) const {
-  return kernel != BlockKernel::Math && (!plan.mask.defined() || plan.causal_square) && fused_block_supported(q);
+  return kernel == BlockKernel::Fused && (!plan.mask.defined() || plan.causal_square) && fused_block_supported(q);
 }
 
 void BlockMath::forward(const at::Tensor &q, const at::Tensor &kv, const BlockPlan &plan, at::Tensor &out,
@@ -130,8 +130,7 @@ void BlockMath::forward(const at::Tensor &q, const at::Tensor &kv, const BlockPl
   const int64_t lq = plan.q1 - plan.q0, lk = plan.k1 - plan.k0;
   if (fused(q, plan)) {
     auto [blk_out, blk_lse] = fused_block_forward(q.narrow(2, plan.q0, lq), kv[0].narrow(2, plan.k0, lk),
-                                                  kv[1].narrow(2, plan.k0, lk), plan.causal_square, scale,
-                                                  kernel == BlockKernel::FusedCudnn);
+                                                  kv[1].narrow(2, plan.k0, lk), plan.causal_square, scale);
     merge_block(out, lse, plan.q0, blk_out, blk_lse.to(lse.scalar_type()));
     return;
   }
@@ -165,7 +164,7 @@ std::pair<at::Tensor, at::Tensor> BlockMath::backward(const BackwardRows &rows, 
     auto [dqb, dkb, dvb] = fused_block_backward(
         rows.dout.narrow(2, plan.q0, lq), rows.q.narrow(2, plan.q0, lq), kv[0].narrow(2, plan.k0, lk),
         kv[1].narrow(2, plan.k0, lk), rows.out.narrow(2, plan.q0, lq), rows.lse.narrow(2, plan.q0, lq),
-        plan.causal_square, scale, kernel == BlockKernel::FusedCudnn);
+        plan.causal_square, scale);
     dq.narrow(2, plan.q0, lq).add_(dqb);
     return {dkb, dvb};
   }

@@ -86,17 +86,17 @@ struct BlockMath {
 };
 
 // The fused kernels (ring_fused_blocks.cpp): one SDPA kernel call per block
-// that returns the log-sum-exp (CPU flash, or CUDA flash for half/bfloat16),
+// that returns the log-sum-exp (CPU flash; on CUDA cuDNN's or flash's),
 // and its backward given the whole row's final out and lse, so every block's
 // gradient is already normalised by the global softmax. q, k, v are the
 // block's box; `causal` for a causal_square box, else no mask.
-// `cudnn`: cuDNN's kernel where cudnn_block_supported, flash elsewhere.
+// On CUDA cuDNN's kernel where cudnn_block_supported, flash elsewhere.
 std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                                                      bool causal, double scale, bool cudnn = false);
+                                                      bool causal, double scale);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Tensor &dout, const at::Tensor &q,
                                                                     const at::Tensor &k, const at::Tensor &v,
                                                                     const at::Tensor &out, const at::Tensor &lse,
-                                                                    bool causal, double scale, bool cudnn = false);
+                                                                    bool causal, double scale);
 // Whether the fused kernels take q of this device, dtype and head size.
 bool fused_block_supported(const at::Tensor &q);
 // Whether cuDNN's kernel takes the block (CUDA, half/bfloat16, k with q's
