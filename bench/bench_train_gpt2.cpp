@@ -30,12 +30,20 @@
 //          [--peers eager-amp,eager-bf16,compile-amp | --no-python]
 //          [--python PATH] [--peer-timeout 300] [--workdir DIR] [--json PATH]
 //          [--profile-steps 3] [--cuda-graph both|on|off] [--fp8 tensorwise|rowwise]
+//          [--checkpoint none|full|mlp]
 // --fp8 (issue 28): one more Colossus run with FP8 linear layers in the middle
 // blocks (models::enable_fp8, e5m2 gradients; first/last block in bf16), the
 // same init and batches: its tok/s beside our bf16 step and its first losses
 // against bf16's; on CUDA the ATen-quantise run (Fp8Recipe::fused_quantize
 // false, the reference) and the fused quantise kernel's (the default), with
 // the distance between their losses.
+// --checkpoint full|mlp: every block of ours checkpointed at that granularity
+// (models::enable_activation_checkpointing); the peers use transformers'
+// gradient checkpointing, which has only whole layers (full), so an mlp row of
+// ours stands beside the peers' full rows. For the 8B shape on one GPU:
+// --model llama3-8b-like --seq 4096 --batch 1 --checkpoint full
+// --peers compile-bf16 --cuda-graph off (the peer in bf16 params and AdamW
+// states, 8 bytes a parameter, since 16 do not fit beside activations).
 // --profile-steps N (CUDA): N more steps under the Kineto profiler, ours and
 // each peer's; prints device time per kernel category and the top kernels.
 // --cuda-graph (CUDA; default both): our step captured in a CUDA graph after 3
@@ -46,6 +54,7 @@
 #include "colossus/amp/mixed_precision_optimizer.h"
 #include "colossus/core/accelerator.h"
 #include "colossus/kernels/cuda_slots.h"
+#include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/fp8_linear.h"
 #include "colossus/models/pretrained.h"
 #include "colossus/optim/hybrid_adam.h"
@@ -98,6 +107,7 @@ struct Config {
   std::string command = "bench_train_gpt2";
   std::string cuda_graph = "both";
   std::string fp8;  // "", "tensorwise" or "rowwise"
+  std::string checkpoint = "none";  // activation checkpointing of every block: none, full or mlp
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -138,6 +148,7 @@ Config parse(int argc, char** argv) {
     else if (a == "--json") c.json_path = next();
     else if (a == "--cuda-graph") c.cuda_graph = next();
     else if (a == "--fp8") c.fp8 = next();
+    else if (a == "--checkpoint") c.checkpoint = next();
     else throw std::runtime_error("unknown flag " + a + " (see the usage at the top of bench_train_gpt2.cpp)");
   }
   if (c.steps < 1 || c.warmup < 1 || c.batch < 1 || c.seq < 2 || c.batches < 1 || c.phase_steps < 0) {
@@ -148,6 +159,9 @@ Config parse(int argc, char** argv) {
   }
   if (!c.fp8.empty() && c.fp8 != "tensorwise" && c.fp8 != "rowwise") {
     throw std::runtime_error("--fp8 is '" + c.fp8 + "'; use tensorwise or rowwise");
+  }
+  if (c.checkpoint != "none" && c.checkpoint != "full" && c.checkpoint != "mlp") {
+    throw std::runtime_error("--checkpoint is '" + c.checkpoint + "'; use none, full or mlp");
   }
   if (c.device != "cuda") {
     c.profile_steps = 0;
@@ -213,6 +227,11 @@ Result train_colossus(const Config& cfg, const models::ModelConfig& model_config
   model->train();
   // The peers start from exactly these (bf16-valued) weights.
   if (!init_dir.empty()) models::save_pretrained(*model, init_dir.string());
+  if (cfg.checkpoint != "none") {
+    const int64_t wrapped =
+        models::enable_activation_checkpointing(*model, 1.0, models::parse_checkpoint_granularity(cfg.checkpoint));
+    fmt::print("activation checkpointing: {} blocks, granularity {}\n", wrapped, cfg.checkpoint);
+  }
   if (fp8) {
     const int64_t swapped = models::enable_fp8(*model, *fp8);
     fmt::print("fp8: {} linear layers in FP8 ({})\n", swapped, fp8->rowwise ? "rowwise" : "tensorwise");
@@ -410,8 +429,12 @@ int main(int argc, char** argv) try {
   }
   const std::string config = fmt::format(
       "{} ({:.1f}M params for FLOPs), B={} T={}, bf16 compute + fp32 master weights, AdamW lr=6e-4 betas=(0.9,0.95) "
-      "wd=0.1, {} warm-up + {} timed steps, random tokens (seed {}, {} batches cycled)",
-      cfg.model, static_cast<double>(n_params) / 1e6, cfg.batch, cfg.seq, cfg.warmup, cfg.steps, cfg.seed, cfg.batches);
+      "wd=0.1, {} warm-up + {} timed steps, random tokens (seed {}, {} batches cycled){}",
+      cfg.model, static_cast<double>(n_params) / 1e6, cfg.batch, cfg.seq, cfg.warmup, cfg.steps, cfg.seed, cfg.batches,
+      cfg.checkpoint == "none" ? std::string()
+                               : fmt::format(", every block checkpointed ({}; the peers: transformers' gradient "
+                                             "checkpointing of whole layers)",
+                                             cfg.checkpoint));
   fmt::print("{}\ndevice: {}\n", config, gpu);
 
   // Random batches, saved for the peers (int32, (batches, B, T), little-endian)
@@ -509,9 +532,10 @@ int main(int argc, char** argv) try {
     // Untrimmed: a failed peer's output is echoed as it came.
     const std::string out = colossus::bench::run_command(fmt::format(
         "timeout {} '{}' '{}' --init '{}' --data '{}' --batch {} --seq {} --steps {} --warmup {} --phase-steps {} --variant {} "
-        "--device {} --profile-steps {}",
+        "--device {} --profile-steps {} --checkpoint {}",
         cfg.peer_timeout_s, python, (repo / "bench/bench_train_gpt2.py").string(), init_dir.string(), data_path.string(), cfg.batch,
-        cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device, cfg.profile_steps),
+        cfg.seq, cfg.steps, cfg.warmup, cfg.phase_steps, variant, cfg.device, cfg.profile_steps,
+        cfg.checkpoint == "none" ? "none" : "full"),
         /*trim=*/false);
     const size_t brace = out.rfind("\n{");
     try {

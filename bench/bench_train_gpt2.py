@@ -27,6 +27,7 @@ IMPLS = {
     "eager-amp": "HF eager, fp32 params + autocast bf16",
     "eager-bf16": "HF eager, bf16 params",
     "compile-amp": "HF torch.compile, fp32 + autocast",
+    "compile-bf16": "HF torch.compile, bf16 params",
 }
 
 
@@ -63,6 +64,7 @@ def main():
     ap.add_argument("--variant", choices=sorted(IMPLS), required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--profile-steps", type=int, default=0)
+    ap.add_argument("--checkpoint", choices=["none", "full"], default="none")
     args = ap.parse_args()
     # Keep the log to what matters: no load progress bars or config warnings.
     transformers.logging.set_verbosity_error()
@@ -77,6 +79,9 @@ def main():
     # GPT-2 or LLaMA: whichever config.json the C++ side saved.
     model = transformers.AutoModelForCausalLM.from_pretrained(args.init, dtype=param_dtype, attn_implementation="sdpa")
     model.to(device).train()
+    if args.checkpoint == "full":
+        # transformers' own activation checkpointing: every decoder layer reruns in backward.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     tokens = np.fromfile(args.data, dtype="<i4").reshape(-1, args.batch, args.seq)
     data = torch.from_numpy(tokens.astype(np.int64)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
@@ -157,7 +162,7 @@ def main():
 
     result = {
         "variant": args.variant,
-        "impl": IMPLS[args.variant],
+        "impl": IMPLS[args.variant] + (", gradient checkpointing" if args.checkpoint == "full" else ""),
         "ms_per_step": ms_per_step,
         "tokens_per_s": args.batch * args.seq * 1e3 / ms_per_step,
         "losses": [l.item() for l in losses],

@@ -27,6 +27,10 @@
 #             bf16, T=4096, every block checkpointed, granularity full then
 #             mlp (issue 28's 8B point): tokens/s, MFU and peak memory from
 #             its metrics.jsonl
+#   bench8b   bench_train_gpt2 on llama3-8b-like, T=4096, B=1 (issue 28's
+#             8B point against HF + torch.compile): every block checkpointed
+#             (full) with the compile-bf16 peer (transformers' gradient
+#             checkpointing), then granularity mlp alone; BENCH8B_LIMIT_S (420)
 #   ring      bench_ring_attention: sp 2/4/8 simulated at T = 32K-128K on the
 #             fused block kernel against one SDPA call, and the matmul blocks
 #             beside it at 8K (issue 28's long-context point); exits 3 when
@@ -56,7 +60,7 @@ targets=()
 for stage in ${STAGES:-offload gemini fp8 decode}; do
   case $stage in
     gemini|capacity) targets+=(bench_gemini_capacity) ;;
-    fp8) targets+=(bench_train_gpt2) ;;
+    fp8|bench8b) targets+=(bench_train_gpt2) ;;
     decode) targets+=(bench_inference bench_gemv) ;;
     serve) targets+=(colossus_cli) ;;
     ring) targets+=(bench_ring_attention) ;;
@@ -113,6 +117,14 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
                   || exit $?
                 echo "granularity $g: $(grep tokens_per_s /tmp/train8b_$g/metrics.jsonl | tail -1)"
               done' ;;
+    bench8b) run_stage bench8b "${BENCH8B_LIMIT_S:-420}" bash -c "
+              build-gpu/bin/bench_train_gpt2 --model llama3-8b-like --seq 4096 --batch 1 --steps 5 --warmup 2 \
+                --check-steps 3 --phase-steps 0 --profile-steps 0 --cuda-graph off --checkpoint full \
+                --peers compile-bf16 --python python3 --peer-timeout 300 --workdir /tmp/bench8b \
+                --json '$out/bench8b_full.json' && \
+              build-gpu/bin/bench_train_gpt2 --model llama3-8b-like --seq 4096 --batch 1 --steps 5 --warmup 2 \
+                --check-steps 3 --phase-steps 0 --profile-steps 0 --cuda-graph off --checkpoint mlp --no-python \
+                --workdir /tmp/bench8b_mlp --json '$out/bench8b_mlp.json'" ;;
     fp8curve) run_stage fp8curve "${FP8CURVE_LIMIT_S:-300}" bash -c '
               for run in bf16 fp8; do
                 build-gpu/bin/colossus train examples/configs/plugins/ddp.toml --model.preset=llama-1b-like \
@@ -127,7 +139,7 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
             --batches 1 --heads 32 --seqs 8192 --sp 2,8 --kernels fused,math --iters 3 && \
             build-gpu/bin/bench_ring_attention --no-record --out-dir '$out' --batches 1 --heads 32 \
             --seqs ${RING_SEQS:-32768,65536,131072} --sp 2,4,8 --iters 3" ;;
-    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, fp8curve, decode, serve, ring, train8b)"; exit 2 ;;
+    *) echo "unknown stage $stage (offload, gemini, capacity, fp8, fp8curve, decode, serve, ring, train8b, bench8b)"; exit 2 ;;
   esac
 done
 
@@ -141,6 +153,7 @@ echo "=== results ==="
 [[ -n ${rc[serve_bench]+x} ]] && tail -30 "$out/serve_bench.log"
 [[ -n ${rc[train8b]+x} ]] && grep -E "^granularity|error|Error" "$out/train8b.log"
 [[ -n ${rc[fp8curve]+x} ]] && tail -16 "$out/fp8curve.log"
+[[ -n ${rc[bench8b]+x} ]] && grep -E "^\||tok/s|PASS|FAIL|error" "$out/bench8b.log" | tail -24
 [[ -n ${rc[ring]+x} ]] && grep -E "^\||disagree" "$out/ring.log"
 # The device returns at most 8 files: everything in one archive, beside the
 # few a reader opens first.
