@@ -102,12 +102,12 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
               --budget-s $(( ${CAPACITY_LIMIT_S:-400} - 150 )) --try-timeout-s 150 --no-record ${CAPACITY_FLAGS:-} ;;
     decode) run_stage gemv 60 build-gpu/bin/bench_gemv --no-record --out-dir "$out" ${commit_flag[@]+"${commit_flag[@]}"}
             peer=(--no-python)
-            [[ -n ${DECODE_PEER:-} ]] && peer=(--python python3 --peer-variants dynamic --peer-max-seconds 10)
+            [[ ${DECODE_PEER:-0} == 1 ]] && peer=(--python python3 --peer-variants dynamic --peer-max-seconds 10)
             run_stage decode "${DECODE_LIMIT_S:-150}" build-gpu/bin/bench_inference --workdir /tmp/bench_inference \
               --out-dir "$out" --no-record "${peer[@]}" --time-limit $(( ${DECODE_LIMIT_S:-150} - 20 )) \
               ${commit_flag[@]+"${commit_flag[@]}"} ${DECODE_FLAGS:---mix-requests 0} ;;
     serve) run_stage serve_bench "${SERVE_LIMIT_S:-300}" env SERVE_BENCH_BUDGET_S=$(( ${SERVE_LIMIT_S:-300} - 10 )) \
-             bash scripts/device_serve_bench.sh ;;
+             SERVE_BENCH_SKIP_BUILD=1 bash scripts/device_serve_bench.sh ;;
     train8b) run_stage train8b "${TRAIN8B_LIMIT_S:-300}" bash -c '
               for g in full mlp; do
                 build-gpu/bin/colossus train examples/configs/plugins/gemini.toml --model.preset=llama3-8b-like \
@@ -162,7 +162,7 @@ for run in /tmp/train8b_full /tmp/train8b_mlp /tmp/fp8curve_bf16 /tmp/fp8curve_f
 done
 (cd "$out" && tar czf all_logs.tar.gz --exclude=all_logs.tar.gz . && \
   find . -maxdepth 1 -type f ! -name all_logs.tar.gz ! -name check.txt ! -name nvidia-smi.csv \
-    ! -name '*.json' -delete; find . -mindepth 1 -type d -exec rm -rf {} +) 2>/dev/null
+    ! -name check.json ! -name 'bench_*.json' -delete; find . -mindepth 1 -type d -exec rm -rf {} +) 2>/dev/null
 failed=0
 for name in "${!rc[@]}"; do
   echo "stage $name: exit ${rc[$name]}"

@@ -24,6 +24,8 @@
 # metrics_vllm.txt, serve_RESULTS.md + serve_results.jsonl (what --record
 # appended to bench/), summary.md.
 # COLOSSUS_COMMIT=<sha> labels the rows (the device copy has no git history).
+# SERVE_BENCH_SKIP_BUILD=1 uses build-gpu/bin/colossus as it is when it
+# exists (scripts/device_round.sh built it already).
 # `--cpu` runs the same flow on this machine's CPU build (build/bin/colossus,
 # .venv's python) with a tiny model and a few requests, without --record: a
 # dry run of the script.
@@ -87,7 +89,9 @@ if ! "$python" -c "import numpy" 2> "$out/python_imports.txt"; then
   fail "no numpy for $python ($(tail -1 "$out/python_imports.txt")): serve_bench.py cannot run"
 fi
 
-if (( ! cpu )); then
+if (( ! cpu )) && [[ ${SERVE_BENCH_SKIP_BUILD:-0} == 1 && -x build-gpu/bin/colossus ]]; then
+  stamp "build-gpu/bin/colossus already built (SERVE_BENCH_SKIP_BUILD=1): not rebuilt"
+elif (( ! cpu )); then
   stamp "configure"
   torch_prefix=$(python3 -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   # utf8proc and Oniguruma from .devdeps where the image has none (as scripts/device_build.sh).

@@ -1,8 +1,9 @@
 // Dense matrix-vector products for decode: y (rows, out) = x (rows, in) @ W^T
 // for a handful of rows (one per sequence of a small decode batch), where a
 // GEMM library's tiles sit mostly idle and the step is bound by streaming W
-// once. Each warp owns output features and reads their weight rows with
-// 16-byte loads; fp32 sums, one rounding per output. Two epilogues save a
+// once. A group of 1, 2 or 4 warps owns two output features and splits their
+// weight rows' K between its warps, reading them with 16-byte loads; fp32
+// sums, one rounding per output. Two epilogues save a
 // kernel each in a decoder layer:
 //   residual: y = x @ W^T + residual (the down / output projection and the
 //             residual add; y may be the residual itself);

@@ -42,7 +42,8 @@ struct RopeQkvCacheArgs {
 // Whether the kernel takes these arguments (an even head_dim, non-null
 // operands, fewer than 2^31 tokens).
 bool rope_qkv_cache_cuda_supports(const RopeQkvCacheArgs& args);
-// On `stream` (a cudaStream_t), asynchronously; one block per token.
+// On `stream` (a cudaStream_t), asynchronously; one item a thread, blocks of
+// 256 threads, ceil(items / 256) of them per token.
 void rope_qkv_cache_cuda(const RopeQkvCacheArgs& args, void* stream);
 #endif
 

@@ -29,11 +29,15 @@ std::string check_gemv_cuda() {
   at::manual_seed(3);
   for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
     const auto cuda = at::TensorOptions().dtype(dtype).device(at::kCUDA, 0);
-    for (int64_t in : {int64_t{1024}, int64_t{264}}) {  // 264: the one-chunk tail loop only
+    // 4360: the unrolled loop and a partial tail at every split; 1024: the
+    // unrolled loop at split 1, the tail only at 2 and 4; 264: the tail only.
+    for (int64_t in : {int64_t{4360}, int64_t{1024}, int64_t{264}}) {
       for (int64_t rows = 1; rows <= kGemvMaxRows; ++rows) {
         for (GemvEpilogue epilogue : {GemvEpilogue::kNone, GemvEpilogue::kResidual, GemvEpilogue::kGated}) {
           for (int32_t k_split : {0, 1, 2, 4}) {
-            const int64_t out = 37 * 2;  // odd pair count: a past-the-end row in the last warp
+            // 75 rows: the last group's second row is past the end (bias and
+            // residual forms); the gated form pairs 74 of them.
+            const int64_t out = epilogue == GemvEpilogue::kGated ? 74 : 75;
             const at::Tensor x = at::randn({rows, in}, cuda), w = (at::randn({out, in}) * 0.05).to(cuda);
             const at::Tensor bias = at::randn({out}, cuda);
             const int64_t features = epilogue == GemvEpilogue::kGated ? out / 2 : out;

@@ -100,7 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Te
 // Whether the fused kernels take q of this device, dtype and head size.
 bool fused_block_supported(const at::Tensor &q);
 // Whether cuDNN's kernel takes the block (CUDA, half/bfloat16, k with q's
-// head count, head size a multiple of 8 up to 128).
+// head count and more than one key, head size a multiple of 8 up to 128,
+// not in deterministic mode, cuDNN's SDPA not switched off).
 bool cudnn_block_supported(const at::Tensor &q, const at::Tensor &k);
 
 void add_block_grads(at::Tensor &dkv, const BlockPlan &plan, const std::pair<at::Tensor, at::Tensor> &grads);

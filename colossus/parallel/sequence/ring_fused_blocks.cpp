@@ -6,10 +6,12 @@
 // and takes rowsum(dO * O) from the global O, which is exactly this block's
 // share of the softmax gradient. On CUDA the kernel is cuDNN's where it takes
 // the block, else flash attention: one SDPA call over a whole sequence takes
-// cuDNN's kernel on Hopper, and with flash's blocks the ring ran at 2.0-2.6x
-// that call at 32K-64K tokens on an H100 against 1.2-2.0x with cuDNN's.
+// cuDNN's kernel on Hopper, and with flash's blocks the ring ran at 1.94-2.64x
+// that call at 32K-64K tokens on an H100 (forward + backward) against
+// 1.19-1.78x with cuDNN's.
 #include "colossus/parallel/sequence/ring_blocks.h"
 
+#include <ATen/Context.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention.h>
 #include <ATen/ops/_scaled_dot_product_cudnn_attention_backward.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention.h>
@@ -28,9 +30,15 @@ bool fused_block_supported(const at::Tensor &q) {
 }
 
 bool cudnn_block_supported(const at::Tensor &q, const at::Tensor &k) {
+  // What SDPA itself checks before it takes cuDNN's kernel, as far as it
+  // matters here: not in deterministic mode (its backward is not), not
+  // switched off, more than one key, batch and heads within its grid. (It
+  // needs sm80+, as flash's kernel does.)
   const auto t = q.scalar_type();
+  const auto &context = at::globalContext();
   return q.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && q.size(1) == k.size(1) && q.size(3) % 8 == 0 &&
-         q.size(3) <= 128;
+         q.size(3) <= 128 && k.size(2) > 1 && q.size(0) <= 65535 && q.size(1) <= 65535 &&
+         !context.deterministicAlgorithms() && context.userEnabledCuDNNSDP();
 }
 
 std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,

@@ -289,12 +289,15 @@ TEST(RingAttention, RunsOnCudaTensors) {
   auto world = ct::world();
   if (world->size() != 1) GTEST_SKIP() << "CUDA tensors on one rank only";
   const int64_t t = 64;
-  for (const auto &row : {std::pair{at::kFloat, int64_t{61}}, {at::kBFloat16, int64_t{61}}, {at::kBFloat16, t}}) {
-    const at::ScalarType dtype = row.first;
-    const int64_t seq_len = row.second;
+  // kv heads 2 (GQA: flash's blocks) and 4 (as many as q: cuDNN's blocks).
+  for (const auto &row : {std::tuple{at::kFloat, int64_t{61}, int64_t{2}}, {at::kBFloat16, int64_t{61}, int64_t{2}},
+                          {at::kBFloat16, t, int64_t{2}}, {at::kBFloat16, int64_t{61}, int64_t{4}},
+                          {at::kBFloat16, t, int64_t{4}}}) {
+    const at::ScalarType dtype = std::get<0>(row);
+    const int64_t seq_len = std::get<1>(row), kv_heads = std::get<2>(row);
     const double tol = dtype == at::kFloat ? 1e-4 : 3e-2;
-    at::Tensor q = seeded({2, 4, t, 16}, 1, dtype), k = seeded({2, 2, t, 16}, 2, dtype),
-               v = seeded({2, 2, t, 16}, 3, dtype), g = seeded({2, 4, t, 16}, 4, dtype).narrow(2, 0, seq_len);
+    at::Tensor q = seeded({2, 4, t, 16}, 1, dtype), k = seeded({2, kv_heads, t, 16}, 2, dtype),
+               v = seeded({2, kv_heads, t, 16}, 3, dtype), g = seeded({2, 4, t, 16}, 4, dtype).narrow(2, 0, seq_len);
     auto leaf = [](const at::Tensor &x, c10::Device device, at::ScalarType type) {
       return x.to(device, type).detach().requires_grad_(true);
     };
