@@ -25,6 +25,8 @@
 //       lognormal lengths, each prompt opened by one of 4 shared 128-token
 //       system prompts, all added at t = 0, run with prefix caching on and
 //       off: output and total tokens/s, TTFT and TPOT mean / p50 / p99 (no peer);
+//       --write-mix FILE writes these requests and exits, for serve_bench.py
+//       --mix FILE to replay them over HTTP (the server's table beside these);
 //   (g) CUDA: the kernels of batch-1 decode (--profile-steps under Kineto),
 //       per step, against the step's wall time.
 // The workloads (d)-(g) are in inference_workloads.h.
@@ -107,6 +109,7 @@ struct Config {
   double peak_tflops = 989;
   int64_t mix_requests = 1000, mix_system_prompts = 4, mix_system_len = 128, mix_max_input = 1024, mix_max_output = 1024;
   int profile_steps = 20;
+  std::string write_mix;  // write (f)'s requests here for serve_bench.py --mix, and exit
   double time_limit_s = 0;
   std::string command = "bench_inference";
 };
@@ -223,6 +226,9 @@ int main(int argc, char** argv) try {
   app.add_option("--mix-system-len", cfg.mix_system_len, "mix: tokens of each system prompt");
   app.add_option("--mix-max-input", cfg.mix_max_input, "mix: longest lognormal prompt part (after the system prompt)");
   app.add_option("--mix-max-output", cfg.mix_max_output, "mix: most new tokens of a request");
+  app.add_option("--write-mix", cfg.write_mix,
+                 "write (f)'s request mix to this JSON file ({\"requests\": [{\"prompt\": ids, \"max_tokens\": n}]}) "
+                 "for bench/serve_bench.py --mix, so the server replays the engine's requests; then exit (no model)");
   app.add_option("--profile-steps", cfg.profile_steps, "CUDA: batch-1 decode steps under Kineto (0 skips it)");
   app.add_option("--time-limit", cfg.time_limit_s,
                  "seconds the whole bench may take (0: no limit): the peer's timeout is cut to fit");
@@ -258,8 +264,6 @@ int main(int argc, char** argv) try {
   }
   const std::vector<int64_t> decode_batches = parse_list("--decode-batches", cfg.decode_batches);
   const std::vector<int64_t> prefill_lens = parse_list("--prefill-lens", cfg.prefill_lens);
-  const c10::Device device = cfg.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  if (device.is_cuda() && !at::hasCUDA()) throw std::runtime_error("no CUDA device (use --device cpu --tiny)");
   if (cfg.prompt_min < 1 || cfg.prompt_max < cfg.prompt_min || cfg.output_min < 1 || cfg.output_max < cfg.output_min ||
       cfg.new_tokens < 2 || cfg.prompt_len < 1 || cfg.requests < 1) {
     throw std::runtime_error("bad lengths: need 1 <= min <= max, --new-tokens >= 2, --prompt-len >= 1, --requests >= 1");
@@ -270,6 +274,28 @@ int main(int argc, char** argv) try {
                              "--mix-system-len >= 0, --mix-max-input and --mix-max-output >= 4 (the mix's shortest), "
                              "--profile-steps >= 0, --peak-tflops > 0");
   }
+  const colossus::bench::MixShape mix_shape{.requests = cfg.mix_requests, .system_prompts = cfg.mix_system_prompts,
+                                            .system_len = cfg.mix_system_len, .min_input = 4,
+                                            .max_input = cfg.mix_max_input, .min_output = 4,
+                                            .max_output = cfg.mix_max_output, .seed = cfg.seed + 3};
+  if (!cfg.write_mix.empty()) {
+    if (cfg.mix_requests < 1) throw std::runtime_error("--write-mix needs --mix-requests >= 1");
+    json requests = json::array();
+    int64_t prompt_tokens = 0, output_tokens = 0;
+    for (const auto& r : colossus::bench::sharegpt_mix(mix_shape, cfg.vocab)) {
+      requests.push_back({{"prompt", r.prompt}, {"max_tokens", r.new_tokens}});
+      prompt_tokens += static_cast<int64_t>(r.prompt.size());
+      output_tokens += r.new_tokens;
+    }
+    std::ofstream out(cfg.write_mix);
+    out << json{{"source", cfg.command}, {"vocab", cfg.vocab}, {"requests", requests}}.dump() << "\n";
+    if (!out) throw std::runtime_error(fmt::format("--write-mix {}: cannot write the file", cfg.write_mix));
+    fmt::print("wrote {} requests ({} prompt + {} output tokens, vocab {}) to {}\n", requests.size(), prompt_tokens,
+               output_tokens, cfg.vocab, cfg.write_mix);
+    return 0;
+  }
+  const c10::Device device = cfg.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
+  if (device.is_cuda() && !at::hasCUDA()) throw std::runtime_error("no CUDA device (use --device cpu --tiny)");
   const auto t_start = Clock::now();
 
   // The model, and its HF directory for the peer.
@@ -483,10 +509,6 @@ int main(int argc, char** argv) try {
     colossus::bench::MixResult result;
   };
   std::vector<MixRun> mixes;
-  const colossus::bench::MixShape mix_shape{.requests = cfg.mix_requests, .system_prompts = cfg.mix_system_prompts,
-                                            .system_len = cfg.mix_system_len, .min_input = 4,
-                                            .max_input = cfg.mix_max_input, .min_output = 4,
-                                            .max_output = cfg.mix_max_output, .seed = cfg.seed + 3};
   if (cfg.mix_requests > 0) {
     const std::vector<colossus::bench::MixRequest> mix = colossus::bench::sharegpt_mix(mix_shape, cfg.vocab);
     for (const bool caching : {true, false}) {

@@ -14,6 +14,11 @@ where it is missing, a standard-library client making the same requests).
 Arrivals are a Poisson process at
 --request-rate requests/s (inf: all at once).
 
+--mix FILE replays the requests bench_inference --write-mix wrote (the
+engine benchmark's ShareGPT-shaped mix, shared system prompts included, so
+prefix caching has the same prefixes to reuse) instead of drawing them: the
+server's table and the engine's are then of the same requests.
+
 Every response is checked: HTTP 200, a finish_reason of "length", and the
 usage's completion_tokens equal to the requested length; the run exits 1 if
 any is not.
@@ -47,9 +52,20 @@ except ImportError:  # the standard-library client below does the same requests
 
 def request_mix(args):
     rng = np.random.default_rng(args.seed)
-    inputs = np.clip(np.round(rng.lognormal(math.log(160), 0.8, args.num_requests)), args.min_input, args.max_input)
-    outputs = np.clip(np.round(rng.lognormal(math.log(190), 0.7, args.num_requests)), args.min_output, args.max_output)
-    prompts = [rng.integers(args.token_low, args.token_high, int(n)).tolist() for n in inputs]
+    if args.mix:
+        # The engine's own requests (bench_inference --write-mix), the first --num-requests of them.
+        with open(args.mix) as f:
+            requests = json.load(f)["requests"][:args.num_requests]
+        if not requests:
+            raise SystemExit(f"--mix {args.mix}: no requests in the file")
+        args.num_requests = len(requests)
+        prompts = [r["prompt"] for r in requests]
+        outputs = [r["max_tokens"] for r in requests]
+    else:
+        inputs = np.clip(np.round(rng.lognormal(math.log(160), 0.8, args.num_requests)), args.min_input, args.max_input)
+        outputs = np.clip(np.round(rng.lognormal(math.log(190), 0.7, args.num_requests)), args.min_output,
+                          args.max_output)
+        prompts = [rng.integers(args.token_low, args.token_high, int(n)).tolist() for n in inputs]
     if math.isinf(args.request_rate):
         arrivals = np.zeros(args.num_requests)
     else:
@@ -217,8 +233,9 @@ def table(s, args):
 def record(s, args):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    config = (f"{args.label}: {args.num_requests} requests, rate {args.request_rate}/s, ShareGPT-like lognormal "
-              f"mix (seed {args.seed})")
+    mix = (f"bench_inference's ShareGPT-shaped mix with shared system prompts ({os.path.basename(args.mix)})"
+           if args.mix else "ShareGPT-like lognormal mix")
+    config = f"{args.label}: {args.num_requests} requests, rate {args.request_rate}/s, {mix} (seed {args.seed})"
     with open(os.path.join(root, "bench", "RESULTS.md"), "a", encoding="utf-8") as f:
         f.write(f"\n## serve — {date}\n\nmachine: {args.machine}; commit {args.commit}\n"
                 f"command: `{' '.join(sys.argv)}`\nconfig: {config}\n\n```\n{table(s, args)}\n```\n")
@@ -241,6 +258,7 @@ def main():
     ap.add_argument("--request-rate", type=float, default=float("inf"))
     ap.add_argument("--max-concurrency", type=int, default=0, help="0: unbounded")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mix", help="replay this file's requests (bench_inference --write-mix) instead of drawing them")
     ap.add_argument("--min-input", type=int, default=4)
     ap.add_argument("--max-input", type=int, default=1024)
     ap.add_argument("--min-output", type=int, default=4)

@@ -9,12 +9,12 @@
 # BPE tokenizer whose tokens past the 256 bytes are ASCII words (" w123"), so
 # every streamed token is whole text and serve_bench.py times it; then starts
 # `colossus serve` on 127.0.0.1 with its defaults (GPU, the model's bf16, CUDA
-# graphs, gpu_memory_utilization 0.9) and the sizes a ShareGPT-like mix needs
-# (--max_batch_size 256, --max_input_len / --max_output_len 1024,
-# --max_num_batched_tokens 8192 as vLLM's server on an H100,
-# --max_context_len_to_capture 2048 so long contexts still replay graphs, a
-# thread per concurrent stream), waits for /health, warms it up (64 short
-# requests, not recorded), and runs serve_bench.py at 8, 32 and inf requests/s
+# graphs, gpu_memory_utilization 0.9, max_batch_size 256, max_num_batched_tokens
+# 8192, lengths up to the model's context: checked from its log) and two sizes
+# (--max_context_len_to_capture 2048, a thread per concurrent stream), waits
+# for /health, warms it up (64 short requests, not recorded), and replays
+# bench_inference's ShareGPT-shaped mix (--write-mix: the requests of the
+# decode stage's mix table) with serve_bench.py at 8, 32 and inf requests/s
 # with --record (each rate's request count sized so all fit in ~250 s; a rate
 # that would start too late is skipped and says so). Then /metrics is scraped
 # once (vllm:* lines kept) and the server is stopped with SIGTERM, which must
@@ -54,6 +54,8 @@ if (( cpu )); then
                 "num_key_value_heads": 2, "vocab_size": 2000}'
   serve_args=(--max_batch_size 8 --max_input_len 64 --max_output_len 16 --threads 64)
   mix_args=(--max-input 48 --max-output 16 --token-low 300 --token-high 2000)
+  mix_bin=build/bin/bench_inference
+  engine_mix_args=(--vocab 2000 --mix-requests 24 --mix-system-len 16 --mix-max-input 32 --mix-max-output 16)
   # rate:requests
   rates=(8:12 32:16 inf:24)
   record=()
@@ -63,10 +65,14 @@ else
   python=python3
   model_shape='{"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
                 "num_key_value_heads": 8, "vocab_size": 32000}'
-  serve_args=(--max_batch_size 256 --max_input_len 1024 --max_output_len 1024 --max_num_batched_tokens 8192
-              --max_context_len_to_capture 2048 --threads 1100)
-  # serve_bench.py's default mix (lognormal, clipped to [4, 1024]), token ids past the byte tokens.
+  # vLLM-style defaults for the rest (max_batch_size 256, max_num_batched_tokens
+  # 8192, lengths up to the model's 4096 positions): checked below.
+  serve_args=(--max_context_len_to_capture 2048 --threads 1100)
+  # The warm-up: serve_bench.py's own mix, token ids past the byte tokens.
   mix_args=(--token-low 300 --token-high 32000)
+  mix_bin=build-gpu/bin/bench_inference
+  # The measured runs: bench_inference's mix (the decode stage's (f) table), replayed.
+  engine_mix_args=(--vocab 32000 --mix-requests 1000)
   # ~50 s at 8/s and ~25 s at 32/s of arrivals (plus the longest request's
   # tail), then 1000 at once; ~150 s in all on an H100.
   rates=(8:400 32:800 inf:1000)
@@ -102,7 +108,7 @@ elif (( ! cpu )); then
     -DCOLOSSUS_EXTRA_INCLUDE="$PWD/.devdeps/include" -DCOLOSSUS_TESTS=OFF > "$out/configure.log" 2>&1 \
     || { tail -60 "$out/configure.log"; exit 1; }
   stamp "build colossus_cli"
-  if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli > "$out/build.log" 2>&1; then
+  if ! ninja -C build-gpu -k 0 -j "$(nproc)" colossus_cli bench_inference > "$out/build.log" 2>&1; then
     echo "=== build failed; errors (full log: build.log) ==="
     grep -E -B3 -A25 "error|FAILED" "$out/build.log" | head -200
     exit 1
@@ -204,6 +210,21 @@ base_url=http://127.0.0.1:$port
 if (( ! cpu )) && ! grep -q "bf16, cuda:0, CUDA graphs" "$out/serve.log"; then
   fail "the defaults did not pick bf16 on cuda:0 with CUDA graphs (see the 'loaded' line)"
 fi
+if (( ! cpu )) && ! grep -q "max_model_len 4096, max_batch_size 256, .*max_num_batched_tokens 8192" "$out/serve.log"; then
+  fail "the defaults did not give max_model_len 4096, max_batch_size 256, max_num_batched_tokens 8192 (see the 'serving' line)"
+fi
+
+# The measured requests: the engine benchmark's ShareGPT-shaped mix (shared
+# system prompts, so prefix caching reuses what it does in bench_inference's
+# table), written by bench_inference and replayed by serve_bench.py --mix.
+mix_file=$work/engine_mix.json
+if [[ -x "$mix_bin" ]] && "$mix_bin" --write-mix "$mix_file" "${engine_mix_args[@]}" > "$out/engine_mix.log" 2>&1; then
+  cat "$out/engine_mix.log"
+  measured_mix=(--mix "$mix_file")
+else
+  fail "bench_inference --write-mix failed or $mix_bin is not built (engine_mix.log): serve_bench.py's own mix instead"
+  measured_mix=("${mix_args[@]}")
+fi
 
 if (( have_client )); then
   stamp "warm-up: 64 short requests at once (not recorded)"
@@ -221,7 +242,7 @@ if (( have_client )); then
     limit=$(( $(left) - 30 < bench_timeout ? $(left) - 30 : bench_timeout ))
     stamp "serve_bench.py: $n requests at $rate/s (timeout $limit s)"
     timeout "$limit" "$python" bench/serve_bench.py --base-url "$base_url/v1" --model llama-1b-like --num-requests "$n" \
-      --request-rate "$rate" --seed 0 "${mix_args[@]}" --json "$out/serve_bench_$rate.json" "${record[@]}" \
+      --request-rate "$rate" --seed 0 "${measured_mix[@]}" --json "$out/serve_bench_$rate.json" "${record[@]}" \
       > "$out/serve_bench_$rate.log" 2>&1
     rc=$?
     cat "$out/serve_bench_$rate.log" | grep -v "^failed:" | tail -30

@@ -8,6 +8,8 @@
 #include "colossus/core/errors.h"
 #include "colossus/inference/engine/inference_config.h"
 
+#include <fmt/format.h>
+
 #ifdef COLOSSUS_WITH_SERVER
 #include "colossus/cluster/launch.h"
 #include "colossus/core/env.h"
@@ -21,10 +23,10 @@
 #include "colossus/models/pretrained.h"
 
 #include <c10/util/Exception.h>
-#include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -57,7 +59,14 @@ struct ServeArgs {
   inference::InferenceConfig config{};
   double gpu_memory_utilization = 0.9;  // vLLM's default
   int tensor_parallel_size = 1;         // ranks the engine is split over (one GPU each)
-  const CLI::Option* max_input_len_option = nullptr;  // whether --max_input_len was given
+  int64_t max_model_len = 0;            // vLLM's: prompt + output tokens a request may span; 0 = the model's context
+  // Whether these were given: unset, they take vLLM-style defaults from the
+  // model and the device (serve_config).
+  const CLI::Option* max_input_len_option = nullptr;
+  const CLI::Option* max_output_len_option = nullptr;
+  const CLI::Option* max_batch_size_option = nullptr;
+  const CLI::Option* max_num_batched_tokens_option = nullptr;
+  const CLI::Option* max_context_len_to_capture_option = nullptr;
   const CLI::Option* gpu_memory_utilization_option = nullptr;
   const CLI::Option* kv_cache_memory_fraction_option = nullptr;
 };
@@ -96,6 +105,11 @@ Examples:
   curl localhost:8000/v1/completions -H 'Content-Type: application/json' \
        -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 16, "temperature": 0}')";
 
+// vLLM's serving defaults where the engine's own are sized for `generate`.
+constexpr int64_t kGpuMaxNumSeqs = 256;           // vLLM's max_num_seqs
+constexpr int64_t kMaxNumBatchedTokens = 8192;     // vLLM's chunked-prefill step budget on large GPUs
+constexpr int64_t kMaxContextLenToCapture = 8192;  // vLLM's max_seq_len_to_capture
+
 #ifdef COLOSSUS_WITH_SERVER
 // This command line, to start it again as each rank: /proc/self/cmdline with
 // the executable's own path first.
@@ -108,8 +122,16 @@ std::vector<std::string> own_command_line() {
   return argv;
 }
 
-// The engine's config from the flags, checked before anything loads.
-inference::InferenceConfig serve_config(const ServeArgs& args, const c10::Device& device, const std::string& model_dir) {
+bool given(const CLI::Option* option) { return option != nullptr && option->count() > 0; }
+
+struct ServeSettings {
+  inference::InferenceConfig config;
+  int64_t max_model_len = 0;  // what /v1/models advertises and every request must fit in
+};
+
+// The engine's config from the flags and the model's config.json, checked
+// before anything loads.
+ServeSettings serve_config(const ServeArgs& args, const c10::Device& device, const std::string& model_dir) {
   inference::InferenceConfig config = args.config;
   // vLLM's defaults: the GPU when there is one, the model's own dtype there,
   // decode steps replayed from CUDA graphs on it (not under tensor
@@ -134,8 +156,33 @@ inference::InferenceConfig serve_config(const ServeArgs& args, const c10::Device
                                   args.gpu_memory_utilization, config.kv_cache_memory_fraction));
   }
   if (args.kv_cache_memory_fraction_option->count() == 0) config.gpu_memory_utilization = args.gpu_memory_utilization;
+
+  // Lengths as vLLM's: a request may span the model's whole context (or
+  // --max_model_len), prompt and output together; the flags that bound each
+  // part alone only narrow that.
+  const int64_t context = models::max_positions(models::read_config((std::filesystem::path(model_dir) / "config.json").string()));
+  if (args.max_model_len < 0 || args.max_model_len == 1 || args.max_model_len > context) {
+    throw ConfigError(fmt::format("--max_model_len {} is not in [2, {}] (the model's context); leave it unset for {}",
+                                  args.max_model_len, context, context));
+  }
+  const int64_t model_len = args.max_model_len > 0 ? args.max_model_len : context;
+  if (!given(args.max_input_len_option)) config.max_input_len = model_len - 1;
+  if (!given(args.max_output_len_option)) config.max_output_len = model_len - 1;
+  if (config.max_input_len >= model_len) {
+    throw ConfigError(fmt::format("--max_input_len {} leaves no room to generate within max_model_len {}; use at most {}",
+                                  config.max_input_len, model_len, model_len - 1));
+  }
+  // Concurrency, the step's token budget and the graphs' reach as vLLM's on
+  // a GPU; the CPU keeps the engine's small batch (its KV pool is sized by it).
+  if (device.is_cuda() && !given(args.max_batch_size_option)) config.max_batch_size = kGpuMaxNumSeqs;
+  if (!given(args.max_num_batched_tokens_option)) {
+    config.max_num_batched_tokens = std::max(std::min(kMaxNumBatchedTokens, config.max_input_len), config.max_batch_size);
+  }
+  if (!given(args.max_context_len_to_capture_option)) {
+    config.max_context_len_to_capture = std::min(kMaxContextLenToCapture, model_len);
+  }
   config.validate();
-  return config;
+  return {.config = config, .max_model_len = model_len};
 }
 
 // `colossus serve --tensor_parallel_size N` started alone: checks what can be
@@ -237,25 +284,14 @@ int serve(const ServeArgs& args, const sigset_t& stop_signals, const c10::Device
   const int tp = args.tensor_parallel_size;
   const int rank = tp_group ? tp_group->rank() : 0;
   const std::string model_dir = inference::resolve_model_dir(args.path);
-  inference::InferenceConfig config = serve_config(args, device, model_dir);
+  const ServeSettings settings = serve_config(args, device, model_dir);
+  inference::InferenceConfig config = settings.config;
   std::shared_ptr<const data::Tokenizer> tokenizer = open_tokenizer(args.tokenizer, model_dir);
   auto chat = inference::serving::ChatPrompt::from_model_dir(model_dir);
 
   const auto load_start = std::chrono::steady_clock::now();
   std::shared_ptr<models::CausalLM> model =
       load_inference_model(model_dir, args.lora, {.dtype = config.model_dtype(), .device = device}, rank == 0);
-  const int64_t context = context_length(*model);
-  if (config.max_input_len >= context && args.max_input_len_option != nullptr &&
-      args.max_input_len_option->count() == 0) {
-    // The default asked for more than this model holds: fit it to the model.
-    config.max_input_len = context - 1;
-    config.validate();
-  }
-  if (config.max_input_len >= context) {
-    throw ConfigError(fmt::format("--max_input_len {} leaves no room to generate in the model's context of {} "
-                                  "positions; use at most {}",
-                                  config.max_input_len, context, context - 1));
-  }
   std::unique_ptr<inference::InferenceEngine> engine;
   try {
     engine = std::make_unique<inference::InferenceEngine>(model, tokenizer, config, tp_group);
@@ -305,7 +341,7 @@ int serve(const ServeArgs& args, const sigset_t& stop_signals, const c10::Device
                                     {.host = args.host,
                                      .port = args.port,
                                      .served_model_name = name,
-                                     .max_context = context,
+                                     .max_context = settings.max_model_len,
                                      .threads = args.threads,
                                      .max_connections = args.max_connections,
                                      .request_timeout_s = args.request_timeout,
@@ -315,11 +351,13 @@ int serve(const ServeArgs& args, const sigset_t& stop_signals, const c10::Device
                                     tp_group);
   const int port = server.bind();
   std::fprintf(stderr,
-               "serving '%s' on http://%s:%d (%smax_batch_size %lld, max_input_len %lld, max_output_len %lld)\n",
+               "serving '%s' on http://%s:%d (%smax_model_len %lld, max_batch_size %lld, max_input_len %lld, "
+               "max_output_len %lld, max_num_batched_tokens %lld)\n",
                name.c_str(), args.host.c_str(), port,
                tp > 1 ? fmt::format("tensor_parallel_size {}, ", tp).c_str() : "",
-               static_cast<long long>(config.max_batch_size), static_cast<long long>(config.max_input_len),
-               static_cast<long long>(config.max_output_len));
+               static_cast<long long>(settings.max_model_len), static_cast<long long>(config.max_batch_size),
+               static_cast<long long>(config.max_input_len), static_cast<long long>(config.max_output_len),
+               static_cast<long long>(config.token_budget()));
 
   std::atomic<bool> listening_done{false};
   std::thread signals([&] {
@@ -388,25 +426,32 @@ Command add_serve_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--quiet", args->quiet, "No log line per request");
   sub->add_option("--api_key,--api-key", args->api_key,
-                  "Clients must send 'Authorization: Bearer KEY' (every route but /health); prefer the env "
-                  "COLOSSUS_API_KEY, which `ps` does not show")
+                  "Clients of the /v1 routes must send 'Authorization: Bearer KEY' (as vLLM's: /health, /metrics, "
+                  "/tokenize and /detokenize stay open); prefer the env COLOSSUS_API_KEY, which `ps` does not show")
       ->envname("COLOSSUS_API_KEY");
   sub->add_option("--allowed_origins,--allowed-origins", args->allowed_origins,
-                  "Web origins (e.g. http://localhost:3000) whose browser requests are served; '*' = any. "
-                  "Requests with another Origin header get 403")
+                  "Web origins (e.g. http://localhost:3000) whose browser requests are served, with CORS headers "
+                  "and preflights answered; '*' = any. Requests with another Origin header get 403")
       ->delimiter(',');
   // InferenceConfig's fields, under their own names.
-  sub->add_option("--max_batch_size,--max-batch-size", c.max_batch_size, "Sequences decoded together in one step")
-      ->capture_default_str();
-  args->max_input_len_option =
-      sub->add_option("--max_input_len,--max-input-len", c.max_input_len,
-                      "Most prompt tokens a request may bring (unset: at most the model's context - 1)")
-          ->capture_default_str();
-  sub->add_option("--max_output_len,--max-output-len", c.max_output_len, "Most tokens a request may generate (max_tokens)")
-      ->capture_default_str();
-  sub->add_option("--max_num_batched_tokens,--max-num-batched-tokens", c.max_num_batched_tokens,
-                  "Tokens one step may process; 0 = max(max_input_len, max_batch_size)")
-      ->capture_default_str();
+  sub->add_option("--max_model_len,--max-model-len", args->max_model_len,
+                  "Tokens a request may span, prompt and output together (vLLM's); unset = the model's context");
+  args->max_batch_size_option =
+      sub->add_option("--max_batch_size,--max-batch-size,--max_num_seqs,--max-num-seqs", c.max_batch_size,
+                      fmt::format("Sequences decoded together in one step (vLLM's max_num_seqs); unset = {} on a GPU, "
+                                  "{} on the CPU",
+                                  kGpuMaxNumSeqs, c.max_batch_size));
+  args->max_input_len_option = sub->add_option("--max_input_len,--max-input-len", c.max_input_len,
+                                               "Most prompt tokens a request may bring; unset = max_model_len - 1");
+  args->max_output_len_option =
+      sub->add_option("--max_output_len,--max-output-len", c.max_output_len,
+                      "Most tokens a request may generate (max_tokens); unset = max_model_len - 1 (a request's "
+                      "default max_tokens is what fits after its prompt)");
+  args->max_num_batched_tokens_option =
+      sub->add_option("--max_num_batched_tokens,--max-num-batched-tokens", c.max_num_batched_tokens,
+                      fmt::format("Tokens one step may process (longer prompts are prefilled in chunks); unset = "
+                                  "min({}, max_input_len), at least max_batch_size",
+                                  kMaxNumBatchedTokens));
   sub->add_option("--prefill_ratio,--prefill-ratio", c.prefill_ratio,
                   "Share of the step's token budget prefill may take while others decode")
       ->capture_default_str();
@@ -422,8 +467,8 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--num_blocks,--num-blocks", c.num_blocks,
-                  "KV cache blocks; 0 = from GPU memory (--gpu_memory_utilization), or max_batch_size full "
-                  "sequences on the CPU")
+                  "KV cache blocks; 0 = from GPU memory (--gpu_memory_utilization), or on the CPU max_batch_size "
+                  "full-length sequences within 4 GiB (at least one)")
       ->capture_default_str();
   args->gpu_memory_utilization_option =
       sub->add_option("--gpu_memory_utilization,--gpu-memory-utilization", args->gpu_memory_utilization,
@@ -443,9 +488,11 @@ Command add_serve_command(CLI::App& app) {
                   "Replay decode steps from CUDA graphs: auto (on a GPU), true or false")
       ->check(CLI::IsMember({"auto", "true", "false"}))
       ->capture_default_str();
-  sub->add_option("--max_context_len_to_capture,--max-context-len-to-capture", c.max_context_len_to_capture,
-                  "With use_cuda_graph: longest context a replayed decode step may have")
-      ->capture_default_str();
+  args->max_context_len_to_capture_option =
+      sub->add_option("--max_context_len_to_capture,--max-context-len-to-capture", c.max_context_len_to_capture,
+                      fmt::format("With use_cuda_graph: longest context a replayed decode step may have (longer ones "
+                                  "run eagerly); unset = min({}, max_model_len)",
+                                  kMaxContextLenToCapture));
   sub->add_flag("--do_sample,--do-sample", c.do_sample, "Sample by default (requests may still set temperature 0)");
   sub->add_option("--temperature", c.temperature, "Default temperature")->capture_default_str();
   sub->add_option("--top_k,--top-k", c.top_k, "Default top-k; 0 = off")->capture_default_str();

@@ -30,10 +30,12 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+constexpr int64_t kCpuKvCacheBytes = int64_t{4} << 30;
+
 // Blocks for the pool: on CUDA from the memory budget (gpu_memory_utilization
 // of the total, or kv_cache_memory_fraction of what is free: kv_pool_bytes),
 // else enough for max_batch_size full-length sequences plus a quarter for the
-// prefix cache.
+// prefix cache, within kCpuKvCacheBytes.
 int64_t pool_blocks(const InferenceConfig& config, const KVCacheShape& shape, const at::TensorOptions& options,
                     const models::CausalLM& model) {
   if (config.num_blocks > 0) return config.num_blocks;
@@ -46,8 +48,13 @@ int64_t pool_blocks(const InferenceConfig& config, const KVCacheShape& shape, co
       return kv_pool_bytes(config, *memory, activations, block_bytes) / block_bytes;
     }
   }
-  const int64_t per_sequence = ceil_div(config.max_input_len + config.max_output_len, shape.block_size) + 1;
-  return config.max_batch_size * per_sequence + ceil_div(config.max_batch_size * per_sequence, 4);
+  // A sequence never outgrows the model's context, whatever the two limits add up to.
+  const int64_t longest = std::min(config.max_input_len + config.max_output_len, models::max_positions(model.config()));
+  const int64_t per_sequence = ceil_div(longest, shape.block_size) + 1;
+  const int64_t wanted = config.max_batch_size * per_sequence + ceil_div(config.max_batch_size * per_sequence, 4);
+  // Within vLLM's CPU KV space (4 GiB), so a long-context model does not ask
+  // for max_batch_size x its context in host memory; always one full sequence.
+  return std::min(wanted, std::max(per_sequence, kCpuKvCacheBytes / block_bytes));
 }
 
 }  // namespace

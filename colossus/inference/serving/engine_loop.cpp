@@ -165,9 +165,16 @@ void LatencyHistogram::observe(double seconds) {
 }
 
 void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
-  int64_t stop = 0, length = 0, aborted = 0;
+  int64_t stop = 0, length = 0, aborted = 0, prompt_tokens = 0;
   const auto now = std::chrono::steady_clock::now();
   std::vector<double> first_token, per_token, e2e;  // seconds, observed under the lock below
+  struct Delivery {
+    std::shared_ptr<Channel> channel;
+    ChoiceOutput output;
+    bool last = false;
+    std::optional<std::string> error{};  // this request failed alone: fail its channel instead
+  };
+  std::vector<Delivery> deliveries;
   for (RequestOutput& out : outputs) {
     auto it = live_.find(out.request_id);
     if (it == live_.end()) continue;  // a prompt of a refused submission
@@ -175,6 +182,7 @@ void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
     if (!out.new_tokens.empty()) {
       if (!live.last_token) {
         first_token.push_back(std::chrono::duration<double>(now - live.submitted).count());
+        prompt_tokens += out.prompt_tokens;
       } else {
         // Each token of this output shares the interval since the last ones.
         const double interval = std::chrono::duration<double>(now - *live.last_token).count() /
@@ -187,7 +195,7 @@ void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
     if (out.error) {
       // This request failed alone: its client gets the error, the batch goes on.
       ++aborted;
-      live.channel->fail(std::string("the engine failed on this request: ") + *out.error);
+      deliveries.push_back({.channel = live.channel, .error = "the engine failed on this request: " + *out.error});
       live_.erase(it);
       continue;
     }
@@ -201,16 +209,28 @@ void EngineLoop::dispatch(std::vector<RequestOutput> outputs) {
       }
       last = --*live.remaining == 0;
     }
-    live.channel->push({.index = live.index, .output = std::move(out)}, last);
+    deliveries.push_back({.channel = live.channel, .output = {.index = live.index, .output = std::move(out)}, .last = last});
     if (finished) live_.erase(it);
   }
-  std::lock_guard lock(mutex_);
-  for (double v : first_token) stats_.time_to_first_token.observe(v);
-  for (double v : per_token) stats_.time_per_output_token.observe(v);
-  for (double v : e2e) stats_.e2e_request_latency.observe(v);
-  stats_.finished_stop += stop;
-  stats_.finished_length += length;
-  stats_.finished_abort += aborted;
+  {
+    // Counted before any client hears of its tokens, so /metrics read after
+    // a response already includes that response.
+    std::lock_guard lock(mutex_);
+    for (double v : first_token) stats_.time_to_first_token.observe(v);
+    for (double v : per_token) stats_.time_per_output_token.observe(v);
+    for (double v : e2e) stats_.e2e_request_latency.observe(v);
+    stats_.finished_stop += stop;
+    stats_.finished_length += length;
+    stats_.finished_abort += aborted;
+    stats_.prompt_tokens += prompt_tokens;
+  }
+  for (Delivery& d : deliveries) {
+    if (d.error) {
+      d.channel->fail(*d.error);
+    } else {
+      d.channel->push(std::move(d.output), d.last);
+    }
+  }
 }
 
 void EngineLoop::refresh_stats() {

@@ -85,6 +85,9 @@ struct LoopStats {
   int64_t finished_length = 0;  // ... by max_tokens
   int64_t finished_abort = 0;   // ... by a client that went away (or shutdown)
   int64_t rejected = 0;         // submissions the engine refused
+  // Prompt tokens of requests that drew their first token, prefix-cache hits
+  // included and recomputation after preemption not: vLLM's prompt_tokens_total.
+  int64_t prompt_tokens = 0;
   double generation_tokens_per_second = 0;  // over the last few seconds
   double prompt_tokens_per_second = 0;
 };

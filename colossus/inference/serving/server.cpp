@@ -74,12 +74,20 @@ struct StreamState {
   bool with_logprobs = false;
   TokenText token_text;
   int64_t choices = 1;
+  int64_t n = 1;  // choices per prompt: choice i runs prompt i / n
   bool started = false;
   bool complete = false;
-  int64_t prompt_tokens = 0;
+  std::vector<int64_t> prompt_tokens;  // per choice, as its outputs report them
   int64_t completion_tokens = 0;
   std::string finish_reason;
   Clock::time_point start;
+
+  // Usage as OpenAI's: each prompt counted once (not once per choice), every choice's tokens.
+  int64_t usage_prompt_tokens() const {
+    int64_t total = 0;
+    for (size_t i = 0; i < prompt_tokens.size(); i += static_cast<size_t>(n)) total += prompt_tokens[i];
+    return total;
+  }
 };
 
 }  // namespace
@@ -123,13 +131,19 @@ struct Server::Impl {
     return {ids.begin(), ids.end()};
   }
 
-  // The API key (when the server has one) and the Origin of browser requests.
+  bool origin_allowed(const std::string& origin) const {
+    const auto& allowed = options.allowed_origins;
+    return std::find(allowed.begin(), allowed.end(), "*") != allowed.end() ||
+           std::find(allowed.begin(), allowed.end(), origin) != allowed.end();
+  }
+
+  // The Origin of browser requests, then the API key (when the server has
+  // one) on the OpenAI routes, as vLLM's: /health, /metrics (Prometheus
+  // scrapes), /tokenize and /detokenize stay open.
   void check_access(const httplib::Request& req) const {
     if (req.has_header("Origin")) {
       const std::string origin = req.get_header_value("Origin");
-      const auto& allowed = options.allowed_origins;
-      if (std::find(allowed.begin(), allowed.end(), "*") == allowed.end() &&
-          std::find(allowed.begin(), allowed.end(), origin) == allowed.end()) {
+      if (!origin_allowed(origin)) {
         throw ApiError(403,
                        fmt::format("requests from the web origin '{}' are refused; start the server with "
                                    "--allowed_origins {} to allow it",
@@ -137,7 +151,7 @@ struct Server::Impl {
                        {}, "invalid_request_error", "origin_not_allowed");
       }
     }
-    if (options.api_key.empty()) return;
+    if (options.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return;
     const std::string expected = "Bearer " + options.api_key;
     const std::string given = req.get_header_value("Authorization");
     // Compared in time independent of where they differ.
@@ -166,6 +180,7 @@ struct Server::Impl {
     auto wrapped = [this, path, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res) {
       ConnectionPool::request_started();
       try {
+        allow_origin(req, res);
         if (path != "/health") check_access(req);
         handler(req, res);
       } catch (const ApiError& e) {
@@ -186,6 +201,28 @@ struct Server::Impl {
     };
     if (std::string(method) == "GET") http.Get(path, wrapped);
     else http.Post(path, wrapped);
+    // A browser's CORS preflight: no key (browsers send none), the origin checked.
+    http.Options(path, [this, method](const httplib::Request& req, httplib::Response& res) {
+      ConnectionPool::request_started();
+      if (!req.has_header("Origin") || !origin_allowed(req.get_header_value("Origin"))) {
+        res.status = 403;
+      } else {
+        allow_origin(req, res);
+        res.set_header("Access-Control-Allow-Methods", fmt::format("{}, OPTIONS", method));
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+        res.set_header("Access-Control-Max-Age", "600");
+        res.status = 204;
+      }
+    });
+  }
+
+  // CORS: a response to an allowed web origin says so, or the browser hides it from the page.
+  void allow_origin(const httplib::Request& req, httplib::Response& res) const {
+    if (!req.has_header("Origin")) return;
+    const std::string origin = req.get_header_value("Origin");
+    if (!origin_allowed(origin)) return;
+    res.set_header("Access-Control-Allow-Origin", origin);
+    res.set_header("Vary", "Origin");
   }
 
   void completions(const httplib::Request& req, httplib::Response& res) {
@@ -382,6 +419,8 @@ struct Server::Impl {
     state->channel = std::move(channel);
     state->kind = kind;
     state->choices = choices;
+    state->n = request.n;
+    state->prompt_tokens.assign(static_cast<size_t>(choices), 0);
     state->with_logprobs = request.logprobs.has_value();
     state->token_text = token_text();
     state->id = id;
@@ -403,7 +442,7 @@ struct Server::Impl {
             }
           } else if (options.log_requests && success) {
             logger().info(fmt::format("{} 200 stream prompt={} completion={} finish={} {:.2f}s", path,
-                                      state->prompt_tokens, state->completion_tokens, state->finish_reason,
+                                      state->usage_prompt_tokens(), state->completion_tokens, state->finish_reason,
                                       std::chrono::duration<double>(Clock::now() - state->start).count()));
           }
         });
@@ -427,8 +466,7 @@ struct Server::Impl {
     }
     for (ChoiceOutput& out : state.channel->wait(std::chrono::milliseconds(200))) {
       const RequestOutput& o = out.output;
-      // Usage: a prompt counted once, every choice's tokens.
-      state.prompt_tokens = o.prompt_tokens;
+      state.prompt_tokens[static_cast<size_t>(out.index)] = o.prompt_tokens;
       state.completion_tokens += static_cast<int64_t>(o.new_tokens.size());
       // A chunk carries the logprobs of the tokens drawn with it (text held
       // back for a stop string comes later, its logprobs now).
@@ -470,7 +508,7 @@ struct Server::Impl {
                       {"created", state.created},
                       {"model", state.model},
                       {"choices", json::array()},
-                      {"usage", usage_json(state.prompt_tokens, state.completion_tokens)}};
+                      {"usage", usage_json(state.usage_prompt_tokens(), state.completion_tokens)}};
         if (!write(usage)) return false;
       }
       static const std::string done = "data: [DONE]\n\n";

@@ -84,10 +84,16 @@ std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const
               d(e.running));
   vllm_metric(out, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", model_name,
               d(e.waiting));
+  const double cache_usage = e.blocks_total > 0 ? d(e.blocks_used) / d(e.blocks_total) : 0.0;
+  // Both names: dashboards made for vLLM before and after its V1 rename.
   vllm_metric(out, "vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", model_name,
-              e.blocks_total > 0 ? d(e.blocks_used) / d(e.blocks_total) : 0.0);
+              cache_usage);
+  vllm_metric(out, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", model_name,
+              cache_usage);
+  vllm_metric(out, "vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+              model_name, d(e.preemptions));
   vllm_metric(out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", model_name,
-              d(e.prompt_tokens));
+              d(stats.prompt_tokens));
   vllm_metric(out, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", model_name,
               d(e.generated_tokens));
   vllm_histogram(out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", model_name,
@@ -104,6 +110,14 @@ std::string render_metrics(const LoopStats& stats, const HttpCounts& http, const
                                       {"abort", stats.finished_abort}}) {
     out += fmt::format("colossus:requests_finished_total{{model=\"{}\",finish_reason=\"{}\"}} {}\n", label(model_name),
                        reason, count);
+  }
+  out += "# HELP vllm:request_success_total Count of successfully processed requests.\n";
+  out += "# TYPE vllm:request_success_total counter\n";
+  for (const auto& [reason, count] : {std::pair<const char*, int64_t>{"stop", stats.finished_stop},
+                                      {"length", stats.finished_length},
+                                      {"abort", stats.finished_abort}}) {
+    out += fmt::format("vllm:request_success_total{{finished_reason=\"{}\",model_name=\"{}\"}} {}\n", reason,
+                       label(model_name), count);
   }
   out += "# HELP colossus:http_requests_total HTTP responses, by endpoint and status code.\n";
   out += "# TYPE colossus:http_requests_total counter\n";

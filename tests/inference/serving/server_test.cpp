@@ -435,6 +435,21 @@ TEST_F(Serve, NChoicesAndPresenceFrequencyPenalties) {
   ASSERT_EQ(chat.status, 200) << chat.body;
   EXPECT_EQ(chat.parsed()["choices"].size(), 2u);
   EXPECT_EQ(chat.parsed()["choices"][1]["index"], 1);
+  // Streamed, two prompts of different lengths with n = 2: usage counts each
+  // prompt once and every choice's tokens, as the same request unstreamed.
+  json listed = {{"model", "tiny"}, {"prompt", {"ab", "abcdefg"}}, {"max_tokens", 3}, {"n", 2}, {"seed", 5},
+                 {"temperature", 1.0}, {"ignore_eos", true}};
+  const HttpResult unstreamed = post("/v1/completions", listed);
+  ASSERT_EQ(unstreamed.status, 200) << unstreamed.body;
+  EXPECT_EQ(unstreamed.parsed()["usage"]["prompt_tokens"], encode("ab").size() + encode("abcdefg").size());
+  listed["stream"] = true;
+  listed["stream_options"] = {{"include_usage", true}};
+  const HttpResult streamed = post("/v1/completions", listed);
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  const auto events = sse_data(streamed.body);
+  ASSERT_GE(events.size(), 2u) << streamed.body;
+  const json streamed_usage = json::parse(events[events.size() - 2])["usage"];
+  EXPECT_EQ(streamed_usage, unstreamed.parsed()["usage"]) << streamed.body;
 
   // Penalties against step-by-step greedy with the same penalties applied to
   // the generated tokens' counts.
@@ -499,6 +514,40 @@ TEST_F(Serve, TheServingBenchmarkClientRunsItsMixAndChecksEveryResponse) {
     EXPECT_GT(s["output_tokens_per_s"].get<double>(), 0) << client;
     EXPECT_LE(s["ttft_ms"]["median"].get<double>(), s["e2e_ms"]["p99"].get<double>()) << client;
   }
+
+  // The engine benchmark's own requests (shared system prompts included),
+  // written by bench_inference --write-mix and replayed over HTTP: the same
+  // token counts come back.
+  const fs::path mix = testing::scratch_dir() / "engine_mix.json";
+  const auto wrote = testing::run_command(fmt::format(
+      "'{}' --write-mix '{}' --vocab 257 --mix-requests 5 --mix-system-prompts 2 --mix-system-len 8 "
+      "--mix-max-input 20 --mix-max-output 12 2>&1",
+      COLOSSUS_BENCH_INFERENCE, mix.string()));
+  ASSERT_EQ(wrote.exit_code, 0) << wrote.output;
+  json written;
+  std::ifstream(mix) >> written;
+  ASSERT_EQ(written["requests"].size(), 5u) << written.dump();
+  int64_t prompt_tokens = 0, output_tokens = 0;
+  std::set<std::vector<int64_t>> openings;  // the 8-token system prompts
+  for (const json& r : written["requests"]) {
+    const auto prompt = r["prompt"].get<std::vector<int64_t>>();
+    ASSERT_GE(prompt.size(), 12u);
+    for (int64_t id : prompt) ASSERT_TRUE(id >= 0 && id < 257) << id;
+    openings.insert({prompt.begin(), prompt.begin() + 8});
+    prompt_tokens += static_cast<int64_t>(prompt.size());
+    output_tokens += r["max_tokens"].get<int64_t>();
+  }
+  EXPECT_LE(openings.size(), 2u);
+  const fs::path summary = testing::scratch_dir() / "serve_bench_mix.json";
+  const auto replayed = testing::run_command(
+      fmt::format("'{}' '{}' --base-url '{}/v1' --model tiny --mix '{}' --request-rate inf --client stdlib --json '{}' 2>&1",
+                  COLOSSUS_PYTHON, COLOSSUS_SERVE_BENCH, server_->url(), mix.string(), summary.string()));
+  ASSERT_EQ(replayed.exit_code, 0) << replayed.output;
+  std::ifstream in(summary);
+  const json s = json::parse(in);
+  EXPECT_EQ(s["successful_requests"], 5);
+  EXPECT_EQ(s["total_input_tokens"], prompt_tokens);
+  EXPECT_EQ(s["total_generated_tokens"], output_tokens);
 }
 
 TEST_F(Serve, VllmStyleDefaultsOnACpuMachine) {
@@ -515,6 +564,57 @@ TEST_F(Serve, VllmStyleDefaultsOnACpuMachine) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("--use_cuda_graph true needs a GPU"), std::string::npos) << e.what();
   }
+}
+
+TEST_F(Serve, LengthsDefaultToTheModelsContextAsVllm) {
+  // No length flags: a request may span the model's 512 positions, prompt and
+  // output together, as vLLM's max_model_len; the CPU keeps a batch of 8.
+  ServerProcess whole(dir_->string(), {"--served_model_name", "tiny", "--quiet"},
+                      testing::scratch_dir() / "serve_lengths.log");
+  EXPECT_NE(whole.log().find("max_model_len 512, max_batch_size 8, max_input_len 511, max_output_len 511, "
+                             "max_num_batched_tokens 511"),
+            std::string::npos)
+      << whole.log();
+  EXPECT_EQ(curl(whole.url() + "/v1/models").parsed()["data"][0]["max_model_len"], 512);
+  const HttpResult long_request = curl(whole.url() + "/v1/completions",
+                                       json{{"model", "tiny"}, {"prompt", std::string(400, 'a')}, {"max_tokens", 100},
+                                            {"temperature", 0}, {"ignore_eos", true}}
+                                           .dump());
+  ASSERT_EQ(long_request.status, 200) << long_request.body;
+  EXPECT_EQ(long_request.parsed()["usage"]["completion_tokens"], 100);
+  // Unset max_tokens: what fits after the prompt (BOS + 500 bytes -> 11 of 512).
+  const HttpResult fill = curl(whole.url() + "/v1/completions",
+                               json{{"model", "tiny"}, {"prompt", std::string(500, 'b')}, {"temperature", 0},
+                                    {"ignore_eos", true}}
+                                   .dump());
+  ASSERT_EQ(fill.status, 200) << fill.body;
+  EXPECT_EQ(fill.parsed()["usage"]["prompt_tokens"].get<int64_t>() + fill.parsed()["usage"]["completion_tokens"].get<int64_t>(), 512);
+  EXPECT_EQ(whole.stop(SIGTERM), 0) << whole.log();
+
+  // --max_model_len narrows it; prompts past it are refused by name.
+  ServerProcess narrow(dir_->string(), {"--served_model_name", "tiny", "--quiet", "--max_model_len", "128"},
+                       testing::scratch_dir() / "serve_max_model_len.log");
+  EXPECT_EQ(curl(narrow.url() + "/v1/models").parsed()["data"][0]["max_model_len"], 128);
+  const HttpResult too_long = curl(narrow.url() + "/v1/completions",
+                                   json{{"model", "tiny"}, {"prompt", std::string(200, 'a')}, {"max_tokens", 4}}.dump());
+  EXPECT_EQ(too_long.status, 400) << too_long.body;
+  EXPECT_NE(too_long.body.find("max_input_len"), std::string::npos) << too_long.body;
+
+  // More than the model holds, or a prompt bound that leaves nothing to generate, is refused before loading.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused_cases = {
+      {{"--max_model_len", "1024"}, "--max_model_len 1024 is not in [2, 512] (the model's context)"},
+      {{"--max_model_len", "64", "--max_input_len", "64"}, "--max_input_len 64 leaves no room to generate within max_model_len 64"}};
+  for (const auto& [args, expected] : refused_cases) {
+    try {
+      ServerProcess refused(dir_->string(), args, testing::scratch_dir() / "serve_lengths_refused.log", 30);
+      ADD_FAILURE() << "a server started with " << fmt::format("{}", fmt::join(args, " "));
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  // Loopback unless told otherwise.
+  const auto help = testing::run_command(fmt::format("'{}' serve --help 2>&1", COLOSSUS_BIN));
+  EXPECT_TRUE(std::regex_search(help.output, std::regex(R"(--host TEXT=127\.0\.0\.1\s)"))) << help.output;
 }
 
 TEST_F(Serve, GpuMemoryUtilizationIsCheckedBeforeLoadingAndIgnoredOnTheCpu) {
@@ -559,10 +659,9 @@ TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
   EXPECT_EQ(models.parsed()["data"][0]["id"], "tiny");
 
   const auto before = metrics();
-  ASSERT_EQ(post("/v1/completions", {{"model", "tiny"}, {"prompt", "count me"}, {"max_tokens", 5}, {"temperature", 0},
-                                     {"ignore_eos", true}})
-                .status,
-            200);
+  const HttpResult counted = post("/v1/completions", {{"model", "tiny"}, {"prompt", "count me"}, {"max_tokens", 5},
+                                                      {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_EQ(counted.status, 200) << counted.body;
   const auto after = metrics();
   EXPECT_GT(metric(after, "colossus:kv_blocks_total"), 0);
   EXPECT_EQ(metric(after, "colossus:kv_block_size_tokens"), 8);
@@ -583,10 +682,18 @@ TEST_F(Serve, ModelsHealthAndPrometheusMetrics) {
   // vLLM's names and label, so its Grafana dashboards read ours.
   const std::string vllm = "{model_name=\"tiny\"}";
   EXPECT_EQ(metric(after, "vllm:generation_tokens_total", vllm) - metric(before, "vllm:generation_tokens_total", vllm), 5);
-  EXPECT_EQ(metric(after, "vllm:prompt_tokens_total", vllm), metric(after, "colossus:prompt_tokens_total"));
-  for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"}) {
+  // vLLM counts a request's whole prompt (prefix-cache hits too); ours beside it counts what prefill computed.
+  EXPECT_EQ(metric(after, "vllm:prompt_tokens_total", vllm) - metric(before, "vllm:prompt_tokens_total", vllm),
+            counted.parsed()["usage"]["prompt_tokens"].get<double>());
+  EXPECT_LE(metric(after, "colossus:prompt_tokens_total") - metric(before, "colossus:prompt_tokens_total"),
+            counted.parsed()["usage"]["prompt_tokens"].get<double>());
+  for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc",
+                           "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"}) {
     EXPECT_GE(metric(after, name, vllm), 0) << name;
   }
+  const std::string success = "{finished_reason=\"length\",model_name=\"tiny\"}";
+  EXPECT_EQ(metric(after, "vllm:request_success_total", success) - metric(before, "vllm:request_success_total", success),
+            1);
   // Histograms: one first token and one end-to-end latency for the request,
   // four inter-token intervals (5 tokens), buckets cumulative up to +Inf.
   const std::map<std::string, double> counts = {{"vllm:time_to_first_token_seconds", 1},
@@ -787,9 +894,34 @@ TEST_F(Serve, ApiKeyAndForeignOriginsAreRefused) {
   const auto health = client.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200) << "health checks need no key";
+  // As vLLM's: the key guards the /v1 routes; Prometheus and tokenizer calls need none.
+  const auto scraped = client.Get("/metrics");
+  ASSERT_TRUE(scraped);
+  EXPECT_EQ(scraped->status, 200) << scraped->body;
+  const auto tokenized = client.Post("/tokenize", R"({"prompt": "hi"})", "application/json");
+  ASSERT_TRUE(tokenized);
+  EXPECT_EQ(tokenized->status, 200) << tokenized->body;
   // A page in a browser: its Origin must be allowed, key or not.
   EXPECT_EQ(post({{"Authorization", "Bearer s3cret"}, {"Origin", "http://evil.example"}}), 403);
   EXPECT_EQ(post({{"Authorization", "Bearer s3cret"}, {"Origin", "http://localhost:3000"}}), 200);
+  // ... and the browser shows the page the response only when CORS headers allow it,
+  // after a preflight that carries no key.
+  const auto allowed = client.Post("/v1/completions", {{"Authorization", "Bearer s3cret"}, {"Origin", "http://localhost:3000"}},
+                                   body, "application/json");
+  ASSERT_TRUE(allowed);
+  EXPECT_EQ(allowed->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  const auto preflight = client.Options("/v1/completions", {{"Origin", "http://localhost:3000"},
+                                                            {"Access-Control-Request-Method", "POST"},
+                                                            {"Access-Control-Request-Headers", "authorization,content-type"}});
+  ASSERT_TRUE(preflight);
+  EXPECT_EQ(preflight->status, 204);
+  EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  EXPECT_NE(preflight->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  const auto foreign_preflight = client.Options("/v1/completions", {{"Origin", "http://evil.example"}});
+  ASSERT_TRUE(foreign_preflight);
+  EXPECT_EQ(foreign_preflight->status, 403);
+  EXPECT_TRUE(foreign_preflight->get_header_value("Access-Control-Allow-Origin").empty());
   // Without --allowed_origins every Origin is foreign.
   const auto foreign = httplib::Client("127.0.0.1", server_->port())
                            .Post("/v1/completions", {{"Origin", "http://localhost:8000"}}, body, "application/json");
