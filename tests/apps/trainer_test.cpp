@@ -460,26 +460,36 @@ TEST(Trainer, OffloadedHostStepsTrainAndResume) {
 
 TEST(Trainer, ActivationCheckpointingKeepsEveryPluginsCurve) {
   // Dropout on (tiny_config): the rerun forward replays its RNG, so the
-  // curve is the plain one for ddp, ZeRO-2 and Gemini alike.
-  const std::vector<std::pair<std::string, std::vector<std::string>>> plugins = {
+  // curve is the plain one for ddp, ZeRO-2, Gemini and hybrid_parallel (whose
+  // keys are its plugin's) alike, for every block or half of them.
+  struct Row {
+    std::string name;
+    std::vector<std::string> options;
+    std::string keys = "model.";  // where the plugin takes the checkpointing keys
+    std::string ratio = "1.0";
+  };
+  const std::vector<Row> plugins = {
       {"ddp", {}},
+      {"ddp_half", {}, "model.", "0.5"},
       {"low_level_zero", {"plugin.name=\"low_level_zero\"", "plugin.stage=2"}},
       {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.enable_gradient_accumulation=true",
-                  "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}}};
-  for (const auto& [name, options] : plugins) {
-    auto plain_options = options;
+                  "plugin.min_chunk_size_m=0.01", "plugin.search_range_m=0.02"}},
+      {"hybrid_parallel", {"plugin.name=\"hybrid_parallel\""}, "plugin.", "0.5"}};
+  for (const Row& row : plugins) {
+    auto plain_options = row.options;
     plain_options.push_back("train.steps=6");
-    const auto plain = losses_of(apps::train(tiny_config(job_dir("ckpt_plain_" + name), plain_options)));
+    const auto plain = losses_of(apps::train(tiny_config(job_dir("ckpt_plain_" + row.name), plain_options)));
     // Whole blocks, and (selective) only their MLPs.
     for (const std::string granularity : {"full", "mlp"}) {
-      auto checkpointed = options;
-      checkpointed.insert(checkpointed.end(), {"train.steps=6", "model.gradient_checkpointing_ratio=1.0",
-                                               "model.gradient_checkpointing_granularity=\"" + granularity + "\""});
+      auto checkpointed = row.options;
+      checkpointed.insert(checkpointed.end(),
+                          {"train.steps=6", row.keys + "gradient_checkpointing_ratio=" + row.ratio,
+                           row.keys + "gradient_checkpointing_granularity=\"" + granularity + "\""});
       const auto rerun =
-          losses_of(apps::train(tiny_config(job_dir("ckpt_rerun_" + name + "_" + granularity), checkpointed)));
-      ASSERT_EQ(rerun.size(), plain.size()) << name << " " << granularity;
+          losses_of(apps::train(tiny_config(job_dir("ckpt_rerun_" + row.name + "_" + granularity), checkpointed)));
+      ASSERT_EQ(rerun.size(), plain.size()) << row.name << " " << granularity;
       for (size_t i = 0; i < plain.size(); ++i) {
-        EXPECT_NEAR(rerun[i], plain[i], 1e-6 * std::abs(plain[i])) << name << " " << granularity << " step " << i + 1;
+        EXPECT_NEAR(rerun[i], plain[i], 1e-6 * std::abs(plain[i])) << row.name << " " << granularity << " step " << i + 1;
       }
     }
   }
@@ -521,6 +531,20 @@ TEST(Trainer, Fp8LinearLayersTrackTheFullPrecisionCurve) {
   const auto hybrid = losses_of(apps::train(tiny_config(job_dir("fp8_linear_hybrid"), hybrid_options)));
   ASSERT_EQ(hybrid.size(), fp8.size());
   for (size_t i = 0; i < fp8.size(); ++i) EXPECT_NEAR(hybrid[i], fp8[i], 1e-3 * std::abs(fp8[i])) << "step " << i + 1;
+  // So do ZeRO-2 and Gemini (which re-quantises the weight gathered again
+  // for backward instead of keeping its FP8 copy), fp32 masters as ddp's.
+  for (const auto& [name, plugin] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"zero2", {"plugin.name=\"low_level_zero\"", "plugin.stage=2", "plugin.precision=\"fp32\""}},
+           {"gemini", {"plugin.name=\"gemini\"", "plugin.precision=\"fp32\"", "plugin.enable_gradient_accumulation=true", "plugin.min_chunk_size_m=0.02",
+                       "plugin.search_range_m=0.02"}}}) {
+    auto options = fp8_options;
+    options.insert(options.end(), plugin.begin(), plugin.end());
+    const auto sharded = losses_of(apps::train(tiny_config(job_dir("fp8_linear_" + name), options)));
+    ASSERT_EQ(sharded.size(), fp8.size()) << name;
+    for (size_t i = 0; i < fp8.size(); ++i) {
+      EXPECT_NEAR(sharded[i], fp8[i], 1e-3 * std::abs(fp8[i])) << name << " step " << i + 1;
+    }
+  }
   // Delayed scaling (per tensor, 16 past maxima) tracks the fp32 curve too.
   auto delayed_options = base;
   delayed_options.insert(delayed_options.end(), {"model.use_fp8=true", "model.fp8_amax_history_len=16"});
