@@ -99,9 +99,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Te
                                                                     bool causal, double scale);
 // Whether the fused kernels take q of this device, dtype and head size.
 bool fused_block_supported(const at::Tensor &q);
-// Whether cuDNN's kernel takes the block (CUDA, half/bfloat16, k with q's
-// head count and more than one key, head size a multiple of 8 up to 128,
-// not in deterministic mode, cuDNN's SDPA not switched off).
+// Whether cuDNN's kernel takes the block (CUDA, half/bfloat16, k's heads
+// dividing q's (GQA blocks expand k and v to q's heads and sum their
+// gradients back in fp32), more than one key, head size a multiple of 8 up
+// to 128, not in deterministic mode, cuDNN's SDPA not switched off).
 bool cudnn_block_supported(const at::Tensor &q, const at::Tensor &k);
 
 void add_block_grads(at::Tensor &dkv, const BlockPlan &plan, const std::pair<at::Tensor, at::Tensor> &grads);

@@ -8,7 +8,7 @@
 // the block, else flash attention: one SDPA call over a whole sequence takes
 // cuDNN's kernel on Hopper, and with flash's blocks the ring ran at 1.94-2.64x
 // that call at 32K-64K tokens on an H100 (forward + backward) against
-// 1.19-1.78x with cuDNN's.
+// 1.19-1.78x with cuDNN's (equal heads; GQA blocks expand k and v to take it).
 #include "colossus/parallel/sequence/ring_blocks.h"
 
 #include <ATen/Context.h>
@@ -36,17 +36,33 @@ bool cudnn_block_supported(const at::Tensor &q, const at::Tensor &k) {
   // needs sm80+, as flash's kernel does.)
   const auto t = q.scalar_type();
   const auto &context = at::globalContext();
-  return q.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && q.size(1) == k.size(1) && q.size(3) % 8 == 0 &&
+  return q.is_cuda() && (t == at::kHalf || t == at::kBFloat16) && q.size(1) % k.size(1) == 0 && q.size(3) % 8 == 0 &&
          q.size(3) <= 128 && k.size(2) > 1 && q.size(0) <= 65535 && q.size(1) <= 65535 &&
          !context.deterministicAlgorithms() && context.userEnabledCuDNNSDP();
 }
 
+namespace {
+
+// GQA on cuDNN's kernel, which wants as many kv heads as query heads: the
+// block's k and v repeated to q's heads (a copy of Lk rows, small beside the
+// Lq x Lk attention), their gradients summed back over each group in fp32.
+int64_t kv_groups(const at::Tensor &q, const at::Tensor &k) { return q.size(1) / k.size(1); }
+
+at::Tensor sum_groups_fp32(const at::Tensor &x, int64_t groups) {
+  if (groups == 1) return x;
+  const auto b = x.size(0), h = x.size(1), l = x.size(2), d = x.size(3);
+  return x.view({b, h / groups, groups, l, d}).sum(2, /*keepdim=*/false, at::kFloat);
+}
+
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                                                       bool causal, double scale) {
   if (cudnn_block_supported(q, k)) {
+    const int64_t groups = kv_groups(q, k);
     // Its log-sum-exp is (B, H, Lq, 1) in fp32 (natural log, like flash's).
-    auto result = at::_scaled_dot_product_cudnn_attention(q, k, v, std::nullopt, /*compute_log_sumexp=*/true, 0.0,
-                                                          causal, false, scale);
+    auto result = at::_scaled_dot_product_cudnn_attention(q, expand_kv(k, groups), expand_kv(v, groups), std::nullopt,
+                                                          /*compute_log_sumexp=*/true, 0.0, causal, false, scale);
     at::Tensor lse = std::get<1>(result);
     if (lse.dim() == 4) lse = lse.squeeze(-1);
     TORCH_CHECK(lse.dim() == 3 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
@@ -58,7 +74,7 @@ std::pair<at::Tensor, at::Tensor> fused_block_forward(const at::Tensor &q, const
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, scale);
     return {out, lse};
   }
-  // Both kernels take GQA (fewer kv heads) natively.
+  // Both kernels here take GQA (fewer kv heads) natively.
   auto result = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, causal, false, scale);
   return {std::get<0>(result), std::get<1>(result).narrow(2, 0, q.size(2))};
 }
@@ -72,9 +88,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_block_backward(const at::Te
     // returned it, (B, H, Lq, 1).
     const at::Tensor placeholder = at::zeros({}, q.options().dtype(at::kLong));  // unused without dropout, but on q's device
     const at::Tensor o = out.contiguous();
-    return at::_scaled_dot_product_cudnn_attention_backward(
-        dout.contiguous(), q, k, v, o, lse.to(at::kFloat).contiguous().unsqueeze(-1), placeholder, placeholder,
-        at::Tensor(), at::Tensor(), at::Tensor(), q.size(2), k.size(2), 0.0, causal, scale);
+    const int64_t groups = kv_groups(q, k);
+    auto [dq, dk, dv] = at::_scaled_dot_product_cudnn_attention_backward(
+        dout.contiguous(), q, expand_kv(k, groups), expand_kv(v, groups), o,
+        lse.to(at::kFloat).contiguous().unsqueeze(-1), placeholder, placeholder, at::Tensor(), at::Tensor(),
+        at::Tensor(), q.size(2), k.size(2), 0.0, causal, scale);
+    return {dq, sum_groups_fp32(dk, groups), sum_groups_fp32(dv, groups)};
   }
   if (q.is_cpu()) {
     return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse.contiguous(), 0.0, causal, {}, scale);

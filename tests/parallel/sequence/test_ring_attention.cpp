@@ -289,7 +289,8 @@ TEST(RingAttention, RunsOnCudaTensors) {
   auto world = ct::world();
   if (world->size() != 1) GTEST_SKIP() << "CUDA tensors on one rank only";
   const int64_t t = 64;
-  // kv heads 2 (GQA: flash's blocks) and 4 (as many as q: cuDNN's blocks).
+  // kv heads 2 (GQA: cuDNN's blocks on k and v repeated to q's heads, dk and
+  // dv summed back; the fp32 row takes the matmul path) and 4 (as many as q).
   for (const auto &row : {std::tuple{at::kFloat, int64_t{61}, int64_t{2}}, {at::kBFloat16, int64_t{61}, int64_t{2}},
                           {at::kBFloat16, t, int64_t{2}}, {at::kBFloat16, int64_t{61}, int64_t{4}},
                           {at::kBFloat16, t, int64_t{4}}}) {
