@@ -417,7 +417,12 @@ int main(int argc, char** argv) try {
     return 2;
   }
   const c10::Device device = cfg.device == "cuda" ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU);
-  const models::ModelConfig model_config = models::preset(cfg.model);
+  models::ModelConfig model_config = models::preset(cfg.model);
+  if (auto* llama = std::get_if<models::LlamaConfig>(&model_config)) {
+    // RoPE learns nothing per position: a longer --seq (32K) only widens the
+    // table, for the peers' saved config too.
+    llama->max_position_embeddings = std::max(llama->max_position_embeddings, cfg.seq);
+  }
   const int64_t n_params = flop_params(model_config);
   const int64_t layers = models::num_layers(model_config), width = models::hidden_size(model_config);
   const double flops_per_token = 6.0 * static_cast<double>(n_params) + 6.0 * static_cast<double>(layers * width * cfg.seq);

@@ -31,6 +31,10 @@
 #             8B point against HF + torch.compile): every block checkpointed
 #             (full) with the compile-bf16 peer (transformers' gradient
 #             checkpointing), then granularity mlp alone; BENCH8B_LIMIT_S (420)
+#   long32k   bench_train_gpt2 on llama-1b-like at T = 32768, B = 1, every
+#             block checkpointed, one GPU (issue 28's long-context training
+#             step), against HF + torch.compile with gradient checkpointing;
+#             LONG32K_LIMIT_S (300)
 #   ring      bench_ring_attention: sp 2/4/8 simulated at T = 32K-128K on the
 #             fused block kernel against one SDPA call, and the matmul blocks
 #             beside it at 8K (issue 28's long-context point); exits 3 when
@@ -60,9 +64,9 @@ targets=()
 for stage in ${STAGES:-offload gemini fp8 decode}; do
   case $stage in
     gemini|capacity) targets+=(bench_gemini_capacity) ;;
-    fp8|bench8b) targets+=(bench_train_gpt2) ;;
+    fp8|bench8b|long32k) targets+=(bench_train_gpt2) ;;
     decode) targets+=(bench_inference bench_gemv) ;;
-    serve) targets+=(colossus_cli) ;;
+    serve) targets+=(colossus_cli bench_inference) ;;
     ring) targets+=(bench_ring_attention) ;;
   esac
 done
@@ -125,6 +129,11 @@ for stage in ${STAGES:-offload gemini fp8 decode}; do
               build-gpu/bin/bench_train_gpt2 --model llama3-8b-like --seq 4096 --batch 1 --steps 5 --warmup 2 \
                 --check-steps 3 --phase-steps 0 --profile-steps 0 --cuda-graph off --checkpoint mlp --no-python \
                 --workdir /tmp/bench8b_mlp --json '$out/bench8b_mlp.json'" ;;
+    long32k) run_stage long32k "${LONG32K_LIMIT_S:-300}" \
+              build-gpu/bin/bench_train_gpt2 --model llama-1b-like --seq 32768 --batch 1 --steps 5 --warmup 2 \
+                --check-steps 3 --phase-steps 0 --profile-steps 0 --cuda-graph off --checkpoint full \
+                --peers compile-amp --python python3 --peer-timeout 200 --workdir /tmp/long32k \
+                --json "$out/long32k.json" ;;
     fp8curve) run_stage fp8curve "${FP8CURVE_LIMIT_S:-300}" bash -c '
               for run in bf16 fp8; do
                 build-gpu/bin/colossus train examples/configs/plugins/ddp.toml --model.preset=llama-1b-like \
