@@ -124,6 +124,7 @@ struct CudaSlots {
   CudaSwigluFn swiglu_forward = nullptr;
   CudaSwigluFn swiglu_backward = nullptr;
   CudaSwigluPackedFn swiglu_packed_forward = nullptr;
+  CudaSwigluPackedFn swiglu_packed_backward = nullptr;
   CudaNf4DequantizeFn nf4_dequantize = nullptr;
   CudaNf4GemvFn nf4_gemv = nullptr;
   CudaGemvFn gemv = nullptr;

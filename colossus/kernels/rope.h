@@ -18,6 +18,10 @@ namespace colossus::kernels {
 //             out[i]     = x[i] * cos[t, i]         + x[i + h] * sin[t, i + h]
 //             out[i + h] = x[i + h] * cos[t, i + h] - x[i] * sin[t, i]
 // k may be absent (k_heads 0, null pointers). Outputs must not alias inputs.
+// q_row_stride / k_row_stride: elements from one (b, t) row of the input q /
+// k to the next (0: contiguous, heads * head_dim), so the forward can read q
+// and k in place from a merged q/k/v projection (b, t, q|k|v); the outputs
+// are contiguous.
 struct RopeArgs {
   ElementDtype dtype = ElementDtype::kBFloat16;
   int64_t batch = 0;
@@ -29,6 +33,8 @@ struct RopeArgs {
   const void* k = nullptr;
   void* k_out = nullptr;
   int64_t k_heads = 0;
+  int64_t q_row_stride = 0;
+  int64_t k_row_stride = 0;
   const void* cos = nullptr;
   const void* sin = nullptr;
   bool backward = false;

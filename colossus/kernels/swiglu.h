@@ -23,15 +23,18 @@ struct SwigluArgs {
   void* dup = nullptr;         // backward
 };
 
-// The forward over a merged gate/up projection's output (inference: one
-// matmul for both): gate_up (rows, 2 * width) holds each row's gate then its
-// up, contiguous -> out (rows, width) contiguous; the forward's math and
-// rounding.
+// The same over a merged gate/up projection's output (one matmul for both):
+// gate_up (rows, 2 * width) holds each row's gate then its up, contiguous ->
+// out (rows, width) contiguous; the backward takes dout (rows, width) and
+// writes dgate_up (rows, 2 * width) in gate_up's layout, so the merged
+// projection's backward reads it as it is. The math and rounding above.
 struct SwigluPackedArgs {
   ElementDtype dtype = ElementDtype::kBFloat16;
   int64_t rows = 0, width = 0;
   const void* gate_up = nullptr;
-  void* out = nullptr;
+  void* out = nullptr;         // forward
+  const void* dout = nullptr;  // backward
+  void* dgate_up = nullptr;    // backward
 };
 
 #ifdef COLOSSUS_WITH_CUDA
@@ -41,6 +44,7 @@ struct SwigluPackedArgs {
 bool swiglu_forward_cuda(const SwigluArgs& args, void* stream);
 bool swiglu_backward_cuda(const SwigluArgs& args, void* stream);
 bool swiglu_packed_forward_cuda(const SwigluPackedArgs& args, void* stream);
+bool swiglu_packed_backward_cuda(const SwigluPackedArgs& args, void* stream);
 #endif
 
 }  // namespace colossus::kernels

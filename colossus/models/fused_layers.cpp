@@ -22,6 +22,17 @@ bool kernel_ready(const at::Tensor& t) {
   return t.is_cuda() && t.is_contiguous() && kernels::aligned16(t.data_ptr());
 }
 
+// (B, T, H, D) whose heads are contiguous and whose (b, t) rows are evenly
+// strided (contiguous, or q/k read in place from a merged q/k/v projection):
+// the RoPE kernel's input. Returns the row stride in elements, or 0.
+int64_t rope_row_stride(const at::Tensor& t) {
+  if (!t.is_cuda() || t.dim() != 4 || !kernels::aligned16(t.data_ptr())) return 0;
+  if (t.is_contiguous()) return t.size(2) * t.size(3);
+  const int64_t row = t.stride(1);
+  const bool heads_contiguous = t.stride(3) == 1 && t.stride(2) == t.size(3) && row >= t.size(2) * t.size(3);
+  return heads_contiguous && t.stride(0) == t.size(1) * row ? row : 0;
+}
+
 // A gradient in the layout the kernels need (autograd may hand over any);
 // zeros when undefined (that output was not used).
 at::Tensor grad_for_kernel(const at::Tensor& grad, const at::Tensor& like) {
@@ -138,6 +149,8 @@ struct FusedRopeFunction : public torch::autograd::Function<FusedRopeFunction> {
                                  .k = k.data_ptr(),
                                  .k_out = k_out.data_ptr(),
                                  .k_heads = k.size(2),
+                                 .q_row_stride = rope_row_stride(q),
+                                 .k_row_stride = rope_row_stride(k),
                                  .cos = cos.data_ptr(),
                                  .sin = sin.data_ptr(),
                                  .backward = backward};
@@ -200,6 +213,46 @@ struct FusedSwigluFunction : public torch::autograd::Function<FusedSwigluFunctio
   }
 };
 
+// silu(gate) * up over a merged gate/up projection's output, whose gradient
+// comes back in the same merged layout (no concatenation before the merged
+// projection's backward).
+struct FusedSwigluPackedFunction : public torch::autograd::Function<FusedSwigluPackedFunction> {
+  static kernels::SwigluPackedArgs args_for(const at::Tensor& gate_up) {
+    const int64_t width = gate_up.size(-1) / 2;
+    return {.dtype = *kernels::element_dtype_of(gate_up.scalar_type()),
+            .rows = width == 0 ? 0 : gate_up.numel() / (2 * width),
+            .width = width,
+            .gate_up = gate_up.data_ptr()};
+  }
+
+  // gate_up (..., 2F) -> (..., F)
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    std::vector<int64_t> sizes = gate_up.sizes().vec();
+    sizes.back() /= 2;
+    at::Tensor out = at::empty(sizes, gate_up.options());
+    kernels::SwigluPackedArgs args = args_for(gate_up);
+    args.out = out.data_ptr();
+    TORCH_CHECK(kernels::cuda_slots().swiglu_packed_forward(args, gate_up.get_device()),
+                "fused packed SwiGLU refused checked arguments");
+    ctx->save_for_backward({gate_up});
+    return out;
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grads) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0];
+    std::vector<int64_t> sizes = gate_up.sizes().vec();
+    sizes.back() /= 2;
+    const at::Tensor dout = grads[0].defined() ? grad_for_kernel(grads[0], gate_up) : at::zeros(sizes, gate_up.options());
+    at::Tensor dgate_up = at::empty_like(gate_up, at::MemoryFormat::Contiguous);
+    kernels::SwigluPackedArgs args = args_for(gate_up);
+    args.dout = dout.data_ptr();
+    args.dgate_up = dgate_up.data_ptr();
+    TORCH_CHECK(kernels::cuda_slots().swiglu_packed_backward(args, gate_up.get_device()),
+                "fused packed SwiGLU backward refused its arguments");
+    return {dgate_up};
+  }
+};
+
 }  // namespace
 
 std::optional<std::pair<at::Tensor, at::Tensor>> fused_rms_norm(const at::Tensor& x, const at::Tensor& residual,
@@ -221,11 +274,13 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q,
   }
   const auto dtype = kernels::element_dtype_of(q.scalar_type());
   if (!dtype || !kernels::rope_head_dim_supported(*dtype, q.size(3))) return std::nullopt;
-  for (const at::Tensor* t : {&k, &cos, &sin}) {
+  for (const at::Tensor* t : {&cos, &sin}) {
     if (!kernel_ready(*t) || t->scalar_type() != q.scalar_type() || t->device() != q.device()) return std::nullopt;
   }
+  // q and k may be strided views of a merged q/k/v projection (read in place).
+  if (rope_row_stride(k) == 0 || k.scalar_type() != q.scalar_type() || k.device() != q.device()) return std::nullopt;
   // The angles are constants here: a gradient for them would be dropped.
-  if (!kernel_ready(q) || cos.requires_grad() || sin.requires_grad()) return std::nullopt;
+  if (rope_row_stride(q) == 0 || cos.requires_grad() || sin.requires_grad()) return std::nullopt;
   const int64_t t = q.size(1), d = q.size(3);
   if (k.size(0) != q.size(0) || k.size(1) != t || k.size(3) != d || cos.size(0) != t || cos.size(1) != d ||
       !sin.sizes().equals(cos.sizes())) {
@@ -333,9 +388,17 @@ std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& ga
 
 std::optional<at::Tensor> fused_swiglu_packed(const at::Tensor& gate_up) {
   const auto launch = kernels::cuda_slots().swiglu_packed_forward;
-  if (launch == nullptr || !gate_up.is_cuda() || gate_up.requires_grad() || gate_up.dim() < 1 ||
-      gate_up.size(-1) % 2 != 0 || !gate_up.is_contiguous()) {
+  if (launch == nullptr || !gate_up.is_cuda() || gate_up.dim() < 1 || gate_up.size(-1) % 2 != 0 ||
+      !gate_up.is_contiguous()) {
     return std::nullopt;
+  }
+  if (gate_up.requires_grad() && at::GradMode::is_enabled()) {
+    // Training: the backward kernel too. An empty input takes the ATen path.
+    if (kernels::cuda_slots().swiglu_packed_backward == nullptr || gate_up.numel() == 0 ||
+        !kernels::element_dtype_of(gate_up.scalar_type())) {
+      return std::nullopt;
+    }
+    return FusedSwigluPackedFunction::apply(gate_up);
   }
   const auto dtype = kernels::element_dtype_of(gate_up.scalar_type());
   if (!dtype) return std::nullopt;

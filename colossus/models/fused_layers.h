@@ -23,8 +23,10 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_layer_norm(const at::Tens
                                                                   const at::Tensor& weight, const at::Tensor& bias,
                                                                   double eps);
 
-// q: (B, T, Hq, D), k: (B, T, Hk, D), cos/sin: (T, D), contiguous, one dtype
-// -> {rotated q, rotated k} in the same layout (apply_rope in rope.h).
+// q: (B, T, Hq, D), k: (B, T, Hk, D), cos/sin: (T, D), one dtype; cos/sin
+// contiguous, q and k contiguous or with evenly strided (b, t) rows (views of
+// a merged q/k/v projection, read in place) -> {rotated q, rotated k},
+// contiguous (apply_rope in rope.h).
 std::optional<std::pair<at::Tensor, at::Tensor>> fused_rope(const at::Tensor& q, const at::Tensor& k,
                                                             const at::Tensor& cos, const at::Tensor& sin);
 
@@ -46,8 +48,10 @@ std::optional<at::Tensor> decode_gated(const at::Tensor& x, const at::Tensor& ga
 void set_decode_gemv(bool enabled);
 bool decode_gemv_enabled();
 
-// Inference (no autograd): gate_up (..., 2F), each row's gate then its up as
-// one merged projection writes them, contiguous -> silu(gate) * up (..., F).
+// gate_up (..., 2F), each row's gate then its up as one merged projection
+// writes them, contiguous -> silu(gate) * up (..., F). Inference, and
+// training (merged_linear.h): the gradient comes back as (..., 2F) in the
+// same layout, which the merged projection's backward reads as it is.
 std::optional<at::Tensor> fused_swiglu_packed(const at::Tensor& gate_up);
 
 }  // namespace colossus::models

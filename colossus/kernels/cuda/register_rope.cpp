@@ -62,6 +62,30 @@ std::string check_rope_cuda() {
     args.backward = true;
     if (!cuda_rope(args, 0)) return "the backward refused aligned arguments";
 
+    // The forward reading q and k in place from a merged q/k/v projection
+    // (strided rows) writes the same values as from contiguous copies.
+    const at::Tensor qkv = at::cat({q.flatten(2), k.flatten(2), k.flatten(2)}, -1);  // (batch, seq, (q + 2k) heads * D)
+    at::Tensor q_strided = poisoned(q.sizes(), cuda), k_strided = poisoned(k.sizes(), cuda);
+    RopeArgs strided{.dtype = element_dtype(dtype),
+                     .batch = batch,
+                     .seq = seq,
+                     .head_dim = head_dim,
+                     .q = qkv.data_ptr(),
+                     .q_out = q_strided.data_ptr(),
+                     .q_heads = q_heads,
+                     .k = qkv.narrow(-1, q_heads * head_dim, k_heads * head_dim).data_ptr(),
+                     .k_out = k_strided.data_ptr(),
+                     .k_heads = k_heads,
+                     .q_row_stride = qkv.size(-1),
+                     .k_row_stride = qkv.size(-1),
+                     .cos = cos.data_ptr(),
+                     .sin = sin.data_ptr(),
+                     .backward = false};
+    if (!cuda_rope(strided, 0)) return "the forward refused strided rows";
+    if (!at::equal(q_strided, q_out) || !at::equal(k_strided, k_out)) {
+      return fmt::format("{}: the forward over strided rows differs from the contiguous one", c10::toString(dtype));
+    }
+
     const auto f64 = [](const at::Tensor& t) { return t.cpu().to(at::kDouble); };
     at::Tensor q64 = f64(q).requires_grad_(true), k64 = f64(k).requires_grad_(true);
     const at::Tensor q_ref = rope_reference(q64, f64(cos), f64(sin)), k_ref = rope_reference(k64, f64(cos), f64(sin));

@@ -28,6 +28,11 @@ bool cuda_swiglu_packed_forward(const SwigluPackedArgs& args, int device_index) 
   return swiglu_packed_forward_cuda(args, stream_of(device_index));
 }
 
+bool cuda_swiglu_packed_backward(const SwigluPackedArgs& args, int device_index) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  return swiglu_packed_backward_cuda(args, stream_of(device_index));
+}
+
 bool cuda_swiglu_backward(const SwigluArgs& args, int device_index) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
   return swiglu_backward_cuda(args, stream_of(device_index));
@@ -72,16 +77,27 @@ std::string check_swiglu_cuda() {
     const auto cuda = at::TensorOptions().dtype(dtype).device(at::kCUDA, 0);
     for (int64_t width : {int64_t{4096}, int64_t{1003}}) {
       const int64_t rows = 3;
-      const at::Tensor gate_up = (at::randn({rows, 2 * width}) * 3).to(cuda);
-      at::Tensor out = poisoned({rows, width}, cuda);
-      const SwigluPackedArgs args{
-          .dtype = element_dtype(dtype), .rows = rows, .width = width, .gate_up = gate_up.data_ptr(), .out = out.data_ptr()};
+      const at::Tensor gate_up = (at::randn({rows, 2 * width}) * 3).to(cuda), dout = at::randn({rows, width}).to(cuda);
+      at::Tensor out = poisoned({rows, width}, cuda), dgate_up = poisoned({rows, 2 * width}, cuda);
+      const SwigluPackedArgs args{.dtype = element_dtype(dtype),
+                                  .rows = rows,
+                                  .width = width,
+                                  .gate_up = gate_up.data_ptr(),
+                                  .out = out.data_ptr(),
+                                  .dout = dout.data_ptr(),
+                                  .dgate_up = dgate_up.data_ptr()};
       if (!cuda_swiglu_packed_forward(args, 0)) return "the packed kernel refused its arguments";
-      const at::Tensor g64 = gate_up.cpu().to(at::kDouble);
+      if (!cuda_swiglu_packed_backward(args, 0)) return "the packed backward refused its arguments";
+      at::Tensor g64 = gate_up.cpu().to(at::kDouble).requires_grad_(true);
       const at::Tensor ref = at::silu(g64.narrow(1, 0, width)) * g64.narrow(1, width, width);
-      const double err = rel_err(out, ref), bound = bound_for(dtype);
-      if (!(err <= bound)) {
-        return fmt::format("packed {} width {}: rel err {:.2e} (bound {:.0e})", c10::toString(dtype), width, err, bound);
+      (ref * dout.cpu().to(at::kDouble)).sum().backward();
+      const double bound = bound_for(dtype);
+      for (const auto& [name, err] : {std::pair<const char*, double>{"out", rel_err(out, ref.detach())},
+                                      {"dgate_up", rel_err(dgate_up, g64.grad())}}) {
+        if (!(err <= bound)) {
+          return fmt::format("packed {} width {}: {} rel err {:.2e} (bound {:.0e})", c10::toString(dtype), width, name,
+                             err, bound);
+        }
       }
     }
   }
@@ -92,6 +108,7 @@ const bool registered = [] {
   cuda_slots().swiglu_forward = cuda_swiglu_forward;
   cuda_slots().swiglu_backward = cuda_swiglu_backward;
   cuda_slots().swiglu_packed_forward = cuda_swiglu_packed_forward;
+  cuda_slots().swiglu_packed_backward = cuda_swiglu_packed_backward;
   register_kernel({"swiglu", "cuda", check_swiglu_cuda});
   return true;
 }();

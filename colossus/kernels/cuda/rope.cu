@@ -2,7 +2,8 @@
 // headers here by design. One 128-thread block per (b, t): the row's cos/sin
 // are read once per vector pair (from L1 after the first head), q's and k's
 // heads are one index space, so the launch count is one for both tensors,
-// forward and backward. 16-byte loads and stores throughout.
+// forward and backward. 16-byte loads and stores throughout. The input rows
+// may be strided (a merged q/k/v projection read in place).
 #include "colossus/kernels/cuda/fused_common.cuh"
 #include "colossus/kernels/rope.h"
 
@@ -33,11 +34,11 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
     T* out;
     if (head < a.q_heads) {
       const int64_t offset = (row * a.q_heads + head) * a.head_dim;
-      x = static_cast<const T*>(a.q) + offset;
+      x = static_cast<const T*>(a.q) + row * a.q_row_stride + head * a.head_dim;
       out = static_cast<T*>(a.q_out) + offset;
     } else {
       const int64_t offset = (row * a.k_heads + (head - a.q_heads)) * a.head_dim;
-      x = static_cast<const T*>(a.k) + offset;
+      x = static_cast<const T*>(a.k) + row * a.k_row_stride + (head - a.q_heads) * a.head_dim;
       out = static_cast<T*>(a.k_out) + offset;
     }
     Vec<T> x1, x2, c1, c2, s1, s2;
@@ -64,7 +65,9 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeArgs a) {
 }
 
 template <typename T>
-void launch(const RopeArgs& a, cudaStream_t stream) {
+void launch(RopeArgs a, cudaStream_t stream) {
+  if (a.q_row_stride == 0) a.q_row_stride = a.q_heads * a.head_dim;
+  if (a.k_row_stride == 0) a.k_row_stride = a.k_heads * a.head_dim;
   const dim3 grid(static_cast<unsigned>(a.batch * a.seq));
   if (a.backward) {
     rope_kernel<T, true><<<grid, kThreads, 0, stream>>>(a);
@@ -77,6 +80,13 @@ void launch(const RopeArgs& a, cudaStream_t stream) {
 
 bool rope_cuda(const RopeArgs& a, void* stream) {
   if (!rope_head_dim_supported(a.dtype, a.head_dim) || a.batch < 0 || a.seq < 0 || a.q_heads < 0 || a.k_heads < 0) {
+    return false;
+  }
+  // A strided row holds its heads and starts on a 16-byte boundary.
+  const int64_t bytes = element_bytes(a.dtype);
+  if (a.q_row_stride < 0 || a.k_row_stride < 0 || (a.q_row_stride > 0 && a.q_row_stride < a.q_heads * a.head_dim) ||
+      (a.k_row_stride > 0 && a.k_row_stride < a.k_heads * a.head_dim) || a.q_row_stride * bytes % 16 != 0 ||
+      a.k_row_stride * bytes % 16 != 0) {
     return false;
   }
   if (a.batch * a.seq > INT32_MAX || (a.q_heads + a.k_heads) * a.head_dim > INT32_MAX) return false;

@@ -106,6 +106,32 @@ __global__ void __launch_bounds__(kThreads) swiglu_packed_forward_kernel(SwigluP
   }
 }
 
+template <typename T, int kPack>
+__global__ void __launch_bounds__(kThreads) swiglu_packed_backward_kernel(SwigluPackedArgs a, int64_t packs) {
+  const T* gate_up = static_cast<const T*>(a.gate_up);
+  const T* dout = static_cast<const T*>(a.dout);
+  T* dgate_up = static_cast<T*>(a.dgate_up);
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; p < packs;
+       p += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t e = p * kPack, row = e / a.width, col = e % a.width;
+    const int64_t gate_at = row * 2 * a.width + col, up_at = gate_at + a.width;
+    float g[kPack], u[kPack], d[kPack];
+    load<T, kPack>(gate_up + gate_at, g);
+    load<T, kPack>(gate_up + up_at, u);
+    load<T, kPack>(dout + e, d);
+#pragma unroll
+    for (int i = 0; i < kPack; ++i) {
+      const float s = sigmoid(g[i]);
+      const float silu = g[i] * s;
+      const float dg = d[i] * u[i] * s * (1.f + g[i] * (1.f - s));
+      u[i] = d[i] * silu;  // dup
+      g[i] = dg;
+    }
+    store<T, kPack>(dgate_up + gate_at, g);
+    store<T, kPack>(dgate_up + up_at, u);
+  }
+}
+
 unsigned blocks_for(int64_t packs) {
   return static_cast<unsigned>(std::min<int64_t>(kMaxBlocks, (packs + kThreads - 1) / kThreads));
 }
@@ -152,31 +178,45 @@ bool run(const SwigluArgs& a, void* stream) {
   return true;
 }
 
-template <typename T>
+template <typename T, bool kBackward>
 void launch_packed(const SwigluPackedArgs& a, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int64_t n = a.rows * a.width;
-  if (a.width % kVec == 0 && aligned16(a.gate_up) && aligned16(a.out)) {
-    swiglu_packed_forward_kernel<T, kVec><<<blocks_for(n / kVec), kThreads, 0, stream>>>(a, n / kVec);
+  const bool aligned = kBackward ? aligned16(a.gate_up) && aligned16(a.dout) && aligned16(a.dgate_up)
+                                 : aligned16(a.gate_up) && aligned16(a.out);
+  if (a.width % kVec == 0 && aligned) {
+    if constexpr (kBackward) {
+      swiglu_packed_backward_kernel<T, kVec><<<blocks_for(n / kVec), kThreads, 0, stream>>>(a, n / kVec);
+    } else {
+      swiglu_packed_forward_kernel<T, kVec><<<blocks_for(n / kVec), kThreads, 0, stream>>>(a, n / kVec);
+    }
   } else {
-    swiglu_packed_forward_kernel<T, 1><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+    if constexpr (kBackward) {
+      swiglu_packed_backward_kernel<T, 1><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+    } else {
+      swiglu_packed_forward_kernel<T, 1><<<blocks_for(n), kThreads, 0, stream>>>(a, n);
+    }
   }
+}
+
+template <bool kBackward>
+bool run_packed(const SwigluPackedArgs& a, void* stream) {
+  if (a.rows < 0 || a.width < 0) return false;
+  if (a.rows == 0 || a.width == 0) return true;
+  if (a.gate_up == nullptr || (kBackward ? a.dout == nullptr || a.dgate_up == nullptr : a.out == nullptr)) return false;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.dtype) {
+    case ElementDtype::kFloat32: launch_packed<float, kBackward>(a, s); break;
+    case ElementDtype::kFloat16: launch_packed<__half, kBackward>(a, s); break;
+    case ElementDtype::kBFloat16: launch_packed<__nv_bfloat16, kBackward>(a, s); break;
+  }
+  return true;
 }
 
 }  // namespace
 
-bool swiglu_packed_forward_cuda(const SwigluPackedArgs& a, void* stream) {
-  if (a.rows < 0 || a.width < 0) return false;
-  if (a.rows == 0 || a.width == 0) return true;
-  if (a.gate_up == nullptr || a.out == nullptr) return false;
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.dtype) {
-    case ElementDtype::kFloat32: launch_packed<float>(a, s); break;
-    case ElementDtype::kFloat16: launch_packed<__half>(a, s); break;
-    case ElementDtype::kBFloat16: launch_packed<__nv_bfloat16>(a, s); break;
-  }
-  return true;
-}
+bool swiglu_packed_forward_cuda(const SwigluPackedArgs& a, void* stream) { return run_packed<false>(a, stream); }
+bool swiglu_packed_backward_cuda(const SwigluPackedArgs& a, void* stream) { return run_packed<true>(a, stream); }
 
 bool swiglu_forward_cuda(const SwigluArgs& a, void* stream) { return run<false>(a, stream); }
 bool swiglu_backward_cuda(const SwigluArgs& a, void* stream) { return run<true>(a, stream); }
