@@ -210,18 +210,22 @@ LoraConfig apply_lora(models::CausalLM& model, const LoraConfig& config, uint64_
     throw ConfigError(fmt::format("lora target_modules entries {} match no module of {}; {}", unmatched, model.name(),
                                   linear_summary(linear_paths)));
   }
+  const auto modules = model.named_modules("", false);
   for (const auto& [path, base] : targets) {
-    for (const auto& param : base->parameters()) {
-      // fuse_projections() makes q/k/v (and gate/up) weights views into one
-      // merged tensor that the eval forward reads directly: it would bypass the
-      // adapter.
-      if (param.storage().nbytes() != static_cast<size_t>(param.numel() * param.element_size())) {
-        throw ConfigError(
-            fmt::format("lora: {}'s parameters are views into a larger tensor that the model reads directly "
-                        "(fuse_projections() ran?), bypassing a LoRA wrapper; apply LoRA before fusing "
-                        "projections",
-                        path));
-      }
+    // fuse_projections() makes q/k/v (and gate/up) weights views into one
+    // merged tensor that the eval forward reads directly: it would bypass the
+    // adapter. (Weights that merely lie back to back, as LLaMA allocates them
+    // for training's merged matmul, are fine: that path takes only plain
+    // Linear layers.)
+    const size_t dot = path.rfind('.');
+    const auto* parent = dot == std::string::npos ? nullptr : modules.find(path.substr(0, dot));
+    const auto* host = parent == nullptr ? nullptr : dynamic_cast<const models::LayerHost*>(parent->get());
+    if (host != nullptr && host->reads_merged(path.substr(dot + 1))) {
+      throw ConfigError(
+          fmt::format("lora: {}'s parameters are views into a larger tensor that the model reads directly "
+                      "(fuse_projections() ran?), bypassing a LoRA wrapper; apply LoRA before fusing "
+                      "projections",
+                      path));
     }
   }
   LoraConfig resolved = config;

@@ -101,6 +101,11 @@ class LayerHost : public torch::nn::Module {
   // Throws ConfigError when `name` is not one of this host's layers.
   void replace_layer(const std::string& name, std::shared_ptr<Layer> layer);
   bool has_layer(const std::string& name) const { return layers_.contains(name); }
+  // Whether this host's forward reads the parameters of layer `name` through
+  // a merged tensor of its own (LLaMA's fuse_projections() for inference),
+  // bypassing the layer: a replacement of that layer (a LoRA wrapper) would
+  // be ignored, so it must be refused.
+  virtual bool reads_merged(const std::string& /*name*/) const { return false; }
   Layer& layer(const std::string& name) const;
   template <class T>
   T& layer_as(const std::string& name) const {

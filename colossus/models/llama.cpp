@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <initializer_list>
 #include <tuple>
+#include <typeinfo>
 
 #include "colossus/core/errors.h"
 #include "colossus/models/activation_checkpoint.h"
 #include "colossus/models/fused_layers.h"
+#include "colossus/models/merged_linear.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/linear.h>
@@ -16,6 +18,59 @@
 #include <fmt/format.h>
 
 namespace colossus::models {
+
+namespace {
+
+// The named layers when each is a Linear of exactly our type over x (x's
+// dtype, device and width; all with a bias or none), else empty. A replaced
+// layer (a LoRA wrapper from colossus/lora, an FP8 or a tensor-parallel
+// layer) computes more than x W^T + b, which a merged matmul would drop.
+std::vector<Linear*> plain_linears(const LayerHost& host, std::initializer_list<const char*> names,
+                                   const at::Tensor& x) {
+  std::vector<Linear*> linears;
+  for (const char* name : names) {
+    Layer& layer = host.layer(name);
+    if (typeid(layer) != typeid(Linear)) return {};
+    auto& linear = static_cast<Linear&>(layer);
+    const at::Tensor& w = linear.weight;
+    if (!w.defined() || w.dim() != 2 || w.scalar_type() != x.scalar_type() || w.device() != x.device() ||
+        w.size(1) != x.size(-1) || (!linears.empty() && linear.bias.defined() != linears.front()->bias.defined()) ||
+        (linear.bias.defined() && linear.bias.scalar_type() != x.scalar_type())) {
+      return {};
+    }
+    linears.push_back(&linear);
+  }
+  return linears;
+}
+
+// Training: the named projections of x (..., C) as one matmul each way
+// (merged_linear.h) -> (..., sum of their widths), their outputs side by
+// side; undefined where they are not all plain Linear layers over x.
+at::Tensor merged_projection(const LayerHost& host, std::initializer_list<const char*> names, const at::Tensor& x) {
+  const std::vector<Linear*> linears = plain_linears(host, names, x);
+  if (linears.empty()) return {};
+  std::vector<at::Tensor> weights, biases;
+  for (Linear* l : linears) {
+    weights.push_back(l->weight);
+    if (l->bias.defined()) biases.push_back(l->bias);
+  }
+  return merged_linear(x, weights, biases);
+}
+
+// Allocation: the linears' weights (and biases) as row blocks of one tensor
+// each (pack_rows), so that the merged matmul reads them in place.
+void pack_linears(const LayerHost& host, std::initializer_list<const char*> names) {
+  std::vector<at::Tensor> weights, biases;
+  for (const char* name : names) {
+    auto& linear = host.layer_as<Linear>(name);
+    weights.push_back(linear.weight);
+    if (linear.bias.defined()) biases.push_back(linear.bias);
+  }
+  pack_rows(weights);
+  if (biases.size() == weights.size()) pack_rows(biases);
+}
+
+}  // namespace
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOptions& options, int64_t layer)
     : LayerHost("LlamaAttention"),
@@ -31,6 +86,7 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, const at::TensorOption
   add_layer("k_proj", std::make_shared<Linear>(c, config.kv_heads() * d, qkv_bias, options));
   add_layer("v_proj", std::make_shared<Linear>(c, config.kv_heads() * d, qkv_bias, options));
   add_layer("o_proj", std::make_shared<Linear>(config.num_attention_heads * d, c, config.attention_bias, options));
+  pack_linears(*this, {"q_proj", "k_proj", "v_proj"});
   if (config.qk_norm) {
     add_layer("q_norm", std::make_shared<RMSNorm>(d, config.rms_norm_eps, options));
     add_layer("k_norm", std::make_shared<RMSNorm>(d, config.rms_norm_eps, options));
@@ -55,10 +111,28 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
   // The sequence length is the projections': under sequence parallelism x is
   // a (B, T/tp, C) shard and q/k/v_proj gather the whole sequence.
   const int64_t batch = x.size(0);
-  auto heads = [&](const char* name) {
-    at::Tensor projected = layer(name).forward(x);
+  // Training: q, k and v from one matmul each way (merged_linear.h); the
+  // projections are split views of its (B, T, q | k | v) output, whose
+  // backward concatenates their gradients once for the merged backward.
+  std::vector<at::Tensor> merged;
+  if (is_training()) {
+    const at::Tensor qkv = merged_projection(*this, {"q_proj", "k_proj", "v_proj"}, x);
+    if (qkv.defined()) {
+      merged = qkv.split_with_sizes({layer_as<Linear>("q_proj").weight.size(0),
+                                     layer_as<Linear>("k_proj").weight.size(0),
+                                     layer_as<Linear>("v_proj").weight.size(0)},
+                                    -1);
+    }
+  }
+  // (B, T, H_local * D) of "q_proj", "k_proj" or "v_proj" (index 0, 1, 2).
+  const auto project = [&](const char* name, size_t index) {
+    at::Tensor projected = merged.empty() ? layer(name).forward(x) : merged[index];
     TORCH_CHECK(projected.size(-1) % head_dim_ == 0, name, " output width ", projected.size(-1),
                 " is not a multiple of head_dim ", head_dim_);
+    return projected;
+  };
+  auto heads = [&](const char* name, size_t index) {
+    at::Tensor projected = project(name, index);
     return projected.view({batch, projected.size(1), -1, head_dim_}).transpose(1, 2);  // (B, H_local, T, D)
   };
   // Tables are (T, D), or (B, T, D) at per-row positions (a TokenLayout):
@@ -96,13 +170,13 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
     // vectorisable memory instead of strided views. Same values.
     // On CUDA one fused kernel rotates q and k together, forward and
     // backward (fused_layers.h); elsewhere the ATen ops.
-    const auto bthd = [&](const char* name) {
-      at::Tensor projected = layer(name).forward(x);
-      TORCH_CHECK(projected.size(-1) % head_dim_ == 0, name, " output width ", projected.size(-1),
-                  " is not a multiple of head_dim ", head_dim_);
+    // (The merged projection's views have strided rows, which the fused
+    // kernel reads in place.)
+    const auto bthd = [&](const char* name, size_t index) {
+      at::Tensor projected = project(name, index);
       return projected.view({batch, projected.size(1), -1, head_dim_});  // (B, T, H_local, D)
     };
-    const at::Tensor q_bthd = norm_heads("q_norm", bthd("q_proj")), k_bthd = norm_heads("k_norm", bthd("k_proj"));
+    const at::Tensor q_bthd = norm_heads("q_norm", bthd("q_proj", 0)), k_bthd = norm_heads("k_norm", bthd("k_proj", 1));
     if (auto fused = fused_rope(q_bthd, k_bthd, context.rope_cos, context.rope_sin)) {
       q = fused->first.transpose(1, 2);
       k = fused->second.transpose(1, 2);
@@ -111,11 +185,11 @@ at::Tensor LlamaAttention::forward(const at::Tensor& x, const BlockContext& bloc
       q = apply_rope(q_bthd, cos, sin).transpose(1, 2);
       k = apply_rope(k_bthd, cos, sin).transpose(1, 2);
     }
-    v = heads("v_proj");
+    v = heads("v_proj", 2);
   } else {
-    q = rope(norm_heads("q_norm", heads("q_proj")));
-    k = rope(norm_heads("k_norm", heads("k_proj")));
-    v = heads("v_proj");
+    q = rope(norm_heads("q_norm", heads("q_proj", 0)));
+    k = rope(norm_heads("k_norm", heads("k_proj", 1)));
+    v = heads("v_proj", 2);
   }
   const int64_t local_heads = q.size(1), local_kv_heads = k.size(1), seq = q.size(2);
   TORCH_CHECK(local_heads % local_kv_heads == 0, "local query heads ", local_heads,
@@ -133,6 +207,7 @@ LlamaMLP::LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options)
   add_layer("gate_proj", std::make_shared<Linear>(c, f, config.mlp_bias, options));
   add_layer("up_proj", std::make_shared<Linear>(c, f, config.mlp_bias, options));
   add_layer("down_proj", std::make_shared<Linear>(f, c, config.mlp_bias, options));
+  pack_linears(*this, {"gate_proj", "up_proj"});
 }
 
 at::Tensor LlamaMLP::gated(const at::Tensor& x) {
@@ -170,6 +245,20 @@ at::Tensor LlamaMLP::forward(const at::Tensor& x) {
 
 at::Tensor LlamaMLP::forward_stored(const at::Tensor& x) {
   if (fused_gate_up_.defined() && !is_training()) return layer("down_proj").forward(gated(x));
+  if (is_training()) {
+    // Training: gate and up from one matmul each way (merged_linear.h). On
+    // CUDA the SwiGLU kernel reads the merged (B, T, 2F) output and hands its
+    // gradient back in that layout; elsewhere split views.
+    const at::Tensor gate_up = merged_projection(*this, {"gate_proj", "up_proj"}, x);  // (B, T, 2 F_local)
+    if (gate_up.defined()) {
+      if (activation_ == Activation::Silu) {
+        if (auto fused = fused_swiglu_packed(gate_up)) return layer("down_proj").forward(*fused);
+      }
+      const auto parts = gate_up.split_with_sizes(
+          {layer_as<Linear>("gate_proj").weight.size(0), layer_as<Linear>("up_proj").weight.size(0)}, -1);
+      return layer("down_proj").forward(apply_activation(activation_, parts[0]) * parts[1]);
+    }
+  }
   const at::Tensor gate = layer("gate_proj").forward(x), up = layer("up_proj").forward(x);  // (B, T, F_local)
   if (activation_ == Activation::Silu) {
     if (auto fused = fused_swiglu(gate, up)) return layer("down_proj").forward(*fused);
@@ -179,24 +268,16 @@ at::Tensor LlamaMLP::forward_stored(const at::Tensor& x) {
 
 namespace {
 
-// Concatenates the linears' weights (and biases) along the output dim into
-// one tensor and makes each weight a view of its rows, so the parameters
-// stay the same objects over the same values and no memory is added.
+// The linears' weights (and biases) as one tensor each, every weight a view
+// of its rows (pack_rows: the parameters stay the same objects over the same
+// values, and nothing is copied where construction left them adjacent).
 std::pair<at::Tensor, at::Tensor> fuse_rows(const std::vector<Linear*>& linears) {
   std::vector<at::Tensor> weights, biases;
   for (Linear* l : linears) {
-    weights.push_back(l->weight.detach());
-    if (l->bias.defined()) biases.push_back(l->bias.detach());
+    weights.push_back(l->weight);
+    if (l->bias.defined()) biases.push_back(l->bias);
   }
-  at::Tensor weight = at::cat(weights, 0), bias = biases.size() == linears.size() ? at::cat(biases, 0) : at::Tensor();
-  int64_t row = 0;
-  for (Linear* l : linears) {
-    const int64_t rows = l->weight.size(0);
-    l->weight.set_data(weight.narrow(0, row, rows));
-    if (bias.defined()) l->bias.set_data(bias.narrow(0, row, rows));
-    row += rows;
-  }
-  return {weight, bias};
+  return {pack_rows(weights), biases.size() == linears.size() ? pack_rows(biases) : at::Tensor()};
 }
 
 // Only plain Linear layers are fused. A replaced layer (a LoRA wrapper from
@@ -215,6 +296,14 @@ void LlamaAttention::fuse_projections() {
   if (fused_qkv_.defined() || !all_plain_linear(*this, {"q_proj", "k_proj", "v_proj"})) return;
   std::tie(fused_qkv_, fused_qkv_bias_) =
       fuse_rows({&layer_as<Linear>("q_proj"), &layer_as<Linear>("k_proj"), &layer_as<Linear>("v_proj")});
+}
+
+bool LlamaAttention::reads_merged(const std::string& name) const {
+  return fused_qkv_.defined() && (name == "q_proj" || name == "k_proj" || name == "v_proj");
+}
+
+bool LlamaMLP::reads_merged(const std::string& name) const {
+  return fused_gate_up_.defined() && (name == "gate_proj" || name == "up_proj");
 }
 
 void LlamaMLP::fuse_projections() {

@@ -28,9 +28,13 @@ class LlamaAttention : public LayerHost {
   // x: (B, T, C) -> (B, T, C). q_proj gives (B, T, local_heads * head_dim),
   // k_proj/v_proj (B, T, local_kv_heads * head_dim); local_heads must be a
   // multiple of local_kv_heads. context: RoPE cos/sin (T, head_dim).
+  // Training runs q/k/v_proj as one matmul each way where all three are
+  // plain Linear layers (merged_linear.h); their weights are allocated back
+  // to back for it.
   at::Tensor forward(const at::Tensor& x, const BlockContext& context);
   // Inference: q, k, v projected by one matmul (weights become row views of one tensor).
   void fuse_projections();
+  bool reads_merged(const std::string& name) const override;
 
  private:
   // heads (..., D) through q_norm / k_norm where the model has them (Qwen3), else unchanged.
@@ -46,7 +50,8 @@ class LlamaMLP : public LayerHost {
  public:
   LlamaMLP(const LlamaConfig& config, const at::TensorOptions& options);
   // x: (B, T, C) -> (B, T, C): down(act(gate(x)) * up(x)), act = hidden_act
-  // (silu: SwiGLU; gelu_pytorch_tanh: Gemma's GeGLU).
+  // (silu: SwiGLU; gelu_pytorch_tanh: Gemma's GeGLU). Training runs gate/up
+  // as one matmul each way where both are plain Linear layers, as attention.
   at::Tensor forward(const at::Tensor& x);
   // residual + forward(x). Inference on CUDA with the fused projections adds
   // the residual in the down projection's matmul (one kernel, no rounded
@@ -55,6 +60,7 @@ class LlamaMLP : public LayerHost {
   at::Tensor forward_add(const at::Tensor& x, at::Tensor residual);
   // Inference: gate and up projected by one matmul.
   void fuse_projections();
+  bool reads_merged(const std::string& name) const override;
   // Selective checkpointing: forward keeps only x, backward reruns the MLP.
   void set_checkpointed();
 

@@ -166,5 +166,35 @@ TEST(LoraLinear, FuseProjectionsSkipsLoraLayers) {
   EXPECT_GT(max_rel_diff(plain->forward(ids), before), 1e-3);
 }
 
+// Training merges q/k/v and gate/up into one matmul each way (merged_linear.h)
+// only where every projection is a plain Linear: with LoRA on q_proj and
+// up_proj the separate layers run, so training's logits are eval's (no
+// dropout), adapters included, and the adapters get gradients.
+TEST(LoraLinear, TrainingMergedProjectionsSkipLoraLayers) {
+  auto model = testing::tiny_llama(5);
+  apply_lora(*model, {.r = 4, .target_modules = {"q_proj", "up_proj"}});
+  for (const auto& [path, layer] : lora_layers(*model)) set_b(*layer, 6);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(8);
+  const at::Tensor ids = at::randint(64, {2, 9}, generator, at::kLong);
+  model->eval();
+  at::Tensor eval_logits;
+  {
+    at::NoGradGuard no_grad;
+    eval_logits = model->forward(ids);
+  }
+  model->train();
+  const at::Tensor logits = model->forward(ids);
+  EXPECT_LE(max_rel_diff(logits.detach(), eval_logits), 1e-6);
+  model->loss(logits, ids).backward();
+  for (const auto& [path, layer] : lora_layers(*model)) {
+    ASSERT_TRUE(layer->lora_B.grad().defined()) << path;
+    EXPECT_GT(layer->lora_B.grad().abs().sum().item<double>(), 0.0) << path;
+  }
+  auto plain = testing::tiny_llama(5);
+  plain->eval();
+  at::NoGradGuard no_grad;
+  EXPECT_GT(max_rel_diff(plain->forward(ids), eval_logits), 1e-3) << "the adapters contributed nothing: no check";
+}
+
 }  // namespace
 }  // namespace colossus::lora
