@@ -610,15 +610,17 @@ TEST(Trainer, DdpFp8CommunicationTracksTheFullPrecisionCurve) {
   const auto z_fp8 = losses_of(apps::train(tiny_config(job_dir("fp8_zero_comm"), zero_fp8)));
   ASSERT_EQ(z_fp8.size(), z_plain.size());
   // bf16 rounding alone moves single steps of two such runs by up to ~2% (a
-  // full trainer_test run measured 2.0% at one step, 0.5% filtered), so the
-  // bound is per step 5%, 1% on the mean and on the final loss.
+  // full trainer_test run measured 2.0% at one step, 0.5% filtered), and on
+  // an AVX512-BF16 machine (oneDNN's bf16 kernels) one step of the fp8 run
+  // left the bf16 one by 6.4% while the mean stayed 0.36% and the final loss
+  // 0.6%: the bound is per step 10%, 1% on the mean and on the final loss.
   double z_max = 0, z_sum = 0;
   for (size_t i = 0; i < z_plain.size(); ++i) {
     const double rel = std::abs(z_fp8[i] - z_plain[i]) / std::abs(z_plain[i]);
     z_max = std::max(z_max, rel);
     z_sum += rel;
   }
-  EXPECT_LE(z_max, 5e-2);
+  EXPECT_LE(z_max, 1e-1);
   EXPECT_LE(z_sum / static_cast<double>(z_plain.size()), 1e-2);
   EXPECT_NEAR(z_fp8.back(), z_plain.back(), 1e-2 * z_plain.back());
   EXPECT_GT(z_max, 0.0);

@@ -65,7 +65,9 @@ void expect_merged_equals_separate(at::ScalarType dtype, bool adjacent, bool wit
   EXPECT_LE(rel_diff(merged.x.grad(), separate.x.grad()), tolerance);
   for (size_t i = 0; i < merged.weights.size(); ++i) {
     EXPECT_LE(rel_diff(merged.weights[i].grad(), separate.weights[i].grad()), tolerance) << "weight " << i;
-    if (with_bias) EXPECT_LE(rel_diff(merged.biases[i].grad(), separate.biases[i].grad()), tolerance) << "bias " << i;
+    if (with_bias) {
+      EXPECT_LE(rel_diff(merged.biases[i].grad(), separate.biases[i].grad()), tolerance) << "bias " << i;
+    }
   }
 }
 
