@@ -4,7 +4,8 @@
 // a static placement that offloads every chunk's optimizer side (fp32 master,
 // gradient shard, moments) to pinned host memory, and (c) Gemini's auto
 // placement (as many chunks on the device as fit after the warm-up step, the
-// optimizer side too: gpu_margin_mem_ratio's default 0.5); on request (d)
+// optimizer side too, into the margin the traced warm-up peak leaves:
+// gpu_margin_mem_ratio unset, the default); on request (d)
 // gemini_nvme, (b) with every host chunk's moments in NVMe offload files
 // under --nvme-dir between steps (what the NVMe tier costs in speed and saves
 // in host bytes on this machine's disk). (b)'s CPU Adam overlaps the next
@@ -262,8 +263,8 @@ int probe(const Options& o) {
       booster::GeminiPluginOptions g{
           .gemini = {.placement_policy = o.probe_mode == "gemini_auto" ? "auto" : "static",
                      .offload_optim_frac = o.probe_mode == "gemini_offload" || o.probe_mode == "gemini_nvme" ? 1.0 : 0.0,
-                     // auto: gpu_margin_mem_ratio's default (0.5 of the device margin
-                     // for optimizer shards), what a user gets.
+                     // auto: gpu_margin_mem_ratio's default (unset: the measured
+                     // device margin for optimizer shards), what a user gets.
                      .precision = "bf16",
                      .pin_memory = device.is_cuda(),
                      .enable_gradient_accumulation = s.accum > 1},

@@ -134,7 +134,7 @@ void GeminiPluginOptions::validate() const {
   for (const auto& [name, value] : {std::pair<const char*, double>{"shard_param_frac", gemini.shard_param_frac},
                                     {"offload_optim_frac", gemini.offload_optim_frac},
                                     {"offload_param_frac", gemini.offload_param_frac},
-                                    {"gpu_margin_mem_ratio", gemini.gpu_margin_mem_ratio}}) {
+                                    {"gpu_margin_mem_ratio", gemini.gpu_margin_mem_ratio.value_or(0.0)}}) {
     if (!is_fraction(value)) {
       throw ConfigError(fmt::format("gemini: {}={} must be in [0, 1], e.g. {}", name, value,
                                     std::string(name) == "shard_param_frac" ? "1.0" : "0.0"));
@@ -158,12 +158,12 @@ void GeminiPluginOptions::validate() const {
                       "(leave them at 1.0 / 0.0 / 0.0)",
                       gemini.shard_param_frac, gemini.offload_optim_frac, gemini.offload_param_frac));
     }
-  } else if (gemini.gpu_margin_mem_ratio != zero::gemini::GeminiOptions{}.gpu_margin_mem_ratio) {
+  } else if (gemini.gpu_margin_mem_ratio) {
     throw ConfigError(
         fmt::format("gemini: gpu_margin_mem_ratio={} only applies to "
                     "placement_policy='auto'; use offload_optim_frac "
                     "under 'static'",
-                    gemini.gpu_margin_mem_ratio));
+                    *gemini.gpu_margin_mem_ratio));
   }
   if (gemini.offload_param_frac > 0.0 && gemini.shard_param_frac < 1.0) {
     throw ConfigError(

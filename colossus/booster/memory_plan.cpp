@@ -1,6 +1,7 @@
 #include "colossus/booster/memory_plan.h"
 
 #include "colossus/core/errors.h"
+#include "colossus/zero/gemini/placement.h"
 
 #include <fmt/format.h>
 
@@ -23,13 +24,10 @@ constexpr double kHostStepAccumulating = kHostStep + 4;
 // master and the fp32 gradient shard (measured: 8.4 bytes, bench/RESULTS.md).
 constexpr double kNvmeHost = 8, kNvmeDisk = 8;
 // Gemini's device chunks: bf16 parameter shard, fp32 gradient shard, fp32
-// master and moments; its auto policy's share of what is left for optimizer
-// shards (GeminiOptions' defaults).
+// master and moments; the share of the device its auto policy lets chunks
+// and activations use (GeminiOptions' default).
 constexpr double kGeminiDevice = kWeights + 4 + kOptimizer;
-constexpr double kSteadyCudaCapRatio = 0.9, kGpuMarginMemRatio = 0.5;
-// The share of the host the auto policy lets optimizer sides use before it
-// takes more of the device margin (GeminiOptions::host_budget_probe's default).
-constexpr double kAutoHostShare = 0.85;
+constexpr double kSteadyCudaCapRatio = 0.9;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 }  // namespace
@@ -64,19 +62,15 @@ std::vector<MemoryPlanRow> plan_memory(const MemoryPlanInput& in) {
     return Setting{name, {device, host}, {device, host}};
   };
   // Gemini auto: parameter shards on the device, and optimizer shards there
-  // while they fit in gpu_margin_mem_ratio of the margin the cap leaves after
-  // the parameters and the activations; the rest steps on the host, and
-  // where the host cannot hold it, more of the margin takes optimizer
-  // shards (zero/gemini/placement.h).
+  // while they fit in the margin the cap leaves after the parameters and the
+  // activations (with the policy's headroom over them); the rest steps on
+  // the host (zero/gemini/placement.h, gpu_margin_mem_ratio unset).
   const double gemini_host_step = in.grad_accum > 1 ? kHostStepAccumulating : kHostStep;
   const auto gemini_auto = [&](double non_model) {
-    const double margin = std::max(0.0, kSteadyCudaCapRatio * in.gpu_bytes - non_model - p * kWeights / n);
+    const double margin = std::max(
+        0.0, kSteadyCudaCapRatio * in.gpu_bytes - (1.0 + zero::gemini::kNonModelHeadroom) * non_model - p * kWeights / n);
     const double optim = p * (kGeminiDevice - kWeights) / n;
-    double on_device = std::clamp(kGpuMarginMemRatio * margin / optim, 0.0, 1.0);
-    const double host_per_gpu = p * gemini_host_step / n, host_budget = kAutoHostShare * in.host_bytes / n;
-    if ((1.0 - on_device) * host_per_gpu > host_budget) {
-      on_device = std::clamp(1.0 - host_budget / host_per_gpu, on_device, std::clamp(margin / optim, 0.0, 1.0));
-    }
+    const double on_device = std::clamp(margin / optim, 0.0, 1.0);
     return Place{p * kWeights / n + on_device * optim, (1.0 - on_device) * p * gemini_host_step};
   };
   const std::vector<Setting> settings = {
@@ -132,8 +126,7 @@ std::string format_memory_plan(const MemoryPlanInput& in, const std::vector<Memo
       "optimizers step on the host with optimizer.name = \"hybrid_adam\", which keeps the bf16 gradient there (14 "
       "bytes per parameter; another optimizer keeps an fp32 copy: 16; Gemini with gradient accumulation also an fp32 "
       "sum: 18). Gemini auto puts optimizer shards on the GPU "
-      "in gpu_margin_mem_ratio (0.5) of what 90% of it leaves after parameters and activations, the rest on the "
-      "host, and more of what is left on the GPU where the host would hold over 85% of its memory. The NVMe tier "
+      "in what 90% of it leaves after parameters and activations (plus 10% of them), the rest on the host. The NVMe tier "
       "keeps the moments in files (8 bytes per parameter on disk: {:.1f} GiB here) and the fp32 master and gradient "
       "shard on the host. Activations: 34 x seq x batch x hidden bytes per layer, Megatron's "
       "count with dropout masks, an upper bound for our fused LLaMA blocks; checkpointing keeps 2 per layer plus "

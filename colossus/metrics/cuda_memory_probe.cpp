@@ -1,6 +1,7 @@
 // CUDA builds only (in the colossus_cuda bundle): fills the device-memory
-// slot, so progress lines show the caching allocator's figures for this
-// rank's GPU while the CPU libraries stay free of CUDA headers.
+// slots (the figures and the peak reset), so progress lines show the caching
+// allocator's figures for this rank's GPU, and Gemini's auto policy its peaks,
+// while the CPU libraries stay free of CUDA headers.
 #include "colossus/metrics/memory.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -24,8 +25,14 @@ std::optional<DeviceMemory> cuda_memory() {
                                .total_bytes = static_cast<int64_t>(total_bytes)};
 }
 
+void reset_cuda_peak() {
+  if (c10::cuda::device_count() == 0) return;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device());
+}
+
 [[maybe_unused]] const bool registered = [] {
   set_device_memory_probe(cuda_memory);
+  set_device_memory_peak_reset(reset_cuda_peak);
   return true;
 }();
 

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -44,6 +45,8 @@ namespace {
 struct ProbeSlot {
   std::mutex mutex;
   DeviceMemoryProbe probe;
+  DeviceMemoryPeakReset reset;
+  int64_t carried_peak = 0;  // the largest peak a reset cleared
 };
 
 ProbeSlot& slot() {
@@ -66,7 +69,37 @@ std::optional<DeviceMemory> device_memory() {
   }
   // Called outside the lock: a probe may itself take locks (the CUDA allocator's).
   if (!probe) return std::nullopt;
-  return probe();
+  auto memory = probe();
+  if (memory) {
+    std::lock_guard<std::mutex> lock(slot().mutex);
+    memory->max_allocated_bytes =
+        std::max({memory->max_allocated_bytes, memory->peak_allocated_bytes, slot().carried_peak});
+  }
+  return memory;
+}
+
+void set_device_memory_peak_reset(DeviceMemoryPeakReset reset) {
+  std::lock_guard<std::mutex> lock(slot().mutex);
+  slot().reset = std::move(reset);
+}
+
+void reset_device_memory_peak() {
+  DeviceMemoryPeakReset reset;
+  {
+    std::lock_guard<std::mutex> lock(slot().mutex);
+    reset = slot().reset;
+  }
+  if (!reset) return;
+  if (const auto memory = device_memory()) {
+    std::lock_guard<std::mutex> lock(slot().mutex);
+    slot().carried_peak = std::max(slot().carried_peak, memory->max_allocated_bytes);
+  }
+  reset();  // outside the lock, as the probe
+}
+
+bool device_memory_peak_resettable() {
+  std::lock_guard<std::mutex> lock(slot().mutex);
+  return static_cast<bool>(slot().reset);
 }
 
 }  // namespace colossus::metrics

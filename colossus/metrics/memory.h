@@ -16,6 +16,7 @@ struct DeviceMemory {
   int64_t allocated_bytes = 0;       // held by live tensors on this rank's device
   int64_t reserved_bytes = 0;        // held by the caching allocator
   int64_t peak_allocated_bytes = 0;  // since start or the last peak reset
+  int64_t max_allocated_bytes = 0;   // since start, across peak resets (device_memory() fills it)
   int64_t free_bytes = 0;            // free on the device (outside the caching allocator)
   int64_t total_bytes = 0;           // the device's capacity
 };
@@ -28,5 +29,18 @@ using DeviceMemoryProbe = std::function<std::optional<DeviceMemory>()>;
 void set_device_memory_probe(DeviceMemoryProbe probe);
 // The installed probe's answer; nullopt when none is installed or it has no device.
 std::optional<DeviceMemory> device_memory();
+
+// The probe's companion: starts a new peak, so that the next answer's
+// peak_allocated_bytes is the most allocated since this call (the CUDA
+// allocator's resetPeakStats). Gemini's auto policy traces the peak of each
+// segment of its warm-up step this way, not only the bytes at its boundaries.
+using DeviceMemoryPeakReset = std::function<void()>;
+void set_device_memory_peak_reset(DeviceMemoryPeakReset reset);
+// The installed reset; a no-op when none is installed. The peak it clears
+// is carried into max_allocated_bytes, so reports "since start" stay whole.
+void reset_device_memory_peak();
+// Whether a reset is installed (without one, peak_allocated_bytes counts
+// from the start and says nothing about a stretch of the step).
+bool device_memory_peak_resettable();
 
 }  // namespace colossus::metrics

@@ -233,6 +233,17 @@ grad_accum = 2
   EXPECT_EQ(g.nvme_offload_dir, "/tmp/nvme");
   EXPECT_TRUE(c.plugin.lazy_init);
   const std::string gemini = "[plugin]\nname = \"gemini\"\n";
+  // gpu_margin_mem_ratio: "measured" (unset) by default, or a number.
+  EXPECT_FALSE(g.gpu_margin_mem_ratio.has_value());
+  const std::string auto_policy = gemini + "placement_policy = \"auto\"\n";
+  EXPECT_EQ(parse_train_config(auto_policy + "gpu_margin_mem_ratio = 0.25\n").plugin.gemini.gemini.gpu_margin_mem_ratio,
+            0.25);
+  EXPECT_FALSE(parse_train_config(auto_policy + "gpu_margin_mem_ratio = \"measured\"\n")
+                   .plugin.gemini.gemini.gpu_margin_mem_ratio.has_value());
+  EXPECT_NE(error_of(auto_policy + "gpu_margin_mem_ratio = \"half\"\n").find("a number or \"measured\""),
+            std::string::npos);
+  EXPECT_NE(error_of(gemini + "gpu_margin_mem_ratio = 0.5\n").find("only applies to placement_policy='auto'"),
+            std::string::npos);
   EXPECT_NE(error_of(gemini + "placement_policy = \"auto\"\noffload_optim_frac = 1.0\n").find("only apply"),
             std::string::npos);
   EXPECT_NE(error_of(gemini + "stage = 3\n").find("stage"), std::string::npos);

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,34 @@ TEST(ProgressBar, ShowsHostAndDeviceMemory) {
   slot_bar.update(1);
   set_device_memory_probe(nullptr);
   EXPECT_NE(h2.out.find(" dev 5.0 MiB"), std::string::npos) << h2.out;
+}
+
+// The peak-reset slot beside the probe: a reset starts a new peak (what
+// Gemini's warm-up trace reads per stretch), and the peak it cleared is
+// carried into max_allocated_bytes, so "since start" reports stay whole.
+TEST(DeviceMemorySlot, PeakResetCarriesThePeakItClears) {
+  struct Fake {
+    int64_t allocated = 0, peak = 0;
+  };
+  auto fake = std::make_shared<Fake>();
+  EXPECT_FALSE(device_memory_peak_resettable());
+  reset_device_memory_peak();  // none installed: nothing happens
+  set_device_memory_probe([fake] {
+    return std::optional<DeviceMemory>(DeviceMemory{.allocated_bytes = fake->allocated, .peak_allocated_bytes = fake->peak});
+  });
+  set_device_memory_peak_reset([fake] { fake->peak = fake->allocated; });
+  EXPECT_TRUE(device_memory_peak_resettable());
+  *fake = {.allocated = 10, .peak = 100};
+  EXPECT_EQ(device_memory()->max_allocated_bytes, 100);
+  reset_device_memory_peak();
+  fake->peak = 40;  // a smaller stretch after the reset
+  EXPECT_EQ(device_memory()->peak_allocated_bytes, 40);
+  EXPECT_EQ(device_memory()->max_allocated_bytes, 100) << "the cleared peak is carried";
+  fake->peak = 150;
+  EXPECT_EQ(device_memory()->max_allocated_bytes, 150);
+  set_device_memory_peak_reset(nullptr);
+  set_device_memory_probe(nullptr);
+  EXPECT_FALSE(device_memory_peak_resettable());
 }
 
 TEST(ProgressBar, OnlyRankZeroPrints) {

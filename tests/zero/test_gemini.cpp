@@ -78,27 +78,43 @@ double expect_matches_reference(const RunSpec& spec, const std::string& what, do
 }
 
 // A device-memory probe for CPU ranks: the chunks' device bytes plus a fixed
-// non-model amount, out of `capacity`.
+// non-model amount, out of `capacity`; and a transient amount more that lives
+// only between two boundaries of the step (as attention's temporaries or the
+// loss's do), seen in the peak since the last reset but never in the bytes
+// allocated at a boundary.
 struct FakeDevice {
   gm::GeminiDDP* ddp = nullptr;
   int64_t non_model = 0;
+  int64_t transient = 0;
   int64_t capacity = 0;
+  int64_t peak_base = 0;  // the bytes allocated at the last peak reset
 };
 
-// A memory probe over `device`: at construction (no ddp yet) everything
-// fits; then the chunks' device bytes plus the fixed non-model amount.
-std::function<std::optional<metrics::DeviceMemory>()> probe_of(FakeDevice& device) {
-  return [&device]() -> std::optional<metrics::DeviceMemory> {
+int64_t fake_allocated(const FakeDevice& device) { return device.ddp->device_model_bytes() + device.non_model; }
+
+// Puts a probe over `device` and its peak reset into `spec`: at construction
+// (no ddp yet) everything fits; then the chunks' device bytes plus the fixed
+// non-model amount, and the peak since the last reset plus the transient.
+void attach_fake_device(RunSpec& spec, FakeDevice& device) {
+  spec.memory_probe = [&device]() -> std::optional<metrics::DeviceMemory> {
     if (!device.ddp) return metrics::DeviceMemory{.total_bytes = int64_t{1} << 40};
-    return metrics::DeviceMemory{.allocated_bytes = device.ddp->device_model_bytes() + device.non_model,
+    const int64_t allocated = fake_allocated(device);
+    return metrics::DeviceMemory{.allocated_bytes = allocated,
+                                 .peak_allocated_bytes = std::max(device.peak_base, allocated) + device.transient,
                                  .total_bytes = device.capacity};
   };
+  spec.memory_peak_reset = [&device] { device.peak_base = device.ddp ? fake_allocated(device) : 0; };
+}
+
+// The non-model bytes the auto policy charges for a traced peak.
+int64_t charged(int64_t non_model_peak) {
+  return static_cast<int64_t>(std::ceil(static_cast<double>(non_model_peak) * (1.0 + gm::kNonModelHeadroom)));
 }
 
 // Sizes `device` so that, after the auto policy's warm-up (bf16 parameter
 // shards, two segments' gathered chunks and their gradients), the optimizer
-// sides of half of ddp's chunks fit on it (16 bytes an element each), and
-// attaches the probe to ddp.
+// sides of half of ddp's chunks fit on it (16 bytes an element each) beside
+// its non-model peak (fixed + transient), and attaches the probe to ddp.
 void fit_half_the_optimizer_sides(FakeDevice& device, gm::GeminiDDP& ddp) {
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());
   const int64_t shard_numel = ddp.chunk_numel() / ct::world()->size();
@@ -106,7 +122,7 @@ void fit_half_the_optimizer_sides(FakeDevice& device, gm::GeminiDDP& ddp) {
   for (const auto& segment : ddp.segment_chunks()) widest = std::max(widest, segment.size());
   const int64_t working = static_cast<int64_t>(2 * widest) * ddp.chunk_numel() * 2;
   device.capacity = static_cast<int64_t>(static_cast<double>(working + n * shard_numel * 2 + n / 2 * shard_numel * 16 +
-                                                             shard_numel + device.non_model) /
+                                                             shard_numel + charged(device.non_model + device.transient)) /
                                          0.9) +
                     1;
   device.ddp = &ddp;
@@ -118,9 +134,10 @@ struct HalfFitAutoRun {
   FakeDevice device{.non_model = 4096};
   std::unique_ptr<ZeroRun> run;
 
-  explicit HalfFitAutoRun(RunSpec spec) {
+  explicit HalfFitAutoRun(RunSpec spec, int64_t transient = 0) {
     spec.placement_policy = "auto";
-    spec.memory_probe = probe_of(device);  // by reference: not copyable or movable
+    device.transient = transient;
+    attach_fake_device(spec, device);  // by reference: not copyable or movable
     run = std::make_unique<ZeroRun>(spec);
     fit_half_the_optimizer_sides(device, ddp());
   }
@@ -189,19 +206,35 @@ TEST(GeminiChunks, StaticAndAutoPlacement) {
   EXPECT_TRUE(a[2].param_on_host && a[3].param_on_host);
   EXPECT_FALSE(a[0].optim_on_host);
   EXPECT_TRUE(a[1].optim_on_host && a[3].optim_on_host);
-  // The default ratio uses the device: with room for all parameter shards and
-  // a margin of 100, half of it (50) holds three optimizer sides of 16; the
-  // rest go to the host (Colossal-AI's 0.0 would have put all on the host).
-  const double default_ratio = gm::GeminiOptions{}.gpu_margin_mem_ratio;
-  EXPECT_GT(default_ratio, 0.0);
+  // No ratio by default: the measured margin is the optimizer sides' (with
+  // room for all parameter shards, a margin of 100 holds four sides of 16;
+  // Colossal-AI's default 0.0 would have put all on the host).
+  EXPECT_FALSE(gm::GeminiOptions{}.gpu_margin_mem_ratio.has_value());
   const auto d = gm::auto_placement(4, {.device_budget_bytes = 240,
                                         .param_shard_bytes = 30,
                                         .optim_shard_bytes = 16,
-                                        .working_bytes = 20,
-                                        .gpu_margin_mem_ratio = default_ratio});
-  for (const auto& c : d) EXPECT_FALSE(c.param_on_host);
-  EXPECT_EQ(std::count_if(d.begin(), d.end(), [](const gm::ChunkPlacement& c) { return !c.optim_on_host; }),
-            static_cast<std::ptrdiff_t>(std::floor(100 * default_ratio / 16)));
+                                        .working_bytes = 20});
+  for (const auto& c : d) EXPECT_FALSE(c.param_on_host || c.optim_on_host);
+  // The non-model peak comes off the budget with kNonModelHeadroom (10%) on
+  // top: a peak of 50 takes 55, leaving 45 after the parameters, two sides
+  // (the bare peak would have left 50, three).
+  const auto peaked = gm::auto_placement(4, {.device_budget_bytes = 240,
+                                             .non_model_peak_bytes = 50,
+                                             .param_shard_bytes = 30,
+                                             .optim_shard_bytes = 16,
+                                             .working_bytes = 20});
+  EXPECT_EQ(std::count_if(peaked.begin(), peaked.end(), [](const gm::ChunkPlacement& c) { return !c.optim_on_host; }),
+            2);
+  // A ratio takes that share of the margin, as Colossal-AI's: half of 100
+  // holds three sides.
+  const auto half_margin = gm::auto_placement(4, {.device_budget_bytes = 240,
+                                                  .param_shard_bytes = 30,
+                                                  .optim_shard_bytes = 16,
+                                                  .working_bytes = 20,
+                                                  .gpu_margin_mem_ratio = 0.5});
+  EXPECT_EQ(std::count_if(half_margin.begin(), half_margin.end(),
+                          [](const gm::ChunkPlacement& c) { return !c.optim_on_host; }),
+            3);
   // A host that cannot hold the rest: optimizer sides move to the device, in
   // order, into the whole margin (100 after the parameters), until the rest
   // fits the host (14 bytes a side there) or the margin is full.
@@ -327,8 +360,8 @@ TEST(Gemini, AutoPolicyPlacesByTracedWarmup) {
   // Capacity for half the parameter shards after the working set and a fixed
   // non-model amount; optimizer shards into what is left.
   FakeDevice device{.non_model = 4096};
-  RunSpec spec{.model = "llama", .plugin = "gemini", .placement_policy = "auto", .gpu_margin_mem_ratio = 1.0};
-  spec.memory_probe = probe_of(device);
+  RunSpec spec{.model = "llama", .plugin = "gemini", .placement_policy = "auto"};
+  attach_fake_device(spec, device);
   ZeroRun run(spec);
   auto& ddp = ddp_of(run);
   const int64_t n = static_cast<int64_t>(ddp.chunks().size());
@@ -337,10 +370,11 @@ TEST(Gemini, AutoPolicyPlacesByTracedWarmup) {
   for (const auto& s : ddp.segment_chunks()) widest = std::max(widest, s.size());
   const int64_t working = static_cast<int64_t>(2 * widest) * chunk_bytes;
   const int64_t keep = n / 2;
-  // budget = 0.9 * capacity - non_model = working + keep shards (+ half a shard
-  // of slack)
+  // budget = 0.9 * capacity - non_model (with its headroom) = working + keep
+  // shards (+ half a shard of slack)
   device.capacity =
-      static_cast<int64_t>(static_cast<double>(working + keep * shard + shard / 2 + device.non_model) / 0.9) + 1;
+      static_cast<int64_t>(static_cast<double>(working + keep * shard + shard / 2 + charged(device.non_model)) / 0.9) +
+      1;
   device.ddp = &ddp;
   EXPECT_TRUE(ddp.warming_up());
   const auto first = run.train(0, 1);
@@ -354,6 +388,29 @@ TEST(Gemini, AutoPolicyPlacesByTracedWarmup) {
   auto losses = first;
   for (double loss : run.train(1, bt::kSteps)) losses.push_back(loss);
   EXPECT_LE(worst_rel_diff(losses, reference), 1e-5);
+}
+
+// The warm-up traces each stretch's peak, not only the bytes at the segment
+// boundaries: a transient amount that lives and dies between two boundaries
+// (the fake's model of attention's or the loss's temporaries; as large as all
+// optimizer sides) counts as non-model memory, and the optimizer sides that
+// fit beside it, half of them here, go to the device; sampled at the
+// boundaries alone, the trace missed it and the policy put every optimizer
+// side there. The run trains as the optimizer on the device does, bit for bit.
+TEST(Gemini, AutoPolicyCountsTheTransientPeakBetweenBoundaries) {
+  RunSpec spec{.model = "llama", .plugin = "gemini", .max_norm = 0.5, .optimizer = "hybrid_adam",
+               .precision = "bf16"};
+  ZeroRun on_device(spec);
+  const auto expected = on_device.train(0, bt::kSteps);
+  HalfFitAutoRun probe_run(spec);  // for the chunk sizes
+  const int64_t shard_numel = probe_run.ddp().chunk_numel() / ct::world()->size();
+  const int64_t transient = probe_run.chunks() * shard_numel * 16;  // as much as every optimizer side
+  HalfFitAutoRun placed(spec, transient);
+  const auto losses = placed.run->train(0, bt::kSteps);
+  EXPECT_EQ(placed.ddp().peak_non_model_bytes(), placed.device.non_model + transient);
+  EXPECT_EQ(placed.device_sides(), placed.chunks() / 2);
+  ASSERT_EQ(losses.size(), expected.size());
+  for (size_t step = 0; step < losses.size(); ++step) EXPECT_EQ(losses[step], expected[step]) << "step " << step;
 }
 
 // The auto policy's host limit end to end: with gpu_margin_mem_ratio 0 every

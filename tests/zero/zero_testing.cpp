@@ -106,6 +106,7 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                        .loss_scaler = {.initial_scale = spec.initial_scale, .max_scale = 4294967296.0},
                        .max_norm = spec.max_norm,
                        .memory_probe = spec.memory_probe,
+                       .memory_peak_reset = spec.memory_peak_reset,
                        .host_budget_probe = spec.host_budget_probe,
                        .param_source =
                            spec.lazy_init ? models::seeded_source(model, kModelSeed) : models::ParamSource(),

@@ -38,11 +38,12 @@ struct RunSpec {
   double shard_param_frac = 1.0;
   double offload_optim_frac = 0.0;
   double offload_param_frac = 0.0;
-  double gpu_margin_mem_ratio = 0.5;
+  std::optional<double> gpu_margin_mem_ratio = std::nullopt;  // gemini auto; unset: the measured margin
   int max_prefetch = 0;
   double min_chunk_size_m = 0.001;
   double search_range_m = 0.004;
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  std::function<void()> memory_peak_reset = {};     // gemini auto: the probe's peak reset
   std::function<int64_t()> host_budget_probe = {};  // gemini auto
   // The model is built on the meta device and each rank materialises what its
   // plugin keeps from the seeded init (models::seeded_source).

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -62,6 +63,18 @@ class SectionReader {
       }
       if (!node->is_number()) fail(key, *node, "a number");
       out = node->value<double>().value();
+    }
+  }
+  // A number, or the word `unset` for none.
+  void get(const char* key, std::optional<double>& out, const char* unset) {
+    if (auto* node = find(key)) {
+      if (node->is_number()) {
+        out = node->value<double>().value();
+      } else if (node->is_string() && node->value<std::string>().value() == unset) {
+        out.reset();
+      } else {
+        fail(key, *node, fmt::format("a number or \"{}\"", unset));
+      }
     }
   }
   void get(const char* key, int64_t& out) {
@@ -191,6 +204,27 @@ std::vector<Key> loss_scaler_keys(const char* prefix_doc, const std::function<am
           k("max_scale", "the scale never grows past this", &amp::LossScalerOptions::max_scale)};
 }
 
+// gemini's gpu_margin_mem_ratio: a number, or "measured" (unset, the default).
+Key margin_ratio_key() {
+  return Key{
+      "gpu_margin_mem_ratio", "number or \"measured\"",
+      "auto: \"measured\": optimizer shards take all of the device margin the warm-up's traced peak leaves (under "
+      "steady_cuda_cap_ratio, after the working set, the parameter shards and the non-model peak plus 10%); a number: "
+      "that share of it, as Colossal-AI's key (its default 0.0 keeps every optimizer shard on the host); either way "
+      "more of it where the host would otherwise hold over 85% of its memory",
+      [](SectionReader& r, TrainConfig& c) {
+        r.get("gpu_margin_mem_ratio", c.plugin.gemini.gemini.gpu_margin_mem_ratio, "measured");
+      },
+      [](const TrainConfig& c, toml::table& t) {
+        const auto& ratio = c.plugin.gemini.gemini.gpu_margin_mem_ratio;
+        if (ratio) {
+          t.insert_or_assign("gpu_margin_mem_ratio", *ratio);
+        } else {
+          t.insert_or_assign("gpu_margin_mem_ratio", std::string("measured"));
+        }
+      }};
+}
+
 // An array of integers ("num_layers_per_stage = [1, 3]").
 Key int_list_key(const char* name, const char* doc, std::function<std::vector<int64_t>&(TrainConfig&)> of) {
   return Key{name, "array of integers", doc,
@@ -317,8 +351,7 @@ const std::vector<Section>& sections() {
                        plugin.gemini.gemini.warmup_non_model_data_ratio),
           COLOSSUS_KEY("steady_cuda_cap_ratio", "auto: share of device capacity chunks may use after warm-up",
                        plugin.gemini.gemini.steady_cuda_cap_ratio),
-          COLOSSUS_KEY("gpu_margin_mem_ratio", "auto: share of the device margin (after the measured non-model peak, the working set and the parameter shards) optimizer shards may take; more of it where the host would otherwise hold over 85% of its memory; Colossal-AI's default is 0.0 (all on the host)",
-                       plugin.gemini.gemini.gpu_margin_mem_ratio),
+          margin_ratio_key(),
           COLOSSUS_KEY("precision",
                        "fp16 (loss-scaled) | bf16 | fp32; replaces "
                        "booster.mixed_precision",

@@ -973,7 +973,7 @@ TrainResult Trainer::run() {
                         .peak_host_mib = static_cast<double>(metrics::host_peak_rss_bytes()) / (1 << 20)};
       if (precision_ == "fp16") record.loss_scale = optimizer.loss_scale();
       if (const auto memory = metrics::device_memory())
-        record.peak_device_mib = static_cast<double>(memory->peak_allocated_bytes) / (1 << 20);
+        record.peak_device_mib = static_cast<double>(memory->max_allocated_bytes) / (1 << 20);
       data_wait_since_log_ = 0.0;
       if (dpo_metrics_since_log_.defined()) {
         const double steps = static_cast<double>(steps_since_log);

@@ -329,6 +329,7 @@ void GeminiDDP::release_all() {
 }
 
 void GeminiDDP::schedule(size_t segment, bool forward) {
+  if (warming_up_) sample_memory();  // the stretch since the last boundary
   const auto& need = segment_chunks_.at(segment);
   // Prefetch: the next chunks in execution order that this segment does not
   // use.
@@ -359,7 +360,10 @@ void GeminiDDP::schedule(size_t segment, bool forward) {
   int64_t gathered = 0;
   for (const auto& chunk : chunks_) gathered += chunk.state != Chunk::State::Released ? 1 : 0;
   max_gathered_ = std::max(max_gathered_, gathered);
-  if (warming_up_) sample_memory();
+  if (warming_up_) {
+    sample_memory();  // with this segment's chunks gathered
+    start_memory_period();
+  }
 }
 
 void GeminiDDP::pre_forward(size_t segment) { schedule(segment, /*forward=*/true); }

@@ -45,16 +45,21 @@ struct GeminiOptions {
   double offload_optim_frac = 0.0;
   double offload_param_frac = 0.0;
   // auto: the share of device memory assumed non-model during the warm-up
-  // step, the share of capacity chunks may use after it, and the share of the
-  // margin left after the parameter shards given to optimizer shards.
-  // Colossal-AI's 0.0 put every optimizer shard on the host, and the step ran
-  // at 0.04x the plain one (issue 27); half the margin is what a 7.6B
-  // bf16 fine-tune on an H100 trained with (scripts/device_families.sh),
-  // where 0.9 ran out of memory after the warm-up: the margin's estimate
-  // does not yet hold the step's own peak.
+  // step, and the share of capacity chunks may use after it (Colossal-AI's
+  // keys). The warm-up traces the true peak of every segment (the probe's
+  // peak, reset at each boundary), and the first step places chunks by it:
+  // parameter shards, then optimizer shards, into what the cap leaves after
+  // the working set and the measured non-model peak plus
+  // kNonModelHeadroom of it (placement.h).
   double warmup_non_model_data_ratio = 0.8;
   double steady_cuda_cap_ratio = 0.9;
-  double gpu_margin_mem_ratio = 0.5;
+  // auto: unset (the default), optimizer shards take all of that margin;
+  // set, they take this share of it, as Colossal-AI's key (the share of the
+  // device memory the traced warm-up left free that fp32 optimizer shards
+  // may use; its default 0.0 keeps every optimizer shard on the host, which
+  // ran at 0.04x the plain step, issue 27). Before the peak was traced, a
+  // hand-tuned 0.5 stood in for what the boundaries' samples missed.
+  std::optional<double> gpu_margin_mem_ratio = std::nullopt;
   std::string precision = "fp16";             // parameter dtype: fp16 (loss-scaled, Colossal-AI's default), bf16, fp32
   bool master_weights = true;                 // fp32 master shards (false: step the bf16/fp16 shard itself)
   bool pin_memory = false;                    // host shards in pinned memory (CUDA only)
@@ -66,8 +71,11 @@ struct GeminiOptions {
   double max_norm = 0.0;
   double norm_type = 2.0;
   // Device memory figures for the auto policy (default:
-  // metrics::device_memory()).
+  // metrics::device_memory()), and the reset of its peak_allocated_bytes
+  // (default: metrics::reset_device_memory_peak()). A probe given without a
+  // reset is sampled at the segment boundaries only.
   std::function<std::optional<metrics::DeviceMemory>()> memory_probe = {};
+  std::function<void()> memory_peak_reset = {};
   // auto: the host bytes this rank's optimizer sides may use (0: no limit);
   // where the ratio above would leave more than that on the host, more go to
   // the device (placement.h). Default: 85% of the machine's memory (the rest
@@ -286,7 +294,12 @@ class GeminiDDP {
   // Waits for the chunk's reduce and takes its part: into the gradient
   // shard, or (host step) its statistics and the copy into host_io.
   void settle(size_t chunk);
+  // The auto policy's warm-up trace: sample_memory() ends the stretch of the
+  // step since the last boundary, taking its peak non-model bytes (the
+  // probe's peak less the model bytes then); start_memory_period() resets
+  // the peak and notes the model bytes at the start of the next stretch.
   void sample_memory();
+  void start_memory_period();
   c10::Device place_of(bool on_host) const;
   at::Tensor host_or_device(const at::Tensor& values, bool on_host, c10::ScalarType dtype) const;
   at::Tensor whole_values(size_t param_index) const;  // the model's tensor, or param_source's for a meta one
@@ -340,6 +353,7 @@ class GeminiDDP {
   // drained) before them.
   std::unique_ptr<HostWorker> host_worker_;
   int64_t peak_non_model_bytes_ = 0;
+  std::optional<int64_t> period_model_bytes_;  // the model bytes when the traced stretch began
   int64_t gathers_ = 0, max_gathered_ = 0;
 };
 

@@ -31,18 +31,51 @@ int64_t default_host_budget() {
   return physical > 0 ? static_cast<int64_t>(0.85 * physical / ranks_here) : 0;
 }
 
+std::optional<metrics::DeviceMemory> probe_memory(const GeminiOptions& options) {
+  return options.memory_probe ? options.memory_probe() : metrics::device_memory();
+}
+
+// Whether the probe's peak can be reset, so that it tells one stretch's peak.
+bool peak_resettable(const GeminiOptions& options) {
+  return options.memory_probe ? static_cast<bool>(options.memory_peak_reset)
+                              : metrics::device_memory_peak_resettable();
+}
+
 }  // namespace
 
 void GeminiDDP::sample_memory() {
-  const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
+  const auto memory = probe_memory(options_);
   if (!memory) return;
-  peak_non_model_bytes_ = std::max(peak_non_model_bytes_, memory->allocated_bytes - device_model_bytes());
+  const int64_t model_now = device_model_bytes();
+  // The bytes at this boundary, and, where the peak was reset when the
+  // stretch began, the stretch's peak: activations and temporaries that
+  // lived and died between two boundaries (attention's and the loss's
+  // temporaries, a block's backward) count too. The model bytes at the peak
+  // are not known; the larger of those at the two ends is taken (chunks
+  // gathered for the segment, its gradient buffers).
+  int64_t non_model = memory->allocated_bytes - model_now;
+  if (period_model_bytes_ && peak_resettable(options_)) {
+    const int64_t peak = std::max(memory->peak_allocated_bytes, memory->allocated_bytes);
+    non_model = std::max(non_model, peak - std::max(*period_model_bytes_, model_now));
+  }
+  peak_non_model_bytes_ = std::max(peak_non_model_bytes_, non_model);
+  period_model_bytes_.reset();
+}
+
+void GeminiDDP::start_memory_period() {
+  if (!peak_resettable(options_)) return;
+  if (options_.memory_probe) {
+    options_.memory_peak_reset();
+  } else {
+    metrics::reset_device_memory_peak();
+  }
+  period_model_bytes_ = device_model_bytes();
 }
 
 void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
   if (!warming_up_) return;
   warming_up_ = false;
-  const auto memory = options_.memory_probe ? options_.memory_probe() : metrics::device_memory();
+  const auto memory = probe_memory(options_);
   if (!memory) return;  // no device figures: the warm-up placement stays
   size_t widest = 0;
   for (const auto& s : segment_chunks_) widest = std::max(widest, s.size());
@@ -54,14 +87,15 @@ void GeminiDDP::end_warmup(int64_t optim_bytes_per_element) {
   const int64_t host_bytes_per_element =
       host_step_ ? (options_.enable_gradient_accumulation ? 18 : 14) : optim_bytes_per_element;
   const auto placement = auto_placement(
-      chunks_.size(), {.device_budget_bytes = static_cast<int64_t>(cap) - peak_non_model_bytes_,
+      chunks_.size(), {.device_budget_bytes = static_cast<int64_t>(cap),
+                       .non_model_peak_bytes = peak_non_model_bytes_,
                        .param_shard_bytes = shard * elem,
                        .optim_shard_bytes = shard * optim_bytes_per_element,
                        // Gathered chunks of two segments (plus prefetch) and their gradient
                        // buffers.
                        .working_bytes = static_cast<int64_t>(2 * widest + static_cast<size_t>(options_.max_prefetch)) *
                                         chunk_numel_ * elem,
-                       .gpu_margin_mem_ratio = options_.gpu_margin_mem_ratio,
+                       .gpu_margin_mem_ratio = options_.gpu_margin_mem_ratio.value_or(1.0),
                        .host_budget_bytes = options_.host_budget_probe ? options_.host_budget_probe()
                                                                         : default_host_budget(),
                        .host_optim_shard_bytes = shard * host_bytes_per_element});

@@ -32,7 +32,9 @@ std::vector<ChunkPlacement> static_placement(size_t chunks, double shard_param_f
 std::vector<ChunkPlacement> auto_placement(size_t chunks, const AutoPlacementInput& input) {
   std::vector<ChunkPlacement> placement(chunks);
   // In chunk order: once one does not fit, the rest go to the host too.
-  int64_t left = input.device_budget_bytes - input.working_bytes;
+  const auto non_model = static_cast<int64_t>(
+      std::ceil(static_cast<double>(input.non_model_peak_bytes) * (1.0 + kNonModelHeadroom)));
+  int64_t left = input.device_budget_bytes - non_model - input.working_bytes;
   bool full = false;
   for (auto& chunk : placement) {
     full = full || left < input.param_shard_bytes;
