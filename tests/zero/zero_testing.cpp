@@ -112,6 +112,7 @@ ZeroRun::ZeroRun(const RunSpec& spec, cluster::ProcessGroupPtr group)
                            spec.lazy_init ? models::seeded_source(model, kModelSeed) : models::ParamSource(),
                        .nvme_offload_fraction = spec.nvme_offload_fraction,
                        .nvme_offload_dir = spec.nvme_offload_dir,
+                       .nvme_direct_io = spec.nvme_direct_io,
                        .fp8_communication = spec.fp8_communication},
             .search_range_m = spec.search_range_m,
             .min_chunk_size_m = spec.min_chunk_size_m},

@@ -50,6 +50,7 @@ struct RunSpec {
   bool lazy_init = false;
   double nvme_offload_fraction = 0.0;  // gemini NVMe offload of optimizer state
   std::string nvme_offload_dir;
+  bool nvme_direct_io = true;
 };
 
 std::vector<double> reference_losses(const RunSpec& spec, int64_t steps);

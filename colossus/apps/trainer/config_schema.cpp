@@ -373,6 +373,10 @@ const std::vector<Section>& sections() {
                        "live in files",
                        plugin.gemini.gemini.nvme_offload_fraction),
           COLOSSUS_KEY("nvme_offload_dir", "directory of those files", plugin.gemini.gemini.nvme_offload_dir),
+          COLOSSUS_KEY("nvme_direct_io",
+                       "those files read and written with O_DIRECT from aligned buffers kept between steps; a "
+                       "filesystem that refuses O_DIRECT gets buffered IO (one logged line); false: buffered IO",
+                       plugin.gemini.gemini.nvme_direct_io),
           COLOSSUS_KEY("fp8_communication",
                        "gradients reduce-scattered and sharded chunks all-gathered in "
                        "FP8 e4m3 with per-chunk scales (bf16/fp32; shards stay exact)",

@@ -90,6 +90,10 @@ struct GeminiOptions {
   // nvme_offload_dir between steps (GeminiOptimizer, nvme_store.h).
   double nvme_offload_fraction = 0.0;
   std::string nvme_offload_dir = "";
+  // Those files are read and written with O_DIRECT from aligned buffers the
+  // store keeps between steps; a filesystem that refuses O_DIRECT gets
+  // buffered IO (one logged line). false: buffered IO from the start.
+  bool nvme_direct_io = true;
   // Gradients reduce-scattered and sharded chunks all-gathered for forward
   // and backward in FP8 e4m3, one scale a chunk and rank
   // (cluster/fp8_collectives.h; blocking, so max_prefetch overlaps nothing).
@@ -141,8 +145,9 @@ struct GeminiMemory {
   int64_t optim_device = 0,
           optim_host = 0;  // optimizer state (filled by GeminiOptimizer)
   int64_t optim_nvme = 0;  // optimizer state in NVMe offload files, in neither total
+  int64_t nvme_buffers_host = 0;  // the NVMe tier's IO buffers, kept between steps (filled by GeminiOptimizer)
   int64_t device_total() const { return params_device + grads_device + masters_device + optim_device; }
-  int64_t host_total() const { return params_host + grads_host + masters_host + optim_host; }
+  int64_t host_total() const { return params_host + grads_host + masters_host + optim_host + nvme_buffers_host; }
 };
 
 class GeminiDDP {

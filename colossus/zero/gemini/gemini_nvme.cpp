@@ -4,8 +4,10 @@
 // parameters' gradients shown to the inner optimizer only during their turn,
 // which elementwise optimizers step exactly as in one call): chunk i's state
 // is read before its step, chunk i+1's read is already in flight, and chunk
-// i's write starts right after, all on NvmeStore's worker threads. The byte
-// accounting by place lives here too.
+// i's write starts right after, all on NvmeStore's worker threads, through
+// the store's aligned buffers (O_DIRECT), three kept for the whole run. The
+// fp32 masters stay in host memory. The byte accounting by place lives here
+// too.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -44,7 +46,8 @@ void GeminiOptimizer::setup_nvme() {
   static std::atomic<int> instances{0};
   nvme_ = std::make_unique<NvmeStore>(
       options.nvme_offload_dir,
-      fmt::format("gemini_optim.rank{}.pid{}.{}", ddp_.dp_group()->rank(), ::getpid(), instances++));
+      fmt::format("gemini_optim.rank{}.pid{}.{}", ddp_.dp_group()->rank(), ::getpid(), instances++),
+      NvmeStoreOptions{.direct_io = options.nvme_direct_io});
 }
 
 std::vector<at::Tensor> GeminiOptimizer::chunk_state(size_t c) const {
@@ -112,6 +115,9 @@ void GeminiOptimizer::nvme_evict_all() const {
 GeminiMemory GeminiOptimizer::memory_bytes() const {
   ddp_.finish_host_updates();  // the first step creates the moments on the host worker
   GeminiMemory m = ddp_.memory_bytes();
+  // Between steps every offloaded group is in its file and the buffers hold
+  // none of it (a checkpoint's reads are counted in optim_host meanwhile).
+  m.nvme_buffers_host = nvme_ ? nvme_->buffer_bytes() : 0;
   const auto& stateful = dynamic_cast<const optim::StatefulOptimizer*>(inner_.get());
   for (size_t i = 0; i < inner_order_.size(); ++i) {
     const auto& slot = ddp_.layout().slots[inner_order_[i]];

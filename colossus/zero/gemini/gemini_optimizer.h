@@ -57,6 +57,7 @@ class GeminiOptimizer : public optim::Optimizer {
   // and the file of chunk c (exists after its first step).
   const std::vector<size_t>& nvme_chunks() const { return nvme_chunks_; }
   std::string nvme_file(size_t chunk) const { return nvme_ ? nvme_->path(chunk) : std::string(); }
+  const NvmeStore* nvme_store() const { return nvme_.get(); }  // null without NVMe offload
 
  private:
   // NVMe offload (gemini_nvme.cpp).
