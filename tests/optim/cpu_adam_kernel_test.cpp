@@ -3,6 +3,7 @@
 // right constants (checked against the reference on its own), falls back for
 // tensors the kernel cannot take, and on CUDA (when present) equals the CPU.
 #include "colossus/kernels/adam.h"
+#include "colossus/kernels/cpu/thread_pool.h"
 #include "colossus/kernels/registry.h"
 #include "colossus/optim/adam.h"
 #include "colossus/optim/hybrid_adam.h"
@@ -11,6 +12,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
 
 namespace colossus::optim {
 namespace {
@@ -63,6 +67,40 @@ TEST(CpuAdamKernel, EveryIsaAndThreadCountEqualsTheReference) {
       }
     }
   }
+}
+
+// The threads come from a persistent pool: started once, never per call, and
+// callers on several threads at once (Gemini's host worker beside the main
+// thread) each get the result of their own call alone.
+TEST(CpuAdamKernel, PoolThreadsStartOnceAndConcurrentCallsAgree) {
+  const CpuIsa isa = kernels::best_cpu_isa();
+  const auto h = kernels::make_adam_hyper(1e-3, 0.9, 0.95, 1e-8, 0.1, true, true, 1);
+  auto run = [&](std::vector<Buffers>& buffers, int threads, int steps) {
+    std::vector<AdamTensorPtrs> table;
+    for (auto& b : buffers) table.push_back(b.ptrs());
+    for (int step = 0; step < steps; ++step) {
+      kernels::adam_step_cpu(table.data(), static_cast<int64_t>(table.size()), h, threads, isa);
+    }
+  };
+  std::vector<Buffers> warm = {random_buffers(1 << 20)};
+  run(warm, 4, 1);
+  const int started = kernels::detail::cpu_pool_threads_started();
+  EXPECT_GE(started, 1);
+  run(warm, 4, 50);
+  run(warm, 0, 50);
+  EXPECT_EQ(kernels::detail::cpu_pool_threads_started(), started) << "no thread started after the first call";
+
+  std::vector<Buffers> a = {random_buffers(1 << 20), random_buffers(300000)}, b = {random_buffers(1 << 19)};
+  std::vector<Buffers> a_alone, b_alone;
+  for (auto& x : a) a_alone.push_back(x.clone());
+  for (auto& x : b) b_alone.push_back(x.clone());
+  run(a_alone, 1, 5);
+  run(b_alone, 1, 5);
+  std::thread other([&] { run(b, 3, 5); });
+  run(a, 5, 5);
+  other.join();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(at::equal(a[i].p, a_alone[i].p) && at::equal(a[i].v, a_alone[i].v));
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_TRUE(at::equal(b[i].p, b_alone[i].p) && at::equal(b[i].m, b_alone[i].m));
 }
 
 TEST(CpuAdamKernel, UnsupportedIsaIsAConfigError) {
