@@ -62,6 +62,19 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(SwigluArgs a, 
   }
 }
 
+// In place: g <- d(silu(g) * u)/dg * d, u <- silu(g) * d (dgate, dup), in fp32.
+template <int kPack>
+__device__ __forceinline__ void swiglu_grad(float (&g)[kPack], float (&u)[kPack], const float (&d)[kPack]) {
+#pragma unroll
+  for (int i = 0; i < kPack; ++i) {
+    const float s = sigmoid(g[i]);
+    const float silu = g[i] * s;
+    const float dg = d[i] * u[i] * s * (1.f + g[i] * (1.f - s));
+    u[i] = d[i] * silu;
+    g[i] = dg;
+  }
+}
+
 template <typename T, int kPack>
 __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(SwigluArgs a, int64_t begin, int64_t packs) {
   const T* gate = static_cast<const T*>(a.gate) + begin;
@@ -75,14 +88,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(SwigluArgs a,
     load<T, kPack>(gate + p * kPack, g);
     load<T, kPack>(up + p * kPack, u);
     load<T, kPack>(dout + p * kPack, d);
-#pragma unroll
-    for (int i = 0; i < kPack; ++i) {
-      const float s = sigmoid(g[i]);
-      const float silu = g[i] * s;
-      const float dg = d[i] * u[i] * s * (1.f + g[i] * (1.f - s));
-      u[i] = d[i] * silu;  // dup
-      g[i] = dg;
-    }
+    swiglu_grad<kPack>(g, u, d);
     store<T, kPack>(dgate + p * kPack, g);
     store<T, kPack>(dup + p * kPack, u);
   }
@@ -119,14 +125,7 @@ __global__ void __launch_bounds__(kThreads) swiglu_packed_backward_kernel(Swiglu
     load<T, kPack>(gate_up + gate_at, g);
     load<T, kPack>(gate_up + up_at, u);
     load<T, kPack>(dout + e, d);
-#pragma unroll
-    for (int i = 0; i < kPack; ++i) {
-      const float s = sigmoid(g[i]);
-      const float silu = g[i] * s;
-      const float dg = d[i] * u[i] * s * (1.f + g[i] * (1.f - s));
-      u[i] = d[i] * silu;  // dup
-      g[i] = dg;
-    }
+    swiglu_grad<kPack>(g, u, d);
     store<T, kPack>(dgate_up + gate_at, g);
     store<T, kPack>(dgate_up + up_at, u);
   }
